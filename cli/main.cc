@@ -1,0 +1,43 @@
+// `dsmesh`: one CLI whose subcommands register themselves (common/cli_registry.h).
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "common/cli_registry.h"
+#include "common/flags.h"
+
+namespace {
+
+void PrintUsage() {
+  std::fprintf(stderr, "usage: dsmesh COMMAND [FLAGS]\n\ncommands:\n");
+  for (const auto& [name, info] : dsmesh::CommandRegistry())
+    std::fprintf(stderr, "  %-12s %s\n", name.c_str(), info.usage.c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::string(argv[1]) == "help" || std::string(argv[1]) == "--help") {
+    PrintUsage();
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string command = argv[1];
+  auto& registry = dsmesh::CommandRegistry();
+  auto it = registry.find(command);
+  if (it == registry.end()) {
+    std::fprintf(stderr, "dsmesh: unknown command '%s'\n", command.c_str());
+    PrintUsage();
+    return 2;
+  }
+  std::vector<std::string> args(argv + 2, argv + argc);
+  try {
+    return it->second.run(args);
+  } catch (const dsmesh::UsageError& e) {
+    std::fprintf(stderr, "dsmesh %s: %s\nusage: dsmesh %s\n", command.c_str(), e.what(), it->second.usage.c_str());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dsmesh %s: error: %s\n", command.c_str(), e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,38 @@
+// Minimal flag parsing shared by the CLI subcommands and the binaries: `--name value` or `--name=value`.
+// Unknown flags are an error that names the flag, so typos never pass silently.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace dsmesh {
+
+class Flags {
+ public:
+  // `known` lists accepted flag names (without dashes); `boolean` those that take no value.
+  Flags(const std::vector<std::string>& args, const std::set<std::string>& known,
+        const std::set<std::string>& boolean = {});
+
+  bool Has(const std::string& name) const { return values_.count(name) > 0; }
+  std::string Get(const std::string& name, const std::string& fallback = "") const;
+  std::string Require(const std::string& name) const;  // throws naming the missing flag
+  long long GetInt(const std::string& name, long long fallback) const;
+  double GetDouble(const std::string& name, double fallback) const;
+  bool GetBool(const std::string& name, bool fallback) const;
+  const std::vector<std::string>& positional() const { return positional_; }
+
+ private:
+  std::map<std::string, std::string> values_;
+  std::vector<std::string> positional_;
+};
+
+// Thrown for bad command-line input; the CLI prints the message and exits 2.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+}  // namespace dsmesh
