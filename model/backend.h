@@ -1,0 +1,151 @@
+// The compute seam: every op the DeepSeek-V4 forward needs, on f32 activations held in backend memory.
+// The forward (model/forward.cc) is written once against this interface; kernels/cpu/ implements it (the
+// fp32 reference, also used in CI) and a CUDA backend implements it again on device memory.
+//
+// Conventions:
+//   - Activations are row-major f32 Tensors allocated by the backend; "rows" are tokens. A row range of a
+//     Tensor is a view (RowView below), so ops may receive sub-ranges of a bigger buffer.
+//   - Weights are prepared once at load: Upload() moves a host tensor (an mmap view) into backend memory
+//     (the CPU backend keeps the view: zero-copy). Linear weights may be dense (bf16/fp16/f32 [out, in]) or
+//     EXL3 (an opaque handle built by the backend).
+//   - Small per-token metadata (token ids, positions) is passed as host arrays; a device backend copies it.
+//   - `out` may alias an input only where a comment says so.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/tensor.h"
+
+namespace dsmesh {
+
+class Checkpoint;
+
+// y = x W^T (+ bias), W logically [out, in].
+struct LinearWeight {
+  std::string name;                 // tensor prefix, for error messages
+  int64_t in = 0, out = 0;
+  Tensor dense;                     // [out, in] bf16/fp16/f32 in backend memory, or empty when EXL3
+  std::shared_ptr<void> exl3;       // backend-specific EXL3 weight, or null
+  Tensor bias;                      // optional f32 [out]
+  bool is_exl3() const { return exl3 != nullptr; }
+};
+
+// One SwiGLU expert (also the shared expert): out = w2 (silu(min(w1 x, limit)) * clamp(w3 x, -limit, limit)).
+struct ExpertWeights {
+  LinearWeight w1, w3, w2;  // gate [I, D], up [I, D], down [D, I]
+};
+
+// Router of one MoE layer.
+struct RouterParams {
+  int top_k = 0;
+  bool normalize = true;         // w /= sum(w) (+1e-20)
+  float routed_scale = 1.0f;
+  bool hash = false;             // experts from tid2eid[token] instead of top-k(score + bias)
+  const Tensor* bias = nullptr;  // f32 [E] e_score_correction_bias (non-hash layers)
+  const Tensor* tid2eid = nullptr;  // int [vocab, top_k] (hash layers), host or backend memory
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+
+  // ---- memory ----
+  virtual Tensor Alloc(DType dtype, std::vector<int64_t> shape) = 0;  // zero-filled
+  virtual Tensor Upload(const Tensor& host) = 0;  // weights; CPU returns the same view
+  virtual void ToHost(const Tensor& src, void* dst) = 0;  // src.nbytes() bytes
+  // Copies `rows` rows (row = product of shape[1:]) from src starting at src_row into dst at dst_row.
+  virtual void CopyRows(const Tensor& src, int64_t src_row, Tensor* dst, int64_t dst_row, int64_t rows) = 0;
+  // Prepares an EXL3 linear from the checkpoint tensors `<prefix>.trellis/.suh/.svh[/.mcg|.mul1][/.bias]`,
+  // keeping output rows [out_begin, out_end) and input columns [in_begin, in_end) (tensor-parallel slice).
+  // Throws naming the prefix when the backend cannot (e.g. EXL3 support not built).
+  virtual LinearWeight LoadExl3Linear(const Checkpoint& ckpt, const std::string& prefix, int64_t out_begin,
+                                      int64_t out_end, int64_t in_begin, int64_t in_end) = 0;
+
+  // ---- elementwise and normalisation ----
+  // out[i, :] = table[tokens[i], :] as f32.  table [vocab, D] any float dtype.
+  virtual void Embedding(const Tensor& table, const int32_t* tokens, int64_t n, Tensor* out) = 0;
+  // RMSNorm over the last `dim` values of each of the numel/dim groups: x * rsqrt(mean(x^2) + eps) * w.
+  // weight may be null (unweighted). out may alias x.
+  virtual void RmsNorm(const Tensor& x, int64_t dim, const Tensor* weight, float eps, Tensor* out) = 0;
+  virtual void Add(const Tensor& a, Tensor* acc) = 0;          // acc += a (same numel)
+  virtual void Scale(Tensor* x, float s) = 0;                  // x *= s
+
+  // ---- linear ----
+  virtual void Linear(const Tensor& x, const LinearWeight& w, Tensor* out) = 0;  // x [n, in] -> [n, out]
+  // Grouped: x [n, groups*w.in] -> out [n, groups*(w.out/groups)]; group g uses rows
+  // [g*w.out/groups, (g+1)*w.out/groups) of W on input columns [g*w.in, (g+1)*w.in).
+  virtual void GroupedLinear(const Tensor& x, const LinearWeight& w, int groups, Tensor* out) = 0;
+
+  // ---- rotary embedding: interleaved pairs on the LAST rope_dim values of each head ----
+  // x [n, heads * head_dim]; angle of pair i for row r = positions[r] * inv_freq[i] (f32 product);
+  // inverse rotates by -angle (the attention output "de-rope").
+  virtual void Rope(Tensor* x, int64_t heads, int64_t head_dim, int64_t rope_dim, const int64_t* positions,
+                    const std::vector<float>& inv_freq, bool inverse) = 0;
+
+  // ---- hyper-connections (hc = number of residual streams) ----
+  // X [n, hc*D]. fn [(2+hc)*hc, hc*D] f32, base [(2+hc)*hc], scale [3]. Produces y [n, D] = sum_i pre_i X_i,
+  // post [n, hc] and the Sinkhorn-normalised comb [n, hc*hc] (comb[i*hc + j]).
+  virtual void HcPre(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale, int hc,
+                     int sinkhorn_iters, float eps, float norm_eps, Tensor* y, Tensor* post, Tensor* comb) = 0;
+  // X'[j] = post[j] * f + sum_i comb[i][j] * X[i].  out must not alias X.
+  virtual void HcPost(const Tensor& X, const Tensor& f, const Tensor& post, const Tensor& comb, int hc,
+                      Tensor* out) = 0;
+  // The head's collapse: fn [hc, hc*D], base [hc], scale [1]; y = sum_i (sigmoid(mix_i*scale+base_i)+eps) X_i.
+  virtual void HcHead(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale, int hc,
+                      float eps, float norm_eps, Tensor* y) = 0;
+
+  // ---- compressor ----
+  // score[r, :] += ape[(first_pos + r) % ratio, :]   (score [n, c*d], ape [ratio, c*d] f32)
+  virtual void AddPositionBias(Tensor* score, const Tensor& ape, int64_t first_pos, int ratio) = 0;
+  // Pools windows [first_window, first_window + num_windows) into out [num_windows, d].
+  // kv/score [rows, c*d] hold consecutive positions starting at base_pos (which must cover the windows
+  // used: window w spans positions w*ratio .. w*ratio+ratio-1; with overlap, window w-1 too).
+  // Without overlap (c = 1): entry = sum over the window's tokens of softmax_tokens(score) * kv, per channel.
+  // With overlap (c = 2): per channel, softmax over 2*ratio slots: window w-1's first halves ([0, d)) and
+  // window w's second halves ([d, 2d)); window -1 is absent.
+  virtual void CompressorPool(const Tensor& kv, const Tensor& score, int64_t base_pos, int64_t first_window,
+                              int64_t num_windows, int ratio, bool overlap, int64_t d, Tensor* out) = 0;
+
+  // ---- lightning indexer ----
+  // q [n, heads*dim], weights [n, heads], keys [>= num_keys, dim]. For query row r at position
+  // positions[r], score(w) = sum_h weights[r,h] * relu(q[r,h] . keys[w]) over w < (pos+1)/ratio;
+  // out int32 [n, top_k] gets the top-k w by score (ties: lower w first), -1 where fewer exist.
+  virtual void IndexerTopK(const Tensor& q, const Tensor& weights, const Tensor& keys, int64_t num_keys,
+                           int64_t heads, int64_t dim, const int64_t* positions, int ratio, int top_k,
+                           Tensor* out) = 0;
+
+  // ---- attention (one sequence) ----
+  // q [n, heads*d] for positions start .. start+n-1. The shared K=V rows are:
+  //   window: positions max(0, t-window+1) .. t; positions < start come from ring [window, d]
+  //   (slot pos % window), positions >= start from new_kv [n, d];
+  //   compressed (ratio > 0): entries [>= num_entries, d]; with topk (int32 [n, k], -1 = none) the listed
+  //   entries, else all entries w < (t+1)/ratio.
+  // p_j = exp(s_j) / (sum_j exp(s_j) + exp(sink_h)), s_j = q.k_j * softmax_scale; out [n, heads*d] = sum p_j k_j.
+  virtual void Attention(const Tensor& q, int64_t heads, int64_t d, int64_t start, const Tensor& ring,
+                         const Tensor& new_kv, int window, const Tensor* entries, int64_t num_entries,
+                         int ratio, const Tensor* topk, const Tensor& sinks, float softmax_scale,
+                         Tensor* out) = 0;
+  // Writes the last min(n, window) rows of new_kv (positions start..start+n-1) into the ring.
+  virtual void UpdateRing(const Tensor& new_kv, int64_t start, int window, Tensor* ring) = 0;
+
+  // ---- mixture of experts ----
+  // logits [n, E] (router linear output). idx int32 [n, k], weight f32 [n, k].
+  // scores = sqrt(softplus(logits)); experts = hash ? tid2eid[tokens] : top_k(scores + bias);
+  // weight = scores[e] (/ sum) * routed_scale.
+  virtual void MoeRoute(const Tensor& logits, const int32_t* tokens, const RouterParams& p, Tensor* idx,
+                        Tensor* weight) = 0;
+  // out [n, D] += sum_k weight[r,k] * expert_{idx[r,k]}(x[r]).  experts may hold only this rank's slice.
+  virtual void MoeExperts(const Tensor& x, const Tensor& idx, const Tensor& weight,
+                          const std::vector<ExpertWeights>& experts, float swiglu_limit, Tensor* out) = 0;
+  // out [n, D] += expert(x) (the shared expert).
+  virtual void SharedExpert(const Tensor& x, const ExpertWeights& expert, float swiglu_limit, Tensor* out) = 0;
+};
+
+// A row range [begin, begin+count) of a row-major tensor (no copy).
+Tensor RowView(const Tensor& t, int64_t begin, int64_t count);
+
+}  // namespace dsmesh

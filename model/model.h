@@ -1,0 +1,120 @@
+// The public face of the DeepSeek-V4 forward pass: load a (sharded) model, create per-sequence states,
+// and run steps that advance a batch of sequences of different lengths in one call.
+//
+//   auto backend = MakeCpuBackend();                       // kernels/cpu/cpu_backend.h
+//   LocalCommunicator comm;                                // or Gloo/NCCL (worker/)
+//   auto model = LoadModel("/models/tiny", ShardSpec{0, 1}, backend, &comm);
+//   auto a = model->NewState(), b = model->NewState();
+//   auto out = model->Forward({{a.get(), {0, 17, 9}, false}, {b.get(), {0, 5}, true}});
+//   // out[0].logits: f32 [1, vocab] (last position); out[1].logits: f32 [2, vocab]
+//
+// Tensor parallelism (ShardSpec{rank, world}); every rank runs the same Forward calls in the same order:
+//   - attention: the query heads, split by output group (o_groups % world == 0): wq_b rows, attn_sink,
+//     wo_a groups and the matching wo_b input columns. wq_a/q_norm/wkv/kv_norm, the compressors and the
+//     indexer are replicated (the K=V head is shared by all query heads, so every rank keeps the full KV
+//     state; replicating the indexer avoids a collective inside attention).
+//     One AllReduceSum of the attention output per layer.
+//   - MoE: routed and shared experts split along the intermediate dimension (all experts on every rank);
+//     the router is replicated. One AllReduceSum of the MoE output per layer.
+//   - embedding replicated; lm_head split by vocabulary rows, one AllGather of the logits at the end, so
+//     every rank returns the full logits.
+//   - hyper-connection mixing, norms and the residual streams are replicated (identical on all ranks).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/communicator.h"
+#include "common/tensor.h"
+#include "model/config.h"
+
+namespace dsmesh {
+
+class Backend;     // model/backend.h
+class ModelImpl;   // model/model_impl.h
+struct SequenceStateData;  // model/sequence_state.h
+
+struct ShardSpec {
+  int rank = 0;
+  int world = 1;
+};
+
+// Everything one sequence has accumulated: per layer the sliding-window KV ring, the compressors' partial
+// windows (and the CSA overlap half), the compressed KV entries and the indexer keys; MTP layers included.
+// Buffers live in the memory of the backend that created the state. Not thread-safe; one sequence
+// belongs to one Forward call at a time.
+class SequenceState {
+ public:
+  ~SequenceState();
+  SequenceState(const SequenceState&) = delete;
+  SequenceState& operator=(const SequenceState&) = delete;
+
+  // Tokens consumed so far = position of the next token.
+  int64_t length() const;
+  // Deep copy: the copy and the original evolve independently (prefix-cache snapshots, speculative rollback).
+  std::unique_ptr<SequenceState> Clone() const;
+  // Bytes this state holds now (all layers, this rank).
+  size_t MemoryBytes() const;
+  // Grows the length-proportional buffers so that `total_tokens` tokens fit without reallocation.
+  void Reserve(int64_t total_tokens);
+
+  SequenceStateData& data() { return *data_; }  // for the model implementation
+  const SequenceStateData& data() const { return *data_; }
+  explicit SequenceState(std::unique_ptr<SequenceStateData> data);
+
+ private:
+  std::unique_ptr<SequenceStateData> data_;
+};
+
+// One sequence's part of a step.
+struct SequenceStep {
+  SequenceState* state = nullptr;  // advanced in place by tokens.size()
+  std::vector<int32_t> tokens;     // new tokens, at positions state->length() .. + tokens.size() - 1
+  bool all_logits = false;         // logits for every new token; false: only for the last one
+  bool want_hidden = false;        // also return the last block's 4-stream residual (MTP input)
+};
+
+struct SequenceOutput {
+  Tensor logits;  // host f32 [rows, vocab]; rows = tokens.size() if all_logits else 1
+  Tensor hidden;  // host f32 [rows, hc_mult * hidden_size] when want_hidden (pre hc_head / final norm)
+};
+
+class Model {
+ public:
+  ~Model();
+  const ModelConfig& config() const;
+  const ShardSpec& shard() const;
+  Backend& backend() const;
+
+  std::unique_ptr<SequenceState> NewState() const;
+
+  // Runs one step over a batch of sequences (each with >= 1 token, each state at most once in the batch).
+  // Results per sequence are those of running it alone. Validates every token id (< vocab_size, >= 0)
+  // before touching any state; throws std::runtime_error naming the bad id.
+  std::vector<SequenceOutput> Forward(const std::vector<SequenceStep>& batch);
+
+  // Memory accounting for KV capacity planning on this rank:
+  //   state bytes for a sequence of L tokens <= StateFixedBytes() + L * StateBytesPerToken().
+  size_t StateBytesPerToken() const;  // compressed KV + indexer keys growth, all layers
+  size_t StateFixedBytes() const;     // window rings + compressor partial windows, all layers
+
+  // Bytes of weights this rank holds (after sharding).
+  size_t WeightBytes() const;
+
+  ModelImpl& impl() { return *impl_; }
+  explicit Model(std::unique_ptr<ModelImpl> impl);
+
+ private:
+  std::unique_ptr<ModelImpl> impl_;
+};
+
+// Loads config.json and the safetensors (DeepSeek or transformers tensor naming, dense or EXL3 linears)
+// from `dir`, keeping only `shard`'s slice. `comm` must outlive the model; nullptr means a
+// LocalCommunicator (then shard.world must be 1). Throws std::runtime_error naming the directory, file,
+// tensor or config field on any problem (missing dir, unsupported config, missing tensor, bad shape).
+std::unique_ptr<Model> LoadModel(const std::string& dir, const ShardSpec& shard,
+                                 std::shared_ptr<Backend> backend, Communicator* comm = nullptr);
+
+}  // namespace dsmesh
