@@ -91,6 +91,8 @@ class Backend {
   // post [n, hc] and the Sinkhorn-normalised comb [n, hc*hc] (comb[i*hc + j]).
   virtual void HcPre(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale, int hc,
                      int sinkhorn_iters, float eps, float norm_eps, Tensor* y, Tensor* post, Tensor* comb) = 0;
+  // X[r, i*D:(i+1)*D] = h[r, :] for every stream i (the residual starts as hc copies of the embedding).
+  virtual void HcExpand(const Tensor& h, int hc, Tensor* X) = 0;
   // X'[j] = post[j] * f + sum_i comb[i][j] * X[i].  out must not alias X.
   virtual void HcPost(const Tensor& X, const Tensor& f, const Tensor& post, const Tensor& comb, int hc,
                       Tensor* out) = 0;
@@ -145,7 +147,14 @@ class Backend {
   virtual void SharedExpert(const Tensor& x, const ExpertWeights& expert, float swiglu_limit, Tensor* out) = 0;
 };
 
-// A row range [begin, begin+count) of a row-major tensor (no copy).
-Tensor RowView(const Tensor& t, int64_t begin, int64_t count);
+// A row range [begin, begin+count) of a row-major tensor (no copy; pointer arithmetic is valid for host
+// and device pointers alike).
+inline Tensor RowView(const Tensor& t, int64_t begin, int64_t count) {
+  Tensor v = t;
+  const int64_t row = t.shape.empty() || t.shape[0] == 0 ? 0 : t.numel() / t.shape[0];
+  v.shape[0] = count;
+  v.data = static_cast<char*>(t.data) + static_cast<size_t>(begin) * row * DTypeSize(t.dtype);
+  return v;
+}
 
 }  // namespace dsmesh

@@ -68,6 +68,7 @@ struct ModelConfig {
   double rms_norm_eps = 1e-6;
   int64_t bos_token_id = 0;
   int64_t eos_token_id = 1;
+  bool tie_word_embeddings = false;  // lm_head shares the embedding table (then the head may be absent)
 
   AttentionKind attention_kind(int layer) const;  // layer in [0, num_layers + num_mtp_layers)
   MlpKind mlp_kind(int layer) const;

@@ -42,7 +42,8 @@ struct ShardSpec {
 };
 
 // Everything one sequence has accumulated: per layer the sliding-window KV ring, the compressors' partial
-// windows (and the CSA overlap half), the compressed KV entries and the indexer keys; MTP layers included.
+// windows (and the CSA overlap half), the compressed KV entries and the indexer keys, for the main blocks
+// (the MTP block's own window state arrives with speculative decoding).
 // Buffers live in the memory of the backend that created the state. Not thread-safe; one sequence
 // belongs to one Forward call at a time.
 class SequenceState {

@@ -1,0 +1,131 @@
+// CLI commands of the model: `logits`, `generate` (greedy) and `make-tiny`. Flags are stable: other
+// issues' tests and users call them.
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "common/cli_registry.h"
+#include "common/flags.h"
+#include "common/safetensors.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "model/model.h"
+#include "model/tiny_model.h"
+
+namespace dsmesh {
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::vector<int32_t> ParseTokens(const std::string& text) {
+  std::vector<int32_t> out;
+  size_t i = 0;
+  while (i <= text.size()) {
+    size_t j = text.find(',', i);
+    if (j == std::string::npos) j = text.size();
+    std::string item = text.substr(i, j - i);
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (...) {
+      used = 0;
+    }
+    if (item.empty() || used != item.size())
+      throw UsageError("--tokens: \"" + item + "\" is not an integer token id (expected e.g. 5,17,9)");
+    if (v < 0 || v > INT32_MAX) throw std::runtime_error("--tokens: token id " + item + " is out of range");
+    out.push_back(static_cast<int32_t>(v));
+    i = j + 1;
+  }
+  if (out.empty()) throw UsageError("--tokens: no token ids given");
+  return out;
+}
+
+std::unique_ptr<Model> LoadForCli(const Flags& f) {
+  std::string dir = f.Require("model");
+  int threads = static_cast<int>(f.GetInt("threads", 0));
+  return LoadModel(dir, ShardSpec{0, 1}, MakeCpuBackend(threads));
+}
+
+int RunLogits(const std::vector<std::string>& args) {
+  Flags f(args, {"model", "tokens", "out", "threads"});
+  std::vector<int32_t> tokens = ParseTokens(f.Require("tokens"));
+  std::string out_path = f.Require("out");
+  auto model = LoadForCli(f);
+  auto state = model->NewState();
+  auto out = model->Forward({{state.get(), tokens, /*all_logits=*/true}});
+  SafetensorsWriter w;
+  w.Add("logits", out[0].logits);
+  w.Write(out_path);
+  return 0;
+}
+
+int RunGenerate(const std::vector<std::string>& args) {
+  Flags f(args, {"model", "tokens", "max-new-tokens", "threads", "ignore-eos"}, {"ignore-eos"});
+  std::vector<int32_t> prompt = ParseTokens(f.Require("tokens"));
+  long long max_new = f.GetInt("max-new-tokens", 16);
+  if (max_new < 0) throw UsageError("--max-new-tokens must be >= 0");
+  const bool ignore_eos = f.GetBool("ignore-eos", false);
+  auto model = LoadForCli(f);
+  const int64_t vocab = model->config().vocab_size, eos = model->config().eos_token_id;
+  auto argmax = [&](const Tensor& logits) {
+    const float* p = logits.as<float>();
+    int32_t best = 0;
+    for (int64_t v = 1; v < vocab; ++v)
+      if (p[v] > p[best]) best = static_cast<int32_t>(v);
+    return best;
+  };
+  auto state = model->NewState();
+  std::vector<int32_t> generated;
+  double t0 = Now(), t_prefill = t0, t_end = t0;
+  if (max_new > 0) {
+    auto out = model->Forward({{state.get(), prompt, false}});
+    generated.push_back(argmax(out[0].logits));
+    t_prefill = Now();
+    while ((long long)generated.size() < max_new && (ignore_eos || generated.back() != eos)) {
+      out = model->Forward({{state.get(), {generated.back()}, false}});
+      generated.push_back(argmax(out[0].logits));
+    }
+    t_end = Now();
+  }
+  std::string json = "{\"tokens\": [";
+  for (size_t i = 0; i < generated.size(); ++i) json += (i ? ", " : "") + std::to_string(generated[i]);
+  std::cout << json << "]}" << std::endl;
+  const size_t decoded = generated.empty() ? 0 : generated.size() - 1;
+  std::fprintf(stderr, "prefill %zu tokens: %.1f ms; decode %zu tokens: %.1f ms (%.1f tokens/s)\n", prompt.size(),
+               (t_prefill - t0) * 1e3, decoded, (t_end - t_prefill) * 1e3,
+               decoded ? decoded / (t_end - t_prefill) : 0.0);
+  return 0;
+}
+
+int RunMakeTiny(const std::vector<std::string>& args) {
+  Flags f(args, {"out", "seed"});
+  std::string dir = f.Require("out");
+  long long seed = f.GetInt("seed", 0);
+  WriteTinyModel(dir, static_cast<uint64_t>(seed));
+  // Ship the real DeepSeek tokenizer beside the weights when this checkout has it, so the demo serves text.
+  const char* root = std::getenv("DSMESH_ROOT");
+  std::string tok = std::string(root ? root : ".") + "/common/tokenizer/data/deepseek_v4";
+  struct stat st;
+  if (stat(tok.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    std::string cmd = "cp -r '" + tok + "'/. '" + dir + "'/";
+    if (std::system(cmd.c_str()) != 0) throw std::runtime_error("make-tiny: copying tokenizer files from " + tok + " failed");
+  }
+  std::cout << "wrote " << dir << " (seed " << seed << ")" << std::endl;
+  return 0;
+}
+
+}  // namespace
+
+DSMESH_REGISTER_COMMAND(logits, "logits --model DIR --tokens 5,17,9 --out FILE.safetensors [--threads N]", RunLogits);
+DSMESH_REGISTER_COMMAND(generate, "generate --model DIR --tokens 5,17,9 --max-new-tokens N [--ignore-eos] [--threads N]",
+                        RunGenerate);
+// The macro names commands after a C identifier; "make-tiny" has a dash, so register it directly.
+static CommandRegistration make_tiny_registration("make-tiny", "make-tiny --out DIR [--seed S]", RunMakeTiny);
+
+}  // namespace dsmesh

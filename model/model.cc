@@ -1,0 +1,103 @@
+// Model / LoadModel: the public API over ModelImpl, plus state creation and memory accounting.
+#include "model/model.h"
+
+#include <sys/stat.h>
+
+#include <cmath>
+#include <stdexcept>
+
+#include "model/model_impl.h"
+#include "model/rope.h"
+
+namespace dsmesh {
+
+ModelImpl::ModelImpl(ModelConfig config, ShardSpec shard, std::shared_ptr<Backend> backend, Communicator* comm)
+    : config_(std::move(config)), shard_(shard), backend_(std::move(backend)), comm_(comm ? comm : &local_comm_) {
+  layout_ = MakeShardLayout(config_, shard_);
+  if (comm_->world() != shard_.world || comm_->rank() != shard_.rank)
+    throw std::runtime_error("LoadModel: shard is rank " + std::to_string(shard_.rank) + " of " +
+                             std::to_string(shard_.world) + " but the communicator is rank " +
+                             std::to_string(comm_->rank()) + " of " + std::to_string(comm_->world()));
+  for (int l = 0; l < config_.num_layers + config_.num_mtp_layers; ++l)
+    inv_freq_.push_back(LayerInvFreq(config_, l));
+}
+
+void ModelImpl::Load(const std::string& dir) {
+  Checkpoint ckpt = Checkpoint::Open(dir);
+  weights_ = LoadWeights(ckpt, config_, layout_, *backend_);
+}
+
+std::unique_ptr<SequenceState> ModelImpl::NewState() const {
+  auto d = std::make_unique<SequenceStateData>();
+  d->backend = backend_.get();
+  d->owner_model = this;
+  const ModelConfig& c = config_;
+  for (int l = 0; l < c.num_layers; ++l) {
+    LayerState ls;
+    ls.ring = backend_->Alloc(DType::kF32, {c.sliding_window, c.head_dim});
+    AttentionKind kind = c.attention_kind(l);
+    auto init = [&](CompressorState* cs, int64_t dim, bool overlap) {
+      cs->ratio = c.compress_ratio(l);
+      cs->overlap = overlap;
+      cs->dim = dim;
+      int64_t rows = (overlap ? 2 : 1) * cs->ratio;
+      cs->pending_kv = backend_->Alloc(DType::kF32, {rows, cs->width()});
+      cs->pending_score = backend_->Alloc(DType::kF32, {rows, cs->width()});
+    };
+    if (kind != AttentionKind::kSliding) init(&ls.compressor, c.head_dim, kind == AttentionKind::kCompressedSparse);
+    if (kind == AttentionKind::kCompressedSparse) init(&ls.indexer, c.index_head_dim, true);
+    d->layers.push_back(std::move(ls));
+  }
+  return std::make_unique<SequenceState>(std::move(d));
+}
+
+double ModelImpl::StateBytesPerToken() const {
+  double per = 0;
+  for (int l = 0; l < config_.num_layers; ++l) {
+    int r = config_.compress_ratio(l);
+    if (r == 0) continue;
+    per += 4.0 * config_.head_dim / r;
+    if (config_.attention_kind(l) == AttentionKind::kCompressedSparse) per += 4.0 * config_.index_head_dim / r;
+  }
+  return per;
+}
+
+size_t ModelImpl::StateFixedBytes() const {
+  size_t fixed = 0;
+  for (int l = 0; l < config_.num_layers; ++l) {
+    fixed += 4ull * config_.sliding_window * config_.head_dim;
+    int r = config_.compress_ratio(l);
+    AttentionKind k = config_.attention_kind(l);
+    if (k == AttentionKind::kHeavilyCompressed) fixed += 2ull * 4 * r * config_.head_dim;
+    if (k == AttentionKind::kCompressedSparse)
+      fixed += 2ull * 4 * (2 * r) * (2 * config_.head_dim) + 2ull * 4 * (2 * r) * (2 * config_.index_head_dim);
+  }
+  return fixed;
+}
+
+// ---- Model ----
+
+Model::Model(std::unique_ptr<ModelImpl> impl) : impl_(std::move(impl)) {}
+Model::~Model() = default;
+const ModelConfig& Model::config() const { return impl_->config(); }
+const ShardSpec& Model::shard() const { return impl_->shard(); }
+Backend& Model::backend() const { return impl_->backend(); }
+std::unique_ptr<SequenceState> Model::NewState() const { return impl_->NewState(); }
+std::vector<SequenceOutput> Model::Forward(const std::vector<SequenceStep>& batch) { return impl_->Forward(batch); }
+size_t Model::StateBytesPerToken() const { return static_cast<size_t>(std::ceil(impl_->StateBytesPerToken())); }
+size_t Model::StateFixedBytes() const { return impl_->StateFixedBytes(); }
+size_t Model::WeightBytes() const { return impl_->weights().bytes; }
+
+std::unique_ptr<Model> LoadModel(const std::string& dir, const ShardSpec& shard, std::shared_ptr<Backend> backend,
+                                 Communicator* comm) {
+  struct stat st;
+  if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    throw std::runtime_error(dir + ": model directory does not exist");
+  if (!backend) throw std::runtime_error("LoadModel: no backend given");
+  ModelConfig config = ModelConfig::FromDirectory(dir);
+  auto impl = std::make_unique<ModelImpl>(std::move(config), shard, std::move(backend), comm);
+  impl->Load(dir);
+  return std::make_unique<Model>(std::move(impl));
+}
+
+}  // namespace dsmesh

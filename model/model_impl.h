@@ -1,0 +1,62 @@
+// The implementation behind Model: loaded weights of one shard, the rope tables, and the forward pass
+// written once against the Backend interface.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "common/communicator.h"
+#include "model/backend.h"
+#include "model/config.h"
+#include "model/model.h"
+#include "model/sequence_state.h"
+#include "model/weights.h"
+
+namespace dsmesh {
+
+class ModelImpl {
+ public:
+  ModelImpl(ModelConfig config, ShardSpec shard, std::shared_ptr<Backend> backend, Communicator* comm);
+
+  void Load(const std::string& dir);
+
+  const ModelConfig& config() const { return config_; }
+  const ShardSpec& shard() const { return shard_; }
+  Backend& backend() const { return *backend_; }
+  const ModelWeights& weights() const { return weights_; }
+
+  std::unique_ptr<SequenceState> NewState() const;
+  std::vector<SequenceOutput> Forward(const std::vector<SequenceStep>& batch);
+  double StateBytesPerToken() const;
+  size_t StateFixedBytes() const;
+
+ private:
+  // Where one sequence's rows sit in the step's flattened token dimension.
+  struct SeqRows {
+    SequenceStateData* state;
+    int64_t offset;  // first row in the step
+    int64_t count;   // new tokens
+    int64_t start;   // position of the first new token
+  };
+
+  void Validate(const std::vector<SequenceStep>& batch) const;
+  void AttentionBlock(const BlockWeights& b, const Tensor& x, const std::vector<SeqRows>& seqs,
+                      const std::vector<int64_t>& positions, Tensor* out);
+  // Projects x through a compressor, folds every completed window into new entries of each sequence's
+  // state (normed, roped at the window's first position).
+  void RunCompressor(const CompressorWeights& w, const Tensor& x, int layer, bool indexer,
+                     const std::vector<SeqRows>& seqs);
+  void MoeBlock(const BlockWeights& b, const Tensor& x, const std::vector<int32_t>& tokens, Tensor* out);
+  void AllReduce(Tensor* t);
+
+  ModelConfig config_;
+  ShardSpec shard_;
+  ShardLayout layout_;
+  std::shared_ptr<Backend> backend_;
+  LocalCommunicator local_comm_;
+  Communicator* comm_;
+  ModelWeights weights_;
+  std::vector<std::vector<float>> inv_freq_;  // per layer
+};
+
+}  // namespace dsmesh

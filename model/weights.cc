@@ -1,0 +1,335 @@
+#include "model/weights.h"
+
+#include <cstring>
+#include <stdexcept>
+
+#include "common/half.h"
+#include "model/tensor_names.h"
+
+namespace dsmesh {
+namespace {
+
+std::string ShapeStr(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+bool IsDenseFloat(DType t) { return t == DType::kBF16 || t == DType::kF16 || t == DType::kF32; }
+
+// Rows [r0, r1) and columns [c0, c1) of a row-major 2-D tensor: a view when all columns are kept,
+// else a packed copy.
+Tensor Slice2D(const Tensor& w, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  const int64_t cols = w.shape[1];
+  const size_t es = DTypeSize(w.dtype);
+  if (c0 == 0 && c1 == cols) {
+    Tensor v = w;
+    v.shape = {r1 - r0, cols};
+    v.data = static_cast<char*>(w.data) + static_cast<size_t>(r0) * cols * es;
+    return v;
+  }
+  Tensor out = AllocateTensor(w.dtype, {r1 - r0, c1 - c0});
+  for (int64_t r = r0; r < r1; ++r)
+    std::memcpy(static_cast<char*>(out.data) + (r - r0) * (c1 - c0) * es,
+                static_cast<const char*>(w.data) + (r * cols + c0) * es, (c1 - c0) * es);
+  return out;
+}
+
+// Matrix `index` of a 3-D tensor [n, rows, cols], as a 2-D view.
+Tensor Matrix(const Tensor& t, int64_t index) {
+  Tensor v = t;
+  v.shape = {t.shape[1], t.shape[2]};
+  v.data = static_cast<char*>(t.data) + static_cast<size_t>(index) * t.shape[1] * t.shape[2] * DTypeSize(t.dtype);
+  return v;
+}
+
+class WeightLoader {
+ public:
+  WeightLoader(const Checkpoint& ckpt, const ModelConfig& c, const ShardLayout& l, Backend& be)
+      : ckpt_(ckpt), c_(c), l_(l), be_(be) {}
+
+  size_t bytes() const { return bytes_; }
+
+  // The stored name of a DeepSeek-named tensor, or "" when the checkpoint has it under no known spelling.
+  std::string Find(const std::string& ds) const {
+    if (ckpt_.Has(ds)) return ds;
+    std::string hf = TransformersName(ds);
+    if (!hf.empty() && ckpt_.Has(hf)) return hf;
+    if (ckpt_.Has("model." + ds)) return "model." + ds;
+    return "";
+  }
+  bool Has(const std::string& ds) const { return !Find(ds).empty(); }
+
+  Tensor Raw(const std::string& ds) const {
+    std::string name = Find(ds);
+    if (name.empty()) {
+      std::string hf = TransformersName(ds);
+      throw std::runtime_error(ckpt_.dir() + ": missing tensor \"" + ds + "\"" +
+                               (hf.empty() ? "" : " (transformers name \"" + hf + "\")"));
+    }
+    return ckpt_.Get(name);
+  }
+
+  void CheckShape(const Tensor& t, const std::vector<int64_t>& want, const std::string& ds) const {
+    if (t.shape != want)
+      throw std::runtime_error(ckpt_.dir() + ": tensor \"" + ds + "\" has shape " + ShapeStr(t.shape) +
+                               ", config implies " + ShapeStr(want));
+  }
+
+  // A small parameter (norm weight, hc, sink, bias, ape) as f32 in backend memory; [b, e) of dim 0.
+  Tensor F32(const std::string& ds, const std::vector<int64_t>& shape, int64_t b = 0, int64_t e = -1) {
+    Tensor t = Raw(ds);
+    CheckShape(t, shape, ds);
+    if (!IsDenseFloat(t.dtype))
+      throw std::runtime_error(ckpt_.dir() + ": tensor \"" + ds + "\" has dtype " + DTypeName(t.dtype) +
+                               ", expected a float type");
+    if (e < 0) e = shape[0];
+    std::vector<float> all = ToFloatVector(t);
+    int64_t inner = shape.empty() ? 1 : t.numel() / shape[0];
+    std::vector<int64_t> out_shape = shape;
+    if (!out_shape.empty()) out_shape[0] = e - b;
+    Tensor out = AllocateTensor(DType::kF32, out_shape);
+    std::memcpy(out.data, all.data() + b * inner, static_cast<size_t>((e - b) * inner) * sizeof(float));
+    bytes_ += out.nbytes();
+    return be_.Upload(out);
+  }
+
+  Tensor Int32(const std::string& ds, const std::vector<int64_t>& shape) {
+    Tensor t = Raw(ds);
+    CheckShape(t, shape, ds);
+    Tensor out = AllocateTensor(DType::kI32, shape);
+    int32_t* o = out.as<int32_t>();
+    const int64_t n = t.numel();
+    switch (t.dtype) {
+      case DType::kI32: std::memcpy(o, t.data, n * 4); break;
+      case DType::kI64: for (int64_t i = 0; i < n; ++i) o[i] = static_cast<int32_t>(t.as<int64_t>()[i]); break;
+      case DType::kI16: for (int64_t i = 0; i < n; ++i) o[i] = t.as<int16_t>()[i]; break;
+      case DType::kU8: for (int64_t i = 0; i < n; ++i) o[i] = t.as<uint8_t>()[i]; break;
+      default:
+        throw std::runtime_error(ckpt_.dir() + ": tensor \"" + ds + "\" has dtype " + DTypeName(t.dtype) +
+                                 ", expected an integer type");
+    }
+    bytes_ += out.nbytes();
+    return out;  // host memory: routing tables are read on the host
+  }
+
+  // A dense view/copy of a [out, in] weight already fetched, sliced to rows [r0, r1), cols [c0, c1).
+  LinearWeight DenseLinear(const std::string& label, const Tensor& w, int64_t r0, int64_t r1, int64_t c0,
+                           int64_t c1) {
+    if (!IsDenseFloat(w.dtype))
+      throw std::runtime_error(ckpt_.dir() + ": tensor \"" + label + "\" has dtype " + DTypeName(w.dtype) +
+                               (w.dtype == DType::kF8E4M3
+                                    ? ": FP8 checkpoints are not supported (use a bf16 or EXL3 checkpoint)"
+                                    : ", expected bf16/fp16/f32 or an EXL3 tensor set"));
+    LinearWeight lw;
+    lw.name = label;
+    lw.out = r1 - r0;
+    lw.in = c1 - c0;
+    lw.dense = be_.Upload(Slice2D(w, r0, r1, c0, c1));
+    bytes_ += lw.dense.nbytes();
+    return lw;
+  }
+
+  // A linear `<prefix>.weight` [out, in] (dense) or `<prefix>.trellis...` (EXL3), sliced for this rank.
+  LinearWeight Linear(const std::string& prefix, int64_t out, int64_t in, int64_t r0 = 0, int64_t r1 = -1,
+                      int64_t c0 = 0, int64_t c1 = -1) {
+    if (r1 < 0) r1 = out;
+    if (c1 < 0) c1 = in;
+    std::string ds = prefix + ".weight";
+    if (!Has(ds) && ckpt_.Has(prefix + ".trellis")) {
+      LinearWeight lw = be_.LoadExl3Linear(ckpt_, prefix, r0, r1, c0, c1);
+      lw.name = prefix;
+      return lw;
+    }
+    Tensor w = Raw(ds);
+    CheckShape(w, {out, in}, ds);
+    return DenseLinear(ds, w, r0, r1, c0, c1);
+  }
+
+  HcWeights Hc(const std::string& p, int rows) {
+    const int64_t hcD = c_.hc_mult * c_.hidden_size;
+    HcWeights h;
+    h.fn = F32(p + "fn", {rows, hcD});
+    h.base = F32(p + "base", {rows});
+    h.scale = F32(p + "scale", {rows == c_.hc_mult ? 1 : 3});
+    return h;
+  }
+
+  CompressorWeights Compressor(const std::string& p, int ratio, int c, int64_t d) {
+    CompressorWeights w;
+    w.wkv = Linear(p + "wkv", c * d, c_.hidden_size);
+    w.wgate = Linear(p + "wgate", c * d, c_.hidden_size);
+    w.ape = F32(p + "ape", {ratio, c * d});
+    w.norm = F32(p + "norm.weight", {d});
+    return w;
+  }
+
+  AttentionWeights Attention(const std::string& p, AttentionKind kind, int ratio) {
+    const ModelConfig& c = c_;
+    const int64_t D = c.hidden_size, d = c.head_dim, H = c.num_heads;
+    const int64_t hpg = H / c.o_groups;  // heads per output group
+    const int g0 = l_.rank * l_.local_groups, g1 = g0 + l_.local_groups;
+    AttentionWeights a;
+    a.wq_a = Linear(p + "wq_a", c.q_lora_rank, D);
+    a.q_norm = F32(p + "q_norm.weight", {c.q_lora_rank});
+    a.wq_b = Linear(p + "wq_b", H * d, c.q_lora_rank, g0 * hpg * d, g1 * hpg * d);
+    a.wkv = Linear(p + "wkv", d, D);
+    a.kv_norm = F32(p + "kv_norm.weight", {d});
+    a.wo_a = Linear(p + "wo_a", (int64_t)c.o_groups * c.o_lora_rank, hpg * d, (int64_t)g0 * c.o_lora_rank,
+                    (int64_t)g1 * c.o_lora_rank);
+    a.wo_b = Linear(p + "wo_b", D, (int64_t)c.o_groups * c.o_lora_rank, 0, D, (int64_t)g0 * c.o_lora_rank,
+                    (int64_t)g1 * c.o_lora_rank);
+    a.sinks = F32(p + "attn_sink", {H}, g0 * hpg, g1 * hpg);
+    if (kind != AttentionKind::kSliding) {
+      const int cm = kind == AttentionKind::kCompressedSparse ? 2 : 1;
+      a.compressor = Compressor(p + "compressor.", ratio, cm, d);
+    }
+    if (kind == AttentionKind::kCompressedSparse) {
+      const int64_t hi = c.index_n_heads, di = c.index_head_dim;
+      a.indexer_wq_b = Linear(p + "indexer.wq_b", hi * di, c.q_lora_rank);
+      a.indexer_weights_proj = Linear(p + "indexer.weights_proj", hi, D);
+      a.indexer_compressor = Compressor(p + "indexer.compressor.", ratio, 2, di);
+    }
+    return a;
+  }
+
+  ExpertWeights Expert(const std::string& p) {
+    const int64_t D = c_.hidden_size, I = c_.moe_intermediate_size;
+    const int64_t i0 = l_.rank * l_.local_inter, i1 = i0 + l_.local_inter;
+    ExpertWeights e;
+    e.w1 = Linear(p + "w1", I, D, i0, i1);
+    e.w3 = Linear(p + "w3", I, D, i0, i1);
+    e.w2 = Linear(p + "w2", D, I, 0, D, i0, i1);
+    return e;
+  }
+
+  MoeWeights Moe(int layer, const std::string& p) {
+    const ModelConfig& c = c_;
+    const int64_t D = c.hidden_size, I = c.moe_intermediate_size, E = c.n_routed_experts;
+    MoeWeights m;
+    m.gate = Linear(p + "gate", E, D);
+    if (c.mlp_kind(layer) == MlpKind::kHashMoe) {
+      m.tid2eid = Int32(p + "gate.tid2eid", {c.vocab_size, c.num_experts_per_tok});
+      const int32_t* t = m.tid2eid.as<int32_t>();
+      for (int64_t i = 0; i < m.tid2eid.numel(); ++i)
+        if (t[i] < 0 || t[i] >= E)
+          throw std::runtime_error(ckpt_.dir() + ": tensor \"" + p + "gate.tid2eid\" holds expert id " +
+                                   std::to_string(t[i]) + " outside [0, " + std::to_string(E) + ")");
+    } else {
+      m.bias = F32(p + "gate.bias", {E});
+    }
+    // Routed experts: per-expert tensors (DeepSeek naming) or transformers' fused 3-D tensors.
+    const int64_t i0 = l_.rank * l_.local_inter, i1 = i0 + l_.local_inter;
+    std::string gate_up = TransformersGateUpName(layer);
+    if (layer < c.num_layers && !Has(p + "experts.0.w1.weight") && ckpt_.Has(gate_up) &&
+        !ckpt_.Has(p + "experts.0.w1.trellis")) {
+      Tensor gu = ckpt_.Get(gate_up), dn = ckpt_.Get(TransformersDownName(layer));
+      CheckShape(gu, {E, 2 * I, D}, gate_up);
+      CheckShape(dn, {E, D, I}, TransformersDownName(layer));
+      for (int64_t e = 0; e < E; ++e) {
+        std::string label = gate_up + "[" + std::to_string(e) + "]";
+        ExpertWeights ew;
+        Tensor m2 = Matrix(gu, e);
+        ew.w1 = DenseLinear(label, m2, i0, i1, 0, D);
+        ew.w3 = DenseLinear(label, m2, I + i0, I + i1, 0, D);
+        ew.w2 = DenseLinear(TransformersDownName(layer) + "[" + std::to_string(e) + "]", Matrix(dn, e), 0, D, i0, i1);
+        m.experts.push_back(std::move(ew));
+      }
+    } else {
+      for (int64_t e = 0; e < E; ++e) m.experts.push_back(Expert(p + "experts." + std::to_string(e) + "."));
+    }
+    if (c.n_shared_experts > 0) {
+      m.shared = Expert(p + "shared_experts.");
+      m.has_shared = true;
+    }
+    return m;
+  }
+
+  BlockWeights Block(int layer, const std::string& p) {
+    const ModelConfig& c = c_;
+    const int hc = c.hc_mult;
+    BlockWeights b;
+    b.layer = layer;
+    b.kind = c.attention_kind(layer);
+    b.ratio = c.compress_ratio(layer);
+    b.attn_norm = F32(p + "attn_norm.weight", {c.hidden_size});
+    b.ffn_norm = F32(p + "ffn_norm.weight", {c.hidden_size});
+    b.hc_attn = Hc(p + "hc_attn_", (2 + hc) * hc);
+    b.hc_ffn = Hc(p + "hc_ffn_", (2 + hc) * hc);
+    b.attn = Attention(p + "attn.", b.kind, b.ratio);
+    b.moe = Moe(layer, p + "ffn.");
+    return b;
+  }
+
+ private:
+  const Checkpoint& ckpt_;
+  const ModelConfig& c_;
+  const ShardLayout& l_;
+  Backend& be_;
+  size_t bytes_ = 0;
+};
+
+}  // namespace
+
+ShardLayout MakeShardLayout(const ModelConfig& c, const ShardSpec& s) {
+  if (s.world < 1 || s.rank < 0 || s.rank >= s.world)
+    throw std::runtime_error("invalid shard: rank " + std::to_string(s.rank) + " of world " + std::to_string(s.world));
+  if (c.o_groups % s.world != 0)
+    throw std::runtime_error(c.source + ": o_groups " + std::to_string(c.o_groups) +
+                             " is not divisible by the tensor-parallel world " + std::to_string(s.world));
+  if (c.moe_intermediate_size % s.world != 0)
+    throw std::runtime_error(c.source + ": moe_intermediate_size " + std::to_string(c.moe_intermediate_size) +
+                             " is not divisible by the tensor-parallel world " + std::to_string(s.world));
+  ShardLayout l;
+  l.rank = s.rank;
+  l.world = s.world;
+  l.local_groups = c.o_groups / s.world;
+  l.local_heads = c.num_heads / s.world;
+  l.first_head = s.rank * l.local_heads;
+  l.local_inter = c.moe_intermediate_size / s.world;
+  return l;
+}
+
+ModelWeights LoadWeights(const Checkpoint& ckpt, const ModelConfig& c, const ShardLayout& l, Backend& be) {
+  WeightLoader ld(ckpt, c, l, be);
+  ModelWeights w;
+  const int64_t D = c.hidden_size, V = c.vocab_size;
+  Tensor embed = ld.Raw("embed.weight");
+  ld.CheckShape(embed, {V, D}, "embed.weight");
+  if (!IsDenseFloat(embed.dtype))
+    throw std::runtime_error(ckpt.dir() + ": tensor \"embed.weight\" has dtype " + std::string(DTypeName(embed.dtype)) +
+                             ", expected bf16/fp16/f32");
+  w.embed = be.Upload(embed);
+  w.head_rows_per_rank = (V + l.world - 1) / l.world;
+  w.head_rows_begin = std::min<int64_t>(V, l.rank * w.head_rows_per_rank);
+  const int64_t head_end = std::min<int64_t>(V, w.head_rows_begin + w.head_rows_per_rank);
+  if (ld.Has("head.weight") || ckpt.Has("head.trellis")) {
+    w.head = ld.Linear("head", V, D, w.head_rows_begin, head_end);
+  } else if (c.tie_word_embeddings) {
+    // transformers may tie lm_head to the embedding (tie_word_embeddings) and then saves only the latter.
+    w.head = ld.DenseLinear("embed.weight (tied head)", embed, w.head_rows_begin, head_end, 0, D);
+  } else {
+    ld.Raw("head.weight");  // throws naming the missing tensor
+  }
+  w.norm = ld.F32("norm.weight", {D});
+  w.hc_head = ld.Hc("hc_head_", c.hc_mult);
+  for (int i = 0; i < c.num_layers; ++i) w.layers.push_back(ld.Block(i, "layers." + std::to_string(i) + "."));
+  // MTP blocks: kept for speculative decoding when the checkpoint ships them (transformers drops them).
+  for (int m = 0; m < c.num_mtp_layers; ++m) {
+    std::string p = "mtp." + std::to_string(m) + ".";
+    if (!ld.Has(p + "e_proj.weight") && !ckpt.Has(p + "e_proj.trellis")) break;
+    MtpWeights mw;
+    mw.e_proj = ld.Linear(p + "e_proj", D, D);
+    mw.h_proj = ld.Linear(p + "h_proj", D, D);
+    mw.enorm = ld.F32(p + "enorm.weight", {D});
+    mw.hnorm = ld.F32(p + "hnorm.weight", {D});
+    mw.norm = ld.F32(p + "norm.weight", {D});
+    mw.hc_head = ld.Hc(p + "hc_head_", c.hc_mult);
+    mw.block = ld.Block(c.num_layers + m, p);
+    w.mtp.push_back(std::move(mw));
+  }
+  w.bytes = ld.bytes() + embed.nbytes();
+  return w;
+}
+
+}  // namespace dsmesh
