@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Runs `dsmesh exl3-check` on the three vector files written by exllamav3 1.4.1's CUDA extension.
+set -u
+if [[ -z "${DSMESH_SHARED:-}" ]]; then
+  echo "FAIL: DSMESH_SHARED is not set (export DSMESH_SHARED=/path/to/shared; ./dsmesh test does it)" >&2
+  exit 1
+fi
+dsmesh=cli/dsmesh
+[[ -x $dsmesh ]] || { echo "FAIL: $dsmesh not found in runfiles" >&2; exit 1; }
+status=0
+for f in exl3_codebooks exl3_reconstruct exl3_linear; do
+  path="$DSMESH_SHARED/testdata/exl3/$f.safetensors"
+  [[ -f $path ]] || { echo "FAIL: missing $path" >&2; status=1; continue; }
+  echo "== $path"
+  "$dsmesh" exl3-check --vectors "$path" || { echo "FAIL: exl3-check reported mismatches in $path" >&2; status=1; }
+done
+# A file that is not a vector file must fail too (the check cannot pass vacuously).
+tmp=$(mktemp -d)
+printf 'not a safetensors file' > "$tmp/bad.safetensors"
+if "$dsmesh" exl3-check --vectors "$tmp/bad.safetensors" >/dev/null 2>&1; then
+  echo "FAIL: exl3-check accepted a corrupt file" >&2
+  status=1
+fi
+rm -rf "$tmp"
+exit $status
