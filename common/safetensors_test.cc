@@ -11,6 +11,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
+#include <set>
 
 #include "common/half.h"
 
@@ -342,6 +344,51 @@ TEST(Safetensors, ReadsFilesWrittenByExllamav3) {
   Tensor last = reconstruct->Get("K8.256x384.trellis");
   EXPECT_EQ(last.dtype, DType::kI16);
   EXPECT_EQ(last.shape, (std::vector<int64_t>{16, 24, 128}));
+}
+
+// The golden fixture (tests/golden/tiny_v4) was written by safetensors 0.8.0 from torch: BF16, F32 and I64
+// tensors, and an index that keeps golden.safetensors (beside the weights) out of the checkpoint.
+TEST(Checkpoint, ReadsTheGoldenFixtureWrittenByTorch) {
+  const char* root = std::getenv("DSMESH_ROOT");
+  ASSERT_NE(root, nullptr) << "DSMESH_ROOT must point at the repository root (tests/golden/tiny_v4)";
+  std::string dir = std::string(root) + "/tests/golden/tiny_v4";
+  Checkpoint checkpoint = Checkpoint::Open(dir);
+  EXPECT_EQ(checkpoint.names().size(), 149u);
+  EXPECT_FALSE(checkpoint.Has("logits"));  // golden.safetensors is not a shard
+  EXPECT_EQ(checkpoint.FileOf("lm_head.weight"), dir + "/model.safetensors");
+
+  Tensor embed = checkpoint.Get("model.embed_tokens.weight");
+  EXPECT_EQ(embed.dtype, DType::kBF16);
+  EXPECT_EQ(embed.shape, (std::vector<int64_t>{512, 128}));
+  Tensor fn = checkpoint.Get("model.layers.0.attn_hc.fn");
+  EXPECT_EQ(fn.dtype, DType::kF32);
+  EXPECT_EQ(fn.shape, (std::vector<int64_t>{24, 512}));
+  Tensor experts = checkpoint.Get("model.layers.2.mlp.experts.gate_up_proj");
+  EXPECT_EQ(experts.shape, (std::vector<int64_t>{16, 64, 128}));
+
+  // tid2eid rows name distinct experts in [0, 16).
+  Tensor tid2eid = checkpoint.Get("model.layers.0.mlp.gate.tid2eid");
+  ASSERT_EQ(tid2eid.dtype, DType::kI64);
+  ASSERT_EQ(tid2eid.shape, (std::vector<int64_t>{512, 4}));
+  const int64_t* table = tid2eid.as<int64_t>();
+  for (int64_t row = 0; row < 512; ++row) {
+    std::set<int64_t> experts_in_row(table + row * 4, table + row * 4 + 4);
+    ASSERT_EQ(experts_in_row.size(), 4u) << "row " << row;
+    ASSERT_GE(*experts_in_row.begin(), 0);
+    ASSERT_LT(*experts_in_row.rbegin(), 16);
+  }
+
+  auto golden = SafetensorsFile::Open(dir + "/golden.safetensors");
+  Tensor logits = golden->Get("logits");
+  EXPECT_EQ(logits.dtype, DType::kF32);
+  EXPECT_EQ(logits.shape, (std::vector<int64_t>{70, 512}));
+  EXPECT_EQ(golden->Get("input_ids").shape, std::vector<int64_t>{70});
+  EXPECT_EQ(golden->Get("greedy_tokens").dtype, DType::kI64);
+  EXPECT_EQ(golden->metadata().count("versions"), 1u);
+  // The prompt logits and the first 70 rows of the whole-sequence forward agree (causality).
+  std::vector<float> prompt_logits = ToFloatVector(logits);
+  std::vector<float> all_logits = ToFloatVector(golden->Get("logits_all"));
+  for (size_t i = 0; i < prompt_logits.size(); ++i) ASSERT_NEAR(prompt_logits[i], all_logits[i], 1e-4);
 }
 
 }  // namespace
