@@ -1,0 +1,92 @@
+// Splits generated DeepSeek-V4 text into what the OpenAI API returns: reasoning_content, content and
+// tool_calls. Streaming-safe: feed text pieces as the detokenizer produces them (a marker such as
+// "</think>" or "<｜DSML｜tool_calls>" may arrive split across pieces, even mid-character); events come
+// out as soon as they are certain, and the concatenated deltas equal the one-shot parse.
+//
+// The generated text must keep special-token strings (decode without skipping special tokens).
+//
+//   thinking mode: the prompt ends with "<think>", so text is reasoning until "</think>", then content.
+//   content ends at "<｜end▁of▁sentence｜>" (dropped) or at a DSML block ("\n\n<｜DSML｜tool_calls>"):
+//     <｜DSML｜invoke name="NAME">
+//     <｜DSML｜parameter name="K" string="true|false">VALUE</｜DSML｜parameter>
+//     </｜DSML｜invoke>
+//     </｜DSML｜tool_calls>
+//   each invoke becomes one tool call as soon as it closes; its arguments are the JSON object the
+//   official parser builds: string="true" values quoted, string="false" values copied verbatim.
+// A malformed DSML block is not fatal: the unparsed text is returned as content and the problem is
+// recorded in errors() for the gateway to log and count.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace dsmesh {
+
+struct GeneratedToolCall {
+  std::string id;
+  std::string name;
+  std::string arguments;  // JSON object text
+};
+
+struct ChatOutputEvent {
+  enum class Kind { kReasoning, kContent, kToolCall };
+  Kind kind;
+  std::string text;             // kReasoning / kContent: the delta
+  GeneratedToolCall tool_call;  // kToolCall
+  size_t tool_index = 0;        // kToolCall: 0, 1, ... in order of appearance
+};
+
+class DeepSeekV4OutputParser {
+ public:
+  struct Options {
+    bool thinking = true;  // the prompt ended with "<think>" (thinking mode)
+    // Makes tool call ids; default "call_" + 24 random alphanumerics.
+    std::function<std::string()> make_tool_call_id;
+  };
+
+  explicit DeepSeekV4OutputParser(Options options);
+
+  // Consumes the next piece of generated text; returns the events it completes.
+  std::vector<ChatOutputEvent> Feed(std::string_view piece);
+  // End of generation: flushes text held back while a marker could still be completing.
+  std::vector<ChatOutputEvent> Finish();
+
+  // "tool_calls" once any tool call was emitted (the OpenAI finish_reason), else "".
+  const char* FinishReasonHint() const { return tool_calls_emitted_ > 0 ? "tool_calls" : ""; }
+  bool saw_end_of_sentence() const { return state_ == State::kDone; }
+  // Malformed DSML or text after the end of sentence; empty when the output was well formed.
+  const std::vector<std::string>& errors() const { return errors_; }
+
+ private:
+  enum class State { kReasoning, kContent, kToolCalls, kDone };
+  enum class InvokeStatus { kNeedMore, kComplete, kMalformed };
+
+  void Process(bool final, std::vector<ChatOutputEvent>* events);
+  bool StepText(bool final, std::vector<ChatOutputEvent>* events);
+  bool StepToolCalls(bool final, std::vector<ChatOutputEvent>* events);
+  InvokeStatus ParseInvoke(size_t start, GeneratedToolCall* call, size_t* end, std::string* error);
+  void Emit(ChatOutputEvent::Kind kind, std::string text, std::vector<ChatOutputEvent>* events);
+  void AbandonToolBlock(size_t from, const std::string& error, std::vector<ChatOutputEvent>* events);
+
+  Options options_;
+  State state_;
+  bool at_reasoning_start_;
+  std::string pending_;       // text not yet emitted in the current state
+  std::string block_opener_;  // the text that opened the current DSML block (for malformed fallback)
+  size_t calls_in_block_ = 0;
+  size_t tool_calls_emitted_ = 0;
+  std::vector<std::string> errors_;
+};
+
+// One-shot parse of a whole completion (Feed + Finish).
+struct ParsedCompletion {
+  std::string reasoning_content;
+  std::string content;
+  std::vector<GeneratedToolCall> tool_calls;
+  std::vector<std::string> errors;
+};
+ParsedCompletion ParseDeepSeekV4Completion(std::string_view text, DeepSeekV4OutputParser::Options options);
+
+}  // namespace dsmesh
