@@ -1,0 +1,138 @@
+// dsmesh-coordinator: waits for the workers, forms the mesh, runs the scheduler and serves Generate.
+//
+//   dsmesh-coordinator --listen HOST:PORT --world N --model DIR [--max-num-seqs 4]
+//                      [--max-batched-tokens 512] [--max-model-len L] [--block-size 16]
+//                      [--enable-prefix-caching true|false] [--register-timeout-s 120]
+//                      [--heartbeat-timeout-ms 1500] [--drain-timeout-s 30]
+// SIGTERM/SIGINT drain: stop admitting, finish running requests (up to the drain timeout), exit 0.
+#include <signal.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+#include <nlohmann/json.hpp>
+
+#include "common/flags.h"
+#include "coordinator/engine.h"
+#include "coordinator/services.h"
+
+namespace dsmesh {
+namespace {
+
+struct ModelFacts {
+  int64_t vocab_size = 0;
+  int32_t eos_token_id = -1;
+  int64_t max_position_embeddings = 0;
+};
+
+ModelFacts ReadModelFacts(const std::string& dir) {
+  const std::string path = dir + "/config.json";
+  std::ifstream f(path);
+  if (!f) throw std::runtime_error(path + ": cannot open (is --model a model directory?)");
+  nlohmann::json j;
+  try {
+    f >> j;
+  } catch (const std::exception& e) {
+    throw std::runtime_error(path + ": invalid JSON: " + e.what());
+  }
+  ModelFacts m;
+  if (!j.contains("vocab_size") || !j["vocab_size"].is_number_integer())
+    throw std::runtime_error(path + ": missing integer field vocab_size");
+  m.vocab_size = j["vocab_size"].get<int64_t>();
+  if (j.contains("eos_token_id") && j["eos_token_id"].is_number_integer()) m.eos_token_id = j["eos_token_id"].get<int32_t>();
+  if (j.contains("max_position_embeddings") && j["max_position_embeddings"].is_number_integer())
+    m.max_position_embeddings = j["max_position_embeddings"].get<int64_t>();
+  return m;
+}
+
+int Main(const std::vector<std::string>& args) {
+  Flags f(args, {"listen", "world", "model", "max-num-seqs", "max-batched-tokens", "max-model-len", "block-size",
+                 "enable-prefix-caching", "register-timeout-s", "ready-timeout-s", "heartbeat-timeout-ms",
+                 "step-timeout-s", "drain-timeout-s"});
+  const std::string listen = f.Require("listen");
+  const int world = static_cast<int>(f.GetInt("world", 0));
+  if (world < 1) throw UsageError("--world must be >= 1");
+  const ModelFacts facts = ReadModelFacts(f.Require("model"));
+
+  EngineConfig ec;
+  ec.scheduler.max_num_seqs = static_cast<int>(f.GetInt("max-num-seqs", 4));
+  ec.scheduler.max_batched_tokens = static_cast<int>(f.GetInt("max-batched-tokens", 512));
+  const int64_t default_len = facts.max_position_embeddings > 0 ? facts.max_position_embeddings : 4096;
+  ec.scheduler.max_model_len = static_cast<int>(f.GetInt("max-model-len", default_len));
+  ec.scheduler.prefix_caching = f.GetBool("enable-prefix-caching", true);
+  ec.scheduler.vocab_size = facts.vocab_size;
+  ec.scheduler.eos_token_id = facts.eos_token_id;
+  ec.block_size = static_cast<int>(f.GetInt("block-size", 16));
+  if (ec.scheduler.max_num_seqs < 1 || ec.scheduler.max_batched_tokens < 1 || ec.scheduler.max_model_len < 2 ||
+      ec.block_size < 1)
+    throw UsageError("--max-num-seqs, --max-batched-tokens, --block-size must be >= 1 and --max-model-len >= 2");
+  ec.register_timeout = std::chrono::seconds(f.GetInt("register-timeout-s", 120));
+  ec.ready_timeout = std::chrono::seconds(f.GetInt("ready-timeout-s", 600));
+  ec.step_timeout = std::chrono::seconds(f.GetInt("step-timeout-s", 600));
+  ec.drain_timeout = std::chrono::seconds(f.GetInt("drain-timeout-s", 30));
+
+  RendezvousStore store;
+  WorkerMesh mesh(world, &store, std::chrono::milliseconds(f.GetInt("heartbeat-timeout-ms", 1500)));
+  Engine engine(ec, &mesh);
+  GenerateService generate(&engine);
+  WorkerControlService control(&mesh, &store);
+
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(-1);
+  builder.SetMaxSendMessageSize(-1);
+  builder.RegisterService(&generate);
+  builder.RegisterService(&control);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) throw std::runtime_error("cannot listen on " + listen);
+  std::fprintf(stderr, "[coordinator] listening on %s (port %d); waiting for %d worker(s); max-num-seqs %d, "
+               "max-batched-tokens %d, max-model-len %d, prefix caching %s\n",
+               listen.c_str(), port, world, ec.scheduler.max_num_seqs, ec.scheduler.max_batched_tokens,
+               ec.scheduler.max_model_len, ec.scheduler.prefix_caching ? "on" : "off");
+
+  std::thread signals([&] {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGUSR1);
+    int sig = 0;
+    sigwait(&set, &sig);
+    if (sig != SIGUSR1) {
+      std::fprintf(stderr, "[coordinator] signal %d: draining\n", sig);
+      engine.BeginDrain();
+    }
+  });
+  const int rc = engine.Run();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  pthread_kill(signals.native_handle(), SIGUSR1);
+  signals.join();
+  return rc;
+}
+
+}  // namespace
+}  // namespace dsmesh
+
+int main(int argc, char** argv) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGUSR1);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  try {
+    return dsmesh::Main(std::vector<std::string>(argv + 1, argv + argc));
+  } catch (const dsmesh::UsageError& e) {
+    std::fprintf(stderr, "dsmesh-coordinator: %s\nusage: dsmesh-coordinator --listen HOST:PORT --world N --model DIR "
+                         "[--max-num-seqs 4] [--max-batched-tokens 512] [--max-model-len L]\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dsmesh-coordinator: error: %s\n", e.what());
+    return 1;
+  }
+}

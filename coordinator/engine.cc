@@ -1,0 +1,238 @@
+#include "coordinator/engine.h"
+
+#include <cstdio>
+#include <random>
+
+#include "worker/sampler.h"
+
+namespace dsmesh {
+namespace {
+double Since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+Engine::Engine(const EngineConfig& config, WorkerMesh* mesh)
+    : config_(config), mesh_(mesh), next_seed_(std::random_device{}()) {}
+
+bool Engine::ready() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ready_;
+}
+
+void Engine::Wake() { cv_.notify_all(); }
+
+void Engine::BeginDrain() {
+  draining_ = true;
+  cv_.notify_all();
+}
+
+std::shared_ptr<Request> Engine::Submit(const GenerateRequest& req) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (draining_) throw Unavailable("the coordinator is draining (shutting down); not admitting new requests");
+  if (!ready_ || !scheduler_) throw Unavailable("the mesh is not ready: " + not_ready_reason_);
+  scheduler_->Validate(req);
+  ValidateSamplingParams(req.sampling(), scheduler_->config().vocab_size);
+  auto r = std::make_shared<Request>();
+  r->request_id = req.request_id();
+  r->tokens.assign(req.prompt_token_ids().begin(), req.prompt_token_ids().end());
+  r->prompt_len = req.prompt_token_ids_size();
+  r->params = req.sampling();
+  r->max_tokens = req.sampling().max_tokens() > 0 ? req.sampling().max_tokens()
+                                                  : scheduler_->config().max_model_len - r->prompt_len;
+  r->seed = req.sampling().has_seed() ? req.sampling().seed() : next_seed_++;
+  r->return_logits = req.return_logits();
+  incoming_.push_back(r);
+  cv_.notify_all();
+  return r;
+}
+
+bool Engine::FormMesh(bool first) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ready_ = false;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + config_.register_timeout;
+  while (!draining_) {
+    if (!mesh_->WaitAllRegistered(std::chrono::milliseconds(200))) {
+      auto missing = mesh_->MissingRanks();
+      std::string list;
+      for (int r : missing) list += (list.empty() ? "" : ", ") + std::to_string(r);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        not_ready_reason_ = "waiting for worker rank(s) " + list + " to register";
+      }
+      if (first && std::chrono::steady_clock::now() > deadline) {
+        std::fprintf(stderr, "[coordinator] error: worker rank(s) %s did not register within %lld s\n", list.c_str(),
+                     (long long)(config_.register_timeout.count() / 1000));
+        return false;
+      }
+      continue;
+    }
+    try {
+      auto readies = mesh_->Form(config_.ready_timeout);
+      std::vector<RankKvCapacity> caps;
+      for (const auto& r : readies)
+        caps.push_back({r.kv_budget_bytes(), r.state_bytes_per_token(), r.state_fixed_bytes()});
+      KvGeometry g = PlanKvGeometry(caps, config_.block_size);
+      std::lock_guard<std::mutex> lock(mu_);
+      SchedulerConfig sc = config_.scheduler;
+      if (readies[0].vocab_size() != sc.vocab_size)
+        throw MeshBroken("workers report vocab " + std::to_string(readies[0].vocab_size()) + " but config.json says " +
+                         std::to_string(sc.vocab_size));
+      if (scheduler_) {
+        scheduler_->Reconfigure(g);
+      } else {
+        scheduler_.emplace(sc, g);
+      }
+      ready_ = true;
+      not_ready_reason_.clear();
+      std::fprintf(stderr, "[coordinator] mesh epoch %lld ready: %d ranks; %s\n", (long long)mesh_->epoch(),
+                   mesh_->world(), g.Describe(sc.max_num_seqs).c_str());
+      return true;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "[coordinator] mesh formation failed: %s; retrying\n", e.what());
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        not_ready_reason_ = e.what();
+      }
+      mesh_->ResetAll(e.what());
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    }
+  }
+  return !first;
+}
+
+void Engine::Fail(const std::string& reason) {
+  const std::string error = "mesh failure: " + reason + "; the request was aborted";
+  std::fprintf(stderr, "[coordinator] %s\n", error.c_str());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ready_ = false;
+    not_ready_reason_ = reason;
+    for (auto& r : incoming_) scheduler_->Add(r);
+    incoming_.clear();
+    scheduler_->FailAll(error);
+  }
+  mesh_->ResetAll(reason);
+}
+
+void Engine::Step() {
+  auto t0 = std::chrono::steady_clock::now();
+  StepPlan plan;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& r : incoming_) scheduler_->Add(r);
+    incoming_.clear();
+    plan = scheduler_->Schedule();
+  }
+  double sched = Since(t0);
+  if (plan.seqs_size() == 0 && plan.free_seqs_size() == 0 && plan.drop_snapshots_size() == 0) return;
+  StepTiming timing;
+  std::vector<StepResult> results = mesh_->RunStep(&plan, config_.step_timeout, &timing);  // throws MeshBroken
+  auto t1 = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lock(mu_);
+  scheduler_->Apply(plan, results[0]);
+  sched += Since(t1);
+  if (plan.seqs_size() > 0) {
+    ++steps_;
+    timing_sum_.wall += timing.wall;
+    timing_sum_.plan_send += timing.plan_send;
+    timing_sum_.forward += timing.forward;
+    timing_sum_.collectives += timing.collectives;
+    timing_sum_.sample += timing.sample;
+    timing_sum_.result_return += timing.result_return;
+    schedule_seconds_ += sched;
+  }
+}
+
+int Engine::Run() {
+  if (!FormMesh(true)) return 1;
+  auto drain_start = std::chrono::steady_clock::time_point::max();
+  while (true) {
+    if (draining_) {
+      if (drain_start == std::chrono::steady_clock::time_point::max()) {
+        drain_start = std::chrono::steady_clock::now();
+        std::fprintf(stderr, "[coordinator] draining: finishing running requests (up to %lld s)\n",
+                     (long long)(config_.drain_timeout.count() / 1000));
+      }
+      bool idle;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        idle = !scheduler_ || (!scheduler_->HasWork() && incoming_.empty());
+        if (!idle && std::chrono::steady_clock::now() - drain_start > config_.drain_timeout) {
+          for (auto& r : incoming_) scheduler_->Add(r);
+          incoming_.clear();
+          scheduler_->FailAll("the coordinator shut down before the request finished (drain timeout)");
+          idle = true;
+        }
+      }
+      if (idle || !ready()) break;
+    }
+    if (!ready()) {
+      if (!FormMesh(false)) break;
+      continue;
+    }
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::milliseconds(50),
+                   [&] { return draining_ || !incoming_.empty() || scheduler_->HasWork(); });
+    }
+    std::string broken = mesh_->broken_reason();
+    if (!broken.empty()) {
+      Fail(broken);
+      continue;
+    }
+    try {
+      Step();
+    } catch (const MeshBroken& e) {
+      Fail(e.what());
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (scheduler_) {
+      for (auto& r : incoming_) scheduler_->Add(r);
+      incoming_.clear();
+      if (scheduler_->HasWork()) scheduler_->FailAll("the coordinator shut down");
+    }
+  }
+  mesh_->DrainAll();
+  std::fprintf(stderr, "[coordinator] drained; exiting\n");
+  return 0;
+}
+
+StatsResponse Engine::Stats() {
+  StatsResponse s;
+  std::lock_guard<std::mutex> lock(mu_);
+  s.set_ready(ready_);
+  s.set_draining(draining_);
+  s.set_not_ready_reason(ready_ ? "" : not_ready_reason_);
+  s.set_world(mesh_->world());
+  s.set_mesh_epoch(mesh_->epoch());
+  s.set_max_num_seqs(config_.scheduler.max_num_seqs);
+  s.set_max_model_len(config_.scheduler.max_model_len);
+  if (scheduler_) {
+    s.set_num_requests_running(static_cast<int32_t>(scheduler_->num_running()));
+    s.set_num_requests_waiting(static_cast<int32_t>(scheduler_->num_waiting() + incoming_.size()));
+    s.set_kv_cache_usage_perc(scheduler_->kv_usage());
+    s.set_kv_cache_tokens(scheduler_->geometry().pool_tokens());
+    s.set_kv_cache_blocks(scheduler_->geometry().num_blocks);
+    s.set_kv_block_size(scheduler_->geometry().block_size);
+    s.set_prefix_cache_queries(scheduler_->prefix_cache().queries);
+    s.set_prefix_cache_hits(scheduler_->prefix_cache().hits);
+    s.set_num_preemptions(scheduler_->num_preemptions());
+  }
+  s.set_steps(steps_);
+  s.set_step_wall_seconds_sum(timing_sum_.wall);
+  s.set_plan_send_seconds_sum(timing_sum_.plan_send);
+  s.set_forward_seconds_sum(timing_sum_.forward);
+  s.set_collective_seconds_sum(timing_sum_.collectives);
+  s.set_sample_seconds_sum(timing_sum_.sample);
+  s.set_result_return_seconds_sum(timing_sum_.result_return);
+  s.set_schedule_seconds_sum(schedule_seconds_);
+  for (auto& [rank, ws] : mesh_->worker_stats()) *s.add_workers() = ws;
+  return s;
+}
+
+}  // namespace dsmesh

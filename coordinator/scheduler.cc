@@ -1,0 +1,281 @@
+#include "coordinator/scheduler.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace dsmesh {
+
+Scheduler::Scheduler(const SchedulerConfig& config, const KvGeometry& geometry)
+    : config_(config), blocks_(geometry), cache_(geometry.block_size) {}
+
+void Scheduler::Validate(const GenerateRequest& req) const {
+  const int64_t n = req.prompt_token_ids_size();
+  if (n == 0) throw std::invalid_argument("prompt_token_ids is empty");
+  for (int32_t t : req.prompt_token_ids())
+    if (t < 0 || t >= config_.vocab_size)
+      throw std::invalid_argument("prompt token id " + std::to_string(t) + " is outside the vocabulary (size " +
+                                  std::to_string(config_.vocab_size) + ")");
+  const int64_t max_tokens = req.sampling().max_tokens();
+  if (n >= config_.max_model_len || n + max_tokens > config_.max_model_len)
+    throw std::invalid_argument("This model's maximum context length is " + std::to_string(config_.max_model_len) +
+                                " tokens. However, you requested " + std::to_string(n + max_tokens) + " tokens (" +
+                                std::to_string(n) + " in the prompt, " + std::to_string(max_tokens) +
+                                " in the completion).");
+  const int64_t need = blocks_.BlocksFor(n + std::max<int64_t>(max_tokens, 1));
+  if (need > geometry().num_blocks)
+    throw std::invalid_argument("the request needs " + std::to_string(need) + " KV blocks but the pool holds " +
+                                std::to_string(geometry().num_blocks) + " (" + geometry().Describe(1) + ")");
+  if (req.return_logits() && req.sampling().temperature() != 0)
+    throw std::invalid_argument("return_logits requires temperature 0");
+}
+
+void Scheduler::Add(std::shared_ptr<Request> r) {
+  r->phase = Request::Phase::kWaiting;
+  waiting_.push_back(std::move(r));
+}
+
+bool Scheduler::HasWork() const {
+  return !running_.empty() || !waiting_.empty() || !pending_frees_.empty() || !pending_drops_.empty();
+}
+
+double Scheduler::kv_usage() const {
+  return geometry().num_blocks ? double(blocks_.used_blocks()) / geometry().num_blocks : 0.0;
+}
+
+bool Scheduler::Reserve(uint64_t owner, int64_t tokens, const std::set<uint64_t>& pinned) {
+  while (!blocks_.Grow(owner, tokens)) {
+    auto victim = cache_.EvictLru(pinned);
+    if (!victim) return false;
+    blocks_.Release(*victim);
+    pending_drops_.push_back(*victim);
+  }
+  return true;
+}
+
+void Scheduler::Preempt(std::shared_ptr<Request> r) {
+  running_.erase(std::find(running_.begin(), running_.end(), r));
+  blocks_.Release(r->seq_id);
+  pending_frees_.push_back(r->seq_id);
+  r->phase = Request::Phase::kWaiting;
+  r->computed = 0;
+  ++preemptions_;
+  waiting_.push_front(std::move(r));
+}
+
+void Scheduler::Finish(const std::shared_ptr<Request>& r, FinishReason reason, const std::string& error,
+                       GenerateResponse* response) {
+  if (r->phase == Request::Phase::kRunning) {
+    blocks_.Release(r->seq_id);
+    pending_frees_.push_back(r->seq_id);
+    running_.erase(std::find(running_.begin(), running_.end(), r));
+  }
+  r->phase = Request::Phase::kFinished;
+  GenerateResponse local;
+  GenerateResponse* resp = response ? response : &local;
+  resp->set_request_id(r->request_id);
+  resp->set_finish_reason(reason);
+  if (!error.empty()) resp->set_error(error);
+  resp->set_prompt_tokens(r->prompt_len);
+  resp->set_completion_tokens(r->num_generated());
+  if (!response) r->out->Push(std::move(local));
+}
+
+SequencePlan* Scheduler::AddChunk(StepPlan* plan, Request& r, int64_t n) {
+  SequencePlan* sp = plan->add_seqs();
+  sp->set_seq_id(r.seq_id);
+  sp->set_start_pos(r.computed);
+  sp->mutable_tokens()->Add(r.tokens.begin() + r.computed, r.tokens.begin() + r.computed + n);
+  sp->set_sample(r.computed + n == static_cast<int64_t>(r.tokens.size()));
+  sp->set_return_logits(r.return_logits);
+  if (r.first_chunk) {
+    sp->set_is_new(true);
+    sp->set_restore_snapshot(r.restore_snapshot);
+    sp->set_prompt_len(r.prompt_len);
+    const int64_t history = std::max<int64_t>(r.prompt_len, r.computed);
+    sp->mutable_prompt_tokens()->Add(r.tokens.begin(), r.tokens.begin() + history);
+    *sp->mutable_sampling() = r.params;
+    sp->set_seed(r.seed);
+    r.first_chunk = false;
+  }
+  if (r.snapshot_at > 0 && r.computed + n == r.snapshot_at) {
+    const uint64_t id = next_id_++;
+    std::set<uint64_t> pinned;
+    if (Reserve(id, r.snapshot_at, pinned)) {
+      sp->set_snapshot_after(id);
+      pending_snapshots_.push_back({id, std::vector<int32_t>(r.tokens.begin(), r.tokens.begin() + r.snapshot_at),
+                                    r.snapshot_at});
+    }
+    r.snapshot_at = 0;
+  }
+  return sp;
+}
+
+StepPlan Scheduler::Schedule() {
+  StepPlan plan;
+  // Cancellations first: their blocks come back before anything is allocated.
+  for (size_t i = 0; i < running_.size();) {
+    auto r = running_[i];
+    if (r->cancelled.load()) {
+      Finish(r, FINISH_ABORT, "cancelled", nullptr);
+    } else {
+      ++i;
+    }
+  }
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    if ((*it)->cancelled.load()) {
+      auto r = *it;
+      it = waiting_.erase(it);
+      Finish(r, FINISH_ABORT, "cancelled", nullptr);
+    } else {
+      ++it;
+    }
+  }
+
+  int64_t budget = config_.max_batched_tokens;
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    auto r = running_[i];
+    int64_t n = std::min<int64_t>(static_cast<int64_t>(r->tokens.size()) - r->computed, budget);
+    if (r->snapshot_at > r->computed) n = std::min<int64_t>(n, r->snapshot_at - r->computed);
+    bool preempted_self = false;
+    while (!Reserve(r->seq_id, r->computed + n, {})) {
+      auto victim = running_.back();
+      Preempt(victim);
+      if (victim == r) {
+        preempted_self = true;
+        break;
+      }
+    }
+    if (preempted_self) break;  // r was the newest; everything after it is gone too
+    AddChunk(&plan, *r, n);
+    budget -= n;
+    ++i;
+  }
+
+  while (!waiting_.empty() && static_cast<int>(running_.size()) < config_.max_num_seqs && budget > 0) {
+    auto r = waiting_.front();
+    const int64_t total = static_cast<int64_t>(r->tokens.size());
+    const bool cacheable = config_.prefix_caching && !r->return_logits;
+    int64_t start = 0;
+    uint64_t restore = 0;
+    std::set<uint64_t> pinned;
+    if (cacheable) {
+      if (auto hit = cache_.Lookup(r->tokens, total - 1)) {
+        start = hit->tokens;
+        restore = hit->snapshot_id;
+        pinned.insert(restore);
+      }
+    }
+    int64_t snapshot_at = 0;
+    if (cacheable) {
+      const int64_t b = (total - 1) / geometry().block_size * geometry().block_size;
+      if (b > start && !cache_.Contains(r->tokens, b)) snapshot_at = b;
+    }
+    int64_t n = std::min<int64_t>(total - start, budget);
+    if (snapshot_at > 0) n = std::min<int64_t>(n, snapshot_at - start);
+    const uint64_t seq_id = next_id_++;
+    if (!Reserve(seq_id, start + n, pinned)) break;  // the head waits for blocks; FCFS keeps the rest behind it
+    waiting_.pop_front();
+    if (cacheable) {
+      cache_.queries += total;
+      cache_.hits += start;
+    }
+    r->phase = Request::Phase::kRunning;
+    r->seq_id = seq_id;
+    r->computed = start;
+    r->first_chunk = true;
+    r->restore_snapshot = restore;
+    r->snapshot_at = snapshot_at;
+    r->cached_tokens = start;
+    running_.push_back(r);
+    AddChunk(&plan, *r, n);
+    budget -= n;
+  }
+
+  for (uint64_t id : pending_frees_) plan.add_free_seqs(id);
+  for (uint64_t id : pending_drops_) plan.add_drop_snapshots(id);
+  pending_frees_.clear();
+  pending_drops_.clear();
+  return plan;
+}
+
+void Scheduler::Apply(const StepPlan& plan, const StepResult& result) {
+  std::unordered_map<uint64_t, const SequenceResult*> by_id;
+  for (const auto& s : result.seqs()) by_id[s.seq_id()] = &s;
+  std::unordered_map<uint64_t, std::shared_ptr<Request>> running;
+  for (const auto& r : running_) running[r->seq_id] = r;
+
+  for (const auto& sp : plan.seqs()) {
+    auto it = running.find(sp.seq_id());
+    if (it == running.end()) continue;  // preempted or cancelled meanwhile
+    auto r = it->second;
+    r->computed += sp.tokens_size();
+    auto res = by_id.find(sp.seq_id());
+    GenerateResponse resp;
+    resp.set_request_id(r->request_id);
+    if (res != by_id.end()) {
+      for (const auto& row : res->second->logits()) *resp.add_logits() = row;
+    }
+    FinishReason finish = FINISH_NONE;
+    if (sp.sample()) {
+      if (res == by_id.end() || res->second->token_id() < 0) {
+        Finish(r, FINISH_ABORT, "internal error: rank 0 returned no token for sequence " + std::to_string(sp.seq_id()),
+               nullptr);
+        continue;
+      }
+      const int32_t token = res->second->token_id();
+      r->tokens.push_back(token);
+      resp.add_token_ids(token);
+      if (res->second->has_logprobs()) *resp.add_logprobs() = res->second->logprobs();
+      const auto& stops = r->params.stop_token_ids();
+      if ((token == config_.eos_token_id && !r->params.ignore_eos()) ||
+          std::find(stops.begin(), stops.end(), token) != stops.end()) {
+        finish = FINISH_STOP;
+      } else if (r->num_generated() >= r->max_tokens ||
+                 static_cast<int64_t>(r->tokens.size()) >= config_.max_model_len) {
+        finish = FINISH_LENGTH;
+      }
+    }
+    if (resp.token_ids_size() == 0 && resp.logits_size() == 0) continue;
+    if (!r->reported_first) {
+      r->reported_first = true;
+      resp.set_queue_time_s(std::chrono::duration<double>(std::chrono::steady_clock::now() - r->arrival).count());
+      resp.set_cached_prompt_tokens(static_cast<int32_t>(r->cached_tokens));
+    }
+    resp.set_prompt_tokens(r->prompt_len);
+    resp.set_completion_tokens(r->num_generated());
+    if (finish != FINISH_NONE) {
+      Finish(r, finish, "", &resp);
+    }
+    r->out->Push(std::move(resp));
+  }
+  for (auto& s : pending_snapshots_) cache_.Insert(s.id, s.tokens, s.len);
+  pending_snapshots_.clear();
+}
+
+void Scheduler::FailAll(const std::string& error) {
+  auto running = running_;
+  for (auto& r : running) Finish(r, FINISH_ABORT, error, nullptr);
+  while (!waiting_.empty()) {
+    auto r = waiting_.front();
+    waiting_.pop_front();
+    Finish(r, FINISH_ABORT, error, nullptr);
+  }
+  pending_frees_.clear();
+  pending_drops_.clear();
+  pending_snapshots_.clear();
+  Reconfigure(geometry());
+}
+
+void Scheduler::Reconfigure(const KvGeometry& geometry) {
+  if (!running_.empty() || !waiting_.empty()) throw std::logic_error("Scheduler::Reconfigure with live requests");
+  const int64_t queries = cache_.queries, hits = cache_.hits;
+  blocks_ = KvBlocks(geometry);
+  cache_ = PrefixCache(geometry.block_size);
+  cache_.queries = queries;
+  cache_.hits = hits;
+  pending_frees_.clear();
+  pending_drops_.clear();
+  pending_snapshots_.clear();
+}
+
+}  // namespace dsmesh

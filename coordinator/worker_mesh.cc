@@ -1,0 +1,277 @@
+#include "coordinator/worker_mesh.h"
+
+#include <cstdio>
+
+namespace dsmesh {
+namespace {
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+std::string Describe(int rank, const WorkerHello& h) {
+  return "worker rank " + std::to_string(rank) + " (pid " + std::to_string(h.pid()) + " on " + h.host() + ")";
+}
+}  // namespace
+
+WorkerMesh::WorkerMesh(int world, RendezvousStore* store, std::chrono::milliseconds heartbeat_timeout)
+    : world_(world), store_(store), heartbeat_timeout_(heartbeat_timeout), ranks_(world) {
+  monitor_ = std::thread([this] { Monitor(); });
+}
+
+WorkerMesh::~WorkerMesh() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  monitor_.join();
+}
+
+void WorkerMesh::Lose(int rank, const std::shared_ptr<Session>& s, const std::string& why) {
+  if (ranks_[rank] != s) return;
+  ranks_[rank].reset();
+  const std::string reason = Describe(rank, s->hello) + " " + why;
+  std::fprintf(stderr, "[coordinator] %s\n", reason.c_str());
+  if (broken_.empty()) broken_ = reason;
+  cv_.notify_all();
+}
+
+void WorkerMesh::Monitor() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    cv_.wait_for(lock, std::chrono::milliseconds(100));
+    const auto now = std::chrono::steady_clock::now();
+    for (int r = 0; r < world_; ++r) {
+      auto s = ranks_[r];
+      if (s && now - s->last_heard > heartbeat_timeout_) {
+        s->ctx->TryCancel();
+        Lose(r, s, "stopped answering (no heartbeat for " + std::to_string(heartbeat_timeout_.count()) + " ms)");
+      }
+    }
+  }
+}
+
+bool WorkerMesh::Write(const std::shared_ptr<Session>& s, const CoordinatorMessage& m) {
+  std::lock_guard<std::mutex> lock(s->write_mu);
+  return !s->closed && s->stream->Write(m);
+}
+
+grpc::Status WorkerMesh::Serve(grpc::ServerContext* ctx, Stream* stream) {
+  WorkerMessage msg;
+  if (!stream->Read(&msg) || !msg.has_hello()) return grpc::Status(grpc::INVALID_ARGUMENT, "first message must be hello");
+  auto s = std::make_shared<Session>();
+  s->ctx = ctx;
+  s->stream = stream;
+  s->hello = msg.hello();
+  s->last_heard = std::chrono::steady_clock::now();
+  const int rank = s->hello.rank();
+  {
+    std::string reject;
+    std::unique_lock<std::mutex> lock(mu_);
+    if (s->hello.world() != world_) {
+      reject = "world " + std::to_string(s->hello.world()) + " does not match the coordinator's --world " +
+               std::to_string(world_);
+    } else if (rank < 0 || rank >= world_) {
+      reject = "rank " + std::to_string(rank) + " is outside [0, " + std::to_string(world_) + ")";
+    } else if (ranks_[rank]) {
+      reject = "rank " + std::to_string(rank) + " is already held by " + Describe(rank, ranks_[rank]->hello);
+    }
+    if (!reject.empty()) {
+      lock.unlock();
+      CoordinatorMessage m;
+      m.set_reject(reject);
+      stream->Write(m);
+      std::fprintf(stderr, "[coordinator] refused a worker: %s\n", reject.c_str());
+      return grpc::Status(grpc::FAILED_PRECONDITION, reject);
+    }
+    ranks_[rank] = s;
+    std::fprintf(stderr, "[coordinator] %s registered (device %s)\n", Describe(rank, s->hello).c_str(),
+                 s->hello.device().c_str());
+  }
+  cv_.notify_all();
+
+  while (stream->Read(&msg)) {
+    std::lock_guard<std::mutex> lock(mu_);
+    s->last_heard = std::chrono::steady_clock::now();
+    if (msg.has_ready()) {
+      s->ready[msg.ready().epoch()] = msg.ready();
+    } else if (msg.has_result()) {
+      s->results[msg.result().step_id()] = std::move(*msg.mutable_result());
+    } else {
+      continue;  // heartbeat
+    }
+    cv_.notify_all();
+  }
+  {
+    std::lock_guard<std::mutex> lock(s->write_mu);
+    s->closed = true;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  Lose(rank, s, "disconnected");
+  return grpc::Status::OK;
+}
+
+bool WorkerMesh::WaitAllRegistered(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, timeout, [&] {
+    for (const auto& s : ranks_)
+      if (!s) return false;
+    return true;
+  });
+}
+
+std::vector<int> WorkerMesh::MissingRanks() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<int> out;
+  for (int r = 0; r < world_; ++r)
+    if (!ranks_[r]) out.push_back(r);
+  return out;
+}
+
+std::vector<WorkerReady> WorkerMesh::Form(std::chrono::milliseconds timeout) {
+  std::vector<std::shared_ptr<Session>> sessions;
+  CoordinatorMessage m;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int r = 0; r < world_; ++r) {
+      if (!ranks_[r]) throw MeshBroken("worker rank " + std::to_string(r) + " is not connected");
+      sessions.push_back(ranks_[r]);
+    }
+    broken_.clear();
+    ++epoch_;
+    const std::string prefix = "epoch/" + std::to_string(epoch_) + "/";
+    store_->ClearExcept(prefix);
+    m.mutable_form()->set_epoch(epoch_);
+    m.mutable_form()->set_store_prefix(prefix);
+  }
+  std::fprintf(stderr, "[coordinator] forming mesh epoch %lld with %d ranks\n", (long long)epoch_, world_);
+  for (int r = 0; r < world_; ++r)
+    if (!Write(sessions[r], m)) throw MeshBroken("worker rank " + std::to_string(r) + " went away during formation");
+  std::unique_lock<std::mutex> lock(mu_);
+  const int64_t epoch = epoch_;
+  auto done = [&] {
+    if (!broken_.empty()) return true;
+    for (const auto& s : sessions)
+      if (!s->ready.count(epoch)) return false;
+    return true;
+  };
+  if (!cv_.wait_for(lock, timeout, done)) {
+    std::string missing;
+    for (int r = 0; r < world_; ++r)
+      if (!sessions[r]->ready.count(epoch)) missing += " " + std::to_string(r);
+    throw MeshBroken("ranks" + missing + " did not join mesh epoch " + std::to_string(epoch) + " within " +
+                     std::to_string(timeout.count() / 1000) + " s");
+  }
+  if (!broken_.empty()) throw MeshBroken(broken_);
+  std::vector<WorkerReady> out;
+  std::string errors;
+  for (int r = 0; r < world_; ++r) {
+    out.push_back(sessions[r]->ready[epoch]);
+    if (!out.back().error().empty()) errors += "rank " + std::to_string(r) + ": " + out.back().error() + "; ";
+    WorkerStats& st = stats_[r];
+    st.set_rank(r);
+    st.set_device(sessions[r]->hello.device());
+    st.set_weight_bytes(out.back().weight_bytes());
+  }
+  if (!errors.empty()) throw MeshBroken("mesh epoch " + std::to_string(epoch) + " failed to form: " + errors);
+  return out;
+}
+
+std::vector<StepResult> WorkerMesh::RunStep(StepPlan* plan, std::chrono::milliseconds timeout, StepTiming* timing) {
+  std::vector<std::shared_ptr<Session>> sessions;
+  CoordinatorMessage m;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!broken_.empty()) throw MeshBroken(broken_);
+    for (int r = 0; r < world_; ++r) {
+      if (!ranks_[r]) throw MeshBroken("worker rank " + std::to_string(r) + " is not connected");
+      sessions.push_back(ranks_[r]);
+    }
+    plan->set_step_id(++step_id_);
+    plan->set_epoch(epoch_);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  plan->set_sent_unix_ns(NowNs());
+  *m.mutable_plan() = *plan;  // one copy, written to every stream
+  for (int r = 0; r < world_; ++r)
+    if (!Write(sessions[r], m)) throw MeshBroken("could not send step plan to worker rank " + std::to_string(r));
+
+  const int64_t id = plan->step_id();
+  std::unique_lock<std::mutex> lock(mu_);
+  auto done = [&] {
+    if (!broken_.empty()) return true;
+    for (const auto& s : sessions)
+      if (!s->results.count(id)) return false;
+    return true;
+  };
+  if (!cv_.wait_for(lock, timeout, done))
+    throw MeshBroken("step " + std::to_string(id) + " got no result within " + std::to_string(timeout.count() / 1000) + " s");
+  if (!broken_.empty()) throw MeshBroken(broken_);
+  const int64_t received_ns = NowNs();
+  std::vector<StepResult> out;
+  for (int r = 0; r < world_; ++r) {
+    out.push_back(std::move(sessions[r]->results[id]));
+    sessions[r]->results.clear();
+    if (!out.back().error().empty()) {
+      broken_ = "step failed on " + out.back().error();
+      throw MeshBroken(broken_);
+    }
+    WorkerStats& st = stats_[r];
+    st.set_step_count(st.step_count() + 1);
+    st.set_step_time_seconds_sum(st.step_time_seconds_sum() + out.back().forward_seconds() + out.back().sample_seconds());
+    st.set_forward_time_seconds_sum(st.forward_time_seconds_sum() + out.back().forward_seconds());
+    st.set_collective_time_seconds_sum(st.collective_time_seconds_sum() + out.back().collective_seconds());
+  }
+  if (timing) {
+    const StepResult& r0 = out[0];
+    timing->wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    timing->plan_send = (r0.plan_received_unix_ns() - plan->sent_unix_ns()) * 1e-9;
+    timing->forward = r0.forward_seconds() - r0.collective_seconds();
+    timing->collectives = r0.collective_seconds();
+    timing->sample = r0.sample_seconds();
+    timing->result_return = (received_ns - r0.result_sent_unix_ns()) * 1e-9;
+  }
+  return out;
+}
+
+void WorkerMesh::ResetAll(const std::string& reason) {
+  std::vector<std::shared_ptr<Session>> sessions;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& s : ranks_)
+      if (s) sessions.push_back(s);
+  }
+  CoordinatorMessage m;
+  m.mutable_reset()->set_reason(reason);
+  for (auto& s : sessions) Write(s, m);
+}
+
+void WorkerMesh::DrainAll() {
+  std::vector<std::shared_ptr<Session>> sessions;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& s : ranks_)
+      if (s) sessions.push_back(s);
+  }
+  CoordinatorMessage m;
+  m.mutable_drain();
+  for (auto& s : sessions) Write(s, m);
+}
+
+std::string WorkerMesh::WaitBroken(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, timeout, [&] { return !broken_.empty(); });
+  return broken_;
+}
+
+std::string WorkerMesh::broken_reason() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return broken_;
+}
+
+std::map<int, WorkerStats> WorkerMesh::worker_stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+}  // namespace dsmesh

@@ -1,0 +1,91 @@
+// The coordinator's view of its workers: one Session stream per rank (WorkerControl.Session), mesh
+// formation (FormMesh -> WorkerReady from every rank), step fan-out and result collection, and loss
+// detection: a session that closes (process died) or stops sending heartbeats (hung) breaks the mesh
+// at once; whoever waits on it is woken with the reason.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "coordinator/rendezvous_store.h"
+#include "proto/mesh.grpc.pb.h"
+
+namespace dsmesh {
+
+// The mesh lost a rank (or a rank failed a step): the step cannot complete.
+struct MeshBroken : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct StepTiming {
+  double wall = 0, plan_send = 0, forward = 0, collectives = 0, sample = 0, result_return = 0;
+};
+
+class WorkerMesh {
+ public:
+  using Stream = grpc::ServerReaderWriter<CoordinatorMessage, WorkerMessage>;
+
+  WorkerMesh(int world, RendezvousStore* store, std::chrono::milliseconds heartbeat_timeout);
+  ~WorkerMesh();
+
+  // Body of the WorkerControl.Session RPC; returns when the worker goes away.
+  grpc::Status Serve(grpc::ServerContext* ctx, Stream* stream);
+
+  // Waits until every rank has a session. False on timeout (then MissingRanks() says which).
+  bool WaitAllRegistered(std::chrono::milliseconds timeout);
+  std::vector<int> MissingRanks();
+  // Starts a new epoch and forms the mesh; returns every rank's WorkerReady. Throws MeshBroken naming
+  // the rank(s) and reason when a rank is lost, reports an error, or does not answer within `timeout`.
+  std::vector<WorkerReady> Form(std::chrono::milliseconds timeout);
+  // Sends the plan to every rank and waits for all results. Throws MeshBroken.
+  std::vector<StepResult> RunStep(StepPlan* plan, std::chrono::milliseconds timeout, StepTiming* timing);
+  // Tells every connected rank to drop its state (after a failure) / to exit (shutdown).
+  void ResetAll(const std::string& reason);
+  void DrainAll();
+  // Blocks until the mesh breaks or `timeout` passes (the engine's idle wait); returns the reason or "".
+  std::string WaitBroken(std::chrono::milliseconds timeout);
+  std::string broken_reason();
+  int64_t epoch() const { return epoch_; }
+  int world() const { return world_; }
+  std::map<int, WorkerStats> worker_stats();
+
+ private:
+  struct Session {
+    grpc::ServerContext* ctx = nullptr;
+    Stream* stream = nullptr;
+    WorkerHello hello;
+    std::mutex write_mu;
+    bool closed = false;
+    std::chrono::steady_clock::time_point last_heard;
+    std::map<int64_t, WorkerReady> ready;     // by epoch
+    std::map<int64_t, StepResult> results;    // by step id
+  };
+  bool Write(const std::shared_ptr<Session>& s, const CoordinatorMessage& m);
+  void Lose(int rank, const std::shared_ptr<Session>& s, const std::string& why);  // mu_ held
+  void Monitor();
+
+  const int world_;
+  RendezvousStore* store_;
+  const std::chrono::milliseconds heartbeat_timeout_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::shared_ptr<Session>> ranks_;
+  std::string broken_;   // first loss since the last Form(); "" when intact
+  int64_t epoch_ = 0;
+  int64_t step_id_ = 0;
+  std::map<int, WorkerStats> stats_;
+  bool stop_ = false;
+  std::thread monitor_;
+};
+
+}  // namespace dsmesh

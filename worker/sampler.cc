@@ -1,0 +1,135 @@
+#include "worker/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+
+namespace dsmesh {
+namespace {
+
+// SplitMix64: a small counter-based generator; (seed, position, draw) -> uniform bits.
+uint64_t Mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+double Uniform01(uint64_t seed, int64_t position) {
+  uint64_t bits = Mix(Mix(seed) ^ Mix(static_cast<uint64_t>(position) * 0xD1B54A32D192ED03ull));
+  return static_cast<double>(bits >> 11) * (1.0 / 9007199254740992.0);  // [0, 1)
+}
+
+int32_t Argmax(const std::vector<float>& v) {
+  int32_t best = 0;
+  for (int32_t i = 1; i < static_cast<int32_t>(v.size()); ++i)
+    if (v[i] > v[best]) best = i;
+  return best;
+}
+
+void FillLogprobs(const float* raw, int64_t vocab, int32_t token, int top_n, TokenLogprobs* out) {
+  double mx = -std::numeric_limits<double>::infinity();
+  for (int64_t i = 0; i < vocab; ++i) mx = std::max(mx, static_cast<double>(raw[i]));
+  double sum = 0;
+  for (int64_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(raw[i]) - mx);
+  const double log_z = mx + std::log(sum);
+  out->set_token_id(token);
+  out->set_logprob(static_cast<float>(raw[token] - log_z));
+  if (top_n <= 0) return;
+  std::vector<int32_t> ids(vocab);
+  std::iota(ids.begin(), ids.end(), 0);
+  const int64_t n = std::min<int64_t>(top_n, vocab);
+  std::partial_sort(ids.begin(), ids.begin() + n, ids.end(),
+                    [&](int32_t a, int32_t b) { return raw[a] > raw[b] || (raw[a] == raw[b] && a < b); });
+  for (int64_t i = 0; i < n; ++i) {
+    auto* t = out->add_top();
+    t->set_token_id(ids[i]);
+    t->set_logprob(static_cast<float>(raw[ids[i]] - log_z));
+  }
+}
+
+}  // namespace
+
+void ValidateSamplingParams(const SamplingParams& p, int64_t vocab) {
+  auto bad = [](const std::string& what) { throw std::invalid_argument("sampling." + what); };
+  if (!(p.temperature() >= 0) || !std::isfinite(p.temperature())) bad("temperature must be >= 0");
+  if (p.top_p() != 0 && !(p.top_p() > 0 && p.top_p() <= 1)) bad("top_p must be in (0, 1]");
+  if (p.top_k() < -1) bad("top_k must be -1, 0 (off) or positive");
+  if (!(p.min_p() >= 0 && p.min_p() <= 1)) bad("min_p must be in [0, 1]");
+  if (!(p.presence_penalty() >= -2 && p.presence_penalty() <= 2)) bad("presence_penalty must be in [-2, 2]");
+  if (!(p.frequency_penalty() >= -2 && p.frequency_penalty() <= 2)) bad("frequency_penalty must be in [-2, 2]");
+  if (p.repetition_penalty() != 0 && !(p.repetition_penalty() > 0 && std::isfinite(p.repetition_penalty())))
+    bad("repetition_penalty must be > 0");
+  if (p.max_tokens() < 0) bad("max_tokens must be >= 0");
+  if (p.logprobs() < 0 || p.logprobs() > 20) bad("logprobs must be in [0, 20]");
+  for (int32_t t : p.stop_token_ids())
+    if (t < 0 || t >= vocab) bad("stop_token_ids: " + std::to_string(t) + " is outside the vocabulary");
+}
+
+SampleResult SampleToken(const float* raw, int64_t vocab, const SamplingParams& p, uint64_t seed,
+                         int64_t position, const PenaltyState& pen) {
+  std::vector<float> x(raw, raw + vocab);
+  // Penalties (vLLM order): repetition over prompt and output, then frequency and presence over output.
+  const float rep = p.repetition_penalty() == 0 ? 1.0f : p.repetition_penalty();
+  if (rep != 1.0f) {
+    auto penalize = [&](int32_t t) { x[t] = x[t] > 0 ? x[t] / rep : x[t] * rep; };
+    std::unordered_map<int32_t, bool> seen = pen.prompt_tokens;
+    for (const auto& [t, c] : pen.output_counts) seen[t] = true;
+    for (const auto& [t, on] : seen)
+      if (t >= 0 && t < vocab) penalize(t);
+  }
+  for (const auto& [t, c] : pen.output_counts) {
+    if (t < 0 || t >= vocab) continue;
+    x[t] -= p.frequency_penalty() * c + p.presence_penalty() * (c > 0 ? 1.0f : 0.0f);
+  }
+
+  SampleResult result;
+  if (p.temperature() < 1e-5f) {
+    result.token_id = Argmax(x);
+  } else {
+    for (float& v : x) v /= p.temperature();
+    const float mx = *std::max_element(x.begin(), x.end());
+    std::vector<double> prob(vocab);
+    double sum = 0;
+    for (int64_t i = 0; i < vocab; ++i) sum += prob[i] = std::exp(static_cast<double>(x[i] - mx));
+    for (double& q : prob) q /= sum;
+    // Candidates sorted by probability (ties: lower id first), then cut by min_p, top_k, top_p.
+    std::vector<int32_t> ids(vocab);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return prob[a] > prob[b]; });
+    size_t keep = ids.size();
+    if (p.min_p() > 0) {
+      const double floor = p.min_p() * prob[ids[0]];
+      while (keep > 1 && prob[ids[keep - 1]] < floor) --keep;
+    }
+    if (p.top_k() > 0) keep = std::min<size_t>(keep, p.top_k());
+    if (p.top_p() > 0 && p.top_p() < 1) {
+      double cum = 0;
+      size_t k = 0;
+      while (k < keep) {
+        cum += prob[ids[k++]];
+        if (cum >= p.top_p()) break;
+      }
+      keep = k;
+    }
+    double total = 0;
+    for (size_t i = 0; i < keep; ++i) total += prob[ids[i]];
+    const double u = Uniform01(seed, position) * total;
+    double cum = 0;
+    result.token_id = ids[keep - 1];
+    for (size_t i = 0; i < keep; ++i) {
+      cum += prob[ids[i]];
+      if (u < cum) {
+        result.token_id = ids[i];
+        break;
+      }
+    }
+  }
+  if (p.want_logprobs() || p.logprobs() > 0) FillLogprobs(raw, vocab, result.token_id, p.logprobs(), &result.logprobs);
+  return result;
+}
+
+}  // namespace dsmesh

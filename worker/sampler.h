@@ -1,0 +1,37 @@
+// Token sampling on rank 0: penalties, temperature, min_p, top_k, top_p, then a draw from a random stream
+// that depends only on (seed, position). The same request therefore samples the same tokens whatever it is
+// batched with, and after a preemption that recomputes it. Temperature 0 is greedy (lowest id wins ties).
+#pragma once
+
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "proto/mesh.pb.h"
+
+namespace dsmesh {
+
+// What rank 0 keeps per sequence for the penalties: how often each token was generated, and which
+// tokens the prompt holds.
+struct PenaltyState {
+  std::unordered_map<int32_t, int32_t> output_counts;
+  std::unordered_map<int32_t, bool> prompt_tokens;
+  void AddPromptToken(int32_t t) { prompt_tokens[t] = true; }
+  void AddOutputToken(int32_t t) { ++output_counts[t]; }
+};
+
+struct SampleResult {
+  int32_t token_id = -1;
+  TokenLogprobs logprobs;  // filled when params ask for logprobs
+};
+
+// Throws std::invalid_argument naming the field for out-of-range parameters (the coordinator calls this
+// at admission so a bad request never reaches a worker).
+void ValidateSamplingParams(const SamplingParams& params, int64_t vocab_size);
+
+// `logits` are the model's raw logits for one position (vocab floats); `position` is the position of the
+// token being sampled (its index in prompt + output), which selects the random stream.
+SampleResult SampleToken(const float* logits, int64_t vocab, const SamplingParams& params, uint64_t seed,
+                         int64_t position, const PenaltyState& penalties);
+
+}  // namespace dsmesh

@@ -1,0 +1,296 @@
+// dsmesh-worker: one tensor-parallel rank. Dials the coordinator, joins the data-plane communicator when
+// told to form the mesh, loads only its shard, and executes step plans until drained.
+//
+//   dsmesh-worker --rank R --world N --coordinator HOST:PORT --model DIR --device cpu|cuda:I
+//                 [--kv-memory BYTES[K|M|G] | --kv-memory-fraction F] [--threads T] [--data-host ADDR]
+//                 [--collective-timeout-ms MS]
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+
+#include "common/flags.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "model/model.h"
+#include "proto/mesh.grpc.pb.h"
+#include "worker/gloo_communicator.h"
+#include "worker/grpc_store.h"
+#include "worker/mesh_communicator.h"
+#include "worker/nccl_communicator.h"
+#include "worker/step_executor.h"
+
+namespace dsmesh {
+namespace {
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+int64_t ParseBytes(const std::string& s) {
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  std::string unit(end);
+  double mul = unit.empty() || unit == "B" ? 1 : unit == "K" ? 1024.0 : unit == "M" ? 1048576.0 : unit == "G" ? 1073741824.0 : -1;
+  if (s.empty() || mul < 0 || !(v > 0)) throw UsageError("--kv-memory: expected BYTES with optional K/M/G suffix, got " + s);
+  return static_cast<int64_t>(v * mul);
+}
+
+int64_t MemAvailableBytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  std::string unit;
+  while (f >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  throw std::runtime_error("/proc/meminfo: no MemAvailable line");
+}
+
+// The local address peers can reach us at: the source address of a route towards the coordinator.
+std::string LocalAddressToward(const std::string& coordinator) {
+  std::string host = coordinator.substr(0, coordinator.rfind(':'));
+  if (host == "localhost" || host.rfind("127.", 0) == 0) return "127.0.0.1";
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  if (getaddrinfo(host.c_str(), "9", &hints, &res) != 0 || !res) throw std::runtime_error("cannot resolve " + host);
+  int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  std::string out = "127.0.0.1";
+  if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+    sockaddr_in local{};
+    socklen_t len = sizeof(local);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+      char buf[INET_ADDRSTRLEN];
+      out = inet_ntop(AF_INET, &local.sin_addr, buf, sizeof(buf));
+    }
+  }
+  if (fd >= 0) close(fd);
+  freeaddrinfo(res);
+  return out;
+}
+
+class Worker {
+ public:
+  explicit Worker(const Flags& f)
+      : rank_(static_cast<int>(f.GetInt("rank", -1))),
+        world_(static_cast<int>(f.GetInt("world", 0))),
+        coordinator_(f.Require("coordinator")),
+        model_dir_(f.Require("model")),
+        device_(f.Get("device", "cpu")),
+        threads_(static_cast<int>(f.GetInt("threads", 0))),
+        collective_timeout_(f.GetInt("collective-timeout-ms", 30000)),
+        comm_(rank_, world_) {
+    if (world_ < 1) throw UsageError("--world must be >= 1");
+    if (rank_ < 0 || rank_ >= world_) throw UsageError("--rank must be in [0, world)");
+    if (device_ != "cpu" && device_.rfind("cuda:", 0) != 0) throw UsageError("--device must be cpu or cuda:I");
+    if (device_ != "cpu")
+      throw std::runtime_error("--device " + device_ + ": this build has no CUDA model backend yet (the NCCL "
+                               "communicator is built; the CUDA backend comes with the CUDA issue)");
+    if (f.Has("kv-memory") && f.Has("kv-memory-fraction")) throw UsageError("give --kv-memory or --kv-memory-fraction, not both");
+    kv_budget_ = f.Has("kv-memory") ? ParseBytes(f.Get("kv-memory"))
+                                    : static_cast<int64_t>(f.GetDouble("kv-memory-fraction", 0.1) * MemAvailableBytes());
+    data_host_ = f.Has("data-host") ? f.Get("data-host") : LocalAddressToward(coordinator_);
+  }
+
+  int Run() {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(-1);
+    args.SetMaxSendMessageSize(-1);
+    auto channel = grpc::CreateCustomChannel(coordinator_, grpc::InsecureChannelCredentials(), args);
+    if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(30)))
+      throw std::runtime_error("cannot reach the coordinator at " + coordinator_ + " within 30 s");
+    stub_ = WorkerControl::NewStub(channel);
+    stream_ = stub_->Session(&ctx_);
+
+    WorkerMessage hello;
+    auto* h = hello.mutable_hello();
+    h->set_rank(rank_);
+    h->set_world(world_);
+    h->set_model_dir(model_dir_);
+    h->set_device(device_);
+    h->set_pid(getpid());
+    h->set_host(data_host_);
+    Send(hello);
+
+    std::thread heartbeat([this] {
+      while (!stop_.load()) {
+        WorkerMessage m;
+        m.mutable_heartbeat()->set_unix_ns(NowNs());
+        if (!Send(m)) break;
+        for (int i = 0; i < 5 && !stop_.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    });
+    std::thread signals([this] {
+      sigset_t set;
+      sigemptyset(&set);
+      sigaddset(&set, SIGTERM);
+      sigaddset(&set, SIGINT);
+      sigaddset(&set, SIGUSR1);
+      int sig = 0;
+      sigwait(&set, &sig);
+      if (sig != SIGUSR1) {
+        std::fprintf(stderr, "[worker %d] signal %d: leaving after the current step\n", rank_, sig);
+        terminated_ = true;
+      }
+      ctx_.TryCancel();
+    });
+
+    int rc = Loop();
+    stop_ = true;
+    ctx_.TryCancel();
+    heartbeat.join();
+    pthread_kill(signals.native_handle(), SIGUSR1);
+    signals.join();
+    return rc;
+  }
+
+ private:
+  bool Send(const WorkerMessage& m) {
+    std::lock_guard<std::mutex> lock(write_mu_);
+    return stream_->Write(m);
+  }
+
+  int Loop() {
+    CoordinatorMessage msg;
+    while (stream_->Read(&msg)) {
+      switch (msg.kind_case()) {
+        case CoordinatorMessage::kReject:
+          std::fprintf(stderr, "[worker %d] the coordinator refused registration: %s\n", rank_, msg.reject().c_str());
+          return 1;
+        case CoordinatorMessage::kForm:
+          FormMesh(msg.form());
+          break;
+        case CoordinatorMessage::kPlan:
+          RunStep(msg.plan());
+          break;
+        case CoordinatorMessage::kReset:
+          std::fprintf(stderr, "[worker %d] mesh reset: %s\n", rank_, msg.reset().reason().c_str());
+          if (executor_) executor_->Reset();
+          comm_.Detach();
+          break;
+        case CoordinatorMessage::kDrain:
+          std::fprintf(stderr, "[worker %d] drained by the coordinator; exiting\n", rank_);
+          return 0;
+        default:
+          break;
+      }
+      if (terminated_) return 0;
+    }
+    if (terminated_) return 0;
+    grpc::Status st = stream_->Finish();
+    std::fprintf(stderr, "[worker %d] lost the coordinator at %s: %s\n", rank_, coordinator_.c_str(),
+                 st.ok() ? "stream closed" : st.error_message().c_str());
+    return 1;
+  }
+
+  void FormMesh(const dsmesh::FormMesh& form) {
+    WorkerMessage reply;
+    auto* ready = reply.mutable_ready();
+    ready->set_epoch(form.epoch());
+    try {
+      comm_.Detach();
+      if (executor_) executor_->Reset();
+      GrpcStore store(stub_, form.store_prefix());
+      comm_.Attach(std::make_unique<GlooCommunicator>(rank_, world_, store, data_host_, collective_timeout_));
+      if (!model_) {
+        model_ = LoadModel(model_dir_, ShardSpec{rank_, world_}, MakeCpuBackend(threads_), &comm_);
+        executor_ = std::make_unique<StepExecutor>(model_.get(), &comm_);
+        const auto& c = model_->config();
+        const int64_t per_token = model_->StateBytesPerToken();
+        std::fprintf(stderr,
+                     "[worker %d/%d] holds %d layers + %d MTP of %s, %.1f MiB of weights (shard %d/%d), KV budget "
+                     "%.1f MiB (%lld bytes/token + %lld fixed bytes/sequence, ~%lld tokens); backend %s, "
+                     "communicator gloo/tcp at %s\n",
+                     rank_, world_, c.num_layers, c.num_mtp_layers, model_dir_.c_str(), model_->WeightBytes() / 1048576.0,
+                     rank_, world_, kv_budget_ / 1048576.0, (long long)per_token,
+                     (long long)model_->StateFixedBytes(), (long long)(kv_budget_ / std::max<int64_t>(per_token, 1)),
+                     model_->backend().name().c_str(), data_host_.c_str());
+      }
+      ready->set_weight_bytes(model_->WeightBytes());
+      ready->set_kv_budget_bytes(kv_budget_);
+      ready->set_state_bytes_per_token(model_->StateBytesPerToken());
+      ready->set_state_fixed_bytes(model_->StateFixedBytes());
+      ready->set_vocab_size(static_cast<int32_t>(model_->config().vocab_size));
+      ready->set_eos_token_id(static_cast<int32_t>(model_->config().eos_token_id));
+      ready->set_summary("rank " + std::to_string(rank_) + " device " + device_ + " backend " + model_->backend().name());
+    } catch (const std::exception& e) {
+      comm_.Detach();
+      ready->set_error(e.what());
+      std::fprintf(stderr, "[worker %d] could not join mesh epoch %lld: %s\n", rank_, (long long)form.epoch(), e.what());
+    }
+    Send(reply);
+  }
+
+  void RunStep(const StepPlan& plan) {
+    const int64_t received = NowNs();
+    StepResult result;
+    try {
+      if (!executor_ || !comm_.attached()) throw std::runtime_error("step plan before the mesh was formed");
+      result = executor_->Run(plan);
+    } catch (const std::exception& e) {
+      result.Clear();
+      result.set_step_id(plan.step_id());
+      result.set_rank(rank_);
+      result.set_error(std::string("rank ") + std::to_string(rank_) + ": " + e.what());
+      std::fprintf(stderr, "[worker %d] step %lld failed: %s\n", rank_, (long long)plan.step_id(), e.what());
+    }
+    result.set_plan_received_unix_ns(received);
+    result.set_result_sent_unix_ns(NowNs());
+    WorkerMessage m;
+    *m.mutable_result() = std::move(result);
+    Send(m);
+  }
+
+  int rank_, world_;
+  std::string coordinator_, model_dir_, device_, data_host_;
+  int threads_;
+  std::chrono::milliseconds collective_timeout_;
+  int64_t kv_budget_ = 0;
+  MeshCommunicator comm_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<StepExecutor> executor_;
+  std::shared_ptr<WorkerControl::Stub> stub_;
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<WorkerMessage, CoordinatorMessage>> stream_;
+  std::mutex write_mu_;
+  std::atomic<bool> stop_{false}, terminated_{false};
+};
+
+}  // namespace
+}  // namespace dsmesh
+
+int main(int argc, char** argv) {
+  // Signals go to the dedicated sigwait thread; block them before any thread starts.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGUSR1);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  std::vector<std::string> args(argv + 1, argv + argc);
+  try {
+    dsmesh::Flags flags(args, {"rank", "world", "coordinator", "model", "device", "kv-memory", "kv-memory-fraction",
+                               "threads", "data-host", "collective-timeout-ms"});
+    if (!flags.Has("rank") || !flags.Has("world")) throw dsmesh::UsageError("--rank and --world are required");
+    dsmesh::Worker worker(flags);
+    return worker.Run();
+  } catch (const dsmesh::UsageError& e) {
+    std::fprintf(stderr, "dsmesh-worker: %s\nusage: dsmesh-worker --rank R --world N --coordinator HOST:PORT --model DIR "
+                         "--device cpu|cuda:I [--kv-memory BYTES | --kv-memory-fraction F] [--threads T]\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dsmesh-worker: error: %s\n", e.what());
+    return 1;
+  }
+}
