@@ -119,10 +119,11 @@ void DeepSeekV4OutputParser::Process(bool final, std::vector<ChatOutputEvent>* e
       case State::kContent: progressed = StepText(final, events); break;
       case State::kToolCalls: progressed = StepToolCalls(final, events); break;
       case State::kDone:
-        if (!pending_.empty()) {
-          errors_.push_back("text after <｜end▁of▁sentence｜> ignored: " + pending_.substr(0, 64));
-          pending_.clear();
+        if (!pending_.empty() && !text_after_end_reported_) {
+          errors_.push_back("text after <｜end▁of▁sentence｜> ignored");
+          text_after_end_reported_ = true;
         }
+        pending_.clear();
         break;
     }
     if (!progressed) return;

@@ -77,6 +77,7 @@ class DeepSeekV4OutputParser {
   std::string block_opener_;  // the text that opened the current DSML block (for malformed fallback)
   size_t calls_in_block_ = 0;
   size_t tool_calls_emitted_ = 0;
+  bool text_after_end_reported_ = false;
   std::vector<std::string> errors_;
 };
 

@@ -1,0 +1,222 @@
+// The V4 output parser against DeepSeek's official parse_message_from_completion_text (its results
+// for 24 samples are in testdata/v4_parse/official_parse.json), and streaming: for every sample and
+// every split point (and one byte at a time) the concatenated deltas equal the one-shot parse.
+#include "common/chat/deepseek_v4_output_parser.h"
+
+#include <gtest/gtest.h>
+
+#include "common/chat/chat_test_util.h"
+#include "common/chat/deepseek_v4_prompt.h"
+#include "common/chat/python_json.h"
+
+namespace dsmesh {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+DeepSeekV4OutputParser::Options Opts(bool thinking) {
+  auto counter = std::make_shared<int>(0);
+  return {thinking, [counter] { return "call_" + std::to_string((*counter)++); }};
+}
+
+// Feeds `pieces` one by one and collects the result like ParseDeepSeekV4Completion does, checking
+// that every delta is whole UTF-8.
+ParsedCompletion FeedPieces(const std::vector<std::string>& pieces, bool thinking) {
+  DeepSeekV4OutputParser parser(Opts(thinking));
+  ParsedCompletion out;
+  auto take = [&](std::vector<ChatOutputEvent> events) {
+    for (ChatOutputEvent& e : events) {
+      if (e.kind != ChatOutputEvent::Kind::kToolCall) {
+        EXPECT_FALSE(e.text.empty());
+        EXPECT_TRUE(chat_test::IsValidUtf8(e.text)) << "delta splits a character: " << e.text;
+      }
+      switch (e.kind) {
+        case ChatOutputEvent::Kind::kReasoning: out.reasoning_content += e.text; break;
+        case ChatOutputEvent::Kind::kContent: out.content += e.text; break;
+        case ChatOutputEvent::Kind::kToolCall:
+          EXPECT_EQ(e.tool_index, out.tool_calls.size());
+          out.tool_calls.push_back(e.tool_call);
+          break;
+      }
+    }
+  };
+  for (const std::string& p : pieces) take(parser.Feed(p));
+  take(parser.Finish());
+  out.errors = parser.errors();
+  return out;
+}
+
+void ExpectSame(const ParsedCompletion& want, const ParsedCompletion& got) {
+  EXPECT_EQ(got.reasoning_content, want.reasoning_content);
+  EXPECT_EQ(got.content, want.content);
+  ASSERT_EQ(got.tool_calls.size(), want.tool_calls.size());
+  for (size_t i = 0; i < want.tool_calls.size(); ++i) {
+    EXPECT_EQ(got.tool_calls[i].id, want.tool_calls[i].id);
+    EXPECT_EQ(got.tool_calls[i].name, want.tool_calls[i].name);
+    EXPECT_EQ(got.tool_calls[i].arguments, want.tool_calls[i].arguments);
+  }
+  EXPECT_EQ(got.errors.size(), want.errors.size());
+}
+
+// Every way of cutting `text` in two, and one byte at a time, gives the one-shot result.
+void ExpectStreamingMatchesOneShot(const std::string& text, bool thinking) {
+  ParsedCompletion one_shot = ParseDeepSeekV4Completion(text, Opts(thinking));
+  for (size_t cut = 0; cut <= text.size(); ++cut) {
+    SCOPED_TRACE("split at byte " + std::to_string(cut));
+    ExpectSame(one_shot, FeedPieces({text.substr(0, cut), text.substr(cut)}, thinking));
+    if (testing::Test::HasFailure()) return;
+  }
+  std::vector<std::string> bytes;
+  for (char c : text) bytes.push_back(std::string(1, c));
+  SCOPED_TRACE("one byte at a time");
+  ExpectSame(one_shot, FeedPieces(bytes, thinking));
+}
+
+std::vector<Json> OfficialSamples() {
+  std::string path = std::string(chat_test::kTestdata) + "/v4_parse/official_parse.json";
+  Json all = ParseJsonText(chat_test::ReadFile(path), path);
+  return std::vector<Json>(all.begin(), all.end());
+}
+
+TEST(DeepSeekV4OutputParserTest, MatchesOfficialParser) {
+  std::vector<Json> samples = OfficialSamples();
+  ASSERT_GE(samples.size(), 20u);
+  for (size_t i = 0; i < samples.size(); ++i) {
+    SCOPED_TRACE("sample " + std::to_string(i));
+    const Json& s = samples[i];
+    ParsedCompletion got = ParseDeepSeekV4Completion(s["completion"].get<std::string>(), Opts(s["thinking"]));
+    const Json& want = s["expected"];
+    EXPECT_EQ(got.reasoning_content, want["reasoning_content"].get<std::string>());
+    EXPECT_EQ(got.content, want["content"].get<std::string>());
+    EXPECT_TRUE(got.errors.empty()) << got.errors.front();
+    ASSERT_EQ(got.tool_calls.size(), want["tool_calls"].size());
+    for (size_t k = 0; k < got.tool_calls.size(); ++k) {
+      EXPECT_EQ(got.tool_calls[k].name, want["tool_calls"][k]["name"].get<std::string>());
+      EXPECT_EQ(got.tool_calls[k].arguments, want["tool_calls"][k]["arguments"].get<std::string>());
+      EXPECT_EQ(got.tool_calls[k].id, "call_" + std::to_string(k));
+    }
+  }
+}
+
+TEST(DeepSeekV4OutputParserTest, StreamingEqualsOneShotOnOfficialSamples) {
+  for (const Json& s : OfficialSamples()) {
+    SCOPED_TRACE(s["completion"].get<std::string>());
+    ExpectStreamingMatchesOneShot(s["completion"].get<std::string>(), s["thinking"]);
+    if (HasFailure()) return;
+  }
+}
+
+// Outputs the official parser rejects (it raises); ours degrades to content and reports the problem,
+// the same way however the text is split.
+TEST(DeepSeekV4OutputParserTest, MalformedOutputBecomesContentAndIsReported) {
+  const std::string eos = "<｜end▁of▁sentence｜>";
+  struct Case {
+    bool thinking;
+    std::string text;
+    std::string content;  // expected content of the one-shot parse
+    size_t calls;
+  };
+  const std::vector<Case> cases = {
+      // Missing quote on the tool name.
+      {false, "x\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=bad>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>" + eos,
+       "x\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=bad>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>", 0},
+      // string attribute neither true nor false, in the second invoke: the first call survives.
+      {true,
+       "r</think>\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"a\">\n</｜DSML｜invoke>\n<｜DSML｜invoke "
+       "name=\"b\">\n<｜DSML｜parameter name=\"k\" string=\"maybe\">v</｜DSML｜parameter>\n</｜DSML｜invoke>\n</"
+       "｜DSML｜tool_calls>" + eos,
+       "\n<｜DSML｜invoke name=\"b\">\n<｜DSML｜parameter name=\"k\" string=\"maybe\">v</｜DSML｜parameter>\n</"
+       "｜DSML｜invoke>\n</｜DSML｜tool_calls>", 1},
+      // Duplicate parameter.
+      {false,
+       "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"a\">\n<｜DSML｜parameter name=\"k\" string=\"true\">1</｜DSML｜"
+       "parameter>\n<｜DSML｜parameter name=\"k\" string=\"true\">2</｜DSML｜parameter>\n</｜DSML｜invoke>\n</"
+       "｜DSML｜tool_calls>" + eos,
+       "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"a\">\n<｜DSML｜parameter name=\"k\" string=\"true\">1</｜DSML｜"
+       "parameter>\n<｜DSML｜parameter name=\"k\" string=\"true\">2</｜DSML｜parameter>\n</｜DSML｜invoke>\n</"
+       "｜DSML｜tool_calls>", 0},
+      // Cut off inside an invoke (max_tokens).
+      {false, "ok\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"a\">\n<｜DSML｜parameter name=\"k\" str",
+       "ok\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"a\">\n<｜DSML｜parameter name=\"k\" str", 0},
+      // Garbage inside the block.
+      {false, "<｜DSML｜tool_calls>\nhello</｜DSML｜tool_calls>" + eos,
+       "<｜DSML｜tool_calls>\nhello</｜DSML｜tool_calls>", 0},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.text);
+    ParsedCompletion got = ParseDeepSeekV4Completion(c.text, Opts(c.thinking));
+    EXPECT_EQ(got.content, c.content);
+    EXPECT_EQ(got.tool_calls.size(), c.calls);
+    EXPECT_FALSE(got.errors.empty());
+    ExpectStreamingMatchesOneShot(c.text, c.thinking);
+  }
+}
+
+TEST(DeepSeekV4OutputParserTest, EdgeCasesStreamConsistently) {
+  const std::string eos = "<｜end▁of▁sentence｜>";
+  const std::vector<std::pair<bool, std::string>> texts = {
+      {true, "<think>repeated opener</think>answer" + eos},  // "<think>" repeated by the model is dropped
+      {true, "<thin"},                                      // ends while it could still be "<think>"
+      {true, "reasoning cut by max_tokens, no end marker </thi"},
+      {false, "content ending in a partial marker \n\n<｜DSML｜tool_"},
+      {false, "text\n\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>"
+              "after the block" + eos},
+      {false, "answer" + eos + "text after the end"},
+      {true, "日本語の推論🧠</think>答え👨‍👩‍👧" + eos},
+  };
+  for (const auto& [thinking, text] : texts) {
+    SCOPED_TRACE(text);
+    ExpectStreamingMatchesOneShot(text, thinking);
+  }
+  ParsedCompletion p = ParseDeepSeekV4Completion(texts[0].second, Opts(true));
+  EXPECT_EQ(p.reasoning_content, "repeated opener");
+  EXPECT_EQ(p.content, "answer");
+  p = ParseDeepSeekV4Completion(texts[2].second, Opts(true));
+  EXPECT_EQ(p.reasoning_content, texts[2].second);
+  p = ParseDeepSeekV4Completion(texts[4].second, Opts(false));
+  EXPECT_EQ(p.content, "text\nafter the block");
+  EXPECT_EQ(p.tool_calls.size(), 1u);
+  p = ParseDeepSeekV4Completion(texts[5].second, Opts(false));
+  EXPECT_EQ(p.content, "answer");
+  EXPECT_EQ(p.errors.size(), 1u);  // text after EOS is reported, not returned
+}
+
+TEST(DeepSeekV4OutputParserTest, FinishReasonHintAndIds) {
+  DeepSeekV4OutputParser parser({/*thinking=*/false, {}});
+  parser.Feed("\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n</｜DSML｜invoke>\n");
+  EXPECT_STREQ(parser.FinishReasonHint(), "tool_calls");
+  DeepSeekV4OutputParser plain({/*thinking=*/false, {}});
+  std::vector<ChatOutputEvent> events = plain.Feed("hi<｜end▁of▁sentence｜>");
+  EXPECT_STREQ(plain.FinishReasonHint(), "");
+  EXPECT_TRUE(plain.saw_end_of_sentence());
+  // Default ids: "call_" + 24 alphanumerics, distinct.
+  ParsedCompletion two = ParseDeepSeekV4Completion(
+      "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"g\">\n</｜DSML｜"
+      "invoke>\n</｜DSML｜tool_calls>",
+      {false, {}});
+  ASSERT_EQ(two.tool_calls.size(), 2u);
+  EXPECT_EQ(two.tool_calls[0].id.size(), 29u);
+  EXPECT_EQ(two.tool_calls[0].id.rfind("call_", 0), 0u);
+  EXPECT_NE(two.tool_calls[0].id, two.tool_calls[1].id);
+}
+
+// What the renderer writes for an assistant's tool calls parses back to the same arguments.
+TEST(DeepSeekV4OutputParserTest, RenderedToolCallsParseBack) {
+  std::vector<ChatToolCall> calls = {
+      {"a", "function", "search", R"({"query": "weather \"today\"\n", "n": 3, "x": [1, 2.5, null], "o": {"k": true}})"},
+      {"b", "function", "noargs", "{}"},
+      {"c", "function", "uni", R"({"text": "日本語 😀 \u0001", "neg": -0.0, "big": 1e300})"},
+  };
+  std::string text = "\n\n" + RenderDeepSeekV4ToolCalls(calls, "test") + "<｜end▁of▁sentence｜>";
+  ParsedCompletion got = ParseDeepSeekV4Completion(text, Opts(false));
+  EXPECT_EQ(got.content, "");
+  ASSERT_EQ(got.tool_calls.size(), calls.size());
+  for (size_t i = 0; i < calls.size(); ++i) {
+    EXPECT_EQ(got.tool_calls[i].name, calls[i].name);
+    EXPECT_EQ(ParseJsonText(got.tool_calls[i].arguments, "parsed"), ParseJsonText(calls[i].arguments, "original"));
+  }
+  ExpectStreamingMatchesOneShot(text, false);
+}
+
+}  // namespace
+}  // namespace dsmesh
