@@ -109,23 +109,27 @@ void WriteBlock(TinyWriter& t, const TinyModelSpec& s, const std::string& p, int
   } else {
     t.F32(f + "gate.bias", {E}, t.Normal(E, 0.1));
   }
-  if (t.hf() && layer >= 0) {
-    // transformers fuses the routed experts: gate_up_proj [E, 2I, D], down_proj [E, D, I].
-    std::vector<float> gu = t.Normal(E * 2 * I * D, 1.0 / std::sqrt(static_cast<double>(D)));
-    std::vector<float> dn = t.Normal(E * D * I, 1.0 / std::sqrt(static_cast<double>(I)));
-    std::vector<uint16_t> b(gu.size());
-    for (size_t i = 0; i < gu.size(); ++i) b[i] = FloatToBf16(gu[i]);
-    t.writer().Add(TransformersGateUpName(layer), DType::kBF16, {E, 2 * I, D}, b.data(), b.size() * 2);
-    b.resize(dn.size());
-    for (size_t i = 0; i < dn.size(); ++i) b[i] = FloatToBf16(dn[i]);
-    t.writer().Add(TransformersDownName(layer), DType::kBF16, {E, D, I}, b.data(), b.size() * 2);
-  } else {
-    for (int64_t e = 0; e < E; ++e) {
-      const std::string x = f + "experts." + std::to_string(e) + ".";
-      t.Linear(x + "w1", I, D);
-      t.Linear(x + "w3", I, D);
-      t.Linear(x + "w2", D, I);
+  // Draw every expert's w1, w3, w2 in the same order for both namings, so a DeepSeek-named and a
+  // transformers-named tiny model from one seed hold identical weights.
+  const double sd_in = 1.0 / std::sqrt(static_cast<double>(D)), sd_mid = 1.0 / std::sqrt(static_cast<double>(I));
+  std::vector<uint16_t> gate_up, down;
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string x = f + "experts." + std::to_string(e) + ".";
+    std::vector<float> w1 = t.Normal(I * D, sd_in), w3 = t.Normal(I * D, sd_in), w2 = t.Normal(D * I, sd_mid);
+    if (t.hf() && layer >= 0) {
+      // transformers fuses the routed experts: gate_up_proj [E, 2I, D] (w1 rows then w3 rows), down_proj [E, D, I].
+      for (float v : w1) gate_up.push_back(FloatToBf16(v));
+      for (float v : w3) gate_up.push_back(FloatToBf16(v));
+      for (float v : w2) down.push_back(FloatToBf16(v));
+    } else {
+      t.Bf16(x + "w1.weight", {I, D}, w1);
+      t.Bf16(x + "w3.weight", {I, D}, w3);
+      t.Bf16(x + "w2.weight", {D, I}, w2);
     }
+  }
+  if (t.hf() && layer >= 0) {
+    t.writer().Add(TransformersGateUpName(layer), DType::kBF16, {E, 2 * I, D}, gate_up.data(), gate_up.size() * 2);
+    t.writer().Add(TransformersDownName(layer), DType::kBF16, {E, D, I}, down.data(), down.size() * 2);
   }
   t.Linear(f + "shared_experts.w1", I, D);
   t.Linear(f + "shared_experts.w3", I, D);

@@ -83,7 +83,7 @@ class CpuBackend final : public Backend {
     const int64_t groups = x.numel() / dim;
     Require(groups * dim == x.numel() && out->numel() == x.numel(), "RmsNorm", "shape");
     const float* w = weight ? F(*weight) : nullptr;
-#pragma omp parallel for schedule(static) if (groups * dim > 65536)
+#pragma omp parallel for schedule(static) if (groups * dim > (1 << 18))
     for (int64_t g = 0; g < groups; ++g) {
       const float* xi = F(x) + g * dim;
       float* o = F(*out) + g * dim;
@@ -137,7 +137,7 @@ class CpuBackend final : public Backend {
     const int64_t n = x->shape[0], half = rope_dim / 2;
     Require(RowWidth(*x) == heads * head_dim && static_cast<int64_t>(inv_freq.size()) == half && half <= 512,
             "Rope", "shape");
-#pragma omp parallel for schedule(static) if (n * heads * rope_dim > 65536)
+#pragma omp parallel for schedule(static) if (n * heads * rope_dim > (1 << 18))
     for (int64_t r = 0; r < n; ++r) {
       float cs[512], sn[512];
       for (int64_t i = 0; i < half; ++i) {
@@ -168,7 +168,7 @@ class CpuBackend final : public Backend {
       rs[r] = 1.0f / std::sqrt(Dot(x, x, w) / static_cast<float>(w) + norm_eps);
     }
     float* m = mixes->data();
-#pragma omp parallel for collapse(2) schedule(static) if (n * k_out * w > 65536)
+#pragma omp parallel for collapse(2) schedule(static) if (n * k_out * w > (1 << 18))
     for (int64_t r = 0; r < n; ++r)
       for (int64_t k = 0; k < k_out; ++k) m[r * k_out + k] = rs[r] * Dot(F(fn) + k * w, F(X) + r * w, w);
   }
@@ -231,7 +231,7 @@ class CpuBackend final : public Backend {
 
   void HcPost(const Tensor& X, const Tensor& f, const Tensor& post, const Tensor& comb, int hc, Tensor* out) override {
     const int64_t n = X.shape[0], D = RowWidth(f);
-#pragma omp parallel for collapse(2) schedule(static) if (n * hc * hc * D > 65536)
+#pragma omp parallel for collapse(2) schedule(static) if (n * hc * hc * D > (1 << 18))
     for (int64_t r = 0; r < n; ++r)
       for (int j = 0; j < hc; ++j) {
         float* o = F(*out) + (r * hc + j) * D;
@@ -269,7 +269,7 @@ class CpuBackend final : public Backend {
     const int64_t width = RowWidth(kv), rows = kv.shape[0];
     Require(width == (overlap ? 2 : 1) * d && RowWidth(*out) == d, "CompressorPool", "shape");
     Require(ratio <= 1024, "CompressorPool", "compress ratio above 1024");
-#pragma omp parallel for schedule(static) if (num_windows * d * ratio > 65536)
+#pragma omp parallel for schedule(static) if (num_windows * d * ratio > (1 << 18))
     for (int64_t wi = 0; wi < num_windows; ++wi) {
       const int64_t w = first_window + wi;
       // Slots: (row, channel offset). With overlap, window w-1's first halves come first.
@@ -301,7 +301,7 @@ class CpuBackend final : public Backend {
                    int64_t dim, const int64_t* positions, int ratio, int top_k, Tensor* out) override {
     const int64_t n = q.shape[0];
     int32_t* o = static_cast<int32_t*>(out->data);
-#pragma omp parallel for schedule(dynamic) if (n > 1)
+#pragma omp parallel for schedule(dynamic) if (n * num_keys * heads * dim > (1 << 18))
     for (int64_t r = 0; r < n; ++r) {
       const int64_t valid = std::min<int64_t>(num_keys, (positions[r] + 1) / ratio);
       std::vector<float> score(valid, 0.0f);
@@ -329,7 +329,9 @@ class CpuBackend final : public Backend {
                  const Tensor& sinks, float softmax_scale, Tensor* out) override {
     const int64_t n = q.shape[0];
     const int64_t k_cols = topk ? RowWidth(*topk) : 0;
-#pragma omp parallel for collapse(2) schedule(dynamic) if (n * heads > 1)
+    // Parallel only when the keys x dims work pays for waking the team (the machine may be shared).
+    const int64_t work = n * heads * (window + std::min<int64_t>(num_entries, topk ? k_cols : num_entries)) * d;
+#pragma omp parallel for collapse(2) schedule(dynamic) if (work > (1 << 18))
     for (int64_t r = 0; r < n; ++r)
       for (int64_t h = 0; h < heads; ++h) {
         const int64_t t = start + r;

@@ -53,7 +53,7 @@ void Run(const float* x, int64_t ldx, int64_t m, const void* w, int64_t ldw, int
   // is loaded from memory once per 4 activation rows.
   constexpr int64_t kBlock = 16;
   const int64_t blocks = (out + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static) if (static_cast<double>(out) * in * m > 32768)
+#pragma omp parallel for schedule(static) if (static_cast<double>(out) * in * m > (1 << 17))
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t j0 = b * kBlock, j1 = std::min(out, j0 + kBlock);
     for (int64_t r0 = 0; r0 < m; r0 += 4) {
