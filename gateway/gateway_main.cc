@@ -1,0 +1,215 @@
+// dsmesh-gateway: the OpenAI-compatible HTTP front of a mesh.
+//
+//   dsmesh-gateway --listen 127.0.0.1:8000 --coordinator HOST:PORT --model DIR
+//                  [--served-model-name NAME] [--api-key KEY | --api-key-file F] [--max-queued N]
+//                  [--threads N] [--max-body-bytes N] [--chat-format v4|v3] [--drain-timeout-s S]
+//
+// Startup: load the tokenizer from DIR, listen, then poll the coordinator; /health answers 503 until
+// the mesh is ready, and systemd gets READY=1 only then. SIGTERM/SIGINT: /health turns 503
+// (draining), new connections are refused, in-flight requests get up to --drain-timeout-s to finish.
+#include <signal.h>
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
+
+#include "common/chat/chat_format.h"
+#include "common/flags.h"
+#include "common/systemd_notify.h"
+#include "common/tokenizer/tokenizer.h"
+#include "gateway/admission.h"
+#include "gateway/api_error.h"
+#include "gateway/http_server.h"
+#include "gateway/mesh_client.h"
+#include "gateway/mesh_monitor.h"
+#include "gateway/openai_server.h"
+#include "gateway/serving_metrics.h"
+
+namespace dsmesh {
+namespace {
+
+const char kUsage[] =
+    "dsmesh-gateway --listen HOST:PORT --coordinator HOST:PORT --model DIR [--served-model-name NAME]\n"
+    "               [--api-key KEY[,KEY...] | --api-key-file F] [--max-queued N] [--threads N]\n"
+    "               [--max-body-bytes N] [--chat-format v4|v3] [--drain-timeout-s S]";
+
+std::pair<std::string, uint16_t> SplitHostPort(const std::string& s) {
+  auto colon = s.rfind(':');
+  if (colon == std::string::npos) throw UsageError("--listen: expected HOST:PORT, got '" + s + "'");
+  std::string host = s.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  char* end = nullptr;
+  long port = std::strtol(s.c_str() + colon + 1, &end, 10);
+  if (*end || port < 0 || port > 65535 || colon + 1 == s.size())
+    throw UsageError("--listen: bad port in '" + s + "'");
+  return {host, static_cast<uint16_t>(port)};
+}
+
+std::set<std::string> ReadApiKeys(const Flags& flags) {
+  std::set<std::string> keys;
+  auto add_list = [&](const std::string& list, const std::string& where) {
+    size_t start = 0;
+    while (start <= list.size()) {
+      size_t end = list.find_first_of(",\n", start);
+      if (end == std::string::npos) end = list.size();
+      std::string key = list.substr(start, end - start);
+      while (!key.empty() && (key.back() == '\r' || key.back() == ' ')) key.pop_back();
+      while (!key.empty() && key.front() == ' ') key.erase(0, 1);
+      if (!key.empty() && key[0] != '#') keys.insert(key);
+      start = end + 1;
+    }
+    if (keys.empty()) throw UsageError(where + ": no API key in it");
+  };
+  if (flags.Has("api-key") && flags.Has("api-key-file")) throw UsageError("give --api-key or --api-key-file, not both");
+  if (flags.Has("api-key")) add_list(flags.Get("api-key"), "--api-key");
+  if (const char* env = std::getenv("DSMESH_API_KEY"); env && !flags.Has("api-key") && !flags.Has("api-key-file"))
+    add_list(env, "DSMESH_API_KEY");
+  if (flags.Has("api-key-file")) {
+    std::string path = flags.Get("api-key-file");
+    std::ifstream in(path);
+    if (!in) throw std::runtime_error("--api-key-file " + path + ": cannot read");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    add_list(text, "--api-key-file " + path);
+  }
+  return keys;
+}
+
+struct ModelInfo {
+  ChatFormat chat_format = ChatFormat::kDeepSeekV4;
+  int max_position_embeddings = 1 << 20;
+};
+
+ModelInfo ReadModelInfo(const std::string& dir, const std::string& chat_format_flag) {
+  ModelInfo info;
+  std::string path = dir + "/config.json";
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error(path + ": cannot read (--model must be a model directory)");
+  nlohmann::json config;
+  try {
+    config = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(path + ": not valid JSON: " + e.what());
+  }
+  if (config.contains("max_position_embeddings") && config["max_position_embeddings"].is_number_integer())
+    info.max_position_embeddings = config["max_position_embeddings"].get<int>();
+  if (!chat_format_flag.empty()) {
+    info.chat_format = ParseChatFormatName(chat_format_flag);
+  } else {
+    std::string model_type = config.value("model_type", "");
+    auto format = ChatFormatForModelType(model_type);
+    if (!format)
+      throw std::runtime_error(path + ": model_type '" + model_type +
+                               "' has no chat format here; pass --chat-format v4|v3");
+    info.chat_format = *format;
+  }
+  return info;
+}
+
+int Run(int argc, char** argv) {
+  Flags flags(std::vector<std::string>(argv + 1, argv + argc),
+              {"listen", "coordinator", "model", "served-model-name", "api-key", "api-key-file", "max-queued",
+               "threads", "max-body-bytes", "chat-format", "drain-timeout-s", "log-level", "help"},
+              {"help"});
+  if (flags.Has("help")) {
+    std::printf("%s\n", kUsage);
+    return 0;
+  }
+  if (flags.Has("log-level")) spdlog::set_level(spdlog::level::from_str(flags.Get("log-level")));
+  auto [host, port] = SplitHostPort(flags.Get("listen", "127.0.0.1:8000"));
+  const std::string coordinator = flags.Require("coordinator");
+  const std::string model_dir = flags.Require("model");
+  const int max_queued = static_cast<int>(flags.GetInt("max-queued", 256));
+  if (max_queued < 0) throw UsageError("--max-queued must be >= 0");
+  const int threads = static_cast<int>(flags.GetInt("threads", 4));
+  if (threads < 1) throw UsageError("--threads must be >= 1");
+
+  ModelInfo model = ReadModelInfo(model_dir, flags.Get("chat-format"));
+  std::shared_ptr<const Tokenizer> tokenizer = Tokenizer::Load(model_dir);
+  OpenAiServerOptions api_options;
+  api_options.model_dir = std::filesystem::absolute(model_dir).lexically_normal().string();
+  std::string default_name = std::filesystem::path(api_options.model_dir).filename().string();
+  api_options.served_model_name = flags.Get("served-model-name", default_name);
+  api_options.api_keys = ReadApiKeys(flags);
+  api_options.chat_format = model.chat_format;
+
+  MeshClient mesh(coordinator);
+  ServingMetrics metrics(api_options.served_model_name, model.max_position_embeddings);
+  Admission admission(max_queued);
+
+  HttpServerOptions http_options;
+  http_options.host = host;
+  http_options.port = port;
+  http_options.threads = threads;
+  http_options.max_body_bytes = static_cast<uint64_t>(flags.GetInt("max-body-bytes", 32ll << 20));
+  http_options.error_body = [](int status, const std::string& message) { return ErrorBody(status, message); };
+
+  OpenAiServer* api_ptr = nullptr;
+  HttpServer server(http_options, [&api_ptr](std::shared_ptr<HttpExchange> exchange) { api_ptr->Handle(exchange); });
+
+  // The watchdog's loop probe: a task posted to the HTTP event loop must run within 2 s.
+  auto loop_probe = [&server] {
+    auto done = std::make_shared<std::promise<void>>();
+    auto future = done->get_future();
+    boost::asio::post(server.io(), [done] { done->set_value(); });
+    return future.wait_for(std::chrono::seconds(2)) == std::future_status::ready;
+  };
+  MeshMonitor monitor(&mesh, std::chrono::milliseconds(1000), loop_probe);
+  OpenAiServer api(api_options, tokenizer, &mesh, &monitor, &metrics, &admission);
+  api_ptr = &api;
+
+  // Signals are taken by sigwait below; block them before any thread starts.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  uint16_t bound = server.Listen();
+  server.Start();
+  const std::string where = host + ":" + std::to_string(bound);
+  spdlog::info("dsmesh-gateway listening on {} (model {} from {}, coordinator {}, max queued {}, {} threads)", where,
+               api_options.served_model_name, api_options.model_dir, coordinator, max_queued, threads);
+  std::printf("listening on %s\n", where.c_str());
+  std::fflush(stdout);
+  monitor.OnFirstReady([where] {
+    spdlog::info("serving: mesh ready, gateway on {}", where);
+    NotifyReady("serving on " + where);
+  });
+  monitor.Start();
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  const double drain_s = flags.GetDouble("drain-timeout-s", 30);
+  spdlog::info("signal {}: draining (up to {} s for {} in-flight requests)", sig, drain_s, admission.in_flight());
+  NotifyStopping("draining");
+  monitor.SetDraining();
+  server.StopAccepting();
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(drain_s);
+  while (admission.in_flight() > 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  if (admission.in_flight() > 0) spdlog::warn("drain timeout: dropping {} requests", admission.in_flight());
+  monitor.Stop();
+  server.Stop();
+  spdlog::info("stopped");
+  return 0;
+}
+
+}  // namespace
+}  // namespace dsmesh
+
+int main(int argc, char** argv) {
+  try {
+    return dsmesh::Run(argc, argv);
+  } catch (const dsmesh::UsageError& e) {
+    std::fprintf(stderr, "dsmesh-gateway: %s\nusage: %s\n", e.what(), dsmesh::kUsage);
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dsmesh-gateway: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,357 @@
+#include "gateway/openai_server.h"
+
+#include <spdlog/spdlog.h>
+
+#include <ctime>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "common/chat/chat_request_parser.h"
+#include "common/chat/python_json.h"
+#include "gateway/api_error.h"
+#include "gateway/generation_session.h"
+#include "gateway/request_options.h"
+
+namespace dsmesh {
+
+namespace {
+
+using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
+
+std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+std::string RandomHex(int bytes) {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (int i = 0; i < bytes; ++i) {
+    unsigned v = rng() & 0xff;
+    out += digits[v >> 4];
+    out += digits[v & 15];
+  }
+  return out;
+}
+
+// A client-supplied X-Request-Id is echoed and used in logs and response ids only if it is short
+// printable ASCII (it ends up in headers and log lines).
+bool UsableRequestId(const std::string& id) {
+  if (id.empty() || id.size() > 128) return false;
+  for (unsigned char c : id)
+    if (c < 0x21 || c > 0x7e) return false;
+  return true;
+}
+
+ojson ParseBody(const HttpRequest& request) {
+  const std::string& body = request.body();
+  if (body.empty()) throw BadRequest("the request body is empty; expected a JSON object");
+  ojson parsed;
+  try {
+    parsed = ParseJsonText(body, "request body");
+  } catch (const std::exception& e) {
+    throw BadRequest(std::string("malformed JSON: ") + e.what());
+  }
+  if (!parsed.is_object()) throw BadRequest("the request body must be a JSON object");
+  return parsed;
+}
+
+}  // namespace
+
+struct OpenAiServer::Context {
+  std::string request_id;
+  std::string handler;  // for the http_requests counter
+  HeaderList headers;
+  double arrival_s = 0;
+};
+
+OpenAiServer::OpenAiServer(OpenAiServerOptions options, std::shared_ptr<const Tokenizer> tokenizer, MeshClient* mesh,
+                           MeshMonitor* monitor, ServingMetrics* metrics, Admission* admission)
+    : options_(std::move(options)),
+      tokenizer_(tokenizer),
+      mesh_(mesh),
+      monitor_(monitor),
+      metrics_(metrics),
+      admission_(admission),
+      created_(static_cast<int64_t>(std::time(nullptr))) {}
+
+void OpenAiServer::Handle(std::shared_ptr<HttpExchange> exchange) {
+  Context ctx;
+  ctx.arrival_s = SteadySeconds();
+  std::string given(exchange->request()["X-Request-Id"]);
+  ctx.request_id = UsableRequestId(given) ? given : RandomHex(16);
+  ctx.headers.emplace_back("X-Request-Id", ctx.request_id);
+  ctx.handler = "other";
+  const std::string method(exchange->request().method_string());
+  try {
+    Route(exchange, ctx);
+    if (ctx.handler != "generation") metrics_->CountHttpRequest(ctx.handler, method, 200);
+  } catch (const ApiError& e) {
+    if (e.status >= 500 || e.status == 429) spdlog::warn("request {}: {} {}", ctx.request_id, e.status, e.what());
+    metrics_->CountHttpRequest(ctx.handler, method, e.status);
+    HeaderList headers = ctx.headers;
+    if (e.status == 401) headers.emplace_back("WWW-Authenticate", "Bearer");
+    exchange->Respond(e.status, "application/json", ErrorBody(e), headers);
+  } catch (const std::exception& e) {
+    spdlog::error("request {}: internal error: {}", ctx.request_id, e.what());
+    metrics_->CountHttpRequest(ctx.handler, method, 500);
+    exchange->Respond(500, "application/json", ErrorBody(500, std::string("internal error: ") + e.what()),
+                      ctx.headers);
+  }
+}
+
+void OpenAiServer::Route(std::shared_ptr<HttpExchange>& exchange, Context& ctx) {
+  const auto& req = exchange->request();
+  std::string target(req.target());
+  std::string path = target.substr(0, target.find('?'));
+  const auto method = req.method();
+  auto require = [&](http::verb v) {
+    if (method != v)
+      throw ApiError(405, "method " + std::string(req.method_string()) + " not allowed on " + path,
+                     "invalid_request_error");
+  };
+  if (path.rfind("/v1/", 0) == 0) CheckApiKey(req);
+  if (path == "/v1/chat/completions" || path == "/v1/completions") {
+    ctx.handler = path;
+    require(http::verb::post);
+    ctx.handler = "generation";
+    return Generation(exchange, ctx, path == "/v1/chat/completions");
+  }
+  if (path == "/v1/models" || path.rfind("/v1/models/", 0) == 0) {
+    ctx.handler = "/v1/models";
+    require(http::verb::get);
+    return Models(exchange, ctx, path);
+  }
+  if (path == "/health") {
+    ctx.handler = path;
+    require(http::verb::get);
+    return Health(exchange, ctx);
+  }
+  if (path == "/metrics") {
+    ctx.handler = path;
+    require(http::verb::get);
+    return Metrics(exchange, ctx);
+  }
+  if (path == "/tokenize") {
+    ctx.handler = path;
+    require(http::verb::post);
+    return Tokenize(exchange, ctx);
+  }
+  if (path == "/detokenize") {
+    ctx.handler = path;
+    require(http::verb::post);
+    return Detokenize(exchange, ctx);
+  }
+  throw ApiError(404, "no such endpoint: " + path, "not_found_error");
+}
+
+void OpenAiServer::CheckApiKey(const HttpRequest& request) const {
+  if (options_.api_keys.empty()) return;
+  std::string auth(request[http::field::authorization]);
+  const std::string prefix = "bearer ";
+  if (auth.size() > prefix.size() && boost::beast::iequals(auth.substr(0, prefix.size()), prefix)) {
+    std::string key = auth.substr(prefix.size());
+    if (options_.api_keys.count(key)) return;
+    throw ApiError(401, "invalid API key", "authentication_error", std::nullopt, std::string("invalid_api_key"));
+  }
+  throw ApiError(401, "missing API key: send 'Authorization: Bearer <key>'", "authentication_error", std::nullopt,
+                 std::string("invalid_api_key"));
+}
+
+StatsResponse OpenAiServer::RequireReady() const {
+  if (!monitor_->ready()) {
+    metrics_->CountRejected("not_ready");
+    throw ApiError(503, "the mesh is not ready: " + monitor_->not_ready_reason(), "unavailable_error");
+  }
+  auto stats = monitor_->last_stats();
+  if (!stats) throw ApiError(503, "the mesh is not ready: no coordinator figures yet", "unavailable_error");
+  return *stats;
+}
+
+void OpenAiServer::Generation(std::shared_ptr<HttpExchange>& exchange, Context& ctx, bool chat) {
+  ojson body = ParseBody(exchange->request());
+  RequestOptions options = ParseRequestOptions(body, chat);
+  if (!options.model.empty() && options.model != options_.served_model_name)
+    throw ApiError(404, "The model `" + options.model + "` does not exist.", "not_found_error",
+                   std::string("model"), std::string("model_not_found"));
+  if (!options.ignored_fields.empty()) {
+    std::string list;
+    for (const auto& f : options.ignored_fields) list += (list.empty() ? "" : ", ") + f;
+    spdlog::warn("request {}: the following fields were present in the request but ignored: {}", ctx.request_id, list);
+  }
+
+  GenerationJob job;
+  job.chat = chat;
+  if (chat) {
+    if (!body.contains("messages")) throw BadRequest("'messages' is required", "messages");
+    if (auto tc = body.find("tool_choice"); tc != body.end() && !tc->is_null()) {
+      if (!tc->is_string() || (*tc != "auto" && *tc != "none"))
+        throw BadRequest("tool_choice must be 'auto' or 'none': forcing a tool needs constrained decoding, "
+                         "which the mesh does not have",
+                         "tool_choice");
+      if (*tc == "none") body.erase("tools");
+    }
+    ChatRequest chat_request;
+    std::string prompt;
+    try {
+      chat_request = ParseChatRequest(body);
+      prompt = RenderChatPrompt(options_.chat_format, chat_request);
+    } catch (const ChatFormatError& e) {
+      throw BadRequest(e.what(), "messages");
+    }
+    job.thinking = chat_request.thinking && options_.chat_format == ChatFormat::kDeepSeekV4;
+    job.prompt_ids = tokenizer_->Encode(prompt, /*add_special_tokens=*/false);  // the prompt has its BOS
+  } else {
+    auto it = body.find("prompt");
+    if (it == body.end() || it->is_null()) throw BadRequest("'prompt' is required", "prompt");
+    const ojson* prompt = &*it;
+    if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) prompt = &(*prompt)[0];
+    if (prompt->is_string()) {
+      bool add_special = true;
+      if (auto a = body.find("add_special_tokens"); a != body.end() && a->is_boolean()) add_special = a->get<bool>();
+      job.prompt_ids = tokenizer_->Encode(prompt->get<std::string>(), add_special);
+    } else if (prompt->is_array() && !prompt->empty() && (*prompt)[0].is_number_integer()) {
+      for (const auto& t : *prompt) {
+        if (!t.is_number_integer() || t.get<long long>() < 0 || t.get<long long>() >= tokenizer_->vocab_size())
+          throw BadRequest("'prompt' token ids must be integers in [0, " + std::to_string(tokenizer_->vocab_size()) +
+                               ")",
+                           "prompt");
+        job.prompt_ids.push_back(t.get<int>());
+      }
+    } else if (prompt->is_array()) {
+      throw BadRequest("'prompt' must be a string, an array of one string, or an array of token ids "
+                       "(batched prompts are not supported)",
+                       "prompt");
+    } else {
+      throw BadRequest("'prompt' must be a string or an array of token ids", "prompt");
+    }
+  }
+  if (job.prompt_ids.empty()) throw BadRequest("the prompt is empty", chat ? "messages" : "prompt");
+
+  StatsResponse stats = RequireReady();
+  const int max_len = stats.max_model_len();
+  const int prompt_len = static_cast<int>(job.prompt_ids.size());
+  if (max_len > 0) {
+    if (prompt_len >= max_len)
+      throw BadRequest("This model's maximum context length is " + std::to_string(max_len) +
+                           " tokens. However, your prompt has " + std::to_string(prompt_len) +
+                           " tokens, which leaves no room for the completion. Please reduce the length of the " +
+                           (chat ? "messages." : "prompt."),
+                       chat ? "messages" : "prompt", std::string("context_length_exceeded"));
+    if (options.max_tokens && static_cast<long long>(prompt_len) + *options.max_tokens > max_len)
+      throw BadRequest("This model's maximum context length is " + std::to_string(max_len) +
+                           " tokens. However, you requested " +
+                           std::to_string(static_cast<long long>(prompt_len) + *options.max_tokens) + " tokens (" +
+                           std::to_string(prompt_len) + " in the " + (chat ? "messages" : "prompt") + ", " +
+                           std::to_string(*options.max_tokens) +
+                           " in the completion). Please reduce the length of the " + (chat ? "messages" : "prompt") +
+                           " or completion.",
+                       "max_tokens", std::string("context_length_exceeded"));
+    job.max_tokens = options.max_tokens.value_or(max_len - prompt_len);
+  } else {
+    job.max_tokens = options.max_tokens.value_or(0);
+  }
+
+  auto ticket = admission_->TryAdmit(std::max(1, stats.max_num_seqs()));
+  if (!ticket) {
+    metrics_->CountRejected("queue_full");
+    throw ApiError(429,
+                   "the server is overloaded: " + std::to_string(admission_->in_flight()) +
+                       " requests in flight, limit " + std::to_string(stats.max_num_seqs()) + " running + " +
+                       std::to_string(admission_->max_queued()) + " queued (--max-queued); retry later",
+                   "rate_limit_error", std::nullopt, std::string("queue_full"));
+  }
+  if (options.request_id) spdlog::debug("request {}: body request_id {}", ctx.request_id, *options.request_id);
+  if (auto p = body.find("priority"); p != body.end() && p->is_number_integer()) job.priority = p->get<int>();
+  job.options = std::move(options);
+  job.request_id = ctx.request_id;
+  job.response_id = (chat ? "chatcmpl-" : "cmpl-") + ctx.request_id;
+  job.model_name = options_.served_model_name;
+  job.arrival_s = ctx.arrival_s;
+  job.response_headers = ctx.headers;
+  metrics_->CountHttpRequest(chat ? "/v1/chat/completions" : "/v1/completions", "POST", 200);
+  StartGeneration(exchange, GenerationServices{tokenizer_, mesh_, metrics_}, std::move(job), std::move(ticket));
+}
+
+void OpenAiServer::Models(std::shared_ptr<HttpExchange>& exchange, Context& ctx, const std::string& path) {
+  auto stats = monitor_->last_stats();
+  json card = {{"id", options_.served_model_name},
+               {"object", "model"},
+               {"created", created_},
+               {"owned_by", "dsmesh"},
+               {"root", options_.model_dir},
+               {"parent", nullptr},
+               {"permission", json::array()}};
+  if (stats && stats->max_model_len() > 0) card["max_model_len"] = stats->max_model_len();
+  if (path == "/v1/models") {
+    exchange->Respond(200, "application/json", Dump({{"object", "list"}, {"data", json::array({card})}}), ctx.headers);
+    return;
+  }
+  std::string id = path.substr(std::string("/v1/models/").size());
+  if (id != options_.served_model_name)
+    throw ApiError(404, "The model `" + id + "` does not exist.", "not_found_error", std::string("model"),
+                   std::string("model_not_found"));
+  exchange->Respond(200, "application/json", Dump(card), ctx.headers);
+}
+
+void OpenAiServer::Health(std::shared_ptr<HttpExchange>& exchange, Context& ctx) {
+  if (monitor_->ready()) {
+    exchange->Respond(200, "application/json", Dump({{"status", "ok"}}), ctx.headers);
+    return;
+  }
+  std::string status = monitor_->draining() ? "draining" : "unavailable";
+  exchange->Respond(503, "application/json", Dump({{"status", status}, {"reason", monitor_->not_ready_reason()}}),
+                    ctx.headers);
+}
+
+void OpenAiServer::Metrics(std::shared_ptr<HttpExchange>& exchange, Context& ctx) {
+  // Fresh coordinator figures per scrape (counters must not lag behind the requests just served).
+  auto stats = mesh_->Stats(std::chrono::milliseconds(1000));
+  exchange->Respond(200, "text/plain; version=0.0.4; charset=utf-8", metrics_->Render(stats, admission_->in_flight()),
+                    ctx.headers);
+}
+
+void OpenAiServer::Tokenize(std::shared_ptr<HttpExchange>& exchange, Context& ctx) {
+  ojson body = ParseBody(exchange->request());
+  if (auto m = body.find("model"); m != body.end() && m->is_string() && *m != options_.served_model_name)
+    throw ApiError(404, "The model `" + m->get<std::string>() + "` does not exist.", "not_found_error",
+                   std::string("model"), std::string("model_not_found"));
+  std::vector<int> ids;
+  if (body.contains("messages")) {
+    std::string prompt;
+    try {
+      prompt = RenderChatPrompt(options_.chat_format, ParseChatRequest(body));
+    } catch (const ChatFormatError& e) {
+      throw BadRequest(e.what(), "messages");
+    }
+    ids = tokenizer_->Encode(prompt, false);
+  } else {
+    auto p = body.find("prompt");
+    if (p == body.end() || !p->is_string()) throw BadRequest("'prompt' (a string) or 'messages' is required", "prompt");
+    bool add_special = true;
+    if (auto a = body.find("add_special_tokens"); a != body.end()) {
+      if (!a->is_boolean()) throw BadRequest("'add_special_tokens' must be a boolean", "add_special_tokens");
+      add_special = a->get<bool>();
+    }
+    ids = tokenizer_->Encode(p->get<std::string>(), add_special);
+  }
+  json out = {{"count", ids.size()}, {"tokens", ids}, {"token_strs", nullptr}};
+  auto stats = monitor_->last_stats();
+  out["max_model_len"] = stats ? stats->max_model_len() : 0;
+  exchange->Respond(200, "application/json", Dump(out), ctx.headers);
+}
+
+void OpenAiServer::Detokenize(std::shared_ptr<HttpExchange>& exchange, Context& ctx) {
+  ojson body = ParseBody(exchange->request());
+  auto t = body.find("tokens");
+  if (t == body.end() || !t->is_array()) throw BadRequest("'tokens' (an array of token ids) is required", "tokens");
+  std::vector<int> ids;
+  for (const auto& e : *t) {
+    if (!e.is_number_integer() || e.get<long long>() < 0 || e.get<long long>() >= tokenizer_->vocab_size())
+      throw BadRequest("'tokens' must hold token ids in [0, " + std::to_string(tokenizer_->vocab_size()) + ")",
+                       "tokens");
+    ids.push_back(e.get<int>());
+  }
+  exchange->Respond(200, "application/json", Dump({{"prompt", tokenizer_->Decode(ids)}}), ctx.headers);
+}
+
+}  // namespace dsmesh

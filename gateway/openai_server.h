@@ -1,0 +1,56 @@
+// The OpenAI-compatible surface of the gateway: routing, API keys, request ids, and the handlers
+// for /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics, /tokenize, /detokenize.
+// Generation itself is in generation_session.h; HTTP mechanics in http_server.h.
+#pragma once
+
+#include <memory>
+#include <set>
+#include <string>
+
+#include "common/chat/chat_format.h"
+#include "common/tokenizer/tokenizer.h"
+#include "gateway/admission.h"
+#include "gateway/http_server.h"
+#include "gateway/mesh_client.h"
+#include "gateway/mesh_monitor.h"
+#include "gateway/serving_metrics.h"
+
+namespace dsmesh {
+
+struct OpenAiServerOptions {
+  std::string served_model_name;
+  std::string model_dir;
+  std::set<std::string> api_keys;  // empty: no authentication
+  ChatFormat chat_format = ChatFormat::kDeepSeekV4;
+};
+
+class OpenAiServer {
+ public:
+  OpenAiServer(OpenAiServerOptions options, std::shared_ptr<const Tokenizer> tokenizer, MeshClient* mesh, MeshMonitor* monitor,
+               ServingMetrics* metrics, Admission* admission);
+
+  void Handle(std::shared_ptr<HttpExchange> exchange);
+
+ private:
+  struct Context;  // one request's id, headers, arrival time
+  void Route(std::shared_ptr<HttpExchange>& exchange, Context& ctx);
+  void Generation(std::shared_ptr<HttpExchange>& exchange, Context& ctx, bool chat);
+  void Models(std::shared_ptr<HttpExchange>& exchange, Context& ctx, const std::string& path);
+  void Health(std::shared_ptr<HttpExchange>& exchange, Context& ctx);
+  void Metrics(std::shared_ptr<HttpExchange>& exchange, Context& ctx);
+  void Tokenize(std::shared_ptr<HttpExchange>& exchange, Context& ctx);
+  void Detokenize(std::shared_ptr<HttpExchange>& exchange, Context& ctx);
+  void CheckApiKey(const HttpRequest& request) const;
+  // Stats for limits (max_model_len, max_num_seqs); throws 503 when the mesh is not ready.
+  StatsResponse RequireReady() const;
+
+  OpenAiServerOptions options_;
+  std::shared_ptr<const Tokenizer> tokenizer_;
+  MeshClient* mesh_;
+  MeshMonitor* monitor_;
+  ServingMetrics* metrics_;
+  Admission* admission_;
+  const int64_t created_;
+};
+
+}  // namespace dsmesh

@@ -1,0 +1,171 @@
+#include "gateway/request_options.h"
+
+#include <cmath>
+#include <limits>
+#include <set>
+
+#include "gateway/api_error.h"
+
+namespace dsmesh {
+
+namespace {
+
+using json = nlohmann::ordered_json;
+
+const json* Find(const json& body, const char* name) {
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+double Number(const json& body, const char* name, double fallback, double lo, double hi) {
+  const json* v = Find(body, name);
+  if (!v) return fallback;
+  if (!v->is_number()) throw BadRequest(std::string("'") + name + "' must be a number", name);
+  double d = v->get<double>();
+  if (!std::isfinite(d) || d < lo || d > hi)
+    throw BadRequest(std::string("'") + name + "' must be between " + std::to_string(lo) + " and " +
+                         std::to_string(hi) + ", got " + v->dump(),
+                     name);
+  return d;
+}
+
+std::optional<long long> Integer(const json& body, const char* name, long long lo, long long hi) {
+  const json* v = Find(body, name);
+  if (!v) return std::nullopt;
+  bool integral = v->is_number_integer() || (v->is_number_float() && std::isfinite(v->get<double>()) &&
+                                             std::floor(v->get<double>()) == v->get<double>() &&
+                                             std::fabs(v->get<double>()) < 9.2e18);
+  if (!integral) throw BadRequest(std::string("'") + name + "' must be an integer", name);
+  if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<long long>::max()))
+    throw BadRequest(std::string("'") + name + "' is out of range: " + v->dump(), name);
+  long long x = v->is_number_float() ? static_cast<long long>(v->get<double>()) : v->get<long long>();
+  if (x < lo || x > hi)
+    throw BadRequest(std::string("'") + name + "' must be between " + std::to_string(lo) + " and " +
+                         std::to_string(hi) + ", got " + v->dump(),
+                     name);
+  return x;
+}
+
+bool Bool(const json& body, const char* name, bool fallback) {
+  const json* v = Find(body, name);
+  if (!v) return fallback;
+  if (!v->is_boolean()) throw BadRequest(std::string("'") + name + "' must be a boolean", name);
+  return v->get<bool>();
+}
+
+// Fields this gateway reads or knowingly accepts; anything else is reported as ignored.
+const std::set<std::string> kKnownFields = {
+    "model", "messages", "prompt", "stream", "stream_options", "max_tokens", "max_completion_tokens",
+    "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "n", "logprobs", "top_logprobs",
+    "presence_penalty", "frequency_penalty", "repetition_penalty", "ignore_eos", "response_format", "tools",
+    "tool_choice", "parallel_tool_calls", "chat_template_kwargs", "reasoning_effort", "add_generation_prompt",
+    "skip_special_tokens", "echo", "user", "request_id", "priority", "best_of", "suffix", "logit_bias",
+    "include_stop_str_in_output", "add_special_tokens", "metadata", "store", "service_tier"};
+
+}  // namespace
+
+RequestOptions ParseRequestOptions(const json& body, bool chat) {
+  if (!body.is_object()) throw BadRequest("the request body must be a JSON object");
+  RequestOptions r;
+  for (const auto& [key, value] : body.items())
+    if (!kKnownFields.count(key)) r.ignored_fields.push_back(key);
+
+  if (const json* m = Find(body, "model")) {
+    if (!m->is_string()) throw BadRequest("'model' must be a string", "model");
+    r.model = m->get<std::string>();
+  }
+  r.stream = Bool(body, "stream", false);
+  if (const json* so = Find(body, "stream_options")) {
+    if (!so->is_object()) throw BadRequest("'stream_options' must be an object", "stream_options");
+    if (!r.stream) throw BadRequest("'stream_options' is only allowed when 'stream' is true", "stream_options");
+    r.include_usage = Bool(*so, "include_usage", false);
+    r.continuous_usage_stats = Bool(*so, "continuous_usage_stats", false);
+  }
+  auto max_completion = Integer(body, "max_completion_tokens", 1, std::numeric_limits<int>::max());
+  auto max_tokens = Integer(body, "max_tokens", 1, std::numeric_limits<int>::max());
+  if (max_completion) r.max_tokens = static_cast<int>(*max_completion);
+  else if (max_tokens) r.max_tokens = static_cast<int>(*max_tokens);
+
+  auto n = Integer(body, "n", 1, std::numeric_limits<int>::max());
+  if (n && *n != 1) throw BadRequest("'n' must be 1: several choices per request are not supported", "n");
+  auto best_of = Integer(body, "best_of", 1, std::numeric_limits<int>::max());
+  if (best_of && *best_of != 1) throw BadRequest("'best_of' must be 1: not supported", "best_of");
+  if (const json* s = Find(body, "suffix"))
+    if (!s->is_string() || !s->get<std::string>().empty())
+      throw BadRequest("'suffix' is not supported", "suffix");
+
+  SamplingParams& s = r.sampling;
+  s.set_temperature(static_cast<float>(Number(body, "temperature", 1.0, 0.0, 2.0)));
+  s.set_top_p(static_cast<float>(Number(body, "top_p", 1.0, 0.0, 1.0)));
+  if (Find(body, "top_p") && s.top_p() <= 0) throw BadRequest("'top_p' must be in (0, 1]", "top_p");
+  s.set_top_k(static_cast<int>(Integer(body, "top_k", -1, std::numeric_limits<int>::max()).value_or(-1)));
+  s.set_min_p(static_cast<float>(Number(body, "min_p", 0.0, 0.0, 1.0)));
+  s.set_presence_penalty(static_cast<float>(Number(body, "presence_penalty", 0.0, -2.0, 2.0)));
+  s.set_frequency_penalty(static_cast<float>(Number(body, "frequency_penalty", 0.0, -2.0, 2.0)));
+  s.set_repetition_penalty(static_cast<float>(Number(body, "repetition_penalty", 1.0, 0.0, 100.0)));
+  if (Find(body, "repetition_penalty") && s.repetition_penalty() <= 0)
+    throw BadRequest("'repetition_penalty' must be greater than 0", "repetition_penalty");
+  if (auto seed = Integer(body, "seed", std::numeric_limits<long long>::min(), std::numeric_limits<long long>::max()))
+    s.set_seed(static_cast<uint64_t>(*seed));
+  s.set_ignore_eos(Bool(body, "ignore_eos", false));
+  r.skip_special_tokens = Bool(body, "skip_special_tokens", true);
+
+  if (const json* stop = Find(body, "stop")) {
+    if (stop->is_string()) {
+      r.stop_strings.push_back(stop->get<std::string>());
+    } else if (stop->is_array()) {
+      if (stop->size() > 16) throw BadRequest("'stop' allows at most 16 sequences", "stop");
+      for (const auto& e : *stop) {
+        if (!e.is_string()) throw BadRequest("'stop' must be a string or an array of strings", "stop");
+        r.stop_strings.push_back(e.get<std::string>());
+      }
+    } else {
+      throw BadRequest("'stop' must be a string or an array of strings", "stop");
+    }
+    for (const auto& st : r.stop_strings)
+      if (st.empty()) throw BadRequest("'stop' sequences must not be empty", "stop");
+  }
+  if (const json* ids = Find(body, "stop_token_ids")) {
+    if (!ids->is_array()) throw BadRequest("'stop_token_ids' must be an array of integers", "stop_token_ids");
+    for (const auto& e : *ids) {
+      if (!e.is_number_integer() || e.get<long long>() < 0 || e.get<long long>() > std::numeric_limits<int>::max())
+        throw BadRequest("'stop_token_ids' must be an array of non-negative integers", "stop_token_ids");
+      s.add_stop_token_ids(e.get<int>());
+    }
+  }
+
+  if (chat) {
+    r.logprobs = Bool(body, "logprobs", false);
+    r.top_logprobs = static_cast<int>(Integer(body, "top_logprobs", 0, 20).value_or(0));
+    if (r.top_logprobs > 0 && !r.logprobs)
+      throw BadRequest("'top_logprobs' requires 'logprobs' to be true", "top_logprobs");
+  } else {
+    auto lp = Integer(body, "logprobs", 0, 20);
+    r.logprobs = lp.has_value();
+    r.top_logprobs = static_cast<int>(lp.value_or(0));
+    r.echo = Bool(body, "echo", false);
+    if (r.echo) throw BadRequest("'echo' is not supported", "echo");
+  }
+  s.set_want_logprobs(r.logprobs);
+  s.set_logprobs(r.top_logprobs);
+
+  if (const json* rf = Find(body, "response_format")) {
+    if (!rf->is_object() || !rf->contains("type") || !(*rf)["type"].is_string())
+      throw BadRequest("'response_format' must be an object with a string 'type'", "response_format");
+    std::string type = (*rf)["type"].get<std::string>();
+    if (type != "text")
+      throw BadRequest("response_format type '" + type +
+                           "' is not supported: the mesh has no constrained decoding; only 'text' is accepted",
+                       "response_format");
+  }
+  if (const json* rid = Find(body, "request_id")) {
+    if (!rid->is_string()) throw BadRequest("'request_id' must be a string", "request_id");
+    r.request_id = rid->get<std::string>();
+  }
+  if (auto prio = Integer(body, "priority", std::numeric_limits<int>::min(), std::numeric_limits<int>::max()))
+    (void)prio;  // passed on by the caller from the body when set
+  return r;
+}
+
+}  // namespace dsmesh

@@ -1,0 +1,36 @@
+// The generation parameters of an OpenAI chat/completions request body, validated: every field of a
+// wrong type or out of range is a 400 naming the field (the JSON library's own exceptions never reach
+// the client). Fields that only shape the prompt (messages, tools, chat_template_kwargs) are parsed by
+// common/chat; unknown fields are ignored and logged, as vLLM does.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "proto/mesh.pb.h"
+
+namespace dsmesh {
+
+struct RequestOptions {
+  std::string model;
+  bool stream = false;
+  bool include_usage = false;             // stream_options.include_usage
+  bool continuous_usage_stats = false;    // stream_options.continuous_usage_stats (vLLM)
+  std::optional<int> max_tokens;          // max_completion_tokens or max_tokens
+  std::vector<std::string> stop_strings;  // stop
+  SamplingParams sampling;                // temperature, top_p, ..., stop_token_ids, logprobs
+  bool logprobs = false;                  // chat: logprobs=true; completions: logprobs=N given
+  int top_logprobs = 0;
+  bool skip_special_tokens = true;
+  bool echo = false;                      // completions only
+  std::optional<std::string> request_id;  // body "request_id" (vLLM extension)
+  std::vector<std::string> ignored_fields;
+};
+
+// `chat` selects chat-completions rules (logprobs bool + top_logprobs) over completions rules
+// (logprobs integer). Throws ApiError(400).
+RequestOptions ParseRequestOptions(const nlohmann::ordered_json& body, bool chat);
+
+}  // namespace dsmesh

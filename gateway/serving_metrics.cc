@@ -1,0 +1,158 @@
+#include "gateway/serving_metrics.h"
+
+namespace dsmesh {
+
+namespace {
+
+// Bucket bounds copied as numbers from vLLM's loggers.py (facts, not code).
+const std::vector<double> kTtftBuckets = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+                                          1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
+const std::vector<double> kItlBuckets = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
+                                         0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
+const std::vector<double> kRequestLatencyBuckets = {0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
+                                                    30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+
+}  // namespace
+
+ServingMetrics::ServingMetrics(std::string model_name, int max_model_len)
+    : model_name_(std::move(model_name)),
+      ttft_(kTtftBuckets),
+      itl_(kItlBuckets),
+      e2e_(kRequestLatencyBuckets),
+      queue_(kRequestLatencyBuckets),
+      inference_(kRequestLatencyBuckets),
+      prefill_(kRequestLatencyBuckets),
+      decode_(kRequestLatencyBuckets),
+      prompt_len_(Buckets125(max_model_len)),
+      generation_len_(Buckets125(max_model_len)),
+      max_tokens_param_(Buckets125(max_model_len)) {
+  for (const char* reason : {"stop", "length", "abort", "error"}) request_success_[reason];
+  for (const char* reason : {"queue_full", "not_ready"}) rejected_[reason];
+}
+
+void ServingMetrics::ObserveInterTokenLatency(double seconds) { itl_.Observe(seconds); }
+
+void ServingMetrics::ObserveFinished(const FinishedRequestFigures& f) {
+  prompt_tokens_.Add(f.prompt_tokens);
+  generation_tokens_.Add(f.generation_tokens);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    request_success_[f.finished_reason].Add(1);
+  }
+  if (f.ttft_s) ttft_.Observe(*f.ttft_s);
+  e2e_.Observe(f.e2e_s);
+  if (f.queue_s) {
+    queue_.Observe(*f.queue_s);
+    inference_.Observe(std::max(0.0, f.e2e_s - *f.queue_s));
+  }
+  if (f.prefill_s) prefill_.Observe(*f.prefill_s);
+  if (f.decode_s) decode_.Observe(*f.decode_s);
+  prompt_len_.Observe(f.prompt_tokens);
+  generation_len_.Observe(f.generation_tokens);
+  if (f.max_tokens_param > 0) max_tokens_param_.Observe(f.max_tokens_param);
+}
+
+void ServingMetrics::CountHttpRequest(const std::string& handler, const std::string& method, int status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  http_requests_[{handler, method, status}].Add(1);
+}
+
+void ServingMetrics::CountRejected(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  rejected_[reason].Add(1);
+}
+
+std::string ServingMetrics::Render(const std::optional<StatsResponse>& stats, int gateway_in_flight) const {
+  std::string out;
+  const Labels base = Base();
+  auto gauge = [&](const std::string& name, const std::string& help, double v) {
+    PromFamilyHeader(name, "gauge", help, &out);
+    PromSample(name, base, v, &out);
+  };
+  auto counter = [&](const std::string& name, const std::string& help, double v) {
+    PromFamilyHeader(name, "counter", help, &out);
+    PromSample(name + "_total", base, v, &out);
+  };
+  auto histogram = [&](const std::string& name, const std::string& help, const Histogram& h) {
+    PromFamilyHeader(name, "histogram", help, &out);
+    h.Render(name, base, &out);
+  };
+
+  gauge("dsmesh:coordinator_up", "1 when the coordinator answered the Stats RPC for this scrape.", stats ? 1 : 0);
+  gauge("dsmesh:gateway_requests_in_flight", "Requests this gateway has admitted and not finished.",
+        gateway_in_flight);
+  if (stats) {
+    gauge("vllm:num_requests_running", "Number of requests in model execution batches.", stats->num_requests_running());
+    gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", stats->num_requests_waiting());
+    gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", stats->kv_cache_usage_perc());
+    counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
+            stats->prefix_cache_queries());
+    counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
+            stats->prefix_cache_hits());
+    counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", stats->spec_decode_num_drafts());
+    counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", stats->spec_decode_num_draft_tokens());
+    counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
+            stats->spec_decode_num_accepted_tokens());
+    PromFamilyHeader("vllm:spec_decode_num_accepted_tokens_per_pos", "counter",
+                     "Accepted tokens per draft position.", &out);
+    for (int pos = 0; pos < stats->spec_decode_num_accepted_tokens_per_pos_size(); ++pos) {
+      Labels l = base;
+      l.emplace_back("position", std::to_string(pos));
+      PromSample("vllm:spec_decode_num_accepted_tokens_per_pos_total", l,
+                 stats->spec_decode_num_accepted_tokens_per_pos(pos), &out);
+    }
+    PromFamilyHeader("dsmesh:worker_step_time_seconds", "counter", "Time workers spent executing steps, per rank.",
+                     &out);
+    for (const auto& w : stats->workers())
+      PromSample("dsmesh:worker_step_time_seconds_total", {{"model_name", model_name_}, {"rank", std::to_string(w.rank())}},
+                 w.step_time_seconds_sum(), &out);
+    PromFamilyHeader("dsmesh:worker_steps", "counter", "Steps executed, per worker rank.", &out);
+    for (const auto& w : stats->workers())
+      PromSample("dsmesh:worker_steps_total", {{"model_name", model_name_}, {"rank", std::to_string(w.rank())}},
+                 w.step_count(), &out);
+    PromFamilyHeader("dsmesh:worker_collective_time_seconds", "counter",
+                     "Time workers spent in collectives (all-reduce etc.), per rank.", &out);
+    for (const auto& w : stats->workers())
+      PromSample("dsmesh:worker_collective_time_seconds_total",
+                 {{"model_name", model_name_}, {"rank", std::to_string(w.rank())}}, w.collective_time_seconds_sum(),
+                 &out);
+  }
+  counter("vllm:prompt_tokens", "Number of prefill tokens processed.", prompt_tokens_.value());
+  counter("vllm:generation_tokens", "Number of generation tokens processed.", generation_tokens_.value());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    PromFamilyHeader("vllm:request_success", "counter", "Count of successfully processed requests.", &out);
+    for (const auto& [reason, c] : request_success_) {
+      Labels l = base;
+      l.emplace_back("finished_reason", reason);
+      PromSample("vllm:request_success_total", l, c.value(), &out);
+    }
+    PromFamilyHeader("dsmesh:requests_rejected", "counter", "Requests refused before reaching the mesh, by reason.",
+                     &out);
+    for (const auto& [reason, c] : rejected_) {
+      Labels l = base;
+      l.emplace_back("reason", reason);
+      PromSample("dsmesh:requests_rejected_total", l, c.value(), &out);
+    }
+    PromFamilyHeader("dsmesh:http_requests", "counter", "HTTP requests by handler, method and status.", &out);
+    for (const auto& [key, c] : http_requests_) {
+      const auto& [handler, method, status] = key;
+      PromSample("dsmesh:http_requests_total",
+                 {{"handler", handler}, {"method", method}, {"status", std::to_string(status)}}, c.value(), &out);
+    }
+  }
+  histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", ttft_);
+  histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", itl_);
+  histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", e2e_);
+  histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", queue_);
+  histogram("vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.",
+            inference_);
+  histogram("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", prefill_);
+  histogram("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", decode_);
+  histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", prompt_len_);
+  histogram("vllm:request_generation_tokens", "Number of generation tokens processed.", generation_len_);
+  histogram("vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", max_tokens_param_);
+  return out;
+}
+
+}  // namespace dsmesh

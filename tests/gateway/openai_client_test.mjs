@@ -1,0 +1,283 @@
+// The gateway driven by the official `openai` npm client (and raw fetch where byte-level framing
+// matters), against the parrot Generate fixture: the reply is whatever the last user message says,
+// so each case scripts the "model output" and checks how the gateway turns it into OpenAI objects.
+import { assert, assertEq, loadOpenAI, metricsText, metricValue, rawStream, runCases, startMesh } from './harness.mjs';
+
+const OpenAI = await loadOpenAI();
+const MODEL = 'dsmesh-test';
+
+const client = (mesh, opts = {}) => new OpenAI({ baseURL: mesh.url, apiKey: opts.apiKey ?? 'unused', maxRetries: 0, ...opts });
+
+async function tokenCount(mesh, text) {
+  const r = await fetch(`${mesh.base}/tokenize`, { method: 'POST', body: JSON.stringify({ prompt: text, add_special_tokens: false }) });
+  const j = await r.json();
+  return j.count;
+}
+
+async function collect(stream) {
+  const chunks = [];
+  for await (const c of stream) chunks.push(c);
+  return chunks;
+}
+
+const DSML_CALL = '\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n' +
+  '<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n' +
+  '<｜DSML｜parameter name="days" string="false">3</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>';
+const TOOLS = [{ type: 'function', function: { name: 'get_weather', description: 'Weather for a city',
+  parameters: { type: 'object', properties: { city: { type: 'string' }, days: { type: 'integer' } }, required: ['city'] } } }];
+
+async function expectError(promise, status, re) {
+  try {
+    await promise;
+  } catch (e) {
+    assertEq(e.status, status, `status of ${e.message}`);
+    if (re) assert(re.test(e.message), `error message ${JSON.stringify(e.message)} matches ${re}`);
+    assert(e.error && typeof e.error.message === 'string', 'OpenAI error body has error.message');
+    return e;
+  }
+  throw new Error(`expected HTTP ${status}, got success`);
+}
+
+const cases = [
+  ['models lists the served model', async ({ mesh }) => {
+    const list = await client(mesh).models.list();
+    assertEq(list.data.map((m) => m.id), [MODEL], 'model ids');
+    assertEq(list.data[0].object, 'model', 'object');
+    const one = await client(mesh).models.retrieve(MODEL);
+    assertEq(one.id, MODEL, 'retrieve');
+    await expectError(client(mesh).models.retrieve('nope'), 404);
+  }],
+
+  ['chat: reasoning_content, content, usage from engine counts', async ({ mesh }) => {
+    const said = 'Let me think about it.</think>The answer is 42.';
+    const r = await client(mesh).chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: said }], temperature: 0 });
+    assertEq(r.object, 'chat.completion', 'object');
+    assert(r.id.startsWith('chatcmpl-'), 'id prefix');
+    const m = r.choices[0].message;
+    assertEq(m.role, 'assistant', 'role');
+    assertEq(m.reasoning_content, 'Let me think about it.', 'reasoning_content');
+    assertEq(m.content, 'The answer is 42.', 'content');
+    assertEq(r.choices[0].finish_reason, 'stop', 'finish_reason');
+    // The parrot emits the user text's tokens, then EOS: the engine counted len + 1.
+    assertEq(r.usage.completion_tokens, (await tokenCount(mesh, said)) + 1, 'completion_tokens');
+    const tk = await (await fetch(`${mesh.base}/tokenize`, { method: 'POST', body: JSON.stringify({ messages: [{ role: 'user', content: said }] }) })).json();
+    assertEq(r.usage.prompt_tokens, tk.count, 'prompt_tokens = /tokenize of the messages');
+    assertEq(r.usage.total_tokens, r.usage.prompt_tokens + r.usage.completion_tokens, 'total');
+  }],
+
+  ['chat stream: role first, deltas, include_usage chunk, SSE framing', async ({ mesh }) => {
+    const said = 'Thinking step.</think>Streaming works fine.';
+    const body = { model: MODEL, messages: [{ role: 'user', content: said }], stream: true, stream_options: { include_usage: true }, temperature: 0 };
+    const chunks = await collect(await client(mesh).chat.completions.create(body));
+    assertEq(chunks[0].choices[0].delta.role, 'assistant', 'first chunk carries the role');
+    let reasoning = '', content = '', finish = null;
+    for (const c of chunks) {
+      assertEq(c.object, 'chat.completion.chunk', 'chunk object');
+      for (const ch of c.choices) {
+        reasoning += ch.delta.reasoning_content ?? '';
+        content += ch.delta.content ?? '';
+        if (ch.finish_reason) finish = ch.finish_reason;
+      }
+    }
+    assertEq(reasoning, 'Thinking step.', 'streamed reasoning');
+    assertEq(content, 'Streaming works fine.', 'streamed content');
+    assertEq(finish, 'stop', 'finish_reason');
+    const last = chunks[chunks.length - 1];
+    assertEq(last.choices, [], 'usage chunk has empty choices');
+    assertEq(last.usage.completion_tokens, (await tokenCount(mesh, said)) + 1, 'usage from engine counts');
+    for (const c of chunks.slice(0, -1)) assertEq(c.usage, null, 'usage null before the last chunk');
+    const raw = await rawStream(`${mesh.url}/chat/completions`, body);
+    assertEq(raw.status, 200, 'status');
+    assert(raw.headers.get('content-type').startsWith('text/event-stream'), 'content-type');
+    const events = raw.text.split('\n\n');
+    assertEq(events.pop(), '', 'stream ends with a blank line');
+    assertEq(events.pop(), 'data: [DONE]', 'last event is [DONE]');
+    for (const e of events) {
+      assert(e.startsWith('data: {') && !e.includes('\n'), `event framing: ${JSON.stringify(e.slice(0, 80))}`);
+      JSON.parse(e.slice(6));
+    }
+  }],
+
+  ['usage counts tokens, not chunks (several tokens per engine step)', async ({ spec }) => {
+    const said = 'one two three four five six seven eight nine ten eleven twelve';
+    const chunks = await collect(await client(spec).chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: said }],
+      stream: true, stream_options: { include_usage: true }, chat_template_kwargs: { thinking: false } }));
+    const contentChunks = chunks.filter((c) => c.choices.length && c.choices[0].delta.content).length;
+    const usage = chunks[chunks.length - 1].usage;
+    assertEq(usage.completion_tokens, (await tokenCount(spec, said)) + 1, 'completion tokens');
+    assert(contentChunks < usage.completion_tokens, `fewer chunks (${contentChunks}) than tokens (${usage.completion_tokens})`);
+  }],
+
+  ['chat with thinking off: everything is content', async ({ mesh }) => {
+    const r = await client(mesh).chat.completions.create({ model: MODEL, messages: [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Hello there.' }], temperature: 0,
+      chat_template_kwargs: { thinking: false } });
+    assertEq(r.choices[0].message.content, 'Hello there.', 'content');
+    assert(!r.choices[0].message.reasoning_content, 'no reasoning');
+  }],
+
+  ['stop strings (non-stream and stream), stop_reason', async ({ mesh }) => {
+    const messages = [{ role: 'user', content: 'alpha beta gamma delta' }];
+    const r = await client(mesh).chat.completions.create({ model: MODEL, messages, stop: ['gamma'], temperature: 0, chat_template_kwargs: { thinking: false } });
+    assertEq(r.choices[0].message.content, 'alpha beta ', 'text before the stop string');
+    assertEq(r.choices[0].finish_reason, 'stop', 'finish_reason');
+    assertEq(r.choices[0].stop_reason, 'gamma', 'stop_reason');
+    const chunks = await collect(await client(mesh).chat.completions.create({ model: MODEL, messages, stop: 'delta', stream: true, temperature: 0, chat_template_kwargs: { thinking: false } }));
+    assertEq(chunks.map((c) => c.choices[0]?.delta.content ?? '').join(''), 'alpha beta gamma ', 'streamed text before stop');
+    assertEq(chunks[chunks.length - 1].choices[0].finish_reason, 'stop', 'stream finish_reason');
+  }],
+
+  ['max_tokens and max_completion_tokens -> length', async ({ mesh }) => {
+    const messages = [{ role: 'user', content: 'a b c d e f g h i j k l m n o p' }];
+    const r = await client(mesh).chat.completions.create({ model: MODEL, messages, max_tokens: 3, temperature: 0, chat_template_kwargs: { thinking: false } });
+    assertEq(r.choices[0].finish_reason, 'length', 'finish_reason');
+    assertEq(r.usage.completion_tokens, 3, 'completion tokens');
+    const r2 = await client(mesh).chat.completions.create({ model: MODEL, messages, max_completion_tokens: 5, chat_template_kwargs: { thinking: false } });
+    assertEq(r2.usage.completion_tokens, 5, 'max_completion_tokens');
+  }],
+
+  ['seeds: same seed same output, other seed other output', async ({ mesh }) => {
+    const messages = [{ role: 'user', content: 'the quick brown fox jumps over the lazy dog again and again' }];
+    const run = async (seed) => (await client(mesh).chat.completions.create({ model: MODEL, messages, temperature: 0.9, seed, chat_template_kwargs: { thinking: false } })).choices[0].message.content;
+    const a = await run(7), b = await run(7), c = await run(8);
+    assertEq(a, b, 'same seed');
+    assert(a !== c, 'different seed gives different output');
+  }],
+
+  ['tools: DSML output becomes tool_calls (non-stream and stream)', async ({ mesh }) => {
+    const messages = [{ role: 'user', content: `I will check.${DSML_CALL}` }];
+    const r = await client(mesh).chat.completions.create({ model: MODEL, messages, tools: TOOLS, temperature: 0, chat_template_kwargs: { thinking: false } });
+    const ch = r.choices[0];
+    assertEq(ch.finish_reason, 'tool_calls', 'finish_reason');
+    assertEq(ch.message.content, 'I will check.', 'content before the call');
+    assertEq(ch.message.tool_calls.length, 1, 'one call');
+    assertEq(ch.message.tool_calls[0].type, 'function', 'type');
+    assertEq(ch.message.tool_calls[0].function.name, 'get_weather', 'name');
+    assertEq(JSON.parse(ch.message.tool_calls[0].function.arguments), { city: 'Paris', days: 3 }, 'arguments');
+    assert(ch.message.tool_calls[0].id.length > 0, 'call id');
+    const chunks = await collect(await client(mesh).chat.completions.create({ model: MODEL, messages, tools: TOOLS, stream: true, temperature: 0, chat_template_kwargs: { thinking: false } }));
+    let name = '', args = '', id = '', finish = null;
+    for (const c of chunks) for (const choice of c.choices) {
+      for (const tc of choice.delta.tool_calls ?? []) { name += tc.function?.name ?? ''; args += tc.function?.arguments ?? ''; id += tc.id ?? ''; }
+      if (choice.finish_reason) finish = choice.finish_reason;
+    }
+    assertEq(name, 'get_weather', 'streamed name');
+    assertEq(JSON.parse(args), { city: 'Paris', days: 3 }, 'streamed arguments');
+    assert(id.startsWith('call_'), 'streamed id');
+    assertEq(finish, 'tool_calls', 'streamed finish_reason');
+    // The conversation continues with the tool result (renders; parrot answers the last user turn).
+    const r3 = await client(mesh).chat.completions.create({ model: MODEL, tools: TOOLS, chat_template_kwargs: { thinking: false }, messages: [
+      ...messages, ch.message, { role: 'tool', tool_call_id: ch.message.tool_calls[0].id, content: '{"temp": 21}' }] });
+    assertEq(r3.object, 'chat.completion', 'tool round trip accepted');
+  }],
+
+  ['completions: string and token-id prompts, stream with usage', async ({ mesh }) => {
+    const r = await client(mesh).completions.create({ model: MODEL, prompt: 'Once upon a time', max_tokens: 50, temperature: 0 });
+    assertEq(r.object, 'text_completion', 'object');
+    assertEq(r.choices[0].text, 'Once upon a time', 'text (the parrot echoes the prompt after BOS)');
+    assertEq(r.choices[0].finish_reason, 'stop', 'finish');
+    const ids = (await (await fetch(`${mesh.base}/tokenize`, { method: 'POST', body: JSON.stringify({ prompt: 'Hello world' }) })).json()).tokens;
+    const r2 = await client(mesh).completions.create({ model: MODEL, prompt: ids, max_tokens: 50, temperature: 0 });
+    assertEq(r2.choices[0].text, 'Hello world', 'token-id prompt');
+    assertEq(r2.usage.prompt_tokens, ids.length, 'prompt tokens');
+    const chunks = await collect(await client(mesh).completions.create({ model: MODEL, prompt: 'Streaming completion', stream: true, temperature: 0, stream_options: { include_usage: true } }));
+    assertEq(chunks.map((c) => c.choices[0]?.text ?? '').join(''), 'Streaming completion', 'streamed text');
+    assertEq(chunks[chunks.length - 1].choices, [], 'usage chunk');
+    assert(chunks[chunks.length - 1].usage.completion_tokens > 0, 'usage');
+  }],
+
+  ['logprobs and top_logprobs', async ({ mesh }) => {
+    const r = await client(mesh).chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: 'red green blue' }], logprobs: true, top_logprobs: 2, chat_template_kwargs: { thinking: false } });
+    const lp = r.choices[0].logprobs.content;
+    assert(lp.length >= 3, 'one entry per token');
+    for (const e of lp) {
+      assert(typeof e.token === 'string' && typeof e.logprob === 'number' && Array.isArray(e.bytes), 'entry shape');
+      assertEq(e.top_logprobs.length, 2, 'top_logprobs count');
+    }
+    const c = await client(mesh).completions.create({ model: MODEL, prompt: 'red green blue', logprobs: 1 });
+    assert(c.choices[0].logprobs.tokens.length >= 3, 'completions logprobs tokens');
+  }],
+
+  ['X-Request-Id is honored, echoed and used as the response id', async ({ mesh }) => {
+    const { data, response } = await client(mesh).chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: 'hi' }] },
+      { headers: { 'X-Request-Id': 'test-req-123' } }).withResponse();
+    assertEq(response.headers.get('x-request-id'), 'test-req-123', 'echoed');
+    assertEq(data.id, 'chatcmpl-test-req-123', 'response id');
+    const { response: r2 } = await client(mesh).models.list().withResponse();
+    assert(/^[0-9a-f]{32}$/.test(r2.headers.get('x-request-id')), 'generated when absent');
+  }],
+
+  ['errors: OpenAI bodies and status codes', async ({ mesh }) => {
+    const c = client(mesh);
+    const msg = [{ role: 'user', content: 'hi' }];
+    await expectError(c.chat.completions.create({ model: 'other-model', messages: msg }), 404, /does not exist/);
+    await expectError(c.chat.completions.create({ model: MODEL, messages: msg, n: 2 }), 400, /'n'/);
+    await expectError(c.chat.completions.create({ model: MODEL, messages: msg, temperature: 'hot' }), 400, /temperature/);
+    await expectError(c.chat.completions.create({ model: MODEL, messages: msg, temperature: 5 }), 400, /temperature/);
+    await expectError(c.chat.completions.create({ model: MODEL, messages: msg, top_logprobs: 3 }), 400, /logprobs/);
+    await expectError(c.chat.completions.create({ model: MODEL }), 400, /messages/);
+    await expectError(c.chat.completions.create({ model: MODEL, messages: [{ role: 'wizard', content: 'x' }] }), 400);
+    await expectError(c.chat.completions.create({ model: MODEL, messages: msg, response_format: { type: 'json_object' } }), 400, /response_format/);
+    await expectError(c.chat.completions.create({ model: MODEL, messages: msg, stream: false, stream_options: { include_usage: true } }), 400);
+    const e = await expectError(c.chat.completions.create({ model: MODEL, messages: msg, max_tokens: 10000 }), 400, /maximum context length is 4096 tokens.*you requested \d+ tokens \(\d+ in the messages, 10000 in the completion\)/);
+    assertEq(e.code, 'context_length_exceeded', 'code');
+    await expectError(c.completions.create({ model: MODEL, prompt: 'x '.repeat(5000) }), 400, /maximum context length is 4096/);
+    await expectError(c.completions.create({ model: MODEL, prompt: [1, 2, 99999999] }), 400, /token ids/);
+    // Raw HTTP: malformed JSON, wrong method, unknown path, empty body.
+    const post = (p, body, h = {}) => fetch(`${mesh.base}${p}`, { method: 'POST', headers: { 'content-type': 'application/json', ...h }, body });
+    let r = await post('/v1/chat/completions', '{"model": "dsmesh-test", "messages": [');
+    assertEq(r.status, 400, 'truncated JSON');
+    assert((await r.json()).error.message.includes('malformed JSON'), 'malformed JSON message');
+    r = await fetch(`${mesh.base}/v1/nope`);
+    assertEq(r.status, 404, 'unknown path');
+    assertEq((await r.json()).error.type, 'not_found_error', 'not found type');
+    r = await fetch(`${mesh.base}/v1/chat/completions`);
+    assertEq(r.status, 405, 'GET on a POST endpoint');
+    r = await post('/v1/completions', '');
+    assertEq(r.status, 400, 'empty body');
+    r = await post('/v1/completions', JSON.stringify({ prompt: 'x', pad: 'y'.repeat(1200000) }));
+    assertEq(r.status, 413, 'oversized body');
+    assert((await r.json()).error.message.includes('exceeds the limit'), '413 message');
+  }],
+
+  ['tokenize / detokenize (vLLM shape)', async ({ mesh }) => {
+    const t = await (await fetch(`${mesh.base}/tokenize`, { method: 'POST', body: JSON.stringify({ model: MODEL, prompt: 'Hello, 世界!' }) })).json();
+    assertEq(t.count, t.tokens.length, 'count');
+    assertEq(t.max_model_len, 4096, 'max_model_len');
+    const d = await (await fetch(`${mesh.base}/detokenize`, { method: 'POST', body: JSON.stringify({ tokens: t.tokens }) })).json();
+    assert(d.prompt.endsWith('Hello, 世界!'), `round trip: ${d.prompt}`);
+    const bad = await fetch(`${mesh.base}/detokenize`, { method: 'POST', body: JSON.stringify({ tokens: [-1] }) });
+    assertEq(bad.status, 400, 'bad id');
+  }],
+
+  ['client disconnect aborts the request in the mesh and frees its slot', async ({ slow }) => {
+    const controller = new AbortController();
+    const text = Array.from({ length: 200 }, (_, i) => `w${i}`).join(' ');
+    const stream = await client(slow).chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: text }], stream: true,
+      chat_template_kwargs: { thinking: false } }, { signal: controller.signal });
+    let seen = 0;
+    try {
+      for await (const c of stream) { if (++seen === 3) controller.abort(); }
+    } catch (e) { /* aborted */ }
+    assert(seen >= 3, 'received some chunks');
+    const deadline = Date.now() + 3000;
+    let running, aborts;
+    while (Date.now() < deadline) {
+      const m = await metricsText(slow.base);
+      running = metricValue(m, 'vllm:num_requests_running{model_name="dsmesh-test",engine="0"}');
+      aborts = metricValue(m, 'vllm:request_success_total{model_name="dsmesh-test",engine="0",finished_reason="abort"}');
+      if (running === 0 && aborts >= 1) break;
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    assertEq(running, 0, 'the slot is free (num_requests_running)');
+    assert(aborts >= 1, 'counted as abort');
+  }],
+];
+
+await runCases(cases, {
+  setup: async () => ({
+    mesh: await startMesh({ extraGatewayArgs: ['--max-body-bytes', '1000000'] }),
+    spec: await startMesh({ tokensPerStep: 3 }),
+    slow: await startMesh({ stepMs: 50 }),
+  }),
+  teardown: async (ctx) => { for (const m of Object.values(ctx)) await m.stop(); },
+});
