@@ -1,0 +1,202 @@
+// Device building blocks shared by the EXL3 kernels: codebooks, per-lane trellis tile decode into
+// mma.m16n8k16 B fragments, the 128-point Hadamard on one warp, and the cp.async/mma wrappers.
+//
+// CPU references for every piece live in kernels/exl3/ (codebook.h, trellis.h, exl3_linear.h); the
+// format is exl3-format.md §2-§3. Everything here is header-only device code included by the .cu files.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cstdint>
+
+namespace dsmesh::exl3cuda {
+
+constexpr int kCb3Inst = 0, kCbMcg = 1, kCbMul1 = 2;
+
+// ---------------------------------------------------------------------------------------------------
+// Codebooks (§2.5). Two states -> one half2 (low half = first state), which is exactly one B-fragment
+// register of mma.m16n8k16.
+
+__device__ __forceinline__ uint32_t Lop3MaskXor(uint32_t x) {
+  // (x AND 0x8FFF8FFF) XOR 0x3B603B60 in one instruction (LUT 0x6A = (a & b) ^ c).
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0x6A;" : "=r"(r) : "r"(x), "n"(0x8FFF8FFF), "n"(0x3B603B60));
+  return r;
+}
+
+template <int CB>
+__device__ __forceinline__ uint32_t DecodePair(uint32_t s0, uint32_t s1) {
+  if constexpr (CB == kCbMul1) {
+    const uint32_t x0 = s0 * 0x83DCD12Du, x1 = s1 * 0x83DCD12Du;
+    // 0x6400 + byte sum = fp16 bits of 1024 + b; then one fma with k_inv and k_bias.
+    const uint32_t b0 = __dp4a(x0, 0x01010101u, 0x6400u), b1 = __dp4a(x1, 0x01010101u, 0x6400u);
+    const uint32_t packed = __byte_perm(b0, b1, 0x5410);
+    const half2 h = *reinterpret_cast<const half2*>(&packed);
+    const half2 r = __hfma2(h, __halves2half2(__ushort_as_half(0x1EEE), __ushort_as_half(0x1EEE)),
+                            __halves2half2(__ushort_as_half(0xC931), __ushort_as_half(0xC931)));
+    return *reinterpret_cast<const uint32_t*>(&r);
+  } else {
+    uint32_t x0, x1;
+    if constexpr (CB == kCb3Inst) {
+      x0 = s0 * 89226354u + 64248484u;
+      x1 = s1 * 89226354u + 64248484u;
+    } else {
+      x0 = s0 * 0xCBAC1FEDu;
+      x1 = s1 * 0xCBAC1FEDu;
+    }
+    x0 = Lop3MaskXor(x0);
+    x1 = Lop3MaskXor(x1);
+    const uint32_t lo = __byte_perm(x0, x1, 0x5410), hi = __byte_perm(x0, x1, 0x7632);
+    const half2 r = __hadd2(*reinterpret_cast<const half2*>(&lo), *reinterpret_cast<const half2*>(&hi));
+    return *reinterpret_cast<const uint32_t*>(&r);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Trellis tile decode (§2.2-2.4). A tile is 8K little-endian 32-bit words; lane q owns sequence
+// positions 8q..8q+7, whose 16-bit states are windows of the MSB-first stream ending at bits
+// (8q+1)K .. (8q+8)K. Those bits start at b0 = (8q+1)K - 16 (mod 256K, tail-biting) and span 7K+16 <= 72
+// bits, always inside three consecutive words w[i0], w[i0+1], w[i0+2] (mod 8K). Per lane, i0..i2 and the
+// bit offset r0 = b0 mod 32 are constants; after shifting the three words left by r0 every state sits
+// at a compile-time offset tK.
+
+struct LaneTileGeom {
+  int i0, i1, i2;  // word indices within a tile
+  int r0;          // bit offset of the first window inside word i0
+};
+
+template <int K>
+__device__ __forceinline__ LaneTileGeom MakeLaneTileGeom(int lane) {
+  const int words = 8 * K;
+  const int b0 = (8 * lane * K + K - 16 + 256 * K) % (256 * K);
+  LaneTileGeom g;
+  g.i0 = b0 >> 5;
+  g.r0 = b0 & 31;
+  g.i1 = g.i0 + 1 >= words ? g.i0 + 1 - words : g.i0 + 1;
+  g.i2 = g.i0 + 2 >= words ? g.i0 + 2 - words : g.i0 + 2;
+  return g;
+}
+
+// State at compile-time offset O of the normalized 96-bit stream A:B:C (MSB first).
+template <int O>
+__device__ __forceinline__ uint32_t Window16(uint32_t a, uint32_t b, uint32_t c) {
+  if constexpr (O + 16 <= 32) {
+    return (a >> (16 - O)) & 0xFFFFu;
+  } else if constexpr (O < 32) {
+    return __funnelshift_r(b, a, 48 - O) & 0xFFFFu;
+  } else if constexpr (O + 16 <= 64) {
+    return (b >> (48 - O)) & 0xFFFFu;
+  } else {
+    return __funnelshift_r(c, b, 80 - O) & 0xFFFFu;
+  }
+}
+
+// Decodes this lane's 8 weights of one tile (words in shared memory) into four half2 registers:
+// frag[0], frag[1] = B fragment (b0, b1) of tile columns 0-7; frag[2], frag[3] = columns 8-15.
+template <int K, int CB>
+__device__ __forceinline__ void DecodeTileLane(const uint32_t* tile, const LaneTileGeom& g, uint32_t frag[4]) {
+  const uint32_t w0 = tile[g.i0], w1 = tile[g.i1], w2 = tile[g.i2];
+  const uint32_t a = __funnelshift_l(w1, w0, g.r0);
+  const uint32_t b = __funnelshift_l(w2, w1, g.r0);
+  const uint32_t c = w2 << g.r0;  // only needed for K >= 7
+  frag[0] = DecodePair<CB>(Window16<0 * K>(a, b, c), Window16<1 * K>(a, b, c));
+  frag[1] = DecodePair<CB>(Window16<2 * K>(a, b, c), Window16<3 * K>(a, b, c));
+  frag[2] = DecodePair<CB>(Window16<4 * K>(a, b, c), Window16<5 * K>(a, b, c));
+  frag[3] = DecodePair<CB>(Window16<6 * K>(a, b, c), Window16<7 * K>(a, b, c));
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Tensor-core MMA: C (16x8, fp32) += A (16x16 fp16, row) * B (16x8 fp16, col).
+
+__device__ __forceinline__ void Mma16816(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// ---------------------------------------------------------------------------------------------------
+// cp.async (global -> shared, 16 bytes, L2 only: trellis words are read exactly once).
+
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// ---------------------------------------------------------------------------------------------------
+// 128-point Hadamard on one warp (§3.3): lane l holds elements 4l..4l+3. Butterflies in fp32: strides
+// 1 and 2 inside the lane, 4..64 across lanes (XOR shuffles 1..16); lower index gets a+b, upper a-b.
+// The caller applies the scale 0.088388347648f (1/sqrt(128) as exllamav3 spells it).
+
+constexpr float kHadScale = 0.088388347648f;
+
+__device__ __forceinline__ void Hadamard128Warp(float v[4], int lane) {
+  float t0 = v[0] + v[1], t1 = v[0] - v[1], t2 = v[2] + v[3], t3 = v[2] - v[3];
+  v[0] = t0 + t2;
+  v[2] = t0 - t2;
+  v[1] = t1 + t3;
+  v[3] = t1 - t3;
+#pragma unroll
+  for (int mask = 1; mask < 32; mask <<= 1) {
+    const bool upper = lane & mask;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float p = __shfl_xor_sync(0xFFFFFFFFu, v[i], mask);
+      v[i] = upper ? p - v[i] : v[i] + p;
+    }
+  }
+}
+
+// Input side: fp16 x * fp16 suh (one __hmul2 rounding), Hadamard in fp32, scale, round to fp16.
+// Writes 4 fp16 values (8 bytes) to dst (8-byte aligned).
+__device__ __forceinline__ void InputHadamard128(const __half* x4, const __half* suh4, __half* dst4, int lane) {
+  const uint2 xr = *reinterpret_cast<const uint2*>(x4);
+  const uint2 sr = *reinterpret_cast<const uint2*>(suh4);
+  const half2 p0 = __hmul2(*reinterpret_cast<const half2*>(&xr.x), *reinterpret_cast<const half2*>(&sr.x));
+  const half2 p1 = __hmul2(*reinterpret_cast<const half2*>(&xr.y), *reinterpret_cast<const half2*>(&sr.y));
+  float v[4] = {__low2float(p0), __high2float(p0), __low2float(p1), __high2float(p1)};
+  Hadamard128Warp(v, lane);
+  const half2 o0 = __floats2half2_rn(v[0] * kHadScale, v[1] * kHadScale);
+  const half2 o1 = __floats2half2_rn(v[2] * kHadScale, v[3] * kHadScale);
+  uint2 out;
+  out.x = *reinterpret_cast<const uint32_t*>(&o0);
+  out.y = *reinterpret_cast<const uint32_t*>(&o1);
+  *reinterpret_cast<uint2*>(dst4) = out;
+}
+
+// Same, for fp32 input already multiplied by nothing: v holds the lane's 4 fp32 values; applies fp16
+// suh (as float) first. Used for the intermediate activation of the routed experts.
+__device__ __forceinline__ void InputHadamard128F32(float v[4], const __half* suh4, __half* dst4, int lane) {
+  const uint2 sr = *reinterpret_cast<const uint2*>(suh4);
+  const half2 s0 = *reinterpret_cast<const half2*>(&sr.x), s1 = *reinterpret_cast<const half2*>(&sr.y);
+  // Same rounding as the fp16 path: the activation is rounded to fp16 first, then one fp16 multiply.
+  const half2 a0 = __floats2half2_rn(v[0], v[1]), a1 = __floats2half2_rn(v[2], v[3]);
+  const half2 p0 = __hmul2(a0, s0), p1 = __hmul2(a1, s1);
+  float w[4] = {__low2float(p0), __high2float(p0), __low2float(p1), __high2float(p1)};
+  Hadamard128Warp(w, lane);
+  const half2 o0 = __floats2half2_rn(w[0] * kHadScale, w[1] * kHadScale);
+  const half2 o1 = __floats2half2_rn(w[2] * kHadScale, w[3] * kHadScale);
+  uint2 out;
+  out.x = *reinterpret_cast<const uint32_t*>(&o0);
+  out.y = *reinterpret_cast<const uint32_t*>(&o1);
+  *reinterpret_cast<uint2*>(dst4) = out;
+}
+
+// Output side (exllamav3 had_ff): fp32 in, Hadamard, scale, times float(svh), fp32 out, in place.
+__device__ __forceinline__ void OutputHadamard128(float v[4], const __half* svh4, int lane) {
+  Hadamard128Warp(v, lane);
+  const uint2 sr = *reinterpret_cast<const uint2*>(svh4);
+  const half2 s0 = *reinterpret_cast<const half2*>(&sr.x), s1 = *reinterpret_cast<const half2*>(&sr.y);
+  v[0] = v[0] * kHadScale * __low2float(s0);
+  v[1] = v[1] * kHadScale * __high2float(s0);
+  v[2] = v[2] * kHadScale * __low2float(s1);
+  v[3] = v[3] * kHadScale * __high2float(s1);
+}
+
+}  // namespace dsmesh::exl3cuda

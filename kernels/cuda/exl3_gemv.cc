@@ -1,0 +1,130 @@
+#include "kernels/cuda/exl3_gemv.h"
+
+#include <algorithm>
+#include <mutex>
+#include <stdexcept>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/exl3_gemv_params.h"
+
+namespace dsmesh {
+namespace {
+
+void PrepareKernelsOnce() {
+  // Raising the dynamic shared-memory limit is a per-function attribute, set once per process and
+  // device before any launch (never inside a capture).
+  static std::mutex mu;
+  static bool done[64] = {};
+  int dev = 0;
+  CudaCheck(cudaGetDevice(&dev), "cudaGetDevice");
+  std::lock_guard<std::mutex> lock(mu);
+  if (dev < 64 && done[dev]) return;
+  CudaCheck(static_cast<cudaError_t>(exl3cuda::PrepareGemv3Inst()), "EXL3 GEMV (3inst) setup");
+  CudaCheck(static_cast<cudaError_t>(exl3cuda::PrepareGemvMcg()), "EXL3 GEMV (mcg) setup");
+  CudaCheck(static_cast<cudaError_t>(exl3cuda::PrepareGemvMul1()), "EXL3 GEMV (mul1) setup");
+  if (dev < 64) done[dev] = true;
+}
+
+bool Aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
+
+}  // namespace
+
+Exl3GemvWorkspace::Exl3GemvWorkspace(size_t partial_bytes) : partial_bytes_(partial_bytes) {
+  CudaCheck(cudaGetDevice(&device_), "cudaGetDevice");
+  CudaCheck(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_), "SM count");
+  PrepareKernelsOnce();
+  num_counters_ = 1 << 14;
+  CudaCheck(cudaMalloc(&partial_, partial_bytes_), "Exl3GemvWorkspace partial buffer");
+  CudaCheck(cudaMalloc(&counters_, num_counters_ * sizeof(int)), "Exl3GemvWorkspace counters");
+  CudaCheck(cudaMemset(counters_, 0, num_counters_ * sizeof(int)), "Exl3GemvWorkspace counters");
+  CudaCheck(cudaDeviceSynchronize(), "Exl3GemvWorkspace init");
+}
+
+Exl3GemvWorkspace::~Exl3GemvWorkspace() {
+  cudaFree(partial_);
+  cudaFree(counters_);
+}
+
+int Exl3GemvSplits(int64_t k, int64_t n, int num_sms) {
+  const int64_t strips = n / 128, nblk = k / 128;
+  // Two resident CTAs per SM; aim for about one full wave, and at most 8 input blocks per CTA (the
+  // activation slice lives in shared memory).
+  const int64_t target = 2 * static_cast<int64_t>(num_sms);
+  int64_t splits = std::max<int64_t>(1, (target + strips / 2) / strips);
+  splits = std::min(splits, nblk);
+  splits = std::max(splits, (nblk + exl3cuda::kGemvMaxBlocksPerSplit - 1) / exl3cuda::kGemvMaxBlocksPerSplit);
+  return static_cast<int>(splits);
+}
+
+void Exl3Gemv(const Exl3DeviceLinear& w, const uint16_t* x, int m, void* y, Exl3Out out, Exl3GemvWorkspace& ws,
+              cudaStream_t stream) {
+  const std::string who = "EXL3 GEMV '" + w.name + "'";
+  if (w.K < 1 || w.K > 8) throw std::runtime_error(who + ": K = " + std::to_string(w.K) + " (must be 1..8)");
+  if (w.codebook < 0 || w.codebook > 2) throw std::runtime_error(who + ": unknown codebook " + std::to_string(w.codebook));
+  if (w.k <= 0 || w.n <= 0 || w.k % 128 || w.n % 128)
+    throw std::runtime_error(who + ": k = " + std::to_string(w.k) + ", n = " + std::to_string(w.n) +
+                             " (both must be positive multiples of 128)");
+  if (m < 1 || m > kExl3GemvMaxRows)
+    throw std::runtime_error(who + ": m = " + std::to_string(m) + " rows (the GEMV takes 1..16)");
+  if (!w.trellis || !w.suh || !w.svh || !x || !y) throw std::runtime_error(who + ": null device pointer");
+  if (!Aligned(w.trellis, 16) || !Aligned(w.suh, 8) || !Aligned(w.svh, 8) || !Aligned(x, 8) || !Aligned(y, 16))
+    throw std::runtime_error(who + ": misaligned pointer (trellis and y need 16 bytes, x/suh/svh 8)");
+  int dev = 0;
+  CudaCheck(cudaGetDevice(&dev), "cudaGetDevice");
+  if (dev != ws.device_)
+    throw std::runtime_error(who + ": workspace belongs to device " + std::to_string(ws.device_) +
+                             ", current device is " + std::to_string(dev));
+  if (!ws.bound_) {
+    ws.bound_ = true;
+    ws.stream_ = stream;
+  } else if (ws.stream_ != stream) {
+    throw std::runtime_error(who + ": workspace is bound to another stream; use one Exl3GemvWorkspace per stream");
+  }
+
+  exl3cuda::GemvParams p{};
+  p.x = x;
+  p.trellis = w.trellis;
+  p.suh = w.suh;
+  p.svh = w.svh;
+  p.y = y;
+  p.m = m;
+  p.k = static_cast<int>(w.k);
+  p.n = static_cast<int>(w.n);
+  p.splits = Exl3GemvSplits(w.k, w.n, ws.num_sms_);
+  p.y_fp16 = out == Exl3Out::kF16;
+  if (p.splits > 1) {
+    const size_t need = static_cast<size_t>(p.splits) * m * w.n * sizeof(float);
+    if (need > ws.partial_bytes_)
+      throw std::runtime_error(who + ": needs " + std::to_string(need) + " bytes of split-K scratch, workspace has " +
+                               std::to_string(ws.partial_bytes_));
+    if (w.n / 128 > ws.num_counters_) throw std::runtime_error(who + ": n too large for the workspace counters");
+    p.partial = ws.partial_;
+    p.counters = ws.counters_;
+  }
+  const int grid_x = static_cast<int>(w.n / 128);
+  int err = 0;
+  switch (w.codebook) {
+    case 0: err = exl3cuda::LaunchGemv3Inst(w.K, p, grid_x, p.splits, stream); break;
+    case 1: err = exl3cuda::LaunchGemvMcg(w.K, p, grid_x, p.splits, stream); break;
+    default: err = exl3cuda::LaunchGemvMul1(w.K, p, grid_x, p.splits, stream); break;
+  }
+  CudaCheck(static_cast<cudaError_t>(err), who + " launch");
+}
+
+void Exl3Reconstruct(const Exl3DeviceLinear& w, uint16_t* what, cudaStream_t stream) {
+  const std::string who = "EXL3 reconstruct '" + w.name + "'";
+  if (w.K < 1 || w.K > 8 || w.codebook < 0 || w.codebook > 2 || w.k <= 0 || w.n <= 0 || w.k % 16 || w.n % 16)
+    throw std::runtime_error(who + ": bad K, codebook or shape");
+  if (!w.trellis || !what) throw std::runtime_error(who + ": null device pointer");
+  if (!Aligned(w.trellis, 4)) throw std::runtime_error(who + ": trellis must be 4-byte aligned");
+  int err = 0;
+  const int k = static_cast<int>(w.k), n = static_cast<int>(w.n);
+  switch (w.codebook) {
+    case 0: err = exl3cuda::LaunchReconstruct3Inst(w.K, w.trellis, what, k, n, stream); break;
+    case 1: err = exl3cuda::LaunchReconstructMcg(w.K, w.trellis, what, k, n, stream); break;
+    default: err = exl3cuda::LaunchReconstructMul1(w.K, w.trellis, what, k, n, stream); break;
+  }
+  CudaCheck(static_cast<cudaError_t>(err), who + " launch");
+}
+
+}  // namespace dsmesh

@@ -1,0 +1,74 @@
+// Dense EXL3 linear on the GPU for decode-sized inputs: y[m, n] = x[m, k] W with m = 1..16, any K 1..8,
+// any of the three codebooks, both Hadamard transforms fused into one launch (exl3-format.md §3.2).
+//
+//   Exl3GemvWorkspace ws;                       // once per stream, before any CUDA-graph capture
+//   Exl3Gemv(linear, x_fp16, m, y, Exl3Out::kF32, ws, stream);
+//
+// The launch allocates nothing, synchronizes nothing and tunes nothing, so it may be captured into a
+// CUDA graph. Results are bitwise reproducible (no float atomics; split-K partials are summed in a
+// fixed order). CPU reference: kernels/exl3/exl3_linear.h (Exl3LinearCpu).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace dsmesh {
+
+// A quantized linear whose tensors already live in device memory (owned by the caller).
+struct Exl3DeviceLinear {
+  int64_t k = 0, n = 0;               // padded sizes, multiples of 128
+  int K = 0;                          // bits per weight, 1..8
+  int codebook = 0;                   // 0 = 3INST, 1 = MCG, 2 = MUL1 (the order of Exl3Codebook)
+  const uint16_t* trellis = nullptr;  // int16 [k/16, n/16, 16K], 16-byte aligned
+  const uint16_t* suh = nullptr;      // fp16 [k]
+  const uint16_t* svh = nullptr;      // fp16 [n]
+  std::string name;                   // for error messages
+};
+
+enum class Exl3Out { kF32, kF16 };
+
+// Split-K scratch (partial sums and per-strip arrival counters). One per stream: a workspace is bound
+// to the first stream it is used on, and using it on another stream throws (two launches sharing the
+// counters at the same time would corrupt each other).
+class Exl3GemvWorkspace {
+ public:
+  // Allocates on the current device; `partial_bytes` bounds splits * m * n * 4.
+  explicit Exl3GemvWorkspace(size_t partial_bytes = 16u << 20);
+  ~Exl3GemvWorkspace();
+  Exl3GemvWorkspace(const Exl3GemvWorkspace&) = delete;
+  Exl3GemvWorkspace& operator=(const Exl3GemvWorkspace&) = delete;
+
+  int device() const { return device_; }
+  int num_sms() const { return num_sms_; }
+
+ private:
+  friend void Exl3Gemv(const Exl3DeviceLinear&, const uint16_t*, int, void*, Exl3Out, Exl3GemvWorkspace&,
+                       cudaStream_t);
+  float* partial_ = nullptr;
+  size_t partial_bytes_ = 0;
+  int* counters_ = nullptr;
+  int num_counters_ = 0;
+  int device_ = 0, num_sms_ = 0;
+  bool bound_ = false;
+  cudaStream_t stream_ = nullptr;
+};
+
+// Largest m the GEMV handles.
+constexpr int kExl3GemvMaxRows = 16;
+
+// How the launch is cut: number of k-splits for (k, n) on `num_sms` multiprocessors.
+int Exl3GemvSplits(int64_t k, int64_t n, int num_sms);
+
+// y[m, n] (fp32 or fp16, row-major) = x[m, k] (fp16 bit patterns, row-major) W. Throws
+// std::runtime_error naming the linear on bad shapes, pointers, alignment or a launch error.
+void Exl3Gemv(const Exl3DeviceLinear& w, const uint16_t* x, int m, void* y, Exl3Out out, Exl3GemvWorkspace& ws,
+              cudaStream_t stream);
+
+// Ŵ, the rotated-basis weight (fp16 bit patterns, [k, n] row-major, device memory), bit-exact with
+// exllamav3's `reconstruct`. Uses the GEMV's own per-lane tile decode.
+void Exl3Reconstruct(const Exl3DeviceLinear& w, uint16_t* what, cudaStream_t stream);
+
+}  // namespace dsmesh

@@ -1,0 +1,177 @@
+// The dense EXL3 GEMV kernel: y[m, n] = x[m, k] W for m <= 16, both Hadamard transforms fused.
+//
+// Grid (n / 128, splits). CTA (strip, split) owns output columns [128 strip, 128 strip + 128) and input
+// channels of whole 128-blocks [kb0, kb1). It
+//   1. starts streaming its trellis tiles (cp.async ring),
+//   2. computes its slice of x' = Hk (x * suh) into shared memory (fp16, the MMA A operand),
+//   3. decodes and multiplies (TileGemv), reducing the 8 warps' k-splits in a fixed order,
+//   4. with one split: applies the output Hadamard and svh and writes y; with several: writes its fp32
+//      partial, and the last CTA to arrive on the strip (atomic counter) sums all partials in split
+//      order 0..S-1, so the result does not depend on arrival order, applies the output Hadamard and
+//      resets the counter for the next launch. No float atomics: outputs are bitwise reproducible.
+#pragma once
+
+#include "kernels/cuda/exl3_gemv_params.h"
+#include "kernels/cuda/exl3_tile_gemv.cuh"
+
+namespace dsmesh::exl3cuda {
+
+
+template <int K, int CB>
+__global__ void __launch_bounds__(kThreads, 2) Exl3GemvKernel(const GemvParams p) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  using Core = TileGemv<K, CB, 1>;
+  uint8_t* ring = smem;
+  __half* act = reinterpret_cast<__half*>(smem + RingBytes(K));
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int strip = blockIdx.x, split = blockIdx.y;
+  const int nblk = p.k >> 7;
+  const int kb0 = split * nblk / p.splits, kb1 = (split + 1) * nblk / p.splits;
+  const int nb = kb1 - kb0;
+  const int m = p.m;
+  const int64_t tiles_n = p.n >> 4;
+
+  typename Core::Source src;
+  src.row_stride = tiles_n * Core::kTileBytes;
+  src.base[0] = reinterpret_cast<const uint8_t*>(p.trellis) +
+                ((int64_t)kb0 * 8 * tiles_n + (int64_t)strip * 8) * Core::kTileBytes;
+  const int KT = nb * 8;
+  Core::Prologue(src, KT, ring);
+
+  // x' = Hk (x * suh) for this CTA's input range, one warp per (row, 128-block).
+  const __half* x = reinterpret_cast<const __half*>(p.x);
+  const __half* suh = reinterpret_cast<const __half*>(p.suh);
+  for (int t = warp; t < m * nb; t += kThreads / 32) {
+    const int row = t / nb, b = t - row * nb;
+    const int64_t kofs = (int64_t)(kb0 + b) * 128 + lane * 4;
+    InputHadamard128(x + (int64_t)row * p.k + kofs, suh + kofs, act + row * kGemvAStride + b * 128 + lane * 4, lane);
+  }
+
+  float acc[8][2][4];
+  const __half* a[1] = {act};
+  Core::MainLoop(src, KT, a, kGemvAStride, m, ring, acc);
+  float* out = reinterpret_cast<float*>(act);  // [m][128], the activations are no longer needed
+  Core::Reduce(acc, m, reinterpret_cast<float*>(ring), out);
+
+  if (p.splits > 1) {
+    float* part = p.partial + (int64_t)split * m * p.n + strip * 128;
+    for (int i = tid; i < m * 32; i += kThreads) {
+      const int row = i >> 5, c = (i & 31) * 4;
+      *reinterpret_cast<float4*>(part + (int64_t)row * p.n + c) = *reinterpret_cast<const float4*>(out + row * 128 + c);
+    }
+    __threadfence();
+    __syncthreads();
+    __shared__ int s_last;
+    if (tid == 0) s_last = atomicAdd(p.counters + strip, 1) == p.splits - 1;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    for (int i = tid; i < m * 32; i += kThreads) {
+      const int row = i >> 5, c = (i & 31) * 4;
+      float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int s = 0; s < p.splits; ++s) {
+        const float4 v = __ldcg(reinterpret_cast<const float4*>(p.partial + ((int64_t)s * m + row) * p.n + strip * 128 + c));
+        sum.x += v.x;
+        sum.y += v.y;
+        sum.z += v.z;
+        sum.w += v.w;
+      }
+      *reinterpret_cast<float4*>(out + row * 128 + c) = sum;
+    }
+    if (tid == 0) p.counters[strip] = 0;
+    __syncthreads();
+  }
+
+  const __half* svh = reinterpret_cast<const __half*>(p.svh) + strip * 128 + lane * 4;
+  for (int row = warp; row < m; row += kThreads / 32) {
+    const float4 o = *reinterpret_cast<const float4*>(out + row * 128 + lane * 4);
+    float v[4] = {o.x, o.y, o.z, o.w};
+    OutputHadamard128(v, svh, lane);
+    const int64_t yofs = (int64_t)row * p.n + strip * 128 + lane * 4;
+    if (p.y_fp16) {
+      const half2 h0 = __floats2half2_rn(v[0], v[1]), h1 = __floats2half2_rn(v[2], v[3]);
+      uint2 u;
+      u.x = *reinterpret_cast<const uint32_t*>(&h0);
+      u.y = *reinterpret_cast<const uint32_t*>(&h1);
+      *reinterpret_cast<uint2*>(reinterpret_cast<__half*>(p.y) + yofs) = u;
+    } else {
+      *reinterpret_cast<float4*>(reinterpret_cast<float*>(p.y) + yofs) = make_float4(v[0], v[1], v[2], v[3]);
+    }
+  }
+}
+
+// Ŵ (the rotated-basis fp16 weight, k x n row-major) from the trellis, one warp per tile. It runs the
+// same per-lane decode as the GEMV, so its bit-exactness against exllamav3's `reconstruct` covers the
+// GEMV's weights too.
+template <int K, int CB>
+__global__ void __launch_bounds__(kThreads) Exl3ReconstructKernel(const uint16_t* trellis, uint16_t* out, int k, int n) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t tiles_n = n >> 4, total = (int64_t)(k >> 4) * tiles_n;
+  const int64_t tile = (int64_t)blockIdx.x * (kThreads / 32) + warp;
+  if (tile >= total) return;
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(trellis) + tile * 8 * K;
+  uint32_t frag[4];
+  DecodeTileLane<K, CB>(words, MakeLaneTileGeom<K>(lane), frag);
+  const int64_t i = tile / tiles_n, j = tile - i * tiles_n;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const int r = 2 * (lane % 4) + (e % 2) + 8 * ((e / 2) % 2), c = lane / 4 + 8 * (e / 4);
+    const uint16_t v = static_cast<uint16_t>(frag[e / 2] >> (16 * (e % 2)));
+    out[(16 * i + r) * n + 16 * j + c] = v;
+  }
+}
+
+// Instantiates K = 1..8 for one codebook and the two entry points declared in exl3_gemv_params.h.
+#define DSMESH_EXL3_GEMV_CODEBOOK(CB, NAME)                                                              \
+  int LaunchGemv##NAME(int K, const GemvParams& p, int grid_x, int grid_y, void* stream) {              \
+    const dim3 grid(grid_x, grid_y), block(kThreads);                                                   \
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);                                           \
+    const size_t smem = GemvSmemBytes(K);                                                               \
+    switch (K) {                                                                                        \
+      case 1: Exl3GemvKernel<1, CB><<<grid, block, smem, s>>>(p); break;                                \
+      case 2: Exl3GemvKernel<2, CB><<<grid, block, smem, s>>>(p); break;                                \
+      case 3: Exl3GemvKernel<3, CB><<<grid, block, smem, s>>>(p); break;                                \
+      case 4: Exl3GemvKernel<4, CB><<<grid, block, smem, s>>>(p); break;                                \
+      case 5: Exl3GemvKernel<5, CB><<<grid, block, smem, s>>>(p); break;                                \
+      case 6: Exl3GemvKernel<6, CB><<<grid, block, smem, s>>>(p); break;                                \
+      case 7: Exl3GemvKernel<7, CB><<<grid, block, smem, s>>>(p); break;                                \
+      case 8: Exl3GemvKernel<8, CB><<<grid, block, smem, s>>>(p); break;                                \
+      default: return static_cast<int>(cudaErrorInvalidValue);                                          \
+    }                                                                                                   \
+    return static_cast<int>(cudaGetLastError());                                                        \
+  }                                                                                                     \
+  int LaunchReconstruct##NAME(int K, const uint16_t* trellis, uint16_t* out, int k, int n, void* stream) {  \
+    const int64_t tiles = (int64_t)(k / 16) * (n / 16);                                                 \
+    const dim3 grid((unsigned)((tiles + 7) / 8)), block(kThreads);                                      \
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);                                           \
+    switch (K) {                                                                                        \
+      case 1: Exl3ReconstructKernel<1, CB><<<grid, block, 0, s>>>(trellis, out, k, n); break;           \
+      case 2: Exl3ReconstructKernel<2, CB><<<grid, block, 0, s>>>(trellis, out, k, n); break;           \
+      case 3: Exl3ReconstructKernel<3, CB><<<grid, block, 0, s>>>(trellis, out, k, n); break;           \
+      case 4: Exl3ReconstructKernel<4, CB><<<grid, block, 0, s>>>(trellis, out, k, n); break;           \
+      case 5: Exl3ReconstructKernel<5, CB><<<grid, block, 0, s>>>(trellis, out, k, n); break;           \
+      case 6: Exl3ReconstructKernel<6, CB><<<grid, block, 0, s>>>(trellis, out, k, n); break;           \
+      case 7: Exl3ReconstructKernel<7, CB><<<grid, block, 0, s>>>(trellis, out, k, n); break;           \
+      case 8: Exl3ReconstructKernel<8, CB><<<grid, block, 0, s>>>(trellis, out, k, n); break;           \
+      default: return static_cast<int>(cudaErrorInvalidValue);                                          \
+    }                                                                                                   \
+    return static_cast<int>(cudaGetLastError());                                                        \
+  }                                                                                                     \
+  int PrepareGemv##NAME() {                                                                             \
+    cudaError_t e = cudaSuccess;                                                                        \
+    auto set = [&](const void* f, int K) {                                                              \
+      if (e == cudaSuccess)                                                                             \
+        e = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, GemvSmemBytes(K));     \
+    };                                                                                                  \
+    set(reinterpret_cast<const void*>(Exl3GemvKernel<1, CB>), 1);                                       \
+    set(reinterpret_cast<const void*>(Exl3GemvKernel<2, CB>), 2);                                       \
+    set(reinterpret_cast<const void*>(Exl3GemvKernel<3, CB>), 3);                                       \
+    set(reinterpret_cast<const void*>(Exl3GemvKernel<4, CB>), 4);                                       \
+    set(reinterpret_cast<const void*>(Exl3GemvKernel<5, CB>), 5);                                       \
+    set(reinterpret_cast<const void*>(Exl3GemvKernel<6, CB>), 6);                                       \
+    set(reinterpret_cast<const void*>(Exl3GemvKernel<7, CB>), 7);                                       \
+    set(reinterpret_cast<const void*>(Exl3GemvKernel<8, CB>), 8);                                       \
+    return static_cast<int>(e);                                                                         \
+  }
+
+}  // namespace dsmesh::exl3cuda

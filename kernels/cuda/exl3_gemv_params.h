@@ -1,0 +1,47 @@
+// Launch parameters of the dense EXL3 GEMV kernel (plain struct shared by host and device code).
+#pragma once
+
+#include <cstdint>
+
+namespace dsmesh::exl3cuda {
+
+struct GemvParams {
+  const uint16_t* x;        // fp16 [m, k], row-major
+  const uint16_t* trellis;  // int16 [k/16, n/16, 16K]
+  const uint16_t* suh;      // fp16 [k]
+  const uint16_t* svh;      // fp16 [n]
+  void* y;                  // [m, n], fp32 or fp16 (y_fp16)
+  float* partial;           // [splits, m, n] fp32 split-K partial sums (splits > 1)
+  int* counters;            // [n / 128] arrival counters, zero between launches (splits > 1)
+  int m, k, n;
+  int splits;               // k is cut into `splits` ranges of whole 128-blocks, at most 8 blocks each
+  int y_fp16;               // 1: y is fp16, 0: fp32
+};
+
+// Pipeline depth per K: about 32-48 KB of trellis in flight per CTA (64 tiles per stage).
+constexpr int StagesForK(int K) { return K <= 1 ? 16 : K == 2 ? 8 : K == 3 ? 6 : K == 4 ? 5 : K <= 6 ? 4 : 3; }
+constexpr int StageBytes(int K) { return 64 * 32 * K; }
+// The ring doubles as the k-split reduction scratch, which needs 32 KB.
+constexpr int RingBytes(int K) {
+  return StagesForK(K) * StageBytes(K) > 32768 ? StagesForK(K) * StageBytes(K) : 32768;
+}
+
+constexpr int kGemvMaxBlocksPerSplit = 8;  // 1024 input channels per CTA
+constexpr int kGemvAStride = kGemvMaxBlocksPerSplit * 128 + 8;  // fp16 per activation row (padded)
+constexpr int kGemvABytes = 16 * kGemvAStride * 2;
+// Shared memory of the dense kernel for bits-per-weight K: the trellis ring plus 16 activation rows.
+constexpr int GemvSmemBytes(int K) { return RingBytes(K) + kGemvABytes; }
+
+// One function per codebook (separate translation units keep nvcc's parallelism and memory in check).
+// Returns the launch error, if any; prepare sets the kernels' dynamic shared memory limit once.
+int LaunchGemv3Inst(int K, const GemvParams& p, int grid_x, int grid_y, void* stream);
+int LaunchGemvMcg(int K, const GemvParams& p, int grid_x, int grid_y, void* stream);
+int LaunchGemvMul1(int K, const GemvParams& p, int grid_x, int grid_y, void* stream);
+int LaunchReconstruct3Inst(int K, const uint16_t* trellis, uint16_t* out, int k, int n, void* stream);
+int LaunchReconstructMcg(int K, const uint16_t* trellis, uint16_t* out, int k, int n, void* stream);
+int LaunchReconstructMul1(int K, const uint16_t* trellis, uint16_t* out, int k, int n, void* stream);
+int PrepareGemv3Inst();
+int PrepareGemvMcg();
+int PrepareGemvMul1();
+
+}  // namespace dsmesh::exl3cuda

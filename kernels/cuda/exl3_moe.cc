@@ -1,0 +1,178 @@
+#include "kernels/cuda/exl3_moe.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <mutex>
+#include <stdexcept>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/exl3_moe_params.h"
+
+namespace dsmesh {
+namespace {
+
+std::atomic<int64_t> g_launches{0}, g_rows{0}, g_rejected{0};
+std::once_flag g_active_log;
+int g_blocks_per_sm[64][9];  // resident CTAs per SM, per device and K (set once, before any capture)
+
+void PrepareOnce() {
+  static std::mutex mu;
+  static bool done[64] = {};
+  int dev = 0;
+  CudaCheck(cudaGetDevice(&dev), "cudaGetDevice");
+  std::lock_guard<std::mutex> lock(mu);
+  if (dev < 64 && done[dev]) return;
+  CudaCheck(static_cast<cudaError_t>(exl3cuda::PrepareMoeMcg()), "routed-expert kernel setup");
+  for (int K = 1; K <= 8; ++K) {
+    int b = 0;
+    CudaCheck(static_cast<cudaError_t>(exl3cuda::MoeBlocksPerSm(K, &b)), "routed-expert kernel occupancy");
+    if (dev < 64) g_blocks_per_sm[dev][K] = b;
+  }
+  if (dev < 64) done[dev] = true;
+}
+
+bool Aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
+
+}  // namespace
+
+int Exl3MoeSplits(int m, int topk, int num_experts, int hidden, int inter, int num_sms) {
+  // Enough gate/up items for about 1.5 waves of resident CTAs (2 per SM), assuming the m * topk slots
+  // hit distinct experts (the common case at decode sizes).
+  const int groups = std::max(1, std::min(num_experts, m * topk));
+  const int nb = inter / 128, nblk_d = hidden / 128;
+  const int target = 3 * num_sms;  // 1.5 x 2 resident CTAs per SM
+  const int per = groups * nb;
+  int s = (target + per - 1) / per;
+  return std::max(1, std::min(s, nblk_d));
+}
+
+Exl3MoeWorkspace::Exl3MoeWorkspace(int max_rows, int topk, int hidden, int inter)
+    : max_rows_(max_rows), topk_(topk), hidden_(hidden), inter_(inter) {
+  if (max_rows < 1 || max_rows > kExl3MoeMaxRows)
+    throw std::runtime_error("Exl3MoeWorkspace: max_rows " + std::to_string(max_rows) + " (must be 1..24)");
+  if (topk < 1 || topk > exl3cuda::kMoeMaxTopK)
+    throw std::runtime_error("Exl3MoeWorkspace: top-k " + std::to_string(topk) + " (must be 1..8)");
+  if (hidden <= 0 || hidden % 128 || hidden / 128 > exl3cuda::kMoeMaxHiddenBlocks)
+    throw std::runtime_error("Exl3MoeWorkspace: hidden " + std::to_string(hidden) + " (multiple of 128, at most 8192)");
+  if (inter <= 0 || inter % 128 || inter / 128 > exl3cuda::kMoeMaxInterBlocks)
+    throw std::runtime_error("Exl3MoeWorkspace: intermediate " + std::to_string(inter) +
+                             " (multiple of 128, at most 4096)");
+  CudaCheck(cudaGetDevice(&device_), "cudaGetDevice");
+  CudaCheck(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_), "SM count");
+  PrepareOnce();
+  max_splits_ = 1;
+  for (int m = 1; m <= max_rows; ++m)
+    max_splits_ = std::max(max_splits_, Exl3MoeSplits(m, topk, exl3cuda::kMoeMaxExperts, hidden, inter, num_sms_));
+  const size_t pairs = static_cast<size_t>(max_rows) * topk;
+  CudaCheck(cudaMalloc(&control_, sizeof(exl3cuda::MoeControl)), "Exl3MoeWorkspace control");
+  CudaCheck(cudaMemset(control_, 0, sizeof(exl3cuda::MoeControl)), "Exl3MoeWorkspace control");
+  CudaCheck(cudaMalloc(&part_gu_, pairs * max_splits_ * 2 * inter * sizeof(float)), "Exl3MoeWorkspace partials");
+  CudaCheck(cudaMalloc(&act_, pairs * inter * sizeof(uint16_t)), "Exl3MoeWorkspace activations");
+  CudaCheck(cudaMalloc(&down_out_, pairs * hidden * sizeof(float)), "Exl3MoeWorkspace outputs");
+  CudaCheck(cudaDeviceSynchronize(), "Exl3MoeWorkspace init");
+}
+
+Exl3MoeWorkspace::~Exl3MoeWorkspace() {
+  cudaFree(control_);
+  cudaFree(part_gu_);
+  cudaFree(act_);
+  cudaFree(down_out_);
+}
+
+bool Exl3MoeWorkspace::TakeBadIdFlag() {
+  CudaCheck(cudaDeviceSynchronize(), "Exl3MoeWorkspace::TakeBadIdFlag");
+  auto* ctrl = static_cast<exl3cuda::MoeControl*>(control_);
+  int err = 0;
+  CudaCheck(cudaMemcpy(&err, &ctrl->error, sizeof(int), cudaMemcpyDeviceToHost), "read error flag");
+  CudaCheck(cudaMemset(&ctrl->error, 0, sizeof(int)), "clear error flag");
+  return err != 0;
+}
+
+std::string Exl3MoeUnsupportedReason(const Exl3MoeLayer& l, int m, int topk) {
+  if (m < 1 || m > kExl3MoeMaxRows) return "m = " + std::to_string(m) + " rows (the kernel takes 1..24)";
+  if (topk < 1 || topk > exl3cuda::kMoeMaxTopK) return "top-k " + std::to_string(topk) + " (1..8)";
+  if (l.num_experts < 1 || l.num_experts > exl3cuda::kMoeMaxExperts)
+    return std::to_string(l.num_experts) + " experts (1..256)";
+  if (l.codebook != 1) return "codebook " + std::to_string(l.codebook) + " (only MCG = 1 is compiled)";
+  if (l.K < 1 || l.K > 8) return "K = " + std::to_string(l.K);
+  if (l.hidden <= 0 || l.hidden % 128 || l.hidden / 128 > exl3cuda::kMoeMaxHiddenBlocks)
+    return "hidden " + std::to_string(l.hidden);
+  if (l.inter <= 0 || l.inter % 128 || l.inter / 128 > exl3cuda::kMoeMaxInterBlocks)
+    return "intermediate " + std::to_string(l.inter);
+  if (!l.gate_trellis || !l.gate_suh || !l.gate_svh || !l.up_trellis || !l.up_suh || !l.up_svh || !l.down_trellis ||
+      !l.down_suh || !l.down_svh)
+    return "missing pointer table";
+  return "";
+}
+
+void Exl3MoeForward(const Exl3MoeLayer& l, const uint16_t* x, const int32_t* ids, const float* weights, int m,
+                    float* y, Exl3MoeWorkspace& ws, cudaStream_t stream) {
+  const std::string who = "routed-expert kernel, layer '" + l.name + "'";
+  std::string why = Exl3MoeUnsupportedReason(l, m, ws.topk_);
+  if (why.empty() && (m > ws.max_rows_ || l.hidden != ws.hidden_ || l.inter != ws.inter_))
+    why = "workspace made for max_rows " + std::to_string(ws.max_rows_) + ", hidden " + std::to_string(ws.hidden_) +
+          ", intermediate " + std::to_string(ws.inter_);
+  if (why.empty() && (!x || !ids || !weights || !y)) why = "null input/output pointer";
+  if (why.empty() && (!Aligned(x, 16) || !Aligned(y, 16))) why = "x and y must be 16-byte aligned";
+  if (!why.empty()) {
+    ++g_rejected;
+    throw std::runtime_error(who + ": cannot run: " + why);
+  }
+  int dev = 0;
+  CudaCheck(cudaGetDevice(&dev), "cudaGetDevice");
+  if (dev != ws.device_) throw std::runtime_error(who + ": workspace belongs to another device");
+  if (!ws.bound_) {
+    ws.bound_ = true;
+    ws.stream_ = stream;
+  } else if (ws.stream_ != stream) {
+    throw std::runtime_error(who + ": workspace is bound to another stream; use one Exl3MoeWorkspace per stream");
+  }
+
+  exl3cuda::MoeParams p{};
+  p.x = x;
+  p.ids = ids;
+  p.weights = weights;
+  p.y = y;
+  p.gate_trellis = l.gate_trellis;
+  p.gate_suh = l.gate_suh;
+  p.gate_svh = l.gate_svh;
+  p.up_trellis = l.up_trellis;
+  p.up_suh = l.up_suh;
+  p.up_svh = l.up_svh;
+  p.down_trellis = l.down_trellis;
+  p.down_suh = l.down_suh;
+  p.down_svh = l.down_svh;
+  p.control = static_cast<exl3cuda::MoeControl*>(ws.control_);
+  p.part_gu = ws.part_gu_;
+  p.act = ws.act_;
+  p.down_out = ws.down_out_;
+  p.m = m;
+  p.topk = ws.topk_;
+  p.num_experts = l.num_experts;
+  p.d = l.hidden;
+  p.inter = l.inter;
+  p.splits = Exl3MoeSplits(m, ws.topk_, l.num_experts, l.hidden, l.inter, ws.num_sms_);
+  if (p.splits > ws.max_splits_) p.splits = ws.max_splits_;  // workspace sized for its max
+  p.swiglu_limit = l.swiglu_limit;
+  const int per_sm = dev < 64 ? g_blocks_per_sm[dev][l.K] : 0;
+  if (per_sm < 1) throw std::runtime_error(who + ": kernel does not fit on an SM");
+  const int grid = per_sm * ws.num_sms_;
+  CudaCheck(static_cast<cudaError_t>(exl3cuda::LaunchMoeMcg(l.K, p, grid, stream)), who + " launch");
+  ++g_launches;
+  g_rows += m;
+  std::call_once(g_active_log, [&] {
+    std::fprintf(stderr, "routed-expert kernel ACTIVE (device %d, %d SMs, grid %d, K=%d, I=%d, d=%d, experts=%d)\n",
+                 dev, ws.num_sms_, grid, l.K, l.inter, l.hidden, l.num_experts);
+  });
+}
+
+Exl3MoeCounters Exl3MoeCallCounts() {
+  Exl3MoeCounters c;
+  c.launches = g_launches.load();
+  c.rows = g_rows.load();
+  c.rejected = g_rejected.load();
+  return c;
+}
+
+}  // namespace dsmesh

@@ -1,0 +1,96 @@
+// Routed experts of one MoE layer on the GPU in a single launch (m <= 24 rows; the decode shape of a
+// seat is 4 streams x (1 + 3 draft tokens) = 16). EXL3 experts with the MCG codebook and one K (any of
+// 1..8) for gate, up and down; up to 256 experts, top-k up to 8 from the config, intermediate size I
+// (the rank's shard, a multiple of 128) and hidden size d (multiple of 128). See exl3_moe_kernel.cu for
+// the work decomposition.
+//
+//   Exl3MoeLayer layer = ...;                       // device pointer tables, built once at load
+//   Exl3MoeWorkspace ws(/*max_rows=*/24, topk, d, I);  // once per stream, before graph capture
+//   Exl3MoeForward(layer, x, ids, weights, m, y, ws, stream);
+//
+// Strict by construction: there is no fallback inside. A shape or layer the kernel cannot run raises
+// std::runtime_error naming the layer and the reason; callers that want a different path for, e.g.,
+// prefill must ask Exl3MoeSupports() first and count their declines. The first successful launch in a
+// process logs "routed-expert kernel ACTIVE" once; Exl3MoeCallCounts() returns the counters.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+namespace dsmesh {
+
+struct Exl3MoeLayer {
+  std::string name;         // e.g. "layers.3.mlp.experts", for messages
+  int num_experts = 0;      // <= 256
+  int hidden = 0;           // d
+  int inter = 0;            // I of this rank's shard
+  int K = 0;                // bits per weight of gate, up and down (equal)
+  int codebook = 1;         // must be 1 (MCG)
+  float swiglu_limit = 0;   // clamp limit (config swiglu_limit); <= 0 disables the clamp
+  // Device arrays of num_experts device pointers each (trellis int16 / suh fp16 / svh fp16 of every
+  // expert's gate [d x I], up [d x I] and down [I x d]).
+  const uint16_t* const* gate_trellis = nullptr;
+  const uint16_t* const* gate_suh = nullptr;
+  const uint16_t* const* gate_svh = nullptr;
+  const uint16_t* const* up_trellis = nullptr;
+  const uint16_t* const* up_suh = nullptr;
+  const uint16_t* const* up_svh = nullptr;
+  const uint16_t* const* down_trellis = nullptr;
+  const uint16_t* const* down_suh = nullptr;
+  const uint16_t* const* down_svh = nullptr;
+};
+
+constexpr int kExl3MoeMaxRows = 24;
+
+// Scratch for one stream: control counters (zeroed once here, self-resetting after every launch),
+// gate/up partial sums, the fp16 down inputs and the per-(row, expert) outputs. Bound to the first
+// stream it is used on; using it on another stream throws.
+class Exl3MoeWorkspace {
+ public:
+  Exl3MoeWorkspace(int max_rows, int topk, int hidden, int inter);
+  ~Exl3MoeWorkspace();
+  Exl3MoeWorkspace(const Exl3MoeWorkspace&) = delete;
+  Exl3MoeWorkspace& operator=(const Exl3MoeWorkspace&) = delete;
+
+  // Reads (and clears) the kernel's error flag: true if some launch saw an expert id outside
+  // [0, num_experts) (those slots contributed nothing). Synchronizes the device: not inside capture.
+  bool TakeBadIdFlag();
+
+ private:
+  friend void Exl3MoeForward(const Exl3MoeLayer&, const uint16_t*, const int32_t*, const float*, int, float*,
+                             Exl3MoeWorkspace&, cudaStream_t);
+  int max_rows_, topk_, hidden_, inter_, max_splits_;
+  int device_ = 0, num_sms_ = 0;
+  void* control_ = nullptr;
+  float* part_gu_ = nullptr;
+  uint16_t* act_ = nullptr;
+  float* down_out_ = nullptr;
+  bool bound_ = false;
+  cudaStream_t stream_ = nullptr;
+};
+
+// Empty string when the kernel can run this layer at m rows and top-k, else the reason.
+std::string Exl3MoeUnsupportedReason(const Exl3MoeLayer& layer, int m, int topk);
+inline bool Exl3MoeSupports(const Exl3MoeLayer& layer, int m, int topk) {
+  return Exl3MoeUnsupportedReason(layer, m, topk).empty();
+}
+
+// y[m, d] (fp32, overwritten) = sum_k weights[r, k] * expert_{ids[r, k]}(x[r]).
+// x: fp16 [m, d]; ids: int32 [m, topk]; weights: fp32 [m, topk]; all device pointers.
+// topk is the workspace's. Throws (strict) when the shape is unsupported or the launch fails.
+void Exl3MoeForward(const Exl3MoeLayer& layer, const uint16_t* x, const int32_t* ids, const float* weights, int m,
+                    float* y, Exl3MoeWorkspace& ws, cudaStream_t stream);
+
+// Number of k-splits of the gate/up projections for m rows (exposed for tests and the benchmark).
+int Exl3MoeSplits(int m, int topk, int num_experts, int hidden, int inter, int num_sms);
+
+struct Exl3MoeCounters {
+  int64_t launches = 0;  // successful launches
+  int64_t rows = 0;      // rows processed
+  int64_t rejected = 0;  // calls that raised because the shape was unsupported
+};
+Exl3MoeCounters Exl3MoeCallCounts();
+
+}  // namespace dsmesh

@@ -1,0 +1,362 @@
+// The routed-expert kernel: one launch computes a whole MoE layer's routed experts for m <= 24 rows,
+//   y[r] = sum over slots k of w[r, k] * down(e)( swiglu( gate(e) x[r], up(e) x[r] ) ),  e = ids[r, k],
+// for EXL3 experts (MCG codebook, one K for gate, up and down; both Hadamards of every projection fused).
+//
+// Work decomposition (the lna2 idea of resident workers taking dynamic tickets, without team barriers):
+//   * Route plan. Every CTA builds the same plan in shared memory from ids: a row mask per expert, the
+//     active experts ("groups") in ascending id order, and each expert's first "pair" (row, expert)
+//     index. No grid-wide barrier is needed to agree on it.
+//   * Work items, numbered in dependency order and handed out by one atomic ticket counter:
+//       1. gate+up items (group g, 128-column block b of I, k-split s of d): x rows -> suh, Hadamard ->
+//          fp16; gate and up decoded in parallel by the two halves of the CTA; fp32 partials to scratch.
+//          The last split to finish (arrival counter) sums the splits in fixed order, applies the output
+//          Hadamard and svh, clamped SwiGLU, the down suh and input Hadamard: the down projection's fp16
+//          input for block b. Then it bumps ready[g].
+//       2. down items (group g, 128 output columns c): wait until ready[g] == I/128, decode the down
+//          block, output Hadamard and svh, fp32 to scratch; bump col_done[c].
+//       3. gather items (128 output columns c): wait until col_done[c] == groups, then
+//          y[r, c] = sum_k w[r, k] * out[pair(r, k), c] in slot order k = 0..topk-1.
+//     A CTA only ever waits for items with smaller tickets, which were taken by CTAs already running and
+//     which wait only on smaller tickets still: the launch cannot deadlock, whatever the grid size and
+//     whatever else runs on the GPU (two launches on two streams with two scratches are independent).
+//   * Every sum has a fixed order and there are no float atomics: results are bitwise reproducible.
+//   * The last CTA to leave resets the counters, so the scratch is ready for the next launch (and for
+//     CUDA-graph replay) without a memset.
+#include "kernels/cuda/exl3_moe_params.h"
+#include "kernels/cuda/exl3_tile_gemv.cuh"
+
+namespace dsmesh::exl3cuda {
+
+int MoeSmemBytes(int K) { return RingBytes(K) + kMoeActBytes; }
+
+namespace {
+
+struct MoePlan {
+  uint32_t mask[kMoeMaxExperts];       // rows routed to expert e (bit r)
+  int pair_base[kMoeMaxExperts];       // first pair index of expert e
+  int group_expert[kMoeMaxExperts];    // expert id of group g, ascending
+  int num_groups;
+  int warp_has[kThreads / 32], warp_cnt[kThreads / 32];
+  int ticket, flag;
+};
+
+__device__ __forceinline__ int LoadAcquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Thread 0 spins until *counter >= target; the whole CTA then sees everything published before it.
+__device__ void WaitFor(const int* counter, int target) {
+  if (threadIdx.x == 0) {
+    while (LoadAcquire(counter) < target) __nanosleep(128);
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+// Publishes this CTA's global writes, then adds one to *counter; returns the old value to all threads.
+__device__ int ArriveAndCount(int* counter, MoePlan& plan) {
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) plan.flag = atomicAdd(counter, 1);
+  __syncthreads();
+  const int old = plan.flag;
+  __syncthreads();
+  return old;
+}
+
+__device__ void BuildPlan(const MoeParams& p, MoePlan& plan) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  for (int e = tid; e < kMoeMaxExperts; e += kThreads) plan.mask[e] = 0;
+  __syncthreads();
+  for (int i = tid; i < p.m * p.topk; i += kThreads) {
+    const int e = p.ids[i];
+    if (e >= 0 && e < p.num_experts) {
+      atomicOr(&plan.mask[e], 1u << (i / p.topk));
+    } else {
+      p.control->error = 1;
+    }
+  }
+  __syncthreads();
+  // Exclusive scans over experts (one per thread) of "has rows" and "row count".
+  const uint32_t mask = plan.mask[tid];
+  const int has = mask != 0, cnt = __popc(mask);
+  int incl_has = has, incl_cnt = cnt;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const int h = __shfl_up_sync(0xFFFFFFFFu, incl_has, off), c = __shfl_up_sync(0xFFFFFFFFu, incl_cnt, off);
+    if (lane >= off) {
+      incl_has += h;
+      incl_cnt += c;
+    }
+  }
+  if (lane == 31) {
+    plan.warp_has[warp] = incl_has;
+    plan.warp_cnt[warp] = incl_cnt;
+  }
+  __syncthreads();
+  int base_has = 0, base_cnt = 0, total_has = 0;
+  for (int w = 0; w < kThreads / 32; ++w) {
+    if (w < warp) {
+      base_has += plan.warp_has[w];
+      base_cnt += plan.warp_cnt[w];
+    }
+    total_has += plan.warp_has[w];
+  }
+  const int group = base_has + incl_has - has;
+  plan.pair_base[tid] = base_cnt + incl_cnt - cnt;
+  if (has) plan.group_expert[group] = tid;
+  if (tid == 0) plan.num_groups = total_has;
+  __syncthreads();
+}
+
+// Largest number of 128-blocks whose activations for `rows` rows (times `copies` buffers) fit the
+// activation region.
+__device__ __forceinline__ int ChunkBlocks(int rows, int copies) {
+  const int halves = kMoeActBytes / 2 / (rows * copies);
+  const int blocks = (halves - 8) / 128;
+  return blocks < 1 ? 1 : blocks;
+}
+
+template <int K>
+__device__ void GateUpItem(const MoeParams& p, MoePlan& plan, int t, uint8_t* ring, __half* act) {
+  using Core = TileGemv<K, kCbMcg, 2>;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int NB = p.inter >> 7, nblk_d = p.d >> 7, S = p.splits;
+  const int g = t / (NB * S), rem = t - g * NB * S, b = rem / S, s = rem - b * S;
+  const int e = plan.group_expert[g];
+  const uint32_t mask = plan.mask[e];
+  const int R = __popc(mask), pb = plan.pair_base[e];
+  const int kb0 = s * nblk_d / S, kb1 = (s + 1) * nblk_d / S;
+  const int64_t tiles_i = p.inter >> 4;
+  const uint8_t* gt = reinterpret_cast<const uint8_t*>(p.gate_trellis[e]);
+  const uint8_t* ut = reinterpret_cast<const uint8_t*>(p.up_trellis[e]);
+  const __half* gsuh = reinterpret_cast<const __half*>(p.gate_suh[e]);
+  const __half* usuh = reinterpret_cast<const __half*>(p.up_suh[e]);
+  const __half* x = reinterpret_cast<const __half*>(p.x);
+
+  for (int slab0 = 0; slab0 < R; slab0 += kMaxRowsPerPass) {
+    const int Rs = min(kMaxRowsPerPass, R - slab0);
+    const int cbk = ChunkBlocks(Rs, 2);
+    float acc[8][2][4];
+    for (int c0 = kb0; c0 < kb1; c0 += cbk) {
+      const int nbc = min(cbk, kb1 - c0), astride = nbc * 128 + 8;
+      typename Core::Source src;
+      src.row_stride = tiles_i * Core::kTileBytes;
+      src.base[0] = gt + ((int64_t)c0 * 8 * tiles_i + b * 8) * Core::kTileBytes;
+      src.base[1] = ut + ((int64_t)c0 * 8 * tiles_i + b * 8) * Core::kTileBytes;
+      Core::Prologue(src, nbc * 8, ring);
+      __half* ag = act;
+      __half* au = act + Rs * astride;
+      for (int task = warp; task < Rs * nbc * 2; task += kThreads / 32) {
+        const int which = task & 1, rr = task >> 1, i = rr / nbc, bb = rr - i * nbc;
+        const int row = __fns(mask, 0, slab0 + i + 1);
+        const int64_t kofs = (int64_t)(c0 + bb) * 128 + lane * 4;
+        InputHadamard128(x + (int64_t)row * p.d + kofs, (which ? usuh : gsuh) + kofs,
+                         (which ? au : ag) + i * astride + bb * 128 + lane * 4, lane);
+      }
+      const __half* a[2] = {ag, au};
+      Core::MainLoop(src, nbc * 8, a, astride, Rs, ring, acc, c0 != kb0);
+    }
+    float* out = reinterpret_cast<float*>(act);  // [2][Rs][128]
+    Core::Reduce(acc, Rs, reinterpret_cast<float*>(ring), out);
+    for (int i2 = tid; i2 < 2 * Rs * 32; i2 += kThreads) {
+      const int w = i2 / (Rs * 32), r2 = i2 - w * Rs * 32, i = r2 >> 5, q = r2 & 31;
+      const int64_t pair = pb + slab0 + i;
+      float* dst = p.part_gu + ((pair * S + s) * 2 + w) * p.inter + b * 128 + q * 4;
+      *reinterpret_cast<float4*>(dst) = *reinterpret_cast<const float4*>(out + (w * Rs + i) * 128 + q * 4);
+    }
+    __syncthreads();
+  }
+
+  if (ArriveAndCount(&p.control->gu_done[g * NB + b], plan) != S - 1) return;
+  __threadfence();
+
+  // Last split of (g, b): finish the gate/up outputs of block b and build the down input.
+  const __half* gsvh = reinterpret_cast<const __half*>(p.gate_svh[e]) + b * 128 + lane * 4;
+  const __half* usvh = reinterpret_cast<const __half*>(p.up_svh[e]) + b * 128 + lane * 4;
+  const __half* dsuh = reinterpret_cast<const __half*>(p.down_suh[e]) + b * 128 + lane * 4;
+  const float L = p.swiglu_limit;
+  for (int i = warp; i < R; i += kThreads / 32) {
+    const int64_t pair = pb + i;
+    float gv[4] = {0.f, 0.f, 0.f, 0.f}, uv[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int s2 = 0; s2 < S; ++s2) {
+      const float4 a0 = __ldcg(reinterpret_cast<const float4*>(p.part_gu + ((pair * S + s2) * 2 + 0) * p.inter + b * 128 + lane * 4));
+      const float4 a1 = __ldcg(reinterpret_cast<const float4*>(p.part_gu + ((pair * S + s2) * 2 + 1) * p.inter + b * 128 + lane * 4));
+      gv[0] += a0.x; gv[1] += a0.y; gv[2] += a0.z; gv[3] += a0.w;
+      uv[0] += a1.x; uv[1] += a1.y; uv[2] += a1.z; uv[3] += a1.w;
+    }
+    OutputHadamard128(gv, gsvh, lane);
+    OutputHadamard128(uv, usvh, lane);
+    const uint2 sr = *reinterpret_cast<const uint2*>(dsuh);
+    const half2 s0 = *reinterpret_cast<const half2*>(&sr.x), s1 = *reinterpret_cast<const half2*>(&sr.y);
+    const float su[4] = {__low2float(s0), __high2float(s0), __low2float(s1), __high2float(s1)};
+    float v[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float gj = gv[j], uj = uv[j];
+      if (L > 0.f) {
+        gj = fminf(gj, L);
+        uj = fminf(fmaxf(uj, -L), L);
+      }
+      const float a = gj / (1.f + expf(-gj)) * uj;  // clamped SwiGLU in fp32
+      v[j] = a * su[j];
+    }
+    Hadamard128Warp(v, lane);
+    const half2 o0 = __floats2half2_rn(v[0] * kHadScale, v[1] * kHadScale);
+    const half2 o1 = __floats2half2_rn(v[2] * kHadScale, v[3] * kHadScale);
+    uint2 o;
+    o.x = *reinterpret_cast<const uint32_t*>(&o0);
+    o.y = *reinterpret_cast<const uint32_t*>(&o1);
+    *reinterpret_cast<uint2*>(p.act + pair * p.inter + b * 128 + lane * 4) = o;
+  }
+  ArriveAndCount(&p.control->ready[g], plan);
+}
+
+template <int K>
+__device__ void DownItem(const MoeParams& p, MoePlan& plan, int t, uint8_t* ring, __half* act) {
+  using Core = TileGemv<K, kCbMcg, 1>;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int NB = p.inter >> 7, NC = p.d >> 7;
+  const int g = t / NC, c = t - g * NC;
+  WaitFor(&p.control->ready[g], NB);
+  const int e = plan.group_expert[g];
+  const int R = __popc(plan.mask[e]), pb = plan.pair_base[e];
+  const int64_t tiles_d = p.d >> 4;
+  const uint8_t* dt = reinterpret_cast<const uint8_t*>(p.down_trellis[e]);
+  const __half* dsvh = reinterpret_cast<const __half*>(p.down_svh[e]) + c * 128 + lane * 4;
+
+  for (int slab0 = 0; slab0 < R; slab0 += kMaxRowsPerPass) {
+    const int Rs = min(kMaxRowsPerPass, R - slab0);
+    const int cbk = ChunkBlocks(Rs, 1);
+    float acc[8][2][4];
+    for (int c0 = 0; c0 < NB; c0 += cbk) {
+      const int nbc = min(cbk, NB - c0), kc = nbc * 128, astride = kc + 8;
+      typename Core::Source src;
+      src.row_stride = tiles_d * Core::kTileBytes;
+      src.base[0] = dt + ((int64_t)c0 * 8 * tiles_d + c * 8) * Core::kTileBytes;
+      Core::Prologue(src, nbc * 8, ring);
+      const int vecs = kc / 8;
+      for (int idx = tid; idx < Rs * vecs; idx += kThreads) {
+        const int i = idx / vecs, q = idx - i * vecs;
+        const int64_t pair = pb + slab0 + i;
+        *reinterpret_cast<uint4*>(act + i * astride + q * 8) =
+            __ldcg(reinterpret_cast<const uint4*>(p.act + pair * p.inter + c0 * 128 + q * 8));
+      }
+      const __half* a[1] = {act};
+      Core::MainLoop(src, nbc * 8, a, astride, Rs, ring, acc, c0 != 0);
+    }
+    float* out = reinterpret_cast<float*>(act);  // [Rs][128]
+    Core::Reduce(acc, Rs, reinterpret_cast<float*>(ring), out);
+    for (int i = warp; i < Rs; i += kThreads / 32) {
+      const float4 o = *reinterpret_cast<const float4*>(out + i * 128 + lane * 4);
+      float v[4] = {o.x, o.y, o.z, o.w};
+      OutputHadamard128(v, dsvh, lane);
+      const int64_t pair = pb + slab0 + i;
+      *reinterpret_cast<float4*>(p.down_out + pair * p.d + c * 128 + lane * 4) = make_float4(v[0], v[1], v[2], v[3]);
+    }
+    __syncthreads();
+  }
+  ArriveAndCount(&p.control->col_done[c], plan);
+}
+
+__device__ void GatherItem(const MoeParams& p, MoePlan& plan, int c) {
+  WaitFor(&p.control->col_done[c], plan.num_groups);
+  for (int idx = threadIdx.x; idx < p.m * 32; idx += kThreads) {
+    const int r = idx >> 5, q = idx & 31;
+    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int k = 0; k < p.topk; ++k) {
+      const int e = p.ids[r * p.topk + k];
+      if (e < 0 || e >= p.num_experts) continue;
+      const float w = p.weights[r * p.topk + k];
+      const int64_t pair = plan.pair_base[e] + __popc(plan.mask[e] & ((1u << r) - 1u));
+      const float4 v = __ldcg(reinterpret_cast<const float4*>(p.down_out + pair * p.d + c * 128 + q * 4));
+      sum.x = fmaf(w, v.x, sum.x);
+      sum.y = fmaf(w, v.y, sum.y);
+      sum.z = fmaf(w, v.z, sum.z);
+      sum.w = fmaf(w, v.w, sum.w);
+    }
+    *reinterpret_cast<float4*>(p.y + (int64_t)r * p.d + c * 128 + q * 4) = sum;
+  }
+}
+
+template <int K>
+__global__ void __launch_bounds__(kThreads, 2) Exl3MoeKernel(const MoeParams p) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  __shared__ MoePlan plan;
+  uint8_t* ring = smem;
+  __half* act = reinterpret_cast<__half*>(smem + RingBytes(K));
+  BuildPlan(p, plan);
+  const int U = plan.num_groups, NB = p.inter >> 7, NC = p.d >> 7;
+  const int T1 = U * NB * p.splits, T2 = U * NC, T = T1 + T2 + NC;
+  for (;;) {
+    if (threadIdx.x == 0) plan.ticket = atomicAdd(&p.control->ticket, 1);
+    __syncthreads();
+    const int t = plan.ticket;
+    __syncthreads();
+    if (t >= T) break;
+    if (t < T1) {
+      GateUpItem<K>(p, plan, t, ring, act);
+    } else if (t < T1 + T2) {
+      DownItem<K>(p, plan, t - T1, ring, act);
+    } else {
+      GatherItem(p, plan, t - T1 - T2);
+    }
+    __syncthreads();
+  }
+  // The last CTA out resets the counters for the next launch (all items are finished by then).
+  if (ArriveAndCount(&p.control->exited, plan) != (int)gridDim.x - 1) return;
+  __threadfence();
+  for (int i = threadIdx.x; i < U * NB; i += kThreads) p.control->gu_done[i] = 0;
+  for (int i = threadIdx.x; i < U; i += kThreads) p.control->ready[i] = 0;
+  for (int i = threadIdx.x; i < NC; i += kThreads) p.control->col_done[i] = 0;
+  if (threadIdx.x == 0) {
+    p.control->ticket = 0;
+    p.control->exited = 0;
+  }
+}
+
+template <int K>
+const void* MoeKernelPtr() {
+  return reinterpret_cast<const void*>(Exl3MoeKernel<K>);
+}
+
+const void* MoeKernelFor(int K) {
+  switch (K) {
+    case 1: return MoeKernelPtr<1>();
+    case 2: return MoeKernelPtr<2>();
+    case 3: return MoeKernelPtr<3>();
+    case 4: return MoeKernelPtr<4>();
+    case 5: return MoeKernelPtr<5>();
+    case 6: return MoeKernelPtr<6>();
+    case 7: return MoeKernelPtr<7>();
+    case 8: return MoeKernelPtr<8>();
+    default: return nullptr;
+  }
+}
+
+}  // namespace
+
+int LaunchMoeMcg(int K, const MoeParams& p, int grid, void* stream) {
+  const void* f = MoeKernelFor(K);
+  if (!f) return static_cast<int>(cudaErrorInvalidValue);
+  MoeParams copy = p;
+  void* args[] = {&copy};
+  return static_cast<int>(
+      cudaLaunchKernel(f, dim3(grid), dim3(kThreads), args, MoeSmemBytes(K), static_cast<cudaStream_t>(stream)));
+}
+
+int PrepareMoeMcg() {
+  for (int K = 1; K <= 8; ++K) {
+    const cudaError_t e = cudaFuncSetAttribute(MoeKernelFor(K), cudaFuncAttributeMaxDynamicSharedMemorySize, MoeSmemBytes(K));
+    if (e != cudaSuccess) return static_cast<int>(e);
+  }
+  return 0;
+}
+
+int MoeBlocksPerSm(int K, int* blocks) {
+  return static_cast<int>(cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, MoeKernelFor(K), kThreads, MoeSmemBytes(K)));
+}
+
+}  // namespace dsmesh::exl3cuda

@@ -1,0 +1,337 @@
+// GPU parity and safety tests of the routed-expert kernel (kernels/cuda/exl3_moe.h).
+// Oracle: an fp64 reference of every (row, expert) built on the CPU decoder of kernels/exl3
+// (bit-exact Ŵ), exact Hadamards, clamped SwiGLU in fp64 and the weighted sum over the top-k slots.
+// Without a GPU every test skips with a message; on the GPU machine they run for real.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "kernels/cuda/exl3_moe.h"
+#include "kernels/cuda/gpu_test_util.h"
+
+namespace dsmesh {
+namespace {
+
+using testing::DeviceBuffer;
+using testing::DeviceExl3;
+
+// 256 random EXL3 experts (MCG) on the host and the device, with the layer's pointer tables.
+class Experts {
+ public:
+  Experts(int num_experts, int hidden, int inter, int K, float limit, uint32_t seed)
+      : E_(num_experts), d_(hidden), I_(inter) {
+    std::mt19937 rng(seed);
+    host_.resize(E_ * 3);
+    dev_.resize(E_ * 3);
+    std::vector<const uint16_t*> tabs[9];
+    for (int e = 0; e < E_; ++e) {
+      for (int p = 0; p < 3; ++p) {
+        const int64_t k = p == 2 ? I_ : d_, n = p == 2 ? d_ : I_;
+        host_[e * 3 + p] = testing::RandomExl3Weight(k, n, K, Exl3Codebook::kMcg, rng);
+        host_[e * 3 + p].name = "experts." + std::to_string(e) + (p == 0 ? ".gate" : p == 1 ? ".up" : ".down");
+        dev_[e * 3 + p] = std::make_unique<DeviceExl3>();
+        testing::UploadExl3(host_[e * 3 + p], *dev_[e * 3 + p]);
+        tabs[p * 3 + 0].push_back(dev_[e * 3 + p]->linear.trellis);
+        tabs[p * 3 + 1].push_back(dev_[e * 3 + p]->linear.suh);
+        tabs[p * 3 + 2].push_back(dev_[e * 3 + p]->linear.svh);
+      }
+    }
+    for (int t = 0; t < 9; ++t) tables_[t] = DeviceBuffer<const uint16_t*>(tabs[t]);
+    layer_.name = "test.mlp.experts";
+    layer_.num_experts = E_;
+    layer_.hidden = d_;
+    layer_.inter = I_;
+    layer_.K = K;
+    layer_.codebook = 1;
+    layer_.swiglu_limit = limit;
+    layer_.gate_trellis = tables_[0].get();
+    layer_.gate_suh = tables_[1].get();
+    layer_.gate_svh = tables_[2].get();
+    layer_.up_trellis = tables_[3].get();
+    layer_.up_suh = tables_[4].get();
+    layer_.up_svh = tables_[5].get();
+    layer_.down_trellis = tables_[6].get();
+    layer_.down_suh = tables_[7].get();
+    layer_.down_svh = tables_[8].get();
+  }
+
+  const Exl3MoeLayer& layer() const { return layer_; }
+  Exl3MoeLayer& layer() { return layer_; }
+  int hidden() const { return d_; }
+
+  // fp64 reference output of one row.
+  std::vector<double> Reference(const uint16_t* x, const int32_t* ids, const float* w, int topk) {
+    std::vector<double> xr(d_), y(d_, 0.0);
+    for (int i = 0; i < d_; ++i) xr[i] = Fp16ToFloat(x[i]);
+    const double L = layer_.swiglu_limit;
+    for (int k = 0; k < topk; ++k) {
+      const int e = ids[k];
+      if (e < 0 || e >= E_) continue;
+      const auto& g = host_[e * 3], &u = host_[e * 3 + 1], &dn = host_[e * 3 + 2];
+      const auto gv = testing::Exl3RowF64(What(e * 3), g.suh.as<uint16_t>(), g.svh.as<uint16_t>(), xr.data(), d_, I_);
+      const auto uv = testing::Exl3RowF64(What(e * 3 + 1), u.suh.as<uint16_t>(), u.svh.as<uint16_t>(), xr.data(), d_, I_);
+      std::vector<double> a(I_);
+      for (int j = 0; j < I_; ++j) {
+        double gj = gv[j], uj = uv[j];
+        if (L > 0) {
+          gj = std::min(gj, L);
+          uj = std::clamp(uj, -L, L);
+        }
+        a[j] = gj / (1.0 + std::exp(-gj)) * uj;
+      }
+      const auto o = testing::Exl3RowF64(What(e * 3 + 2), dn.suh.as<uint16_t>(), dn.svh.as<uint16_t>(), a.data(), I_, d_);
+      for (int i = 0; i < d_; ++i) y[i] += static_cast<double>(w[k]) * o[i];
+    }
+    return y;
+  }
+
+ private:
+  const std::vector<uint16_t>& What(int idx) {
+    auto it = what_.find(idx);
+    if (it == what_.end()) it = what_.emplace(idx, Exl3ReconstructFp16(host_[idx])).first;
+    return it->second;
+  }
+
+  int E_, d_, I_;
+  std::vector<Exl3Weight> host_;
+  std::vector<std::unique_ptr<DeviceExl3>> dev_;
+  DeviceBuffer<const uint16_t*> tables_[9];
+  std::map<int, std::vector<uint16_t>> what_;
+  Exl3MoeLayer layer_;
+};
+
+struct Routing {
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+};
+
+Routing RandomRouting(int m, int topk, int E, std::mt19937& rng) {
+  Routing r;
+  std::uniform_real_distribution<float> wd(0.05f, 1.0f);
+  for (int row = 0; row < m; ++row) {
+    std::vector<int> all(E);
+    for (int e = 0; e < E; ++e) all[e] = e;
+    std::shuffle(all.begin(), all.end(), rng);
+    for (int k = 0; k < topk; ++k) {
+      r.ids.push_back(all[k]);
+      r.weights.push_back(wd(rng));
+    }
+  }
+  return r;
+}
+
+// Runs the kernel (NaN-poisoned output) twice and checks parity and bitwise reproducibility.
+void RunAndCheck(Experts& ex, Exl3MoeWorkspace& ws, int m, int topk, const std::vector<uint16_t>& x,
+                 const Routing& r, const std::string& what) {
+  const int d = ex.hidden();
+  DeviceBuffer<uint16_t> dx(x);
+  DeviceBuffer<int32_t> dids(r.ids);
+  DeviceBuffer<float> dw(r.weights), dy(static_cast<size_t>(m) * d);
+  dy.PoisonNaN();
+  Exl3MoeForward(ex.layer(), dx.get(), dids.get(), dw.get(), m, dy.get(), ws, nullptr);
+  CudaCheck(cudaDeviceSynchronize(), what);
+  const auto y = dy.Download();
+  ASSERT_TRUE(testing::AllFinite(y)) << what << ": NaN left in the output";
+  for (int row = 0; row < m; ++row) {
+    const auto ref = ex.Reference(x.data() + row * d, r.ids.data() + row * topk, r.weights.data() + row * topk, topk);
+    EXPECT_LE(testing::RelL2(y.data() + row * d, ref.data(), d), 2e-3) << what << " m=" << m << " row " << row;
+  }
+  dy.PoisonNaN();
+  Exl3MoeForward(ex.layer(), dx.get(), dids.get(), dw.get(), m, dy.get(), ws, nullptr);
+  CudaCheck(cudaDeviceSynchronize(), what);
+  const auto y2 = dy.Download();
+  EXPECT_EQ(0, std::memcmp(y.data(), y2.data(), y.size() * sizeof(float))) << what << ": not bitwise reproducible";
+}
+
+constexpr int kTopK = 6;
+
+TEST(Exl3MoeTest, EveryRowCountFrom1To24WithUniqueExperts) {
+  DSMESH_REQUIRE_GPU();
+  Experts ex(256, 512, 256, 2, 10.0f, 1);
+  Exl3MoeWorkspace ws(24, kTopK, 512, 256);
+  std::mt19937 rng(2);
+  for (int m = 1; m <= 24; ++m) {
+    const auto r = RandomRouting(m, kTopK, 256, rng);
+    RunAndCheck(ex, ws, m, kTopK, testing::RandomFp16(m * 512, rng, 0.1f), r, "unique");
+  }
+}
+
+TEST(Exl3MoeTest, HotExpertDuplicatesAndEdgeIds) {
+  DSMESH_REQUIRE_GPU();
+  Experts ex(256, 512, 256, 3, 10.0f, 3);
+  Exl3MoeWorkspace ws(24, kTopK, 512, 256);
+  std::mt19937 rng(4);
+  // One hot expert: every row of 24 routes slot 0 to expert 7 (R_e = 24, two 16-row passes).
+  {
+    auto r = RandomRouting(24, kTopK, 256, rng);
+    for (int row = 0; row < 24; ++row) {
+      for (int k = 1; k < kTopK; ++k)
+        if (r.ids[row * kTopK + k] == 7) r.ids[row * kTopK + k] = 8;
+      r.ids[row * kTopK] = 7;
+    }
+    RunAndCheck(ex, ws, 24, kTopK, testing::RandomFp16(24 * 512, rng, 0.1f), r, "hot expert");
+  }
+  // R_e = 16 exactly, ids 0 and 255, and duplicates within a row (same expert in two slots).
+  {
+    auto r = RandomRouting(20, kTopK, 256, rng);
+    for (int row = 0; row < 20; ++row)
+      for (int k = 0; k < kTopK; ++k)
+        if (r.ids[row * kTopK + k] == 3 || r.ids[row * kTopK + k] == 0 || r.ids[row * kTopK + k] == 255)
+          r.ids[row * kTopK + k] = 100 + k;
+    for (int row = 0; row < 16; ++row) r.ids[row * kTopK + 1] = 3;
+    r.ids[0 * kTopK + 2] = 0;
+    r.ids[5 * kTopK + 3] = 255;
+    r.ids[17 * kTopK + 4] = 0;
+    r.ids[9 * kTopK + 4] = r.ids[9 * kTopK + 5] = 42;  // duplicate within row 9
+    r.ids[19 * kTopK + 0] = r.ids[19 * kTopK + 1] = r.ids[19 * kTopK + 2] = 255;
+    RunAndCheck(ex, ws, 20, kTopK, testing::RandomFp16(20 * 512, rng, 0.1f), r, "edges");
+  }
+  // All 24 rows on the same six experts (every expert R_e = 24).
+  {
+    Routing r;
+    for (int row = 0; row < 24; ++row)
+      for (int k = 0; k < kTopK; ++k) {
+        r.ids.push_back(250 + k);
+        r.weights.push_back(0.1f * (k + 1));
+      }
+    RunAndCheck(ex, ws, 24, kTopK, testing::RandomFp16(24 * 512, rng, 0.1f), r, "six hot experts");
+  }
+}
+
+TEST(Exl3MoeTest, LargerShapesK3AndActiveClamp) {
+  DSMESH_REQUIRE_GPU();
+  // I = 1024 (8 blocks), d = 1024; a small limit makes the SwiGLU clamp bite on many elements.
+  Experts ex(256, 1024, 1024, 3, 1.0f, 5);
+  Exl3MoeWorkspace ws(24, kTopK, 1024, 1024);
+  std::mt19937 rng(6);
+  for (int m : {1, 2, 4, 8, 16}) {
+    const auto r = RandomRouting(m, kTopK, 256, rng);
+    RunAndCheck(ex, ws, m, kTopK, testing::RandomFp16(m * 1024, rng, 0.2f), r, "I=1024 K=3");
+  }
+  // 16 rows on one expert: 16-row activations need several chunks in the gate/up items.
+  auto r = RandomRouting(16, kTopK, 256, rng);
+  for (int row = 0; row < 16; ++row) {
+    for (int k = 1; k < kTopK; ++k)
+      if (r.ids[row * kTopK + k] == 11) r.ids[row * kTopK + k] = 12;
+    r.ids[row * kTopK] = 11;
+  }
+  RunAndCheck(ex, ws, 16, kTopK, testing::RandomFp16(16 * 1024, rng, 0.2f), r, "I=1024 hot");
+}
+
+TEST(Exl3MoeTest, GraphCaptureAndReplayWithFreshInputs) {
+  DSMESH_REQUIRE_GPU();
+  Experts ex(256, 512, 256, 2, 10.0f, 7);
+  cudaStream_t stream;
+  CudaCheck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  Exl3MoeWorkspace ws(24, kTopK, 512, 256);
+  std::mt19937 rng(8);
+  const int m = 16;
+  DeviceBuffer<uint16_t> dx(m * 512);
+  DeviceBuffer<int32_t> dids(m * kTopK);
+  DeviceBuffer<float> dw(m * kTopK), dy(m * 512), dref(m * 512);
+  cudaGraph_t graph;
+  CudaCheck(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
+  Exl3MoeForward(ex.layer(), dx.get(), dids.get(), dw.get(), m, dy.get(), ws, stream);
+  CudaCheck(cudaStreamEndCapture(stream, &graph), "end capture");
+  cudaGraphExec_t exec;
+  CudaCheck(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  for (int rep = 0; rep < 6; ++rep) {
+    const auto x = testing::RandomFp16(m * 512, rng, 0.1f);
+    const auto r = RandomRouting(m, kTopK, 256, rng);
+    dx.Upload(x);
+    dids.Upload(r.ids);
+    dw.Upload(r.weights);
+    dy.PoisonNaN();
+    CudaCheck(cudaGraphLaunch(exec, stream), "graph launch");
+    Exl3MoeForward(ex.layer(), dx.get(), dids.get(), dw.get(), m, dref.get(), ws, stream);
+    CudaCheck(cudaStreamSynchronize(stream), "sync");
+    const auto y = dy.Download();
+    EXPECT_EQ(y, dref.Download()) << "replay " << rep;
+    ASSERT_TRUE(testing::AllFinite(y));
+    if (rep == 0) {
+      for (int row = 0; row < m; ++row) {
+        const auto ref = ex.Reference(x.data() + row * 512, r.ids.data() + row * kTopK, r.weights.data() + row * kTopK, kTopK);
+        EXPECT_LE(testing::RelL2(y.data() + row * 512, ref.data(), 512), 2e-3) << "graph row " << row;
+      }
+    }
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+TEST(Exl3MoeTest, TwoStreamsAtOnceWithOwnWorkspaces) {
+  DSMESH_REQUIRE_GPU();
+  Experts ex(256, 512, 256, 2, 10.0f, 9);
+  std::mt19937 rng(10);
+  const int m = 16;
+  const auto xa = testing::RandomFp16(m * 512, rng, 0.1f), xb = testing::RandomFp16(m * 512, rng, 0.1f);
+  const auto ra = RandomRouting(m, kTopK, 256, rng), rb = RandomRouting(m, kTopK, 256, rng);
+  DeviceBuffer<uint16_t> dxa(xa), dxb(xb);
+  DeviceBuffer<int32_t> ia(ra.ids), ib(rb.ids);
+  DeviceBuffer<float> wa(ra.weights), wb(rb.weights), ya(m * 512), yb(m * 512), refa(m * 512), refb(m * 512);
+  cudaStream_t sa, sb;
+  CudaCheck(cudaStreamCreateWithFlags(&sa, cudaStreamNonBlocking), "stream");
+  CudaCheck(cudaStreamCreateWithFlags(&sb, cudaStreamNonBlocking), "stream");
+  Exl3MoeWorkspace wsa(24, kTopK, 512, 256), wsb(24, kTopK, 512, 256);
+  Exl3MoeForward(ex.layer(), dxa.get(), ia.get(), wa.get(), m, refa.get(), wsa, sa);
+  CudaCheck(cudaStreamSynchronize(sa), "sync");
+  Exl3MoeForward(ex.layer(), dxb.get(), ib.get(), wb.get(), m, refb.get(), wsb, sb);
+  CudaCheck(cudaStreamSynchronize(sb), "sync");
+  for (int it = 0; it < 40; ++it) {
+    Exl3MoeForward(ex.layer(), dxa.get(), ia.get(), wa.get(), m, ya.get(), wsa, sa);
+    Exl3MoeForward(ex.layer(), dxb.get(), ib.get(), wb.get(), m, yb.get(), wsb, sb);
+  }
+  CudaCheck(cudaDeviceSynchronize(), "sync");
+  EXPECT_EQ(ya.Download(), refa.Download());
+  EXPECT_EQ(yb.Download(), refb.Download());
+  try {
+    Exl3MoeForward(ex.layer(), dxa.get(), ia.get(), wa.get(), m, ya.get(), wsa, sb);
+    ADD_FAILURE() << "expected an error for one workspace on two streams";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("another stream"), std::string::npos) << e.what();
+  }
+  cudaStreamDestroy(sa);
+  cudaStreamDestroy(sb);
+}
+
+TEST(Exl3MoeTest, StrictModeCountersAndBadIds) {
+  DSMESH_REQUIRE_GPU();
+  Experts ex(256, 512, 256, 2, 10.0f, 11);
+  Exl3MoeWorkspace ws(24, kTopK, 512, 256);
+  std::mt19937 rng(12);
+  DeviceBuffer<uint16_t> dx(testing::RandomFp16(25 * 512, rng, 0.1f));
+  auto r = RandomRouting(25, kTopK, 256, rng);
+  DeviceBuffer<int32_t> dids(r.ids);
+  DeviceBuffer<float> dw(r.weights), dy(25 * 512);
+  const Exl3MoeCounters before = Exl3MoeCallCounts();
+  EXPECT_THROW(Exl3MoeForward(ex.layer(), dx.get(), dids.get(), dw.get(), 25, dy.get(), ws, nullptr), std::runtime_error);
+  Exl3MoeLayer l3 = ex.layer();
+  l3.codebook = 0;
+  EXPECT_FALSE(Exl3MoeSupports(l3, 4, kTopK));
+  EXPECT_THROW(Exl3MoeForward(l3, dx.get(), dids.get(), dw.get(), 4, dy.get(), ws, nullptr), std::runtime_error);
+  const Exl3MoeCounters mid = Exl3MoeCallCounts();
+  EXPECT_EQ(mid.rejected, before.rejected + 2);
+  EXPECT_EQ(mid.launches, before.launches);
+  Exl3MoeForward(ex.layer(), dx.get(), dids.get(), dw.get(), 4, dy.get(), ws, nullptr);
+  const Exl3MoeCounters after = Exl3MoeCallCounts();
+  EXPECT_EQ(after.launches, mid.launches + 1);
+  EXPECT_EQ(after.rows, mid.rows + 4);
+  EXPECT_FALSE(ws.TakeBadIdFlag());
+  // An id out of range is ignored and flagged (never a wild read).
+  r.ids[3] = 300;
+  dids.Upload(r.ids);
+  Exl3MoeForward(ex.layer(), dx.get(), dids.get(), dw.get(), 4, dy.get(), ws, nullptr);
+  EXPECT_TRUE(ws.TakeBadIdFlag());
+  EXPECT_FALSE(ws.TakeBadIdFlag());
+  EXPECT_TRUE(testing::AllFinite(dy.Download()));
+}
+
+}  // namespace
+}  // namespace dsmesh

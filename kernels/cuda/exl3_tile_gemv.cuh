@@ -1,0 +1,175 @@
+// The small-m decode core shared by the dense GEMV and the routed-expert kernel.
+//
+// One CTA (256 threads = 8 warps) multiplies up to 16 rows of activations (fp16, already multiplied by
+// suh and Hadamard-transformed, in shared memory) by a block of KT x (WN * 8) EXL3 16x16 tiles streamed
+// from global memory. The warps form WN column groups of 8 tiles (128 output columns) times WK = 8 / WN
+// k-splits. Each pipeline stage brings WK k-rows x WN groups x 8 tiles = 64 tiles global -> shared with
+// cp.async; each warp then decodes its 8 tiles straight into mma.m16n8k16 B fragments (the decoded
+// weights never touch memory) and accumulates in fp32. Rows beyond R are zero fragments, so the cost is
+// the decode, not the row count: R = 1, 2, 4, 8 or 16 all take one pass over the weights.
+//
+// After the loop the k-split partial sums are reduced in a fixed tree order through shared memory
+// (deterministic), leaving out[g][row][col] (fp32, 128 columns per group) for the caller's epilogue.
+#pragma once
+
+#include "kernels/cuda/exl3_device.cuh"
+#include "kernels/cuda/exl3_gemv_params.h"
+
+namespace dsmesh::exl3cuda {
+
+constexpr int kThreads = 256;
+constexpr int kMaxRowsPerPass = 16;
+
+
+template <int K, int CB, int WN>
+struct TileGemv {
+  static constexpr int WK = 8 / WN;
+  static constexpr int kStages = StagesForK(K);
+  static constexpr int kTileBytes = 32 * K;
+  static constexpr int kGroupBytes = 8 * kTileBytes;  // 8 consecutive n-tiles of one k-row
+  static constexpr int kStageBytes = StageBytes(K);
+  static_assert(WN * WK == 8, "8 warps");
+
+  struct Source {
+    const uint8_t* base[WN];  // tile (k-tile 0 of the range, first n-tile of group g)
+    int64_t row_stride;       // bytes between consecutive k-tiles (n/16 tiles * 32K bytes)
+  };
+
+  __device__ static void LoadStage(const Source& src, int stage, uint8_t* slot, int tid) {
+    constexpr int kChunksPerGroup = kGroupBytes / 16;
+    constexpr int kChunks = WK * WN * kChunksPerGroup;
+#pragma unroll 4
+    for (int c = tid; c < kChunks; c += kThreads) {
+      const int seg = c / kChunksPerGroup, off = c - seg * kChunksPerGroup;
+      const int j = seg / WN, g = seg - j * WN;
+      const uint8_t* gsrc = src.base[g] + (int64_t)(stage * WK + j) * src.row_stride + off * 16;
+      CpAsync16(slot + seg * kGroupBytes + off * 16, gsrc);
+    }
+  }
+
+  // Starts the cp.async pipeline (the first kStages - 1 stages). Call before preparing the activations
+  // so the first trellis bytes are already in flight; MainLoop's first barrier publishes both.
+  __device__ static void Prologue(const Source& src, int KT, uint8_t* ring) {
+    const int num_stages = KT / WK;
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < num_stages) LoadStage(src, s, ring + s * kStageBytes, threadIdx.x);
+      CpAsyncCommit();
+    }
+  }
+
+  // acc[nt][half][4]: fp32 C fragments of this warp's 8 tiles (two n8 halves each).
+  // a[g]: row-major [R][a_stride] fp16 activations of group g, column 0 = first k of the range.
+  // KT: number of k-tiles, a multiple of WK. ring: RingBytes(K) of shared memory. With accumulate,
+  // adds to acc (a previous k-chunk of the same outputs); otherwise starts from zero.
+  __device__ static void MainLoop(const Source& src, int KT, const __half* const* a, int a_stride, int R,
+                                  uint8_t* ring, float acc[8][2][4], bool accumulate = false) {
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = warp / WK, j = warp - g * WK;
+    const int num_stages = KT / WK;
+    if (!accumulate) {
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[nt][h][i] = 0.f;
+    }
+
+    const LaneTileGeom geom = MakeLaneTileGeom<K>(lane);
+    const int arow = lane >> 2, acol = (lane & 3) * 2;
+    const bool row_lo = arow < R, row_hi = arow + 8 < R;
+    const __half* a_lo = a[g] + arow * a_stride + acol;
+    const __half* a_hi = a[g] + (arow + 8) * a_stride + acol;
+
+    for (int st = 0; st < num_stages; ++st) {
+      CpAsyncWait<kStages - 2>();
+      __syncthreads();
+      {
+        const int next = st + kStages - 1;
+        if (next < num_stages) LoadStage(src, next, ring + (next % kStages) * kStageBytes, tid);
+        CpAsyncCommit();
+      }
+      const int kt = st * WK + j;
+      uint32_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+      if (row_lo) {
+        a0 = *reinterpret_cast<const uint32_t*>(a_lo + kt * 16);
+        a2 = *reinterpret_cast<const uint32_t*>(a_lo + kt * 16 + 8);
+      }
+      if (row_hi) {
+        a1 = *reinterpret_cast<const uint32_t*>(a_hi + kt * 16);
+        a3 = *reinterpret_cast<const uint32_t*>(a_hi + kt * 16 + 8);
+      }
+      const uint32_t* tiles =
+          reinterpret_cast<const uint32_t*>(ring + (st % kStages) * kStageBytes + (j * WN + g) * kGroupBytes);
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        uint32_t b[4];
+        DecodeTileLane<K, CB>(tiles + nt * (kTileBytes / 4), geom, b);
+        Mma16816(acc[nt][0], a0, a1, a2, a3, b[0], b[1]);
+        Mma16816(acc[nt][1], a0, a1, a2, a3, b[2], b[3]);
+      }
+    }
+    CpAsyncWait<0>();
+    __syncthreads();  // ring is free for the reduction
+  }
+
+  // Tree reduction over the WK k-splits in fixed order; rows < R only. red: shared scratch of at least
+  // WN * (WK / 2) * R * 512 bytes (the ring). out: [WN][R][128] fp32 shared.
+  __device__ static void Reduce(float acc[8][2][4], int R, float* red, float* out) {
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = warp / WK, j = warp - g * WK;
+    const int row = lane >> 2, col = (lane & 3) * 2;
+    auto slot = [&](int s) { return red + ((g * (WK / 2 > 0 ? WK / 2 : 1) + s) * R) * 128; };
+    for (int half = WK / 2; half >= 1; half /= 2) {
+      if (j >= half && j < 2 * half) {
+        float* dst = slot(j - half);
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int c = nt * 16 + h * 8 + col;
+            if (row < R) *reinterpret_cast<float2*>(dst + row * 128 + c) = make_float2(acc[nt][h][0], acc[nt][h][1]);
+            if (row + 8 < R)
+              *reinterpret_cast<float2*>(dst + (row + 8) * 128 + c) = make_float2(acc[nt][h][2], acc[nt][h][3]);
+          }
+      }
+      __syncthreads();
+      if (j < half) {
+        const float* srcp = slot(j);
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int c = nt * 16 + h * 8 + col;
+            if (row < R) {
+              const float2 v = *reinterpret_cast<const float2*>(srcp + row * 128 + c);
+              acc[nt][h][0] += v.x;
+              acc[nt][h][1] += v.y;
+            }
+            if (row + 8 < R) {
+              const float2 v = *reinterpret_cast<const float2*>(srcp + (row + 8) * 128 + c);
+              acc[nt][h][2] += v.x;
+              acc[nt][h][3] += v.y;
+            }
+          }
+      }
+      __syncthreads();
+    }
+    if (j == 0) {
+      float* dst = out + g * R * 128;
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int c = nt * 16 + h * 8 + col;
+          if (row < R) *reinterpret_cast<float2*>(dst + row * 128 + c) = make_float2(acc[nt][h][0], acc[nt][h][1]);
+          if (row + 8 < R)
+            *reinterpret_cast<float2*>(dst + (row + 8) * 128 + c) = make_float2(acc[nt][h][2], acc[nt][h][3]);
+        }
+    }
+    __syncthreads();
+  }
+};
+
+}  // namespace dsmesh::exl3cuda
