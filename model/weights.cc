@@ -56,6 +56,13 @@ class WeightLoader {
     std::string hf = TransformersName(ds);
     if (!hf.empty() && ckpt_.Has(hf)) return hf;
     if (ckpt_.Has("model." + ds)) return "model." + ds;
+    // transformers' save_pretrained writes the attention's kv_norm as `attn.norm` (DeepSeek: `attn.kv_norm`).
+    static const std::string kKvNorm = ".attn.kv_norm.weight";
+    if (ds.size() > kKvNorm.size() && ds.compare(ds.size() - kKvNorm.size(), kKvNorm.size(), kKvNorm) == 0) {
+      std::string alt = ds.substr(0, ds.size() - kKvNorm.size()) + ".attn.norm.weight";
+      if (ckpt_.Has(alt)) return alt;
+      if (ckpt_.Has("model." + alt)) return "model." + alt;
+    }
     return "";
   }
   bool Has(const std::string& ds) const { return !Find(ds).empty(); }
