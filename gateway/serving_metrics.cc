@@ -69,8 +69,10 @@ std::string ServingMetrics::Render(const std::optional<StatsResponse>& stats, in
     PromFamilyHeader(name, "gauge", help, &out);
     PromSample(name, base, v, &out);
   };
+  // Counter families are announced under their _total name, as prometheus_client (vLLM) writes the
+  // 0.0.4 text format; promtool and Prometheus expect exactly that.
   auto counter = [&](const std::string& name, const std::string& help, double v) {
-    PromFamilyHeader(name, "counter", help, &out);
+    PromFamilyHeader(name + "_total", "counter", help, &out);
     PromSample(name + "_total", base, v, &out);
   };
   auto histogram = [&](const std::string& name, const std::string& help, const Histogram& h) {
@@ -78,8 +80,8 @@ std::string ServingMetrics::Render(const std::optional<StatsResponse>& stats, in
     h.Render(name, base, &out);
   };
 
-  gauge("dsmesh:coordinator_up", "1 when the coordinator answered the Stats RPC for this scrape.", stats ? 1 : 0);
-  gauge("dsmesh:gateway_requests_in_flight", "Requests this gateway has admitted and not finished.",
+  gauge("dsmesh_coordinator_up", "1 when the coordinator answered the Stats RPC for this scrape.", stats ? 1 : 0);
+  gauge("dsmesh_gateway_requests_in_flight", "Requests this gateway has admitted and not finished.",
         gateway_in_flight);
   if (stats) {
     gauge("vllm:num_requests_running", "Number of requests in model execution batches.", stats->num_requests_running());
@@ -93,7 +95,18 @@ std::string ServingMetrics::Render(const std::optional<StatsResponse>& stats, in
     counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", stats->spec_decode_num_draft_tokens());
     counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
             stats->spec_decode_num_accepted_tokens());
-    PromFamilyHeader("vllm:spec_decode_num_accepted_tokens_per_pos", "counter",
+    counter("vllm:num_preemptions", "Cumulative number of preemptions from the engine.", stats->num_preemptions());
+    gauge("dsmesh_mesh_world_size", "Worker ranks in the mesh.", stats->world());
+    gauge("dsmesh_mesh_epoch", "Times the mesh was (re)formed.", stats->mesh_epoch());
+    counter("dsmesh_engine_steps", "Engine steps run by the coordinator.", stats->steps());
+    counter("dsmesh_step_wall_seconds", "Step time, plan written to every rank's result received.",
+            stats->step_wall_seconds_sum());
+    counter("dsmesh_step_forward_seconds", "Rank 0 forward time, collectives excluded.", stats->forward_seconds_sum());
+    counter("dsmesh_step_collective_seconds", "Rank 0 time inside collectives.", stats->collective_seconds_sum());
+    counter("dsmesh_step_sample_seconds", "Rank 0 sampling time.", stats->sample_seconds_sum());
+    counter("dsmesh_step_schedule_seconds", "Coordinator time building plans and applying results.",
+            stats->schedule_seconds_sum());
+    PromFamilyHeader("vllm:spec_decode_num_accepted_tokens_per_pos_total", "counter",
                      "Accepted tokens per draft position.", &out);
     for (int pos = 0; pos < stats->spec_decode_num_accepted_tokens_per_pos_size(); ++pos) {
       Labels l = base;
@@ -101,19 +114,19 @@ std::string ServingMetrics::Render(const std::optional<StatsResponse>& stats, in
       PromSample("vllm:spec_decode_num_accepted_tokens_per_pos_total", l,
                  stats->spec_decode_num_accepted_tokens_per_pos(pos), &out);
     }
-    PromFamilyHeader("dsmesh:worker_step_time_seconds", "counter", "Time workers spent executing steps, per rank.",
+    PromFamilyHeader("dsmesh_worker_step_time_seconds_total", "counter", "Time workers spent executing steps, per rank.",
                      &out);
     for (const auto& w : stats->workers())
-      PromSample("dsmesh:worker_step_time_seconds_total", {{"model_name", model_name_}, {"rank", std::to_string(w.rank())}},
+      PromSample("dsmesh_worker_step_time_seconds_total", {{"model_name", model_name_}, {"rank", std::to_string(w.rank())}},
                  w.step_time_seconds_sum(), &out);
-    PromFamilyHeader("dsmesh:worker_steps", "counter", "Steps executed, per worker rank.", &out);
+    PromFamilyHeader("dsmesh_worker_steps_total", "counter", "Steps executed, per worker rank.", &out);
     for (const auto& w : stats->workers())
-      PromSample("dsmesh:worker_steps_total", {{"model_name", model_name_}, {"rank", std::to_string(w.rank())}},
+      PromSample("dsmesh_worker_steps_total", {{"model_name", model_name_}, {"rank", std::to_string(w.rank())}},
                  w.step_count(), &out);
-    PromFamilyHeader("dsmesh:worker_collective_time_seconds", "counter",
+    PromFamilyHeader("dsmesh_worker_collective_time_seconds_total", "counter",
                      "Time workers spent in collectives (all-reduce etc.), per rank.", &out);
     for (const auto& w : stats->workers())
-      PromSample("dsmesh:worker_collective_time_seconds_total",
+      PromSample("dsmesh_worker_collective_time_seconds_total",
                  {{"model_name", model_name_}, {"rank", std::to_string(w.rank())}}, w.collective_time_seconds_sum(),
                  &out);
   }
@@ -121,23 +134,23 @@ std::string ServingMetrics::Render(const std::optional<StatsResponse>& stats, in
   counter("vllm:generation_tokens", "Number of generation tokens processed.", generation_tokens_.value());
   {
     std::lock_guard<std::mutex> lock(mu_);
-    PromFamilyHeader("vllm:request_success", "counter", "Count of successfully processed requests.", &out);
+    PromFamilyHeader("vllm:request_success_total", "counter", "Count of successfully processed requests.", &out);
     for (const auto& [reason, c] : request_success_) {
       Labels l = base;
       l.emplace_back("finished_reason", reason);
       PromSample("vllm:request_success_total", l, c.value(), &out);
     }
-    PromFamilyHeader("dsmesh:requests_rejected", "counter", "Requests refused before reaching the mesh, by reason.",
+    PromFamilyHeader("dsmesh_requests_rejected_total", "counter", "Requests refused before reaching the mesh, by reason.",
                      &out);
     for (const auto& [reason, c] : rejected_) {
       Labels l = base;
       l.emplace_back("reason", reason);
-      PromSample("dsmesh:requests_rejected_total", l, c.value(), &out);
+      PromSample("dsmesh_requests_rejected_total", l, c.value(), &out);
     }
-    PromFamilyHeader("dsmesh:http_requests", "counter", "HTTP requests by handler, method and status.", &out);
+    PromFamilyHeader("dsmesh_http_requests_total", "counter", "HTTP requests by handler, method and status.", &out);
     for (const auto& [key, c] : http_requests_) {
       const auto& [handler, method, status] = key;
-      PromSample("dsmesh:http_requests_total",
+      PromSample("dsmesh_http_requests_total",
                  {{"handler", handler}, {"method", method}, {"status", std::to_string(status)}}, c.value(), &out);
     }
   }

@@ -2,7 +2,7 @@
 // (vllm/v1/metrics/loggers.py, summarized in shared/reference/serving-conventions.md section 2), so
 // vLLM's Grafana dashboard and the seat's bench scripts work unchanged. Per-request figures are
 // observed here as responses stream through; scheduler, KV and speculative figures come from the
-// coordinator's Stats RPC at scrape time. Names outside vLLM's set use the `dsmesh:` prefix.
+// coordinator's Stats RPC at scrape time. Names outside vLLM's set use the `dsmesh_` prefix.
 #pragma once
 
 #include <map>

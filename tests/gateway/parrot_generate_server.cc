@@ -128,6 +128,8 @@ class ParrotService final : public Generate::Service {
           ++drafts_;
           draft_tokens_ += o_.tokens_per_step - 1;
           accepted_ += out.token_ids_size() - 1;
+          accepted_per_pos_.resize(o_.tokens_per_step - 1);
+          for (int pos = 0; pos + 1 < out.token_ids_size(); ++pos) ++accepted_per_pos_[pos];
         }
       }
       if (!writer->Write(out)) {
@@ -152,13 +154,12 @@ class ParrotService final : public Generate::Service {
     out->set_spec_decode_num_drafts(drafts_);
     out->set_spec_decode_num_draft_tokens(draft_tokens_);
     out->set_spec_decode_num_accepted_tokens(accepted_);
+    for (int64_t n : accepted_per_pos_) out->add_spec_decode_num_accepted_tokens_per_pos(n);
     out->set_max_model_len(o_.max_model_len);
     out->set_max_num_seqs(o_.slots);
     out->set_world(1);
     auto* w = out->add_workers();
     w->set_rank(0);
-    // The fixture's only "aborted" figure rides in num_preemptions so tests can see cancellations.
-    out->set_num_preemptions(aborted_);
     return grpc::Status::OK;
   }
 
@@ -192,6 +193,7 @@ class ParrotService final : public Generate::Service {
   std::deque<uint64_t> waiting_;
   uint64_t next_ticket_ = 0;
   int running_ = 0;
+  std::vector<int64_t> accepted_per_pos_;
   int64_t aborted_ = 0, generated_ = 0, prefix_queries_ = 0, drafts_ = 0, draft_tokens_ = 0, accepted_ = 0;
 };
 
