@@ -1,0 +1,183 @@
+#include "coordinator/local_mesh.h"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <stdexcept>
+#include <thread>
+
+namespace dsmesh {
+
+std::string LocalMesh::SelfDir() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) throw std::runtime_error("cannot read /proc/self/exe");
+  std::string path(buf, n);
+  return path.substr(0, path.rfind('/'));
+}
+
+int LocalMesh::FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof(a);
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+    throw std::runtime_error(std::string("cannot find a free port: ") + std::strerror(errno));
+  int port = ntohs(a.sin_port);
+  close(fd);
+  return port;
+}
+
+LocalMesh::LocalMesh(const LocalMeshOptions& options) : opt_(options) {
+  if (opt_.coordinator_port == 0) opt_.coordinator_port = FreePort();
+  for (const auto& bin : {opt_.coordinator_bin, opt_.worker_bin})
+    if (access(bin.c_str(), X_OK) != 0) throw std::runtime_error(bin + ": not an executable (build it first)");
+}
+
+LocalMesh::~LocalMesh() { Stop(); }
+
+std::string LocalMesh::coordinator_address() const { return "127.0.0.1:" + std::to_string(opt_.coordinator_port); }
+
+pid_t LocalMesh::Spawn(const std::string& name, const std::vector<std::string>& argv) {
+  const pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(1);  // the parent died before prctl
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    if (!opt_.log_dir.empty()) {
+      std::string log = opt_.log_dir + "/" + name + ".log";
+      int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      if (fd >= 0) {
+        dup2(fd, 2);
+        dup2(fd, 1);
+        close(fd);
+      }
+    }
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    std::fprintf(stderr, "exec %s: %s\n", args[0], std::strerror(errno));
+    _exit(127);
+  }
+  return pid;
+}
+
+std::vector<std::string> LocalMesh::WorkerArgv(int rank) const {
+  return {opt_.worker_bin, "--rank", std::to_string(rank), "--world", std::to_string(opt_.world),
+          "--coordinator", coordinator_address(), "--model", opt_.model_dir, "--device", "cpu",
+          "--kv-memory", opt_.kv_memory, "--threads", std::to_string(opt_.threads_per_worker)};
+}
+
+void LocalMesh::Start() {
+  std::vector<std::string> c = {opt_.coordinator_bin, "--listen", coordinator_address(), "--world",
+                                std::to_string(opt_.world), "--model", opt_.model_dir};
+  c.insert(c.end(), opt_.coordinator_args.begin(), opt_.coordinator_args.end());
+  children_.push_back({"coordinator", Spawn("coordinator", c), c});
+  for (int r = 0; r < opt_.world; ++r) {
+    auto w = WorkerArgv(r);
+    children_.push_back({"worker" + std::to_string(r), Spawn("worker" + std::to_string(r), w), w});
+  }
+  if (!opt_.gateway_bin.empty()) {
+    std::vector<std::string> g = {opt_.gateway_bin, "--listen", "127.0.0.1:" + std::to_string(opt_.gateway_port),
+                                  "--coordinator", coordinator_address(), "--model", opt_.model_dir};
+    children_.push_back({"gateway", Spawn("gateway", g), g});
+  }
+}
+
+std::string LocalMesh::WaitAny(int* status) {
+  while (true) {
+    bool any = false;
+    for (auto& ch : children_) any |= ch.pid > 0;
+    if (!any) {
+      *status = -1;
+      return "";
+    }
+    pid_t pid = waitpid(-1, status, 0);
+    if (pid < 0) {
+      if (errno == EINTR) continue;
+      *status = -1;
+      return "";
+    }
+    for (auto& ch : children_)
+      if (ch.pid == pid) {
+        ch.pid = -1;
+        return ch.name;
+      }
+  }
+}
+
+std::string LocalMesh::PollExited(int* status) {
+  for (auto& ch : children_) {
+    if (ch.pid <= 0) continue;
+    if (waitpid(ch.pid, status, WNOHANG) == ch.pid) {
+      ch.pid = -1;
+      return ch.name;
+    }
+  }
+  return "";
+}
+
+void LocalMesh::Stop(int grace_s) {
+  // Gateway first (stops taking requests), then the coordinator (drains and tells workers to exit).
+  std::vector<Child*> order;
+  for (auto it = children_.rbegin(); it != children_.rend(); ++it)
+    if (it->name == "gateway") order.push_back(&*it);
+  for (auto& ch : children_)
+    if (ch.name != "gateway") order.push_back(&ch);
+  for (Child* ch : order)
+    if (ch->pid > 0) kill(ch->pid, SIGTERM);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(grace_s);
+  for (Child* ch : order) {
+    while (ch->pid > 0) {
+      int st = 0;
+      pid_t r = waitpid(ch->pid, &st, WNOHANG);
+      if (r == ch->pid || r < 0) {
+        ch->pid = -1;
+        break;
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        kill(ch->pid, SIGKILL);
+        waitpid(ch->pid, &st, 0);
+        ch->pid = -1;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+}
+
+void LocalMesh::KillWorker(int rank, int sig) {
+  Child& ch = children_.at(1 + rank);
+  if (ch.pid <= 0) return;
+  kill(ch.pid, sig);
+  if (sig == SIGKILL || sig == SIGTERM) {
+    int st = 0;
+    waitpid(ch.pid, &st, 0);
+    ch.pid = -1;
+  }
+}
+
+void LocalMesh::StartWorker(int rank) {
+  Child& ch = children_.at(1 + rank);
+  if (ch.pid > 0) throw std::runtime_error(ch.name + " is still running");
+  ch.pid = Spawn(ch.name, ch.argv);
+}
+
+pid_t LocalMesh::worker_pid(int rank) const { return children_.at(1 + rank).pid; }
+
+}  // namespace dsmesh

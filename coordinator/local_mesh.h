@@ -1,0 +1,63 @@
+// Starts a coordinator and N CPU workers (and optionally the gateway) on this machine as child processes,
+// for `dsmesh up`, `dsmesh logits/generate --world N` and the end-to-end tests. Children get SIGTERM if
+// this process dies (PR_SET_PDEATHSIG), so nothing is orphaned; Stop() terminates them in order.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+namespace dsmesh {
+
+struct LocalMeshOptions {
+  std::string coordinator_bin, worker_bin, gateway_bin;  // gateway_bin empty: no gateway
+  std::string model_dir;
+  int world = 2;
+  int coordinator_port = 0;     // 0: pick a free port
+  int gateway_port = 8000;
+  std::string kv_memory = "256M";
+  int threads_per_worker = 1;
+  std::vector<std::string> coordinator_args;  // extra flags, e.g. {"--max-num-seqs", "8"}
+  std::string log_dir;          // empty: children inherit stderr
+};
+
+struct Child {
+  std::string name;
+  pid_t pid = -1;
+  std::vector<std::string> argv;
+};
+
+class LocalMesh {
+ public:
+  explicit LocalMesh(const LocalMeshOptions& options);
+  ~LocalMesh();  // Stop()
+
+  void Start();
+  std::string coordinator_address() const;
+  // Waits for any child to exit; returns its name and fills *status (-1 if none left).
+  std::string WaitAny(int* status);
+  // Returns the name of a child that has exited (without blocking), or "".
+  std::string PollExited(int* status);
+  // SIGTERM to everyone (gateway, coordinator, then workers), SIGKILL after `grace_s`.
+  void Stop(int grace_s = 10);
+  // Kill / restart one worker (fault tests).
+  void KillWorker(int rank, int sig);
+  void StartWorker(int rank);
+  pid_t worker_pid(int rank) const;
+  pid_t coordinator_pid() const { return children_.empty() ? -1 : children_[0].pid; }
+
+  // The directory of the running executable (siblings are found relative to it).
+  static std::string SelfDir();
+  // A free TCP port on 127.0.0.1.
+  static int FreePort();
+
+ private:
+  pid_t Spawn(const std::string& name, const std::vector<std::string>& argv);
+  std::vector<std::string> WorkerArgv(int rank) const;
+
+  LocalMeshOptions opt_;
+  std::vector<Child> children_;  // [0] coordinator, [1..world] workers, [world+1] gateway
+};
+
+}  // namespace dsmesh
