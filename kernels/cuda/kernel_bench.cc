@@ -1,0 +1,394 @@
+// dsmesh-kernel-bench: times the EXL3 CUDA kernels on the anchor table's cases and prints, per case,
+// the measured time (CUDA-graph replay, cold weights, median), the byte floor (weight bytes / measured
+// copy bandwidth), the decode-op floor (integer ops per weight x weights / measured integer throughput),
+// exllamav3's time on an H200 from anchors-h200.json, and the speed-up over it.
+//
+//   dsmesh-kernel-bench --anchors PATH/anchors-h200.json [--only dense|moe] [--replays N]
+//
+// Weights are random valid trellises (MCG codebook, like the anchors), rotated over enough copies that
+// the weights read by one graph replay exceed the L2 several times; MoE cases use 256 experts and a
+// different random routing for every call in the graph.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/exl3_gemv.h"
+#include "kernels/cuda/exl3_moe.h"
+
+namespace dsmesh::bench {
+int FillRandom(void* p, int64_t words, uint32_t seed, cudaStream_t s);
+int Lop3Chains(uint32_t* out, int blocks, int iters, cudaStream_t s);
+}  // namespace dsmesh::bench
+
+namespace dsmesh {
+namespace {
+
+// Integer/half instructions per decoded weight in the GEMV/MoE inner loop, counted in the sm_90 SASS of
+// Exl3GemvKernel<K, MCG> (cuobjdump --dump-sass; see NOTES.md for the count and the method): per tile and
+// lane, everything in the decode + MMA loop except the MMAs themselves, divided by 8 weights.
+double DecodeOpsPerWeight(int K) {
+  static const double kOps[9] = {0, 5.5, 5.5, 5.6, 5.5, 5.6, 5.6, 5.9, 5.9};
+  return kOps[std::clamp(K, 1, 8)];
+}
+
+struct Event {
+  cudaEvent_t e;
+  Event() { CudaCheck(cudaEventCreate(&e), "event"); }
+  ~Event() { cudaEventDestroy(e); }
+};
+
+template <class T>
+T* DeviceAlloc(size_t count) {
+  T* p = nullptr;
+  CudaCheck(cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)), "bench cudaMalloc");
+  return p;
+}
+
+double MeasureCopyBandwidth(cudaStream_t s) {
+  const size_t bytes = size_t(2) << 30;
+  void* a = DeviceAlloc<uint8_t>(bytes);
+  void* b = DeviceAlloc<uint8_t>(bytes);
+  CudaCheck(cudaMemsetAsync(a, 1, bytes, s), "memset");
+  Event t0, t1;
+  CudaCheck(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s), "copy");
+  std::vector<double> v;
+  for (int i = 0; i < 5; ++i) {
+    CudaCheck(cudaEventRecord(t0.e, s), "rec");
+    CudaCheck(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s), "copy");
+    CudaCheck(cudaEventRecord(t1.e, s), "rec");
+    CudaCheck(cudaEventSynchronize(t1.e), "sync");
+    float ms = 0;
+    cudaEventElapsedTime(&ms, t0.e, t1.e);
+    v.push_back(2.0 * bytes / (ms * 1e-3));  // read + write
+  }
+  cudaFree(a);
+  cudaFree(b);
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double MeasureIntThroughput(int sms, cudaStream_t s) {
+  uint32_t* out = DeviceAlloc<uint32_t>(1);
+  const int blocks = 8 * sms, iters = 8192;
+  CudaCheck(static_cast<cudaError_t>(bench::Lop3Chains(out, blocks, iters, s)), "lop3 probe");
+  Event t0, t1;
+  std::vector<double> v;
+  for (int i = 0; i < 5; ++i) {
+    CudaCheck(cudaEventRecord(t0.e, s), "rec");
+    CudaCheck(static_cast<cudaError_t>(bench::Lop3Chains(out, blocks, iters, s)), "lop3 probe");
+    CudaCheck(cudaEventRecord(t1.e, s), "rec");
+    CudaCheck(cudaEventSynchronize(t1.e), "sync");
+    float ms = 0;
+    cudaEventElapsedTime(&ms, t0.e, t1.e);
+    v.push_back(double(blocks) * 256 * iters * 8 / (ms * 1e-3));
+  }
+  cudaFree(out);
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+std::vector<uint16_t> RandomHalves(size_t n, std::mt19937& rng, float scale) {
+  std::normal_distribution<float> nd(0.f, scale);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) {
+    const __half h = __float2half(nd(rng));
+    x = *reinterpret_cast<const uint16_t*>(&h);
+  }
+  return v;
+}
+
+uint16_t* UploadHalves(const std::vector<uint16_t>& h) {
+  uint16_t* d = DeviceAlloc<uint16_t>(h.size());
+  CudaCheck(cudaMemcpy(d, h.data(), h.size() * 2, cudaMemcpyHostToDevice), "upload");
+  return d;
+}
+
+// Replays `exec` (holding `calls` calls) `replays` times; median microseconds per call.
+double TimeGraph(cudaGraphExec_t exec, int calls, int replays, cudaStream_t s) {
+  for (int i = 0; i < 2; ++i) CudaCheck(cudaGraphLaunch(exec, s), "warm-up replay");
+  Event t0, t1;
+  std::vector<double> v;
+  for (int r = 0; r < replays; ++r) {
+    CudaCheck(cudaEventRecord(t0.e, s), "rec");
+    CudaCheck(cudaGraphLaunch(exec, s), "replay");
+    CudaCheck(cudaEventRecord(t1.e, s), "rec");
+    CudaCheck(cudaEventSynchronize(t1.e), "sync");
+    float ms = 0;
+    cudaEventElapsedTime(&ms, t0.e, t1.e);
+    v.push_back(ms * 1000.0 / calls);
+  }
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+struct Row {
+  std::string kind, label;
+  double us, byte_floor, op_floor, anchor_us;
+};
+
+void PrintRow(const Row& r) {
+  std::printf("%-6s %-36s %9.2f %9.2f %9.2f %9.2f %7.2fx  %5.2fx-of-floor\n", r.kind.c_str(), r.label.c_str(), r.us,
+              r.byte_floor, r.op_floor, r.anchor_us, r.anchor_us / r.us, r.us / std::max(r.byte_floor, r.op_floor));
+  std::fflush(stdout);
+}
+
+void PrintHeader() {
+  std::printf("%-6s %-36s %9s %9s %9s %9s %8s\n", "kind", "case", "us", "byte_fl", "op_fl", "exl3_us", "speedup");
+}
+
+void Summary(const std::string& kind, const std::vector<Row>& rows) {
+  if (rows.empty()) return;
+  double lg = 0, mn = 1e30, mx = 0;
+  for (const auto& r : rows) {
+    const double s = r.anchor_us / r.us;
+    lg += std::log(s);
+    mn = std::min(mn, s);
+    mx = std::max(mx, s);
+  }
+  std::printf("SUMMARY %s: %zu cases, geomean speedup %.2fx, min %.2fx, max %.2fx\n", kind.c_str(), rows.size(),
+              std::exp(lg / rows.size()), mn, mx);
+}
+
+void RunDense(const nlohmann::json& anchors, double bw, double intops, int replays, cudaStream_t s,
+              std::vector<Row>& rows) {
+  Exl3GemvWorkspace ws(64u << 20);
+  std::mt19937 rng(1);
+  for (const auto& a : anchors["results"]) {
+    if (a["kind"] != "gemm") continue;
+    const int K = a["K"], m = a["m"];
+    const std::string shape = a["shape"];
+    const size_t sp = shape.find(' '), xp = shape.find('x', sp);
+    const int64_t k = std::stoll(shape.substr(sp + 1, xp - sp - 1)), n = std::stoll(shape.substr(xp + 1));
+    const size_t bytes = size_t(k) * n * K / 8;
+    const int copies = static_cast<int>(std::clamp<size_t>((size_t(256) << 20) / bytes + 1, 2, 512));
+    uint8_t* tr = DeviceAlloc<uint8_t>(bytes * copies);
+    CudaCheck(static_cast<cudaError_t>(bench::FillRandom(tr, int64_t(bytes * copies / 4), 1234 + K, s)), "fill");
+    std::vector<uint16_t> ones_k(k, 0x3C00), ones_n(n, 0x3C00);
+    uint16_t* suh = UploadHalves(ones_k);
+    uint16_t* svh = UploadHalves(ones_n);
+    uint16_t* x = UploadHalves(RandomHalves(size_t(m) * k, rng, 1.0f));
+    uint16_t* y = DeviceAlloc<uint16_t>(size_t(m) * n);
+    CudaCheck(cudaStreamSynchronize(s), "sync");
+    const int calls = std::max(20, copies);
+    cudaGraph_t graph;
+    CudaCheck(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
+    for (int c = 0; c < calls; ++c) {
+      Exl3DeviceLinear l;
+      l.k = k;
+      l.n = n;
+      l.K = K;
+      l.codebook = 1;
+      l.trellis = reinterpret_cast<const uint16_t*>(tr + bytes * (c % copies));
+      l.suh = suh;
+      l.svh = svh;
+      l.name = shape;
+      Exl3Gemv(l, x, m, y, Exl3Out::kF16, ws, s);
+    }
+    CudaCheck(cudaStreamEndCapture(s, &graph), "end capture");
+    cudaGraphExec_t exec;
+    CudaCheck(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+    Row r;
+    r.kind = "dense";
+    r.label = "K" + std::to_string(K) + " " + shape + " m" + std::to_string(m);
+    r.us = TimeGraph(exec, calls, replays, s);
+    r.byte_floor = bytes / bw * 1e6;
+    r.op_floor = DecodeOpsPerWeight(K) * double(k) * n / intops * 1e6;
+    r.anchor_us = a["us"];
+    rows.push_back(r);
+    PrintRow(r);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaFree(tr);
+    cudaFree(suh);
+    cudaFree(svh);
+    cudaFree(x);
+    cudaFree(y);
+  }
+}
+
+void RunMoe(const nlohmann::json& anchors, double bw, double intops, int replays, cudaStream_t s,
+            std::vector<Row>& rows) {
+  const int E = 256, topk = 6, d = 4096, calls = 20;
+  std::map<std::pair<int, int>, std::vector<nlohmann::json>> groups;
+  for (const auto& a : anchors["results"])
+    if (a["kind"] == "moe") groups[{a["K"].get<int>(), a["I"].get<int>()}].push_back(a);
+  std::mt19937 rng(2);
+  for (const auto& [key, cases] : groups) {
+    const int K = key.first, I = key.second;
+    const size_t proj_bytes = size_t(d) * I * K / 8;
+    uint8_t* tr[3];
+    for (int p = 0; p < 3; ++p) {
+      tr[p] = DeviceAlloc<uint8_t>(proj_bytes * E);
+      CudaCheck(static_cast<cudaError_t>(bench::FillRandom(tr[p], int64_t(proj_bytes * E / 4), 77 + p * 13 + K, s)), "fill");
+    }
+    std::vector<uint16_t> ones_d(d, 0x3C00), ones_i(I, 0x3C00);
+    uint16_t* sd = UploadHalves(ones_d);
+    uint16_t* si = UploadHalves(ones_i);
+    std::vector<const uint16_t*> tabs[9];
+    for (int e = 0; e < E; ++e) {
+      for (int p = 0; p < 3; ++p) {
+        tabs[p * 3 + 0].push_back(reinterpret_cast<const uint16_t*>(tr[p] + proj_bytes * e));
+        tabs[p * 3 + 1].push_back(p == 2 ? si : sd);  // suh: [k]
+        tabs[p * 3 + 2].push_back(p == 2 ? sd : si);  // svh: [n]
+      }
+    }
+    const uint16_t** dtabs[9];
+    for (int t = 0; t < 9; ++t) {
+      dtabs[t] = DeviceAlloc<const uint16_t*>(E);
+      CudaCheck(cudaMemcpy(dtabs[t], tabs[t].data(), E * sizeof(void*), cudaMemcpyHostToDevice), "tables");
+    }
+    Exl3MoeLayer layer;
+    layer.name = "bench.experts";
+    layer.num_experts = E;
+    layer.hidden = d;
+    layer.inter = I;
+    layer.K = K;
+    layer.codebook = 1;
+    layer.swiglu_limit = 10.0f;
+    layer.gate_trellis = dtabs[0];
+    layer.gate_suh = dtabs[1];
+    layer.gate_svh = dtabs[2];
+    layer.up_trellis = dtabs[3];
+    layer.up_suh = dtabs[4];
+    layer.up_svh = dtabs[5];
+    layer.down_trellis = dtabs[6];
+    layer.down_suh = dtabs[7];
+    layer.down_svh = dtabs[8];
+    Exl3MoeWorkspace ws(24, topk, d, I);
+    for (const auto& a : cases) {
+      const int m = a["m"];
+      uint16_t* x = UploadHalves(RandomHalves(size_t(m) * d, rng, 0.05f));
+      float* y = DeviceAlloc<float>(size_t(m) * d);
+      std::vector<int32_t*> ids(calls);
+      std::vector<float*> wts(calls);
+      double unique_sum = 0;
+      for (int c = 0; c < calls; ++c) {
+        std::vector<int32_t> hid;
+        std::vector<float> hw;
+        std::set<int> uniq;
+        for (int r = 0; r < m; ++r) {
+          std::vector<int> all(E);
+          for (int e = 0; e < E; ++e) all[e] = e;
+          std::shuffle(all.begin(), all.end(), rng);
+          for (int k = 0; k < topk; ++k) {
+            hid.push_back(all[k]);
+            hw.push_back(1.0f / topk);
+            uniq.insert(all[k]);
+          }
+        }
+        unique_sum += uniq.size();
+        ids[c] = DeviceAlloc<int32_t>(hid.size());
+        wts[c] = DeviceAlloc<float>(hw.size());
+        CudaCheck(cudaMemcpy(ids[c], hid.data(), hid.size() * 4, cudaMemcpyHostToDevice), "ids");
+        CudaCheck(cudaMemcpy(wts[c], hw.data(), hw.size() * 4, cudaMemcpyHostToDevice), "weights");
+      }
+      cudaGraph_t graph;
+      CudaCheck(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
+      for (int c = 0; c < calls; ++c) Exl3MoeForward(layer, x, ids[c], wts[c], m, y, ws, s);
+      CudaCheck(cudaStreamEndCapture(s, &graph), "end capture");
+      cudaGraphExec_t exec;
+      CudaCheck(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+      const double unique = unique_sum / calls;
+      Row r;
+      r.kind = "moe";
+      char label[96];
+      std::snprintf(label, sizeof label, "K%d I%d m%d (unique %.1f vs %d)", K, I, m, unique, a["unique"].get<int>());
+      r.label = label;
+      r.us = TimeGraph(exec, calls, replays, s);
+      r.byte_floor = unique * 3 * proj_bytes / bw * 1e6;
+      r.op_floor = DecodeOpsPerWeight(K) * unique * 3.0 * d * I / intops * 1e6;
+      r.anchor_us = a["us"];
+      rows.push_back(r);
+      PrintRow(r);
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+      for (int c = 0; c < calls; ++c) {
+        cudaFree(ids[c]);
+        cudaFree(wts[c]);
+      }
+      cudaFree(x);
+      cudaFree(y);
+    }
+    for (int p = 0; p < 3; ++p) cudaFree(tr[p]);
+    for (int t = 0; t < 9; ++t) cudaFree(dtabs[t]);
+    cudaFree(sd);
+    cudaFree(si);
+  }
+}
+
+int Main(int argc, char** argv) {
+  std::string anchors_path, only;
+  int replays = 15;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::runtime_error("flag " + a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--anchors") anchors_path = value();
+    else if (a == "--only") only = value();
+    else if (a == "--replays") replays = std::stoi(value());
+    else throw std::runtime_error("unknown flag " + a + " (usage: --anchors FILE [--only dense|moe] [--replays N])");
+  }
+  if (anchors_path.empty()) {
+    const char* shared = std::getenv("DSMESH_SHARED");
+    if (!shared) throw std::runtime_error("--anchors not given and DSMESH_SHARED unset");
+    anchors_path = std::string(shared) + "/reference/anchors-h200.json";
+  }
+  std::ifstream in(anchors_path);
+  if (!in) throw std::runtime_error("cannot open anchors file " + anchors_path);
+  nlohmann::json anchors;
+  try {
+    in >> anchors;
+  } catch (const std::exception& e) {
+    throw std::runtime_error(anchors_path + ": not valid JSON: " + e.what());
+  }
+  if (!anchors.contains("results")) throw std::runtime_error(anchors_path + ": no \"results\" array");
+
+  cudaDeviceProp prop;
+  CudaCheck(cudaGetDeviceProperties(&prop, 0), "device properties");
+  cudaStream_t s;
+  CudaCheck(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+  const double bw = MeasureCopyBandwidth(s);
+  const double intops = MeasureIntThroughput(prop.multiProcessorCount, s);
+  std::printf("device %s, %d SMs, L2 %d MB; copy bandwidth %.0f GB/s (read+write); LOP3 throughput %.2f Tops/s\n",
+              prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, bw / 1e9, intops / 1e12);
+  std::printf("floors: byte = weight bytes / copy bandwidth; op = decode ops/weight (SASS count) x weights / LOP3 rate\n");
+  PrintHeader();
+  std::vector<Row> dense, moe;
+  if (only.empty() || only == "dense") RunDense(anchors, bw, intops, replays, s, dense);
+  if (only.empty() || only == "moe") RunMoe(anchors, bw, intops, replays, s, moe);
+  Summary("dense", dense);
+  Summary("moe", moe);
+  const auto c = Exl3MoeCallCounts();
+  std::printf("routed-expert kernel counters: launches %lld, rows %lld, rejected %lld\n", (long long)c.launches,
+              (long long)c.rows, (long long)c.rejected);
+  return 0;
+}
+
+}  // namespace
+}  // namespace dsmesh
+
+int main(int argc, char** argv) {
+  try {
+    return dsmesh::Main(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dsmesh-kernel-bench: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Builds the GPU test and benchmark binaries and gathers them, their shared libraries, exllamav3's test
+# vectors and the anchor table into .bundle/cuda (ignored by git) for the GPU machine.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+: "${DSMESH_SHARED:?set DSMESH_SHARED (the shared folder with testdata/ and reference/)}"
+bazel build //kernels/cuda:exl3_gemv_test //kernels/cuda:exl3_moe_test //kernels/cuda:dsmesh-kernel-bench
+rm -rf .bundle/cuda
+"$DSMESH_SHARED/tools/gpu-bundle.sh" .bundle/cuda bazel-bin/kernels/cuda/exl3_gemv_test \
+  bazel-bin/kernels/cuda/exl3_moe_test bazel-bin/kernels/cuda/dsmesh-kernel-bench
+mkdir -p .bundle/cuda/shared/testdata/exl3 .bundle/cuda/shared/reference
+cp "$DSMESH_SHARED"/testdata/exl3/*.safetensors .bundle/cuda/shared/testdata/exl3/
+cp "$DSMESH_SHARED"/reference/anchors-h200.json .bundle/cuda/shared/reference/
+du -sh .bundle/cuda

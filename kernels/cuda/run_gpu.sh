@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Runs the EXL3 CUDA kernel tests, dsmesh-kernel-bench, compute-sanitizer and a SASS dump on the GPU
+# machine from a bundle made here by kernels/cuda/make_bundle.sh. Output goes to $OUT (or /tmp/out).
+#   usage (repository root on the GPU machine): kernels/cuda/run_gpu.sh [.bundle/cuda] [parts]
+#   parts: any of tests,bench,sanitize,sass (default: all)
+set -uo pipefail
+B=${1:-.bundle/cuda}
+PARTS=${2:-tests,bench,sanitize,sass}
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH=$B/lib
+export DSMESH_SHARED=$B/shared
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+if [[ $PARTS == *tests* ]]; then
+  timeout 300 "$B/bin/exl3_gemv_test" 2>&1 | tee "$OUT/gemv_test.log" | grep -E "^\[  |FAIL|Failure|rel|Expected|which is" | head -60
+  timeout 300 "$B/bin/exl3_moe_test" 2>&1 | tee "$OUT/moe_test.log" | grep -E "^\[  |FAIL|Failure|ACTIVE|rel|Expected|which is" | head -60
+fi
+if [[ $PARTS == *bench* ]]; then
+  timeout 400 "$B/bin/dsmesh-kernel-bench" --anchors "$B/shared/reference/anchors-h200.json" 2>&1 | tee "$OUT/bench.log"
+fi
+if [[ $PARTS == *sanitize* ]]; then
+  CS=/usr/local/cuda/bin/compute-sanitizer
+  for tool in memcheck racecheck synccheck; do
+    timeout 150 $CS --tool $tool --error-exitcode 9 "$B/bin/exl3_gemv_test" \
+      --gtest_filter='*LinearMatchesExllamav3Vectors*:*GraphCapture*' > "$OUT/san_gemv_$tool.log" 2>&1
+    echo "compute-sanitizer $tool gemv: exit $? $(grep -E 'ERROR SUMMARY|PASSED|FAILED' "$OUT/san_gemv_$tool.log" | tr '\n' ' ')"
+    timeout 150 $CS --tool $tool --error-exitcode 9 "$B/bin/exl3_moe_test" \
+      --gtest_filter='*HotExpertDuplicatesAndEdgeIds*:*StrictMode*' > "$OUT/san_moe_$tool.log" 2>&1
+    echo "compute-sanitizer $tool moe: exit $? $(grep -E 'ERROR SUMMARY|PASSED|FAILED' "$OUT/san_moe_$tool.log" | tr '\n' ' ')"
+  done
+fi
+if [[ $PARTS == *sass* ]]; then
+  cuobjdump -arch sm_90 --dump-sass "$B"/lib/libkernels_Scuda_Slibexl3_Ucuda_Ukernels.so 2>&1 | gzip > "$OUT/sass_sm90.txt.gz" || true
+  ls -la "$OUT"
+fi
