@@ -187,8 +187,9 @@ inline void ReduceColumns(const __m256* acc, float* out16) {
 }
 
 struct GemmArgs {
-  const uint16_t* trellis;
-  int64_t k, n;
+  const uint16_t* trellis;  // tile (0, 0) of the computed block
+  int64_t tile_stride;      // tiles per trellis row (the full n / 16)
+  int64_t k, n;             // size of the computed block (strips * 16, columns * 16)
   const float* xp;  // lane multipliers (small m)
   const float* xh;  // transformed input (large m)
   int64_t m;
@@ -199,7 +200,7 @@ struct GemmArgs {
 template <int K, Exl3Codebook CB>
 struct GemvKernel {
   static void Run(const GemmArgs& a, int64_t j0, int64_t j1) {
-    const int64_t strips = a.k / 16, tiles_n = a.n / 16, words = 16 * K;
+    const int64_t strips = a.k / 16, tiles_n = a.tile_stride, words = 16 * K;
     for (int64_t j = j0; j < j1; ++j) {
       __m256 acc[8];
       for (auto& v : acc) v = _mm256_setzero_ps();
@@ -230,7 +231,7 @@ struct GemvKernel {
 template <int K, Exl3Codebook CB>
 struct SmallMKernel {
   static void Run(const GemmArgs& a, int64_t j0, int64_t j1) {
-    const int64_t strips = a.k / 16, tiles_n = a.n / 16, words = 16 * K, m = a.m;
+    const int64_t strips = a.k / 16, tiles_n = a.tile_stride, words = 16 * K, m = a.m;
     alignas(32) float tile_f[256];
     AlignedFloats acc_buf(static_cast<size_t>(m * 64));
     __m256* acc = reinterpret_cast<__m256*>(acc_buf.get());
@@ -276,7 +277,7 @@ const GroupOrderCells kCells;
 template <int K, Exl3Codebook CB>
 struct LargeMKernel {
   static void Run(const GemmArgs& a, int64_t j0, int64_t j1) {
-    const int64_t strips = a.k / 16, tiles_n = a.n / 16, words = 16 * K, m = a.m, k = a.k;
+    const int64_t strips = a.k / 16, tiles_n = a.tile_stride, words = 16 * K, m = a.m, k = a.k;
     AlignedFloats wcol(static_cast<size_t>(k * 16));
     alignas(32) float tile_f[256];
     for (int64_t j = j0; j < j1; ++j) {
@@ -346,36 +347,55 @@ struct DecodeTileToFp16 {
 
 }  // namespace
 
-void Exl3LinearCpu(const Exl3Weight& w, const float* x, int64_t m, float* y) {
-  if (m <= 0) return;
-  const int64_t k = w.k_padded(), n = w.n_padded(), kin = w.in_features, nout = w.out_features;
-  const std::vector<float> suh = HalfVectorToFloat(w.suh), svh = HalfVectorToFloat(w.svh);
+void Exl3LinearCpu(const Exl3Weight& w, const float* x, int64_t m, float* y) { Exl3LinearCpu(w, x, m, y, Exl3Slice{}); }
 
-  // 1. xh = (x ⊙ suh) Hk, zero in padded columns.
+void Exl3LinearCpu(const Exl3Weight& w, const float* x, int64_t m, float* y, const Exl3Slice& slice) {
+  if (m <= 0) return;
+  const int64_t in_begin = slice.in_begin, in_end = slice.in_end < 0 ? w.in_features : slice.in_end;
+  const int64_t out_begin = slice.out_begin, out_end = slice.out_end < 0 ? w.out_features : slice.out_end;
+  if (in_begin < 0 || in_begin >= in_end || in_end > w.in_features || out_begin < 0 || out_begin >= out_end ||
+      out_end > w.out_features)
+    throw std::invalid_argument("Exl3LinearCpu " + w.name + ": slice in [" + std::to_string(in_begin) + ", " +
+                                std::to_string(in_end) + ") out [" + std::to_string(out_begin) + ", " +
+                                std::to_string(out_end) + ") outside " + std::to_string(w.in_features) + " x " +
+                                std::to_string(w.out_features));
+  // Hadamard blocks touched on each side: only those strips / tile columns are decoded.
+  const int64_t kb0 = in_begin / 128 * 128, kb1 = (in_end + 127) / 128 * 128;
+  const int64_t nb0 = out_begin / 128 * 128, nb1 = (out_end + 127) / 128 * 128;
+  const int64_t k = kb1 - kb0, n = nb1 - nb0, kin = in_end - in_begin, nout = out_end - out_begin;
+  const uint16_t* suh16 = w.suh.as<uint16_t>() + kb0;
+  const uint16_t* svh16 = w.svh.as<uint16_t>() + nb0;
+
+  // 1. xh = (x ⊙ suh) Hk over the touched blocks, zero outside the slice.
   std::vector<float> xh(static_cast<size_t>(m * k), 0.0f);
   Exl3ParallelFor(m, [&](int64_t r0, int64_t r1, int) {
     for (int64_t r = r0; r < r1; ++r) {
-      float* dst = &xh[r * k];
-      for (int64_t c = 0; c < kin; ++c) dst[c] = x[r * kin + c] * suh[c];
-      Hadamard128Rows(dst, 1, k, kHadamard128Scale);
+      float* dst = &xh[r * k] + (in_begin - kb0);
+      for (int64_t c = 0; c < kin; ++c) dst[c] = x[r * kin + c] * _cvtsh_ss(suh16[in_begin - kb0 + c]);
+      Hadamard128Rows(&xh[r * k], 1, k, kHadamard128Scale);
     }
   });
 
-  // 2. yh = xh Ŵ, tile columns split across threads.
+  // 2. yh = xh Ŵ[block], tile columns split across threads.
   std::vector<float> yh(static_cast<size_t>(m * n));
   std::vector<float> xp;
   if (m <= kSmallM) xp = MakeLaneMultipliers(xh.data(), m, k);
-  GemmArgs args{w.trellis.as<uint16_t>(), k, n, xp.data(), xh.data(), m, yh.data()};
+  const int64_t tiles_n = w.n_padded() / 16;
+  GemmArgs args{w.trellis.as<uint16_t>() + ((kb0 / 16) * tiles_n + nb0 / 16) * 16 * w.K, tiles_n, k, n, xp.data(),
+                xh.data(), m, yh.data()};
   Exl3ParallelFor(n / 16, [&](int64_t j0, int64_t j1, int) { DispatchK<RunGemm>(w.K, w.codebook, args, j0, j1); });
 
-  // 3. y = (yh Hn) ⊙ svh (+ bias), trimmed to out_features.
+  // 3. y = (yh Hn) ⊙ svh (+ bias), only the requested columns.
   std::vector<float> bias;
-  if (w.bias) bias = ToFloatVector(*w.bias);
+  if (w.bias && slice.add_bias) bias = ToFloatVector(*w.bias);
   Exl3ParallelFor(m, [&](int64_t r0, int64_t r1, int) {
     for (int64_t r = r0; r < r1; ++r) {
       float* src = &yh[r * n];
       Hadamard128Rows(src, 1, n, kHadamard128Scale);
-      for (int64_t c = 0; c < nout; ++c) y[r * nout + c] = src[c] * svh[c] + (bias.empty() ? 0.0f : bias[c]);
+      for (int64_t c = 0; c < nout; ++c) {
+        const int64_t col = out_begin - nb0 + c;
+        y[r * nout + c] = src[col] * _cvtsh_ss(svh16[col]) + (bias.empty() ? 0.0f : bias[out_begin + c]);
+      }
     }
   });
 }

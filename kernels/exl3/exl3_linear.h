@@ -62,6 +62,16 @@ Exl3Weight LoadExl3Weight(const TensorLookup& lookup, const std::string& prefix,
 // exl3 thread pool (see parallel.h).
 void Exl3LinearCpu(const Exl3Weight& w, const float* x, int64_t m, float* y);
 
+// A tensor-parallel slice: input columns [in_begin, in_end) and output columns [out_begin, out_end) of
+// the visible sizes (-1 = up to in_features / out_features). Any boundaries work; only the 128-blocks the
+// slice touches are decoded, so 128-aligned slices cost exactly their share.
+struct Exl3Slice {
+  int64_t in_begin = 0, in_end = -1, out_begin = 0, out_end = -1;
+  bool add_bias = true;  // a row-parallel (input-sliced) rank other than one should pass false
+};
+// y[m, out_end - out_begin] = x[m, in_end - in_begin] W[in_begin:in_end, out_begin:out_end] (+ bias slice).
+void Exl3LinearCpu(const Exl3Weight& w, const float* x, int64_t m, float* y, const Exl3Slice& slice);
+
 // Ŵ, the k_padded x n_padded rotated-basis matrix as fp16 bit patterns, row-major. Bit-exact with
 // exllamav3's `reconstruct`.
 std::vector<uint16_t> Exl3ReconstructFp16(const Exl3Weight& w);
