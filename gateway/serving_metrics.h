@@ -36,7 +36,7 @@ class ServingMetrics {
   void CountHttpRequest(const std::string& handler, const std::string& method, int status);
   void CountRejected(const std::string& reason);  // queue_full, not_ready, ...
 
-  // Full exposition. `stats` unset when the coordinator did not answer (then dsmesh:coordinator_up 0
+  // Full exposition. `stats` unset when the coordinator did not answer (then dsmesh_coordinator_up 0
   // and coordinator-side families are left out rather than reported as zeros).
   std::string Render(const std::optional<StatsResponse>& stats, int gateway_in_flight) const;
 
