@@ -178,6 +178,22 @@ void LocalMesh::StartWorker(int rank) {
   ch.pid = Spawn(ch.name, ch.argv);
 }
 
+int LocalMesh::WaitExit(const std::string& name, int timeout_s) {
+  for (auto& ch : children_) {
+    if (ch.name != name || ch.pid <= 0) continue;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+    while (std::chrono::steady_clock::now() < deadline) {
+      int st = 0;
+      if (waitpid(ch.pid, &st, WNOHANG) == ch.pid) {
+        ch.pid = -1;
+        return st;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  return -1;
+}
+
 pid_t LocalMesh::worker_pid(int rank) const { return children_.at(1 + rank).pid; }
 
 }  // namespace dsmesh

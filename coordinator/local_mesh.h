@@ -45,6 +45,9 @@ class LocalMesh {
   void KillWorker(int rank, int sig);
   void StartWorker(int rank);
   pid_t worker_pid(int rank) const;
+  // Waits up to timeout_s for the named child ("coordinator", "worker1", "gateway") to exit; returns its
+  // wait status, or -1 on timeout / unknown child.
+  int WaitExit(const std::string& name, int timeout_s);
   pid_t coordinator_pid() const { return children_.empty() ? -1 : children_[0].pid; }
 
   // The directory of the running executable (siblings are found relative to it).
