@@ -1,0 +1,148 @@
+// deploy/ checked by the tools that consume it: systemd-analyze verify on the units (with ExecStart
+// pointed at the binaries built here), the gateway's sd_notify protocol seen by a stand-in for systemd
+// (READY=1 only once serving, WATCHDOG=1 only while the health check passes), promtool check config /
+// rules on the Prometheus files, and the Grafana dashboard: import format, the required panels, every
+// PromQL expression parsed by promtool, and every metric it (or an alert) uses exported by the gateway.
+import { spawn, spawnSync } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { ROOT, assert, assertEq, metricsText, runCases, startMesh, waitHealthy } from './harness.mjs';
+
+const DEPLOY = path.join(ROOT, 'deploy');
+const args = process.argv.slice(2);
+const arg = (n) => path.resolve(args[args.indexOf(n) + 1]);
+const tmp = () => fs.mkdtempSync(path.join(process.env.TEST_TMPDIR || os.tmpdir(), 'deploy-'));
+const UNITS = ['dsmesh.target', 'dsmesh-coordinator.service', 'dsmesh-gateway.service', 'dsmesh-worker@.service'];
+
+function run(cmd, argv, opts = {}) {
+  const r = spawnSync(cmd, argv, { encoding: 'utf8', ...opts });
+  if (r.error) throw new Error(`${cmd} not runnable: ${r.error.message}`);
+  return { status: r.status, out: `${r.stdout}${r.stderr}` };
+}
+
+async function exportedFamilies() {
+  const mesh = await startMesh({ tokensPerStep: 2 });
+  try {
+    // One request so every family (per-position acceptance included) has samples.
+    await fetch(`${mesh.url}/completions`, { method: 'POST', headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'dsmesh-test', prompt: 'a b c d', temperature: 0 }) });
+    const text = await metricsText(mesh.base);
+    return new Set([...text.matchAll(/^# TYPE (\S+) (\S+)$/gm)].map((m) => m[1]));
+  } finally { await mesh.stop(); }
+}
+
+function metricNames(expr) {
+  return [...expr.matchAll(/\b(vllm:[a-z_:]+|dsmesh_[a-z_]+|up)\b/g)].map((m) => m[1])
+    .map((n) => n.replace(/_(bucket|sum|count)$/, ''));
+}
+
+const cases = [
+  ['systemd-analyze verify passes on every unit, with no warnings', async () => {
+    const dir = tmp();
+    const bin = path.join(dir, 'bin'), etc = path.join(dir, 'etc');
+    fs.mkdirSync(bin); fs.mkdirSync(etc);
+    fs.symlinkSync(arg('--gateway'), path.join(bin, 'dsmesh-gateway'));
+    fs.symlinkSync(arg('--coordinator'), path.join(bin, 'dsmesh-coordinator'));
+    fs.symlinkSync(arg('--worker'), path.join(bin, 'dsmesh-worker'));
+    fs.copyFileSync(path.join(DEPLOY, 'systemd/dsmesh.env.example'), path.join(etc, 'dsmesh.env'));
+    fs.copyFileSync(path.join(DEPLOY, 'systemd/worker.env.example'), path.join(etc, 'worker-0.env'));
+    for (const u of UNITS) {
+      const text = fs.readFileSync(path.join(DEPLOY, 'systemd', u), 'utf8')
+        .replaceAll('/usr/local/bin/', `${bin}/`).replaceAll('/etc/dsmesh/', `${etc}/`);
+      fs.writeFileSync(path.join(dir, u), text);
+    }
+    const r = run('systemd-analyze', ['verify', '--man=no', 'dsmesh.target', 'dsmesh-coordinator.service', 'dsmesh-gateway.service',
+      'dsmesh-worker@0.service'], { cwd: dir });
+    assertEq(r.status, 0, `systemd-analyze verify exit status; output:\n${r.out}`);
+    assertEq(r.out.trim(), '', 'systemd-analyze verify printed warnings');
+    const gw = fs.readFileSync(path.join(DEPLOY, 'systemd/dsmesh-gateway.service'), 'utf8');
+    for (const line of ['Type=notify', 'WatchdogSec=', 'Restart=on-failure', 'After=network-online.target dsmesh-coordinator.service', 'PartOf=dsmesh.target'])
+      assert(gw.includes(line), `gateway unit has ${line}`);
+    for (const u of ['dsmesh-coordinator.service', 'dsmesh-worker@.service']) {
+      const t = fs.readFileSync(path.join(DEPLOY, 'systemd', u), 'utf8');
+      assert(t.includes('Restart=on-failure') && t.includes('PartOf=dsmesh.target') && t.includes('WantedBy=dsmesh.target'), `${u} restart/target`);
+    }
+    assert(fs.readFileSync(path.join(DEPLOY, 'systemd/dsmesh-worker@.service'), 'utf8').includes('EnvironmentFile=/etc/dsmesh/worker-%i.env'), 'per-rank env file');
+  }],
+
+  ['gateway sd_notify: READY=1 once serving, WATCHDOG=1 only while healthy', async () => {
+    // A unix socket path must fit in 108 bytes, which Bazel's TEST_TMPDIR may not: use /tmp.
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'dsn-'));
+    const sock = path.join(dir, 'notify.sock');
+    const listener = spawn('python3', [arg('--notify-listener'), sock], { stdio: ['ignore', 'pipe', 'pipe'] });
+    let lines = [];
+    await new Promise((resolve, reject) => {
+      listener.stdout.on('data', (d) => { lines.push(...d.toString().split('\n').filter(Boolean)); if (lines[0] === 'LISTENING') resolve(); });
+      let err = '';
+      listener.stderr.on('data', (d) => { err += d; });
+      listener.on('exit', (c) => reject(new Error(`notify listener exited ${c}: ${err}`)));
+    });
+    const saved = process.env.NOTIFY_SOCKET;
+    process.env.NOTIFY_SOCKET = sock;
+    process.env.WATCHDOG_USEC = '3000000';
+    let mesh;
+    try {
+      mesh = await startMesh({});
+      const healthyAt = Date.now();
+      await new Promise((r) => setTimeout(r, 2500));
+      const msgs = () => lines.slice(1).map((l) => l.slice(l.indexOf(' ') + 1));
+      assert(msgs().some((m) => m.startsWith('READY=1')), `READY=1 sent; got ${JSON.stringify(msgs())}`);
+      const pings = msgs().filter((m) => m === 'WATCHDOG=1').length;
+      assert(pings >= 2, `WATCHDOG=1 pings while healthy: ${pings}`);
+      // Take the coordinator away: the health check fails, so the pings must stop.
+      mesh.fixture.kill('SIGKILL');
+      await new Promise((r) => setTimeout(r, 1500));
+      const before = msgs().filter((m) => m === 'WATCHDOG=1').length;
+      await new Promise((r) => setTimeout(r, 3000));
+      const after = msgs().filter((m) => m === 'WATCHDOG=1').length;
+      assertEq(after, before, 'no WATCHDOG=1 while the coordinator is gone');
+      assert(msgs().some((m) => m.startsWith('STATUS=coordinator unreachable')), 'STATUS says why');
+      mesh.gateway.kill('SIGTERM');
+      await new Promise((r) => setTimeout(r, 500));
+      assert(msgs().some((m) => m.startsWith('STOPPING=1')), 'STOPPING=1 on SIGTERM');
+      void healthyAt;
+    } finally {
+      if (saved === undefined) delete process.env.NOTIFY_SOCKET; else process.env.NOTIFY_SOCKET = saved;
+      delete process.env.WATCHDOG_USEC;
+      if (mesh) await mesh.stop();
+      listener.kill('SIGKILL');
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  }],
+
+  ['promtool check config and rules on deploy/prometheus', async () => {
+    const c = run('promtool', ['check', 'config', path.join(DEPLOY, 'prometheus/prometheus.yml')]);
+    assertEq(c.status, 0, `promtool check config:\n${c.out}`);
+    assert(/SUCCESS: 8 rules found/.test(c.out), `rules loaded through the config:\n${c.out}`);
+    const r = run('promtool', ['check', 'rules', path.join(DEPLOY, 'prometheus/dsmesh-alerts.yml')]);
+    assertEq(r.status, 0, `promtool check rules:\n${r.out}`);
+  }],
+
+  ['Grafana dashboard: import format, panels, valid PromQL, only exported metrics', async () => {
+    const dash = JSON.parse(fs.readFileSync(path.join(DEPLOY, 'grafana/dsmesh-dashboard.json'), 'utf8'));
+    assertEq(dash.__inputs[0].pluginId, 'prometheus', 'datasource input (import format)');
+    assert(dash.uid && dash.title && Array.isArray(dash.panels) && dash.schemaVersion, 'dashboard fields');
+    assertEq(dash.templating.list[0].name, 'model_name', 'model_name variable');
+    const titles = dash.panels.map((p) => p.title).join(' | ');
+    for (const want of ['Time to first token', 'Inter-token latency', 'End-to-end', 'Token throughput', 'Scheduler state', 'KV cache',
+      'acceptance rate and length', 'Per-worker step time'])
+      assert(titles.includes(want), `panel "${want}" in ${titles}`);
+    const exprs = dash.panels.flatMap((p) => p.targets.map((t) => t.expr));
+    for (const e of exprs.filter((x) => x.includes('histogram_quantile'))) assert(/_bucket/.test(e), 'quantiles over buckets');
+    // PromQL syntax: promtool parses every expression as a recording rule.
+    const dir = tmp();
+    const rules = { groups: [{ name: 'dashboard', rules: exprs.map((e, i) => ({ record: `dashboard_expr_${i}`,
+      expr: e.replaceAll('$__rate_interval', '1m').replaceAll('$model_name', 'm') })) }] };
+    fs.writeFileSync(path.join(dir, 'dash-rules.yml'), JSON.stringify(rules));  // JSON is YAML
+    const r = run('promtool', ['check', 'rules', path.join(dir, 'dash-rules.yml')]);
+    assertEq(r.status, 0, `dashboard PromQL:\n${r.out}`);
+    const exported = await exportedFamilies();
+    exported.add('up');
+    const alertExprs = [...fs.readFileSync(path.join(DEPLOY, 'prometheus/dsmesh-alerts.yml'), 'utf8').matchAll(/expr: (.*)$/gm)].map((m) => m[1]);
+    for (const e of [...exprs, ...alertExprs])
+      for (const n of metricNames(e)) assert(exported.has(n), `metric ${n} (in ${e}) is exported by the gateway`);
+  }],
+];
+
+await runCases(cases);
