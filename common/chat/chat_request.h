@@ -47,7 +47,9 @@ struct ChatRequest {
   // "function" object into the prompt through Python's json.dumps.
   std::vector<nlohmann::ordered_json> tools;
   bool thinking = true;               // chat_template_kwargs.thinking; on by default, as in the seat
-  bool add_generation_prompt = true;  // V3 template only; V4 always opens the assistant turn
+  // false: the V3 template ends without "<｜Assistant｜>"; V4 refuses it (its encoder always opens
+  // the assistant turn after a user turn).
+  bool add_generation_prompt = true;
   ReasoningEffort reasoning_effort = ReasoningEffort::kDefault;
 };
 

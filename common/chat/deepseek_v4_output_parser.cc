@@ -209,6 +209,10 @@ bool DeepSeekV4OutputParser::StepToolCalls(bool final, std::vector<ChatOutputEve
     return true;
   }
   if (c.LooksLike(kInvokeOpen) && c.text.size() - c.pos >= kInvokeOpen.size()) {
+    // Every element of an invoke ends with '>': without a new one the answer is still "need more", so
+    // a long argument streamed in many pieces is not re-parsed for each piece.
+    if (!final && invoke_wait_from_ > 0 && pending_.find('>', invoke_wait_from_) == std::string::npos) return false;
+    invoke_wait_from_ = 0;
     GeneratedToolCall call;
     size_t end = 0;
     std::string error;
@@ -228,6 +232,7 @@ bool DeepSeekV4OutputParser::StepToolCalls(bool final, std::vector<ChatOutputEve
       return true;
     }
     if (final) AbandonToolBlock(c.pos, "unterminated <｜DSML｜invoke>", events);
+    invoke_wait_from_ = pending_.size();
     return final;
   }
   if (!final && (c.LooksLike(kBlockClose) || c.LooksLike(kInvokeOpen))) return false;

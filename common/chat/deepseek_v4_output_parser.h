@@ -76,6 +76,7 @@ class DeepSeekV4OutputParser {
   std::string pending_;       // text not yet emitted in the current state
   std::string block_opener_;  // the text that opened the current DSML block (for malformed fallback)
   size_t calls_in_block_ = 0;
+  size_t invoke_wait_from_ = 0;  // pending_ size when the current invoke last needed more text
   size_t tool_calls_emitted_ = 0;
   bool text_after_end_reported_ = false;
   std::vector<std::string> errors_;
