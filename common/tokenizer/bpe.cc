@@ -4,6 +4,8 @@
 #include <cstring>
 #include <functional>
 
+#include "common/tokenizer/string_id_table.h"
+
 namespace dsmesh {
 namespace {
 
@@ -11,29 +13,9 @@ namespace {
 constexpr size_t kMaxCachedLength = 256;
 constexpr size_t kSmallWord = 64;
 // The cache is dropped and rebuilt when it holds this many entries or key bytes.
-constexpr size_t kCacheSlots = 1 << 17;
+constexpr size_t kCacheSlots = 1 << 18;
 constexpr size_t kCacheMaxEntries = kCacheSlots / 2;
 constexpr size_t kCacheMaxKeyBytes = 8 << 20;
-
-inline uint64_t Rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
-
-uint64_t HashBytes(std::string_view s) {
-  uint64_t h = 0x243F6A8885A308D3ull ^ s.size();
-  const char* p = s.data();
-  size_t n = s.size();
-  while (n >= 8) {
-    uint64_t w;
-    std::memcpy(&w, p, 8);
-    h = (Rotl(h, 5) ^ w) * 0x517CC1B727220A95ull;
-    p += 8;
-    n -= 8;
-  }
-  uint64_t w = 0;
-  std::memcpy(&w, p, n);
-  h = (Rotl(h, 5) ^ w) * 0x517CC1B727220A95ull;
-  h ^= h >> 29;
-  return h | 1;  // never 0 (the empty-slot marker)
-}
 
 }  // namespace
 

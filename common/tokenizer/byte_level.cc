@@ -34,14 +34,23 @@ std::optional<unsigned char> CodePointToByte(char32_t cp) {
 }
 
 std::optional<std::string> ToBytes(std::string_view token) {
+  // Every code point of the alphabet is below U+0144, so one or two UTF-8 bytes each.
+  const Tables& t = T();
   std::string out;
   out.reserve(token.size());
-  size_t pos = 0;
-  if (utf8::FindInvalid(token) != utf8::kValid) return std::nullopt;
-  while (pos < token.size()) {
-    const auto b = CodePointToByte(utf8::DecodeValid(token, &pos));
-    if (!b) return std::nullopt;
-    out.push_back(static_cast<char>(*b));
+  const auto* s = reinterpret_cast<const unsigned char*>(token.data());
+  for (size_t i = 0, n = token.size(); i < n;) {
+    char32_t cp;
+    if (s[i] < 0x80) {
+      cp = s[i++];
+    } else if ((s[i] & 0xE0) == 0xC0 && i + 1 < n && (s[i + 1] & 0xC0) == 0x80) {
+      cp = (char32_t(s[i] & 0x1F) << 6) | (s[i + 1] & 0x3F);
+      i += 2;
+    } else {
+      return std::nullopt;
+    }
+    if (cp >= t.to_byte.size() || t.to_byte[cp] < 0) return std::nullopt;
+    out.push_back(static_cast<char>(t.to_byte[cp]));
   }
   return out;
 }

@@ -1,6 +1,7 @@
 #include "common/tokenizer/tokenizer.h"
 
 #include <atomic>
+#include <unordered_map>
 #include <cstring>
 
 #include "common/tokenizer/added_tokens.h"
@@ -66,62 +67,95 @@ void Tokenizer::Build(TokenizerSpec& spec) {
   }
   const size_t n = size_t(max_id + 1);
   token_flags_.assign(n, 0);
-  spelling_.assign(n, std::string());
-  std::vector<std::string> bytes(n);
-  token_to_id_.reserve(spec.vocab.size() + spec.added_tokens.size());
-  for (auto& [s, id] : spec.vocab) {
+  // Per id: where its spelling and its bytes come from (index into spec.vocab / spec.added_tokens).
+  std::vector<int32_t> vocab_index(n, -1), added_index(n, -1);
+  for (size_t i = 0; i < spec.vocab.size(); ++i) {
+    const int32_t id = spec.vocab[i].second;
     if (token_flags_[id] & kDefined) fail("id " + std::to_string(id) + " appears twice in model.vocab");
     token_flags_[id] = kDefined;
-    token_to_id_.emplace(s, id);
-    spelling_[id] = s;
+    vocab_index[id] = int32_t(i);
   }
-  for (const AddedTokenSpec& a : spec.added_tokens) {
+  for (size_t i = 0; i < spec.added_tokens.size(); ++i) {
+    const AddedTokenSpec& a = spec.added_tokens[i];
     token_flags_[a.id] = kDefined | kAdded | (a.special ? kSpecial : 0);
-    spelling_[a.id] = a.content;
-    bytes[a.id] = a.content;
-    token_to_id_[a.content] = a.id;  // an added token's content names the added id, as in the reference
+    added_index[a.id] = int32_t(i);
   }
-  // Vocabulary tokens (not added) decode through the ByteLevel alphabet.
-  for (const auto& [s, id] : spec.vocab) {
-    if (token_flags_[id] & kAdded) continue;
-    auto b = byte_level::ToBytes(s);
-    if (!b) fail("model.vocab token '" + s + "' (id " + std::to_string(id) + ") is not in the ByteLevel alphabet");
-    bytes[id] = std::move(*b);
-  }
-  bytes_offset_.resize(n + 1);
-  size_t total = 0;
-  for (size_t i = 0; i < n; ++i) total += bytes[i].size();
-  bytes_blob_.reserve(total);
-  for (size_t i = 0; i < n; ++i) {
-    bytes_offset_[i] = uint32_t(bytes_blob_.size());
-    bytes_blob_ += bytes[i];
-  }
-  bytes_offset_[n] = uint32_t(bytes_blob_.size());
 
-  // BPE over bytes: the one-byte tokens, and merges translated from ByteLevel spellings to ids.
-  std::unordered_map<std::string_view, int32_t> vocab_ids;
-  vocab_ids.reserve(spec.vocab.size());
-  for (const auto& [s, id] : spec.vocab) vocab_ids.emplace(s, id);
+  // Spellings (IdToToken / TokenToId) and bytes (decoding): added tokens are their content,
+  // vocabulary tokens decode through the ByteLevel alphabet.
+  token_to_id_ = StringIdTable(n);
+  spelling_offset_.assign(n + 1, 0);
+  bytes_offset_.assign(n + 1, 0);
+  size_t spelling_bytes = 0;
+  for (const auto& [s, id] : spec.vocab) spelling_bytes += s.size();
+  for (const AddedTokenSpec& a : spec.added_tokens) spelling_bytes += a.content.size();
+  spelling_blob_.reserve(spelling_bytes);
+  bytes_blob_.reserve(spelling_bytes);
+  for (size_t id = 0; id < n; ++id) {
+    spelling_offset_[id] = uint32_t(spelling_blob_.size());
+    bytes_offset_[id] = uint32_t(bytes_blob_.size());
+    if (added_index[id] >= 0) {
+      const std::string& c = spec.added_tokens[added_index[id]].content;
+      spelling_blob_ += c;
+      bytes_blob_ += c;
+    } else if (vocab_index[id] >= 0) {
+      const std::string& s = spec.vocab[vocab_index[id]].first;
+      spelling_blob_ += s;
+      auto b = byte_level::ToBytes(s);
+      if (!b) fail("model.vocab token '" + s + "' (id " + std::to_string(id) + ") is not in the ByteLevel alphabet");
+      bytes_blob_ += *b;
+    }
+  }
+  spelling_offset_[n] = uint32_t(spelling_blob_.size());
+  bytes_offset_[n] = uint32_t(bytes_blob_.size());
+  for (const auto& [s, id] : spec.vocab) token_to_id_.Set(s, id);
+  // An added token's content names the added id, as in the reference (it overrides the vocabulary).
+  bool shadows_vocab = false;
+  for (const AddedTokenSpec& a : spec.added_tokens) {
+    const auto old = token_to_id_.Find(a.content);
+    shadows_vocab |= old && *old != a.id;
+    token_to_id_.Set(a.content, a.id);
+  }
+
+  // BPE over bytes: the one-byte tokens, and merges translated from ByteLevel spellings to ids. The
+  // merges need vocabulary ids; token_to_id_ has them unless an added token shadows a vocab spelling.
+  StringIdTable vocab_only(shadows_vocab ? spec.vocab.size() : 1);
+  if (shadows_vocab)
+    for (const auto& [s, id] : spec.vocab) vocab_only.Set(s, id);
+  const StringIdTable& vocab_ids = shadows_vocab ? vocab_only : token_to_id_;
   int32_t byte_ids[256];
   for (int b = 0; b < 256; ++b) {
     const std::string s = byte_level::FromBytes(std::string(1, char(b)));
-    const auto it = vocab_ids.find(s);
-    if (it == vocab_ids.end()) fail("model.vocab lacks the one-byte token '" + s + "' for byte " + std::to_string(b));
-    byte_ids[b] = it->second;
+    const auto id = vocab_ids.Find(s);
+    if (!id) fail("model.vocab lacks the one-byte token '" + s + "' for byte " + std::to_string(b));
+    byte_ids[b] = *id;
   }
   std::vector<BpeModel::Merge> merges;
   merges.reserve(spec.merges.size());
-  std::string joined;
-  for (const auto& [l, r] : spec.merges) {
-    joined.assign(l).append(r);
-    const auto li = vocab_ids.find(l), ri = vocab_ids.find(r), mi = vocab_ids.find(joined);
-    if (li == vocab_ids.end() || ri == vocab_ids.end() || mi == vocab_ids.end())
-      fail("model.merges entry '" + l + " " + r + "' refers to a token missing from model.vocab");
-    merges.push_back({li->second, ri->second, mi->second});
+  constexpr size_t kBatch = 32;
+  std::string joined[kBatch];
+  uint64_t hashes[kBatch][3];
+  for (size_t base = 0; base < spec.merges.size(); base += kBatch) {
+    const size_t count = std::min(kBatch, spec.merges.size() - base);
+    for (size_t k = 0; k < count; ++k) {
+      const auto& [l, r] = spec.merges[base + k];
+      joined[k].assign(l).append(r);
+      hashes[k][0] = HashBytes(l);
+      hashes[k][1] = HashBytes(r);
+      hashes[k][2] = HashBytes(joined[k]);
+      for (uint64_t h : hashes[k]) vocab_ids.Prefetch(h);
+    }
+    for (size_t k = 0; k < count; ++k) {
+      const auto& [l, r] = spec.merges[base + k];
+      const auto li = vocab_ids.Find(l, hashes[k][0]), ri = vocab_ids.Find(r, hashes[k][1]),
+                 mi = vocab_ids.Find(joined[k], hashes[k][2]);
+      if (!li || !ri || !mi) fail("model.merges entry '" + l + " " + r + "' refers to a token missing from model.vocab");
+      merges.push_back({*li, *ri, *mi});
+    }
   }
   std::unordered_map<std::string, int32_t> whole_words;
   if (spec.ignore_merges)
-    for (const auto& [s, id] : spec.vocab) whole_words.emplace(bytes[id], id);
+    for (const auto& [s, id] : spec.vocab) whole_words.emplace(std::string(TokenBytes(id)), id);
   bpe_ = std::make_unique<BpeModel>(byte_ids, merges, std::move(whole_words), spec.ignore_merges);
   added_ = std::make_unique<AddedTokenMatcher>(spec.added_tokens);
   pre_tokenizer_ = std::make_unique<PreTokenizer>(spec.pre_tokenizer, path_);
@@ -211,15 +245,11 @@ std::string Tokenizer::Decode(const std::vector<int32_t>& ids, bool skip_special
   return out;
 }
 
-std::optional<int32_t> Tokenizer::TokenToId(std::string_view token) const {
-  const auto it = token_to_id_.find(std::string(token));
-  if (it == token_to_id_.end()) return std::nullopt;
-  return it->second;
-}
+std::optional<int32_t> Tokenizer::TokenToId(std::string_view token) const { return token_to_id_.Find(token); }
 
 std::string Tokenizer::IdToToken(int32_t id) const {
   CheckId(id);
-  return spelling_[id];
+  return spelling_blob_.substr(spelling_offset_[id], spelling_offset_[id + 1] - spelling_offset_[id]);
 }
 
 bool Tokenizer::IsSpecial(int32_t id) const {

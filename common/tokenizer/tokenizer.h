@@ -13,8 +13,9 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
+
+#include "common/tokenizer/string_id_table.h"
 
 namespace dsmesh {
 
@@ -77,8 +78,9 @@ class Tokenizer {
   std::vector<uint8_t> token_flags_;
   std::vector<uint32_t> bytes_offset_;  // TokenBytes(id) = bytes_blob_[offset[id], offset[id + 1])
   std::string bytes_blob_;
-  std::vector<std::string> spelling_;  // IdToToken
-  std::unordered_map<std::string, int32_t> token_to_id_;
+  std::vector<uint32_t> spelling_offset_;  // IdToToken(id) = spelling_blob_[offset[id], offset[id + 1])
+  std::string spelling_blob_;
+  StringIdTable token_to_id_;
   std::unique_ptr<AddedTokenMatcher> added_;
   std::unique_ptr<PreTokenizer> pre_tokenizer_;
   std::unique_ptr<BpeModel> bpe_;

@@ -1,5 +1,6 @@
 #include "common/tokenizer/tokenizer_json.h"
 
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -34,6 +35,141 @@ json ParseJson(const std::string& path) {
     Fail(path, std::string("invalid JSON: ") + e.what());
   }
 }
+
+// Streams tokenizer.json: model.vocab and model.merges (99% of the file) go straight into the spec;
+// everything else is built as a small DOM. A full nlohmann DOM of the file takes ~1 s to build.
+class TokenizerJsonSax : public nlohmann::json_sax<json> {
+ public:
+  explicit TokenizerJsonSax(TokenizerSpec* spec) : spec_(spec) {}
+  json& root() { return root_; }
+
+  bool null() override { return Value(json()); }
+  bool boolean(bool v) override { return Value(json(v)); }
+  bool number_integer(number_integer_t v) override { return Integer(int64_t(v)) || Value(json(v)); }
+  bool number_unsigned(number_unsigned_t v) override { return Integer(int64_t(v)) || Value(json(v)); }
+  bool number_float(number_float_t v, const string_t&) override { return Value(json(v)); }
+  bool string(string_t& v) override {
+    if (mode_ == Mode::kMerges) {
+      const size_t space = v.find(' ');
+      if (space == std::string::npos || v.find(' ', space + 1) != std::string::npos)
+        throw std::runtime_error("model.merges entry '" + v + "' is not 'left right'");
+      spec_->merges.emplace_back(v.substr(0, space), v.substr(space + 1));
+      return true;
+    }
+    if (mode_ == Mode::kMergePair) {
+      pair_.push_back(std::move(v));
+      return true;
+    }
+    if (mode_ == Mode::kVocab) throw std::runtime_error("model.vocab['" + key_ + "'] is not an integer id");
+    return Value(json(std::move(v)));
+  }
+  bool binary(binary_t&) override { return false; }
+  bool start_object(std::size_t) override {
+    if (mode_ != Mode::kDom) throw std::runtime_error("unexpected object inside model.vocab / model.merges");
+    if (AtModelField("vocab")) {
+      mode_ = Mode::kVocab;
+      saw_vocab_ = true;
+      return true;
+    }
+    return Open(json::object());
+  }
+  bool end_object() override {
+    if (mode_ == Mode::kVocab) {
+      mode_ = Mode::kDom;
+      return true;
+    }
+    return Close();
+  }
+  bool start_array(std::size_t) override {
+    if (mode_ == Mode::kMerges) {
+      mode_ = Mode::kMergePair;
+      pair_.clear();
+      return true;
+    }
+    if (mode_ != Mode::kDom) throw std::runtime_error("unexpected array inside model.vocab / model.merges");
+    if (AtModelField("merges")) {
+      mode_ = Mode::kMerges;
+      saw_merges_ = true;
+      return true;
+    }
+    return Open(json::array());
+  }
+  bool end_array() override {
+    if (mode_ == Mode::kMergePair) {
+      if (pair_.size() != 2) throw std::runtime_error("model.merges entry is not a pair ['left', 'right']");
+      spec_->merges.emplace_back(std::move(pair_[0]), std::move(pair_[1]));
+      mode_ = Mode::kMerges;
+      return true;
+    }
+    if (mode_ == Mode::kMerges) {
+      mode_ = Mode::kDom;
+      return true;
+    }
+    return Close();
+  }
+  bool key(string_t& k) override {
+    if (mode_ == Mode::kDom) keys_.back() = k;
+    key_ = std::move(k);  // the lexer's buffer may be moved from
+    return true;
+  }
+  bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception& e) override {
+    throw std::runtime_error(std::string("invalid JSON at byte ") + std::to_string(position) + ": " + e.what());
+  }
+  bool saw_vocab() const { return saw_vocab_; }
+  bool saw_merges() const { return saw_merges_; }
+
+ private:
+  enum class Mode { kDom, kVocab, kMerges, kMergePair };
+
+  bool AtModelField(const char* field) const {
+    return stack_.size() == 2 && keys_[0] == "model" && keys_[1] == field;
+  }
+  bool Integer(int64_t v) {
+    if (mode_ != Mode::kVocab) return false;
+    if (v < INT32_MIN || v > INT32_MAX) throw std::runtime_error("model.vocab['" + key_ + "'] id out of range");
+    spec_->vocab.emplace_back(std::move(key_), int32_t(v));
+    return true;
+  }
+  // Inserts a value into the current container; returns it.
+  json* Insert(json&& v) {
+    if (stack_.empty()) {
+      root_ = std::move(v);
+      return &root_;
+    }
+    json& parent = *stack_.back();
+    if (parent.is_array()) {
+      parent.push_back(std::move(v));
+      return &parent.back();
+    }
+    json& slot = parent[keys_.back()];
+    slot = std::move(v);
+    return &slot;
+  }
+  bool Value(json&& v) {
+    if (mode_ != Mode::kDom) throw std::runtime_error("unexpected value inside model.vocab / model.merges");
+    Insert(std::move(v));
+    return true;
+  }
+  bool Open(json&& v) {
+    stack_.push_back(Insert(std::move(v)));
+    keys_.emplace_back();
+    return true;
+  }
+  bool Close() {
+    stack_.pop_back();
+    keys_.pop_back();
+    return true;
+  }
+
+  TokenizerSpec* spec_;
+  json root_;
+  std::vector<json*> stack_;
+  std::vector<std::string> keys_;  // last key seen in each open object
+  std::string key_;
+  std::vector<std::string> pair_;
+  Mode mode_ = Mode::kDom;
+  bool saw_vocab_ = false, saw_merges_ = false;
+};
 
 bool IsNull(const json& j, const char* key) { return !j.contains(key) || j.at(key).is_null(); }
 
@@ -87,28 +223,6 @@ void ReadModel(const std::string& path, const json& model, TokenizerSpec* spec) 
   if (!IsNull(model, "continuing_subword_prefix")) Fail(path, "model.continuing_subword_prefix is not supported");
   if (!IsNull(model, "end_of_word_suffix")) Fail(path, "model.end_of_word_suffix is not supported");
   spec->ignore_merges = BoolOr(model, "ignore_merges", false);
-  const json& vocab = model.at("vocab");
-  if (!vocab.is_object()) Fail(path, "model.vocab must be an object");
-  spec->vocab.reserve(vocab.size());
-  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    if (!it.value().is_number_integer()) Fail(path, "model.vocab['" + it.key() + "'] is not an integer id");
-    spec->vocab.emplace_back(it.key(), it.value().get<int32_t>());
-  }
-  const json& merges = model.at("merges");
-  spec->merges.reserve(merges.size());
-  for (const json& m : merges) {
-    if (m.is_string()) {  // "left right" (tokenizers < 0.20)
-      const std::string& s = m.get_ref<const std::string&>();
-      const size_t space = s.find(' ');
-      if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos)
-        Fail(path, "model.merges entry '" + s + "' is not 'left right'");
-      spec->merges.emplace_back(s.substr(0, space), s.substr(space + 1));
-    } else if (m.is_array() && m.size() == 2) {  // ["left", "right"]
-      spec->merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
-    } else {
-      Fail(path, "model.merges entry " + m.dump() + " is neither 'a b' nor ['a', 'b']");
-    }
-  }
 }
 
 }  // namespace
@@ -122,7 +236,17 @@ TokenizerSpec ReadTokenizerSpec(const std::string& dir_or_file) {
   spec.path = json_path.string();
   if (!fs::exists(json_path)) Fail(spec.path, "no such file (expected a tokenizer.json or a directory holding one)");
 
-  const json root = ParseJson(spec.path);
+  json root;
+  try {
+    const std::string text = ReadFile(spec.path);
+    TokenizerJsonSax sax(&spec);
+    json::sax_parse(text, &sax);
+    root = std::move(sax.root());
+    if (!sax.saw_vocab() || !sax.saw_merges()) Fail(spec.path, "model.vocab and model.merges are required");
+  } catch (const std::runtime_error& e) {
+    if (std::string(e.what()).rfind(spec.path, 0) == 0) throw;
+    Fail(spec.path, e.what());
+  }
   try {
     if (!root.is_object() || !root.contains("model")) Fail(spec.path, "not a tokenizer.json (no 'model')");
     const json& norm = root.contains("normalizer") ? root.at("normalizer") : json();
