@@ -9,7 +9,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <functional>
 #include <stdexcept>
 #include <thread>
 
@@ -55,6 +57,7 @@ pid_t LocalMesh::Spawn(const std::string& name, const std::vector<std::string>& 
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != parent) _exit(1);  // the parent died before prctl
+    setpgid(0, 0);  // the terminal's Ctrl-C reaches only the launcher, which stops children in order
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -133,32 +136,45 @@ std::string LocalMesh::PollExited(int* status) {
 }
 
 void LocalMesh::Stop(int grace_s) {
-  // Gateway first (stops taking requests), then the coordinator (drains and tells workers to exit).
-  std::vector<Child*> order;
-  for (auto it = children_.rbegin(); it != children_.rend(); ++it)
-    if (it->name == "gateway") order.push_back(&*it);
-  for (auto& ch : children_)
-    if (ch.name != "gateway") order.push_back(&ch);
-  for (Child* ch : order)
-    if (ch->pid > 0) kill(ch->pid, SIGTERM);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(grace_s);
-  for (Child* ch : order) {
-    while (ch->pid > 0) {
+  // In stages, so a drain is clean: the gateway stops taking requests, then the coordinator drains and
+  // tells the workers to exit, then any worker still running is terminated. SIGKILL after `grace_s`.
+  auto stage = [&](const std::function<bool(const Child&)>& pick) {
+    std::vector<Child*> group;
+    for (auto& ch : children_)
+      if (ch.pid > 0 && pick(ch)) group.push_back(&ch);
+    for (Child* ch : group) kill(ch->pid, SIGTERM);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(grace_s);
+    for (Child* ch : group) {
+      while (ch->pid > 0) {
+        int st = 0;
+        pid_t r = waitpid(ch->pid, &st, WNOHANG);
+        if (r == ch->pid || r < 0) {
+          ch->pid = -1;
+          break;
+        }
+        if (std::chrono::steady_clock::now() > deadline) {
+          std::fprintf(stderr, "dsmesh: %s did not stop within %d s; killing it\n", ch->name.c_str(), grace_s);
+          kill(ch->pid, SIGKILL);
+          waitpid(ch->pid, &st, 0);
+          ch->pid = -1;
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
+  };
+  stage([](const Child& c) { return c.name == "gateway"; });
+  stage([](const Child& c) { return c.name == "coordinator"; });
+  // Workers told to drain exit by themselves; give them a moment before SIGTERM.
+  const auto settle = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+  for (auto& ch : children_) {
+    while (ch.pid > 0 && std::chrono::steady_clock::now() < settle) {
       int st = 0;
-      pid_t r = waitpid(ch->pid, &st, WNOHANG);
-      if (r == ch->pid || r < 0) {
-        ch->pid = -1;
-        break;
-      }
-      if (std::chrono::steady_clock::now() > deadline) {
-        kill(ch->pid, SIGKILL);
-        waitpid(ch->pid, &st, 0);
-        ch->pid = -1;
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      if (waitpid(ch.pid, &st, WNOHANG) == ch.pid) ch.pid = -1;
+      else std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   }
+  stage([](const Child&) { return true; });
 }
 
 void LocalMesh::KillWorker(int rank, int sig) {

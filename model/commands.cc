@@ -46,6 +46,19 @@ std::vector<int32_t> ParseTokens(const std::string& text) {
   return out;
 }
 
+// `--world N` / `--coordinator HOST:PORT` run the command on a mesh instead of in this process; that path
+// lives in coordinator/mesh_commands.cc, registered as "<command>-mesh", and prints the same output.
+const CommandInfo* MeshVariant(const std::string& command, const std::vector<std::string>& args) {
+  for (const auto& a : args) {
+    if (a.rfind("--world", 0) != 0 && a.rfind("--coordinator", 0) != 0) continue;
+    auto it = CommandRegistry().find(command + "-mesh");
+    if (it == CommandRegistry().end())
+      throw UsageError(a + ": this dsmesh was built without the mesh commands (//coordinator:mesh_commands)");
+    return &it->second;
+  }
+  return nullptr;
+}
+
 std::unique_ptr<Model> LoadForCli(const Flags& f) {
   std::string dir = f.Require("model");
   int threads = static_cast<int>(f.GetInt("threads", 0));
@@ -53,6 +66,7 @@ std::unique_ptr<Model> LoadForCli(const Flags& f) {
 }
 
 int RunLogits(const std::vector<std::string>& args) {
+  if (const CommandInfo* mesh = MeshVariant("logits", args)) return mesh->run(args);
   Flags f(args, {"model", "tokens", "out", "threads"});
   std::vector<int32_t> tokens = ParseTokens(f.Require("tokens"));
   std::string out_path = f.Require("out");
@@ -66,6 +80,7 @@ int RunLogits(const std::vector<std::string>& args) {
 }
 
 int RunGenerate(const std::vector<std::string>& args) {
+  if (const CommandInfo* mesh = MeshVariant("generate", args)) return mesh->run(args);
   Flags f(args, {"model", "tokens", "max-new-tokens", "threads", "ignore-eos"}, {"ignore-eos"});
   std::vector<int32_t> prompt = ParseTokens(f.Require("tokens"));
   long long max_new = f.GetInt("max-new-tokens", 16);
@@ -122,8 +137,8 @@ int RunMakeTiny(const std::vector<std::string>& args) {
 
 }  // namespace
 
-DSMESH_REGISTER_COMMAND(logits, "logits --model DIR --tokens 5,17,9 --out FILE.safetensors [--threads N]", RunLogits);
-DSMESH_REGISTER_COMMAND(generate, "generate --model DIR --tokens 5,17,9 --max-new-tokens N [--ignore-eos] [--threads N]",
+DSMESH_REGISTER_COMMAND(logits, "logits --model DIR --tokens 5,17,9 --out FILE.safetensors [--threads N] [--world N | --coordinator HOST:PORT]", RunLogits);
+DSMESH_REGISTER_COMMAND(generate, "generate --model DIR --tokens 5,17,9 --max-new-tokens N [--ignore-eos] [--threads N] [--world N | --coordinator HOST:PORT]",
                         RunGenerate);
 // The macro names commands after a C identifier; "make-tiny" has a dash, so register it directly.
 static CommandRegistration make_tiny_registration("make-tiny", "make-tiny --out DIR [--seed S]", RunMakeTiny);

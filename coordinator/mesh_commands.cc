@@ -1,0 +1,368 @@
+// CLI commands of the mesh:
+//   dsmesh up [--model DIR] [--world N] [--port 8000] ...      local coordinator + N CPU workers (+ gateway)
+//   dsmesh bench --coordinator HOST:PORT | --world N [...]     per-step time split at 1 and 4 streams
+//   logits-mesh / generate-mesh: the `--world N` / `--coordinator HOST:PORT` variants of `dsmesh logits` and
+//   `dsmesh generate` (model/commands.cc hands those flags over here); same output as the single-process path.
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <thread>
+
+#include "common/cli_registry.h"
+#include "common/flags.h"
+#include "common/safetensors.h"
+#include "coordinator/local_mesh.h"
+#include "coordinator/mesh_client.h"
+
+namespace dsmesh {
+namespace {
+
+bool IsFile(const std::string& p) {
+  struct stat st;
+  return stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+std::string DataDir() {
+  const char* xdg = std::getenv("XDG_DATA_HOME");
+  if (xdg && *xdg) return std::string(xdg) + "/dsmesh";
+  const char* home = std::getenv("HOME");
+  if (!home || !*home) throw std::runtime_error("neither XDG_DATA_HOME nor HOME is set: give --model DIR");
+  return std::string(home) + "/.local/share/dsmesh";
+}
+
+// The embedded tiny model, made once with `make-tiny` and cached under the data directory.
+std::string DefaultModel() {
+  const std::string dir = DataDir() + "/tiny-model";
+  if (IsFile(dir + "/config.json") && IsFile(dir + "/model.safetensors")) return dir;
+  auto it = CommandRegistry().find("make-tiny");
+  if (it == CommandRegistry().end()) throw std::runtime_error("no --model given and this dsmesh lacks make-tiny");
+  std::fprintf(stderr, "dsmesh up: making the tiny demo model in %s (once)\n", dir.c_str());
+  const std::string tmp = dir + ".partial";
+  std::system(("rm -rf '" + tmp + "' && mkdir -p '" + tmp + "'").c_str());
+  if (it->second.run({"--out", tmp}) != 0) throw std::runtime_error("make-tiny failed writing " + tmp);
+  if (std::rename(tmp.c_str(), dir.c_str()) != 0) throw std::runtime_error("cannot move " + tmp + " to " + dir);
+  return dir;
+}
+
+// Sibling binaries of this dsmesh in bazel-bin: bazel-bin/cli/dsmesh -> bazel-bin/worker/dsmesh-worker ...
+std::string Sibling(const std::string& package, const std::string& name) {
+  return LocalMesh::SelfDir() + "/../" + package + "/" + name;
+}
+
+LocalMeshOptions OptionsFromFlags(const Flags& f, const std::string& model, int world) {
+  LocalMeshOptions o;
+  o.coordinator_bin = Sibling("coordinator", "dsmesh-coordinator");
+  o.worker_bin = Sibling("worker", "dsmesh-worker");
+  o.model_dir = model;
+  o.world = world;
+  o.kv_memory = f.Get("kv-memory", "1G");
+  o.threads_per_worker = static_cast<int>(f.GetInt("threads", 1));
+  o.coordinator_port = static_cast<int>(f.GetInt("coordinator-port", 0));
+  for (const char* name : {"max-num-seqs", "max-batched-tokens", "max-model-len", "enable-prefix-caching"})
+    if (f.Has(name)) o.coordinator_args.insert(o.coordinator_args.end(), {std::string("--") + name, f.Get(name)});
+  return o;
+}
+
+int ExitCode(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+std::string DescribeStatus(int status) {
+  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return std::string("was killed by signal ") + strsignal(WTERMSIG(status));
+  return "stopped";
+}
+
+int RunUp(const std::vector<std::string>& args) {
+  Flags f(args, {"model", "world", "port", "coordinator-port", "kv-memory", "threads", "max-num-seqs",
+                 "max-batched-tokens", "max-model-len", "enable-prefix-caching", "ready-timeout-s", "no-gateway"},
+          {"no-gateway"});
+  const int world = static_cast<int>(f.GetInt("world", 2));
+  if (world < 1) throw UsageError("--world must be >= 1");
+  const std::string model = f.Has("model") ? f.Get("model") : DefaultModel();
+  if (!IsFile(model + "/config.json")) throw std::runtime_error(model + "/config.json: not found (is --model a model directory?)");
+  LocalMeshOptions o = OptionsFromFlags(f, model, world);
+  o.gateway_port = static_cast<int>(f.GetInt("port", 8000));
+  const std::string gateway = Sibling("gateway", "dsmesh-gateway");
+  if (access(gateway.c_str(), X_OK) == 0 && !f.GetBool("no-gateway", false)) o.gateway_bin = gateway;
+
+  // Ctrl-C / SIGTERM come to us (children run in their own process groups) and we stop them in order.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  sigprocmask(SIG_BLOCK, &set, nullptr);
+
+  LocalMesh mesh(o);
+  mesh.Start();
+  std::fprintf(stderr, "dsmesh up: model %s, %d CPU worker(s); coordinator (gRPC Generate) on %s\n", model.c_str(),
+               world, mesh.coordinator_address().c_str());
+  MeshClient client(mesh.coordinator_address());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(f.GetInt("ready-timeout-s", 300));
+  bool ready = false;
+  std::string reason = "no answer yet";
+  while (!ready) {
+    int st = 0;
+    std::string dead = mesh.PollExited(&st);
+    if (!dead.empty()) {
+      std::fprintf(stderr, "dsmesh up: %s %s before the mesh was ready; stopping everything\n", dead.c_str(),
+                   DescribeStatus(st).c_str());
+      mesh.Stop();
+      return 1;
+    }
+    timespec ts{0, 100 * 1000 * 1000};
+    if (sigtimedwait(&set, nullptr, &ts) > 0) {
+      mesh.Stop();
+      return 130;
+    }
+    try {
+      StatsResponse s = client.Stats();
+      ready = s.ready();
+      reason = s.not_ready_reason();
+    } catch (const std::exception& e) {
+      reason = e.what();
+    }
+    if (!ready && std::chrono::steady_clock::now() > deadline) {
+      std::fprintf(stderr, "dsmesh up: the mesh did not become ready: %s; stopping everything\n", reason.c_str());
+      mesh.Stop();
+      return 1;
+    }
+  }
+  if (o.gateway_bin.empty()) {
+    std::fprintf(stderr, "dsmesh up: ready. No gateway binary at %s (not built), so no HTTP API; clients can use the "
+                         "gRPC Generate service at %s. Ctrl-C stops everything.\n",
+                 gateway.c_str(), mesh.coordinator_address().c_str());
+  } else {
+    std::fprintf(stderr, "dsmesh up: ready. OpenAI API at http://127.0.0.1:%d/v1 (gateway), coordinator at %s. "
+                         "Ctrl-C stops everything.\n", o.gateway_port, mesh.coordinator_address().c_str());
+  }
+  std::fflush(stderr);
+  while (true) {
+    int st = 0;
+    std::string dead = mesh.PollExited(&st);
+    if (!dead.empty()) {
+      std::fprintf(stderr, "dsmesh up: %s %s; stopping the others\n", dead.c_str(), DescribeStatus(st).c_str());
+      mesh.Stop();
+      return ExitCode(st) == 0 ? 1 : ExitCode(st);
+    }
+    timespec ts{0, 100 * 1000 * 1000};
+    int sig = sigtimedwait(&set, nullptr, &ts);
+    if (sig > 0) {
+      std::fprintf(stderr, "dsmesh up: %s: stopping gateway, coordinator (drain) and workers\n", strsignal(sig));
+      mesh.Stop(30);
+      return 0;
+    }
+  }
+}
+
+// Either connects to --coordinator or starts a local mesh of --world N workers on --model for the call.
+struct MeshTarget {
+  std::unique_ptr<LocalMesh> local;
+  std::unique_ptr<MeshClient> client;
+};
+
+MeshTarget Connect(const Flags& f) {
+  MeshTarget t;
+  if (f.Has("coordinator") == f.Has("world")) throw UsageError("give exactly one of --coordinator HOST:PORT or --world N");
+  if (f.Has("world")) {
+    const int world = static_cast<int>(f.GetInt("world", 1));
+    if (world < 1) throw UsageError("--world must be >= 1");
+    const std::string model = f.Require("model");
+    if (!IsFile(model + "/config.json")) throw std::runtime_error(model + "/config.json: not found");
+    t.local = std::make_unique<LocalMesh>(OptionsFromFlags(f, model, world));
+    t.local->Start();
+    t.client = std::make_unique<MeshClient>(t.local->coordinator_address());
+  } else {
+    t.client = std::make_unique<MeshClient>(f.Get("coordinator"));
+  }
+  t.client->WaitReady(std::chrono::seconds(f.GetInt("ready-timeout-s", 300)));
+  return t;
+}
+
+std::vector<int32_t> ParseTokens(const std::string& text) {
+  std::vector<int32_t> out;
+  size_t i = 0;
+  while (i <= text.size()) {
+    size_t j = text.find(',', i);
+    if (j == std::string::npos) j = text.size();
+    const std::string item = text.substr(i, j - i);
+    size_t used = 0;
+    long long v = -1;
+    try {
+      v = std::stoll(item, &used);
+    } catch (...) {
+      used = 0;
+    }
+    if (item.empty() || used != item.size() || v < 0 || v > INT32_MAX)
+      throw UsageError("--tokens: \"" + item + "\" is not a token id (expected e.g. 5,17,9)");
+    out.push_back(static_cast<int32_t>(v));
+    i = j + 1;
+  }
+  return out;
+}
+
+const std::set<std::string> kMeshFlags = {"model", "tokens", "threads", "world", "coordinator", "kv-memory",
+                                          "coordinator-port", "ready-timeout-s"};
+
+int RunLogitsMesh(const std::vector<std::string>& args) {
+  auto known = kMeshFlags;
+  known.insert("out");
+  Flags f(args, known);
+  const std::vector<int32_t> tokens = ParseTokens(f.Require("tokens"));
+  const std::string out_path = f.Require("out");
+  MeshTarget t = Connect(f);
+  GenerateRequest req;
+  req.set_request_id("cli-logits");
+  for (int32_t tok : tokens) req.add_prompt_token_ids(tok);
+  req.mutable_sampling()->set_temperature(0);
+  req.mutable_sampling()->set_max_tokens(1);
+  req.mutable_sampling()->set_ignore_eos(true);
+  req.set_return_logits(true);
+  GenerateResult r = t.client->Generate(req);
+  if (!r.error.empty()) throw std::runtime_error("the mesh failed the request: " + r.error);
+  if (r.logits.size() != tokens.size())
+    throw std::runtime_error("the mesh returned " + std::to_string(r.logits.size()) + " logits rows for " +
+                             std::to_string(tokens.size()) + " tokens");
+  const int64_t vocab = r.logits[0].values_size();
+  std::vector<float> data;
+  data.reserve(tokens.size() * vocab);
+  for (const auto& row : r.logits) data.insert(data.end(), row.values().begin(), row.values().end());
+  SafetensorsWriter w;
+  w.Add("logits", DType::kF32, {static_cast<int64_t>(tokens.size()), vocab}, data.data(), data.size() * sizeof(float));
+  w.Write(out_path);
+  return 0;
+}
+
+int RunGenerateMesh(const std::vector<std::string>& args) {
+  auto known = kMeshFlags;
+  known.insert({"max-new-tokens", "ignore-eos"});
+  Flags f(args, known, {"ignore-eos"});
+  const std::vector<int32_t> prompt = ParseTokens(f.Require("tokens"));
+  const long long max_new = f.GetInt("max-new-tokens", 16);
+  if (max_new < 0) throw UsageError("--max-new-tokens must be >= 0");
+  std::vector<int32_t> generated;
+  if (max_new > 0) {
+    MeshTarget t = Connect(f);
+    GenerateRequest req;
+    req.set_request_id("cli-generate");
+    for (int32_t tok : prompt) req.add_prompt_token_ids(tok);
+    req.mutable_sampling()->set_temperature(0);
+    req.mutable_sampling()->set_max_tokens(static_cast<int32_t>(max_new));
+    req.mutable_sampling()->set_ignore_eos(f.GetBool("ignore-eos", false));
+    GenerateResult r = t.client->Generate(req);
+    if (!r.error.empty()) throw std::runtime_error("the mesh failed the request: " + r.error);
+    generated = r.tokens;
+    if (generated.size() > 1) {
+      const double decode_s = r.token_times.back() - r.token_times.front();
+      std::fprintf(stderr, "mesh: first token after %.1f ms; decode %zu tokens: %.1f ms (%.1f tokens/s)\n",
+                   r.token_times.front() * 1e3, generated.size() - 1, decode_s * 1e3,
+                   (generated.size() - 1) / std::max(decode_s, 1e-9));
+    }
+  }
+  std::string json = "{\"tokens\": [";
+  for (size_t i = 0; i < generated.size(); ++i) json += (i ? ", " : "") + std::to_string(generated[i]);
+  std::cout << json << "]}" << std::endl;
+  return 0;
+}
+
+// One measurement: `streams` concurrent greedy requests; the coordinator's step split over the window.
+void BenchStreams(MeshClient& client, const std::string& address, int streams, int prompt_tokens, int max_tokens) {
+  StatsResponse before = client.Stats();
+  std::vector<GenerateResult> results(streams);
+  std::vector<std::string> errors(streams);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  for (int s = 0; s < streams; ++s)
+    threads.emplace_back([&, s] {
+      try {
+        MeshClient c(address);
+        GenerateRequest req;
+        req.set_request_id("bench-" + std::to_string(s));
+        uint32_t x = 1234567u * (s + 1);
+        for (int i = 0; i < prompt_tokens; ++i) {
+          x = x * 1664525u + 1013904223u;
+          req.add_prompt_token_ids(static_cast<int32_t>(2 + (x >> 8) % 500));
+        }
+        req.mutable_sampling()->set_temperature(0);
+        req.mutable_sampling()->set_max_tokens(max_tokens);
+        req.mutable_sampling()->set_ignore_eos(true);
+        results[s] = c.Generate(req);
+      } catch (const std::exception& e) {
+        errors[s] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (const auto& e : errors)
+    if (!e.empty()) throw std::runtime_error("bench request failed: " + e);
+  StatsResponse after = client.Stats();
+  const double steps = double(after.steps() - before.steps());
+  if (steps <= 0) throw std::runtime_error("bench: the coordinator counted no steps");
+  auto per_step_us = [&](double a, double b) { return (a - b) / steps * 1e6; };
+  const double step = per_step_us(after.step_wall_seconds_sum(), before.step_wall_seconds_sum());
+  const double send = per_step_us(after.plan_send_seconds_sum(), before.plan_send_seconds_sum());
+  const double fwd = per_step_us(after.forward_seconds_sum(), before.forward_seconds_sum());
+  const double coll = per_step_us(after.collective_seconds_sum(), before.collective_seconds_sum());
+  const double samp = per_step_us(after.sample_seconds_sum(), before.sample_seconds_sum());
+  const double ret = per_step_us(after.result_return_seconds_sum(), before.result_return_seconds_sum());
+  const double sched = per_step_us(after.schedule_seconds_sum(), before.schedule_seconds_sum());
+  size_t tokens = 0;
+  for (const auto& r : results) tokens += r.tokens.size();
+  const double control = step - fwd - coll - samp;
+  std::printf("streams %d: %zu tokens in %.2f s (%.1f tokens/s), %.0f steps, world %d\n", streams, tokens, wall,
+              tokens / wall, steps, after.world());
+  std::printf("  per step (rank 0), us: wall %.0f = plan send %.0f + forward %.0f + collectives %.0f + sampling %.0f "
+              "+ result return %.0f + other %.0f; coordinator scheduling %.0f (outside the wall)\n",
+              step, send, fwd, coll, samp, ret, step - send - fwd - coll - samp - ret, sched);
+  std::printf("  control-plane overhead per step: %.0f us (wall - forward - collectives - sampling), %.1f%% of the step\n",
+              control, 100.0 * control / step);
+}
+
+int RunBench(const std::vector<std::string>& args) {
+  for (const auto& a : args)
+    if (a.rfind("--url", 0) == 0) {
+      auto it = CommandRegistry().find("bench-url");
+      if (it == CommandRegistry().end()) throw UsageError("--url: the HTTP benchmark (gateway) is not in this dsmesh");
+      return it->second.run(args);
+    }
+  auto known = kMeshFlags;
+  known.insert({"streams", "prompt-tokens", "max-tokens", "max-num-seqs", "max-batched-tokens", "max-model-len",
+                "enable-prefix-caching"});
+  Flags f(args, known);
+  MeshTarget t = Connect(f);
+  const int prompt_tokens = static_cast<int>(f.GetInt("prompt-tokens", 32));
+  const int max_tokens = static_cast<int>(f.GetInt("max-tokens", 64));
+  std::vector<int> streams;
+  for (const auto& s : ParseTokens(f.Get("streams", "1,4"))) streams.push_back(s);
+  const std::string address = t.local ? t.local->coordinator_address() : f.Get("coordinator");
+  for (int s : streams) {
+    if (s < 1) throw UsageError("--streams: counts must be >= 1");
+    BenchStreams(*t.client, address, s, prompt_tokens, max_tokens);
+  }
+  return 0;
+}
+
+}  // namespace
+
+DSMESH_REGISTER_COMMAND(up, "up [--model DIR] [--world N] [--port 8000] [--kv-memory 1G] [--threads T] "
+                            "[--max-num-seqs 4] [--max-batched-tokens 512] [--max-model-len L] [--no-gateway]", RunUp);
+DSMESH_REGISTER_COMMAND(bench, "bench --coordinator HOST:PORT | --world N --model DIR [--streams 1,4] "
+                               "[--prompt-tokens 32] [--max-tokens 64]", RunBench);
+static CommandRegistration logits_mesh_registration(
+    "logits-mesh", "logits-mesh (= logits --world N | --coordinator HOST:PORT) --model DIR --tokens 5,17,9 --out F",
+    RunLogitsMesh);
+static CommandRegistration generate_mesh_registration(
+    "generate-mesh",
+    "generate-mesh (= generate --world N | --coordinator HOST:PORT) --model DIR --tokens 5,17,9 --max-new-tokens N",
+    RunGenerateMesh);
+
+}  // namespace dsmesh

@@ -1,0 +1,109 @@
+// The CLI on a mesh: `dsmesh logits/generate --world N` print what the single-process path prints, and
+// `dsmesh up` starts a mesh, answers, and stops every child on SIGINT (no orphans).
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "common/safetensors.h"
+#include "tests/mesh/mesh_fixture.h"
+
+namespace dsmesh::mesh_test {
+namespace {
+
+std::string Dsmesh() { return Runfile("cli/dsmesh"); }
+
+std::string Capture(const std::string& cmd, int* rc) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  *rc = pclose(p);
+  return out;
+}
+
+std::vector<float> ReadLogits(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string bytes = ss.str();
+  // safetensors: u64 header length, JSON header, data (a single f32 tensor here)
+  if (bytes.size() < 8) ADD_FAILURE() << path << " is too short";
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  std::vector<float> v((bytes.size() - 8 - n) / 4);
+  std::memcpy(v.data(), bytes.data() + 8 + n, v.size() * 4);
+  return v;
+}
+
+TEST(MeshCli, LogitsAndGenerateOnAMeshMatchTheSingleProcessPath) {
+  const std::string dir = TempDir("cli");
+  const std::string model = TinyModelDir();
+  int rc = 0;
+  const std::string tokens = "5,17,9,300,41,7,7,99,12";
+  Capture(Dsmesh() + " logits --model " + model + " --tokens " + tokens + " --out " + dir + "/single.safetensors", &rc);
+  ASSERT_EQ(rc, 0);
+  Capture(Dsmesh() + " logits --model " + model + " --world 2 --kv-memory 64M --tokens " + tokens + " --out " + dir +
+              "/mesh.safetensors 2>/dev/null",
+          &rc);
+  ASSERT_EQ(rc, 0);
+  auto a = ReadLogits(dir + "/single.safetensors"), b = ReadLogits(dir + "/mesh.safetensors");
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_EQ(a.size(), 9u * 512u);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num = std::max(num, std::abs(double(a[i]) - b[i]));
+    den = std::max(den, std::abs(double(a[i])));
+  }
+  EXPECT_LE(num / den, 1e-5);
+
+  const std::string single = Capture(Dsmesh() + " generate --model " + model + " --tokens " + tokens +
+                                         " --max-new-tokens 6 --ignore-eos 2>/dev/null", &rc);
+  ASSERT_EQ(rc, 0);
+  const std::string mesh = Capture(Dsmesh() + " generate --model " + model + " --world 2 --kv-memory 64M --tokens " +
+                                       tokens + " --max-new-tokens 6 --ignore-eos 2>/dev/null", &rc);
+  ASSERT_EQ(rc, 0);
+  EXPECT_EQ(mesh, single);
+  EXPECT_NE(single.find("{\"tokens\": ["), std::string::npos) << single;
+}
+
+TEST(MeshCli, UpServesAndStopsEveryChildOnSigint) {
+  const std::string log = TempDir("up") + "/up.log";
+  const int port = LocalMesh::FreePort();
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (!freopen(log.c_str(), "w", stderr)) _exit(126);
+    const std::string bin = Dsmesh(), model = TinyModelDir(), p = std::to_string(port);
+    execl(bin.c_str(), bin.c_str(), "up", "--model", model.c_str(), "--world", "2", "--coordinator-port", p.c_str(),
+          "--kv-memory", "64M", "--no-gateway", (char*)nullptr);
+    _exit(127);
+  }
+  MeshClient client("127.0.0.1:" + std::to_string(port));
+  client.WaitReady(std::chrono::seconds(60));
+  Reference reference;
+  const auto prompt = Tokens(12, 77);
+  EXPECT_EQ(client.Generate(Greedy(prompt, 4)).tokens, reference.Greedy(prompt, 4));
+  kill(pid, SIGINT);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 0);
+  std::ifstream f(log);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  EXPECT_NE(ss.str().find("dsmesh up: ready"), std::string::npos) << ss.str();
+  EXPECT_NE(ss.str().find("[coordinator] drained; exiting"), std::string::npos) << ss.str();
+  // Every child is gone: the coordinator port is free again and no process has up as parent.
+  int rc = 0;
+  const std::string children = Capture("pgrep -P " + std::to_string(pid), &rc);
+  EXPECT_EQ(children, "");
+  EXPECT_THROW(client.Stats(), std::runtime_error);
+}
+
+}  // namespace
+}  // namespace dsmesh::mesh_test
