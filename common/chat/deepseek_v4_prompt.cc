@@ -186,6 +186,7 @@ std::string RenderDeepSeekV4Prompt(const ChatRequest& request) {
     throw ChatFormatError(
         "add_generation_prompt=false is not supported by the DeepSeek-V4 format: its encoder always "
         "opens the assistant turn after a user turn");
+  if (request.messages.empty()) throw ChatFormatError("messages must not be empty");
 
   // Remember each message's position in the request for error messages.
   std::map<const ChatMessage*, size_t> request_index;
