@@ -297,7 +297,8 @@ void HttpExchange::NotifyDisconnect() {
   std::function<void()> fn;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (disconnected_) return;
+    // A client that closes after the whole answer was queued did not abandon anything.
+    if (disconnected_ || completed_) return;
     disconnected_ = true;
     completed_ = true;  // nothing more can be sent
     fn = std::move(on_disconnect_);

@@ -1,6 +1,7 @@
 #include "gateway/mesh_client.h"
 
 #include <limits>
+#include <mutex>
 
 namespace dsmesh {
 
@@ -19,7 +20,12 @@ class GenerateCallImpl : public GenerateCall, public grpc::ClientReadReactor<Gen
     StartCall();
   }
 
-  void Cancel() override { context_.TryCancel(); }
+  // TryCancel after the call completed would touch a released grpc_call: once OnDone has begun,
+  // cancelling is a no-op.
+  void Cancel() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!done_) context_.TryCancel();
+  }
 
   void OnReadDone(bool ok) override {
     if (!ok) return;  // stream over; OnDone follows with the status
@@ -28,6 +34,10 @@ class GenerateCallImpl : public GenerateCall, public grpc::ClientReadReactor<Gen
   }
 
   void OnDone(const grpc::Status& status) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
     on_done_(status);
     on_message_ = nullptr;
     on_done_ = nullptr;
@@ -41,6 +51,8 @@ class GenerateCallImpl : public GenerateCall, public grpc::ClientReadReactor<Gen
   std::function<void(const GenerateResponse&)> on_message_;
   std::function<void(const grpc::Status&)> on_done_;
   std::shared_ptr<GenerateCallImpl> self_;
+  std::mutex mu_;
+  bool done_ = false;
 };
 
 }  // namespace
