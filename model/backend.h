@@ -59,11 +59,12 @@ class Backend {
   virtual void ToHost(const Tensor& src, void* dst) = 0;  // src.nbytes() bytes
   // Copies `rows` rows (row = product of shape[1:]) from src starting at src_row into dst at dst_row.
   virtual void CopyRows(const Tensor& src, int64_t src_row, Tensor* dst, int64_t dst_row, int64_t rows) = 0;
-  // Prepares an EXL3 linear from the checkpoint tensors `<prefix>.trellis/.suh/.svh[/.mcg|.mul1][/.bias]`,
-  // keeping output rows [out_begin, out_end) and input columns [in_begin, in_end) (tensor-parallel slice).
-  // Throws naming the prefix when the backend cannot (e.g. EXL3 support not built).
-  virtual LinearWeight LoadExl3Linear(const Checkpoint& ckpt, const std::string& prefix, int64_t out_begin,
-                                      int64_t out_end, int64_t in_begin, int64_t in_end) = 0;
+  // Prepares an EXL3 linear from the checkpoint tensors `<prefix>.trellis/.suh/.svh[/.mcg|.mul1][/.bias]`
+  // whose logical size is [out_features, in_features], keeping output rows [out_begin, out_end) and input
+  // columns [in_begin, in_end) (the tensor-parallel slice). Throws naming the prefix when it cannot.
+  virtual LinearWeight LoadExl3Linear(const Checkpoint& ckpt, const std::string& prefix, int64_t out_features,
+                                      int64_t in_features, int64_t out_begin, int64_t out_end, int64_t in_begin,
+                                      int64_t in_end) = 0;
 
   // ---- elementwise and normalisation ----
   // out[i, :] = table[tokens[i], :] as f32.  table [vocab, D] any float dtype.

@@ -144,7 +144,7 @@ class WeightLoader {
     if (c1 < 0) c1 = in;
     std::string ds = prefix + ".weight";
     if (!Has(ds) && ckpt_.Has(prefix + ".trellis")) {
-      LinearWeight lw = be_.LoadExl3Linear(ckpt_, prefix, r0, r1, c0, c1);
+      LinearWeight lw = be_.LoadExl3Linear(ckpt_, prefix, out, in, r0, r1, c0, c1);
       lw.name = prefix;
       return lw;
     }

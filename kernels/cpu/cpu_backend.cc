@@ -17,6 +17,7 @@
 #include "common/safetensors.h"
 #include "kernels/cpu/dense_linear.h"
 #include "kernels/cpu/vec.h"
+#include "kernels/exl3/exl3_linear.h"
 
 namespace dsmesh {
 namespace {
@@ -35,6 +36,12 @@ float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 // torch.nn.functional.softplus (beta 1, threshold 20).
 float Softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
+
+// An EXL3 weight and the slice of it this rank uses.
+struct Exl3Linear {
+  Exl3Weight weight;
+  Exl3Slice slice;
+};
 
 class CpuBackend final : public Backend {
  public:
@@ -57,10 +64,22 @@ class CpuBackend final : public Backend {
                  static_cast<const char*>(src.data) + src_row * row_bytes, rows * row_bytes);
   }
 
-  LinearWeight LoadExl3Linear(const Checkpoint&, const std::string& prefix, int64_t, int64_t, int64_t,
-                              int64_t) override {
-    throw std::runtime_error(prefix + ": EXL3 support not built yet in the CPU backend (tensor " + prefix +
-                             ".trellis)");
+  LinearWeight LoadExl3Linear(const Checkpoint& ckpt, const std::string& prefix, int64_t out_features,
+                              int64_t in_features, int64_t out_begin, int64_t out_end, int64_t in_begin,
+                              int64_t in_end) override {
+    auto e = std::make_shared<Exl3Linear>();
+    e->weight = LoadExl3Weight(ckpt, prefix, in_features, out_features);
+    e->slice.in_begin = in_begin;
+    e->slice.in_end = in_end;
+    e->slice.out_begin = out_begin;
+    e->slice.out_end = out_end;
+    e->slice.add_bias = in_begin == 0;  // input-sliced ranks: only the first adds the bias
+    LinearWeight lw;
+    lw.name = prefix;
+    lw.out = out_end - out_begin;
+    lw.in = in_end - in_begin;
+    lw.exl3 = e;
+    return lw;
   }
 
   void Embedding(const Tensor& table, const int32_t* tokens, int64_t n, Tensor* out) override {
@@ -112,7 +131,11 @@ class CpuBackend final : public Backend {
     const int64_t m = x.shape[0];
     Require(RowWidth(x) == w.in, "Linear", w.name + ": input width " + std::to_string(RowWidth(x)) + " != " + std::to_string(w.in));
     Require(RowWidth(*out) == w.out && out->shape[0] == m, "Linear", w.name + ": output shape");
-    Require(!w.is_exl3(), "Linear", w.name + ": EXL3 support not built yet");
+    if (w.is_exl3()) {
+      const auto& e = *static_cast<const Exl3Linear*>(w.exl3.get());
+      Exl3LinearCpu(e.weight, F(x), m, F(*out), e.slice);
+      return;  // the EXL3 slice adds its own bias
+    }
     cpu::DenseLinear(F(x), w.in, m, w.dense.data, w.dense.dtype, w.in, w.out, w.in, F(*out), w.out);
     if (w.bias.data) {
       for (int64_t r = 0; r < m; ++r) Axpy(1.0f, F(w.bias), F(*out) + r * w.out, w.out);
@@ -123,7 +146,23 @@ class CpuBackend final : public Backend {
     const int64_t m = x.shape[0], out_g = w.out / groups;
     Require(RowWidth(x) == groups * w.in && RowWidth(*out) == w.out && w.out % groups == 0, "GroupedLinear",
             w.name + ": shape");
-    Require(!w.is_exl3(), "GroupedLinear", w.name + ": EXL3 support not built yet");
+    if (w.is_exl3()) {
+      // Group g is output columns [g*out_g, (g+1)*out_g) of the weight on its own input block; EXL3 wants
+      // contiguous rows, so gather the group's inputs and scatter its outputs.
+      const auto& e = *static_cast<const Exl3Linear*>(w.exl3.get());
+      std::vector<float> xg(m * w.in), yg(m * out_g);
+      for (int g = 0; g < groups; ++g) {
+        for (int64_t r = 0; r < m; ++r)
+          std::memcpy(&xg[r * w.in], F(x) + r * groups * w.in + g * w.in, w.in * sizeof(float));
+        Exl3Slice slice = e.slice;
+        slice.out_begin = e.slice.out_begin + g * out_g;
+        slice.out_end = slice.out_begin + out_g;
+        Exl3LinearCpu(e.weight, xg.data(), m, yg.data(), slice);
+        for (int64_t r = 0; r < m; ++r)
+          std::memcpy(F(*out) + r * w.out + g * out_g, &yg[r * out_g], out_g * sizeof(float));
+      }
+      return;
+    }
     const size_t es = DTypeSize(w.dense.dtype);
     for (int g = 0; g < groups; ++g) {
       const void* wg = static_cast<const char*>(w.dense.data) + static_cast<size_t>(g) * out_g * w.in * es;
@@ -269,6 +308,10 @@ class CpuBackend final : public Backend {
     const int64_t width = RowWidth(kv), rows = kv.shape[0];
     Require(width == (overlap ? 2 : 1) * d && RowWidth(*out) == d, "CompressorPool", "shape");
     Require(ratio <= 1024, "CompressorPool", "compress ratio above 1024");
+    // Checked before the parallel loop: an exception must not cross an OpenMP region.
+    const int64_t first_row = (overlap && first_window >= 1 ? first_window - 1 : first_window) * ratio - base_pos;
+    const int64_t last_row = (first_window + num_windows) * ratio - 1 - base_pos;
+    Require(num_windows <= 0 || (first_row >= 0 && last_row < rows), "CompressorPool", "window rows not provided");
 #pragma omp parallel for schedule(static) if (num_windows * d * ratio > (1 << 18))
     for (int64_t wi = 0; wi < num_windows; ++wi) {
       const int64_t w = first_window + wi;
@@ -279,8 +322,6 @@ class CpuBackend final : public Backend {
       if (overlap && w >= 1)
         for (int t = 0; t < ratio; ++t) slot_row[slots] = (w - 1) * ratio + t - base_pos, slot_off[slots++] = 0;
       for (int t = 0; t < ratio; ++t) slot_row[slots] = w * ratio + t - base_pos, slot_off[slots++] = overlap ? d : 0;
-      for (int i = 0; i < slots; ++i)
-        Require(slot_row[i] >= 0 && slot_row[i] < rows, "CompressorPool", "window rows not provided");
       float* o = F(*out) + wi * d;
       for (int64_t ch = 0; ch < d; ++ch) {
         float mx = -std::numeric_limits<float>::infinity();
