@@ -90,6 +90,21 @@ bool Engine::FormMesh(bool first) {
       std::fprintf(stderr, "[coordinator] mesh epoch %lld ready: %d ranks; %s\n", (long long)mesh_->epoch(),
                    mesh_->world(), g.Describe(sc.max_num_seqs).c_str());
       return true;
+    } catch (const FormationError& e) {
+      // At start-up a worker that cannot load or shard the model will not do better on a retry: give up
+      // with its message. Later (a worker came back) keep retrying; the supervisor may be fixing it.
+      if (first) {
+        std::fprintf(stderr, "[coordinator] error: %s\n", e.what());
+        mesh_->ResetAll(e.what());
+        return false;
+      }
+      std::fprintf(stderr, "[coordinator] mesh formation failed: %s; retrying\n", e.what());
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        not_ready_reason_ = e.what();
+      }
+      mesh_->ResetAll(e.what());
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
     } catch (const std::exception& e) {
       std::fprintf(stderr, "[coordinator] mesh formation failed: %s; retrying\n", e.what());
       {

@@ -45,7 +45,8 @@ std::string DefaultModel() {
   if (it == CommandRegistry().end()) throw std::runtime_error("no --model given and this dsmesh lacks make-tiny");
   std::fprintf(stderr, "dsmesh up: making the tiny demo model in %s (once)\n", dir.c_str());
   const std::string tmp = dir + ".partial";
-  std::system(("rm -rf '" + tmp + "' && mkdir -p '" + tmp + "'").c_str());
+  if (std::system(("rm -rf '" + tmp + "' && mkdir -p '" + tmp + "'").c_str()) != 0)
+    throw std::runtime_error("cannot create " + tmp);
   if (it->second.run({"--out", tmp}) != 0) throw std::runtime_error("make-tiny failed writing " + tmp);
   if (std::rename(tmp.c_str(), dir.c_str()) != 0) throw std::runtime_error("cannot move " + tmp + " to " + dir);
   return dir;

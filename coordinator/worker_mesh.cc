@@ -173,7 +173,7 @@ std::vector<WorkerReady> WorkerMesh::Form(std::chrono::milliseconds timeout) {
     st.set_device(sessions[r]->hello.device());
     st.set_weight_bytes(out.back().weight_bytes());
   }
-  if (!errors.empty()) throw MeshBroken("mesh epoch " + std::to_string(epoch) + " failed to form: " + errors);
+  if (!errors.empty()) throw FormationError("mesh epoch " + std::to_string(epoch) + " failed to form: " + errors);
   return out;
 }
 

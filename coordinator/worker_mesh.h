@@ -27,6 +27,12 @@ struct MeshBroken : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Every rank answered FormMesh but some reported an error (cannot load the model, cannot shard it at this
+// world size, cannot reach its peers): retrying the same workers usually fails the same way.
+struct FormationError : MeshBroken {
+  using MeshBroken::MeshBroken;
+};
+
 struct StepTiming {
   double wall = 0, plan_send = 0, forward = 0, collectives = 0, sample = 0, result_return = 0;
 };
