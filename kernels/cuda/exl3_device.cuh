@@ -23,7 +23,12 @@ __device__ __forceinline__ uint32_t Lop3MaskXor(uint32_t x) {
   return r;
 }
 
-template <int CB>
+// Two ways to turn the masked products x0, x1 (fp16 halves lo, hi each) into half2(lo0 + hi0, lo1 + hi1):
+//  A: two PRMTs gather (lo0, lo1) and (hi0, hi1), one HADD2 adds them: 2 ALU-pipe + 1 FMA-pipe ops.
+//  B: one HADD2 per product with .H0_H0/.H1_H1 operand selectors gives (v, v), one PRMT packs the pair:
+//     1 ALU-pipe + 2 FMA-pipe ops.
+// Mixing them keeps the integer (ALU) and FMA pipes about equally busy (see NOTES.md).
+template <int CB, bool kPackAfterAdd>
 __device__ __forceinline__ uint32_t DecodePair(uint32_t s0, uint32_t s1) {
   if constexpr (CB == kCbMul1) {
     const uint32_t x0 = s0 * 0x83DCD12Du, x1 = s1 * 0x83DCD12Du;
@@ -45,9 +50,17 @@ __device__ __forceinline__ uint32_t DecodePair(uint32_t s0, uint32_t s1) {
     }
     x0 = Lop3MaskXor(x0);
     x1 = Lop3MaskXor(x1);
-    const uint32_t lo = __byte_perm(x0, x1, 0x5410), hi = __byte_perm(x0, x1, 0x7632);
-    const half2 r = __hadd2(*reinterpret_cast<const half2*>(&lo), *reinterpret_cast<const half2*>(&hi));
-    return *reinterpret_cast<const uint32_t*>(&r);
+    if constexpr (kPackAfterAdd) {
+      const half2 h0 = *reinterpret_cast<const half2*>(&x0), h1 = *reinterpret_cast<const half2*>(&x1);
+      const half2 v0 = __hadd2(__low2half2(h0), __high2half2(h0));
+      const half2 v1 = __hadd2(__low2half2(h1), __high2half2(h1));
+      const half2 r = __lows2half2(v0, v1);
+      return *reinterpret_cast<const uint32_t*>(&r);
+    } else {
+      const uint32_t lo = __byte_perm(x0, x1, 0x5410), hi = __byte_perm(x0, x1, 0x7632);
+      const half2 r = __hadd2(*reinterpret_cast<const half2*>(&lo), *reinterpret_cast<const half2*>(&hi));
+      return *reinterpret_cast<const uint32_t*>(&r);
+    }
   }
 }
 
@@ -76,32 +89,53 @@ __device__ __forceinline__ LaneTileGeom MakeLaneTileGeom(int lane) {
   return g;
 }
 
-// State at compile-time offset O of the normalized 96-bit stream A:B:C (MSB first).
-template <int O>
-__device__ __forceinline__ uint32_t Window16(uint32_t a, uint32_t b, uint32_t c) {
-  if constexpr (O + 16 <= 32) {
-    return (a >> (16 - O)) & 0xFFFFu;
-  } else if constexpr (O < 32) {
-    return __funnelshift_r(b, a, 48 - O) & 0xFFFFu;
-  } else if constexpr (O + 16 <= 64) {
-    return (b >> (48 - O)) & 0xFFFFu;
-  } else {
-    return __funnelshift_r(c, b, 80 - O) & 0xFFFFu;
+// The 32-bit word holding stream bits [B, B + 32) of the normalized stream A:B:C (B compile-time).
+template <int B>
+__device__ __forceinline__ uint32_t WordAt(uint32_t a, uint32_t b, uint32_t c) {
+  if constexpr (B == 0) return a;
+  else if constexpr (B < 32) return __funnelshift_l(b, a, B);
+  else if constexpr (B == 32) return b;
+  else if constexpr (B < 64) return __funnelshift_l(c, b, B - 32);
+  else return c << (B - 64);
+}
+
+// State t of the lane (window at offset tK). States come in segments that share one 32-bit word W
+// starting at the segment's first offset B: the state at offset B + jK is (W * 2^(jK)) >> 16, computed
+// as a chain of multiplications by mulk = 2^K. The multiplier is opaque to the compiler (it comes from
+// a kernel parameter), so the shift runs as an IMAD on the FMA pipe and only the >> 16 uses the integer
+// pipe: one integer op per state for extraction instead of shift + mask.
+template <int K, int T, int B>
+__device__ __forceinline__ void StatesFrom(uint32_t a, uint32_t b, uint32_t c, uint32_t w, uint32_t mulk, uint32_t s[8]) {
+  if constexpr (T < 8) {
+    constexpr int O = T * K;
+    if constexpr (T == 0 || O - B > 16) {
+      const uint32_t nw = WordAt<O>(a, b, c);
+      s[T] = nw >> 16;
+      StatesFrom<K, T + 1, O>(a, b, c, nw, mulk, s);
+    } else {
+      const uint32_t nw = w * mulk;
+      s[T] = nw >> 16;
+      StatesFrom<K, T + 1, B>(a, b, c, nw, mulk, s);
+    }
   }
 }
 
-// Decodes this lane's 8 weights of one tile (words in shared memory) into four half2 registers:
-// frag[0], frag[1] = B fragment (b0, b1) of tile columns 0-7; frag[2], frag[3] = columns 8-15.
+// Decodes this lane's 8 weights of one tile (words in shared or global memory) into four half2
+// registers: frag[0], frag[1] = B fragment (b0, b1) of tile columns 0-7; frag[2], frag[3] = columns
+// 8-15. mulk must equal 1 << K but come from a runtime value (see StatesFrom).
 template <int K, int CB>
-__device__ __forceinline__ void DecodeTileLane(const uint32_t* tile, const LaneTileGeom& g, uint32_t frag[4]) {
+__device__ __forceinline__ void DecodeTileLane(const uint32_t* tile, const LaneTileGeom& g, uint32_t mulk,
+                                               uint32_t frag[4]) {
   const uint32_t w0 = tile[g.i0], w1 = tile[g.i1], w2 = tile[g.i2];
   const uint32_t a = __funnelshift_l(w1, w0, g.r0);
   const uint32_t b = __funnelshift_l(w2, w1, g.r0);
   const uint32_t c = w2 << g.r0;  // only needed for K >= 7
-  frag[0] = DecodePair<CB>(Window16<0 * K>(a, b, c), Window16<1 * K>(a, b, c));
-  frag[1] = DecodePair<CB>(Window16<2 * K>(a, b, c), Window16<3 * K>(a, b, c));
-  frag[2] = DecodePair<CB>(Window16<4 * K>(a, b, c), Window16<5 * K>(a, b, c));
-  frag[3] = DecodePair<CB>(Window16<6 * K>(a, b, c), Window16<7 * K>(a, b, c));
+  uint32_t s[8];
+  StatesFrom<K, 0, 0>(a, b, c, 0u, mulk, s);
+  frag[0] = DecodePair<CB, false>(s[0], s[1]);
+  frag[1] = DecodePair<CB, true>(s[2], s[3]);
+  frag[2] = DecodePair<CB, false>(s[4], s[5]);
+  frag[3] = DecodePair<CB, true>(s[6], s[7]);
 }
 
 // ---------------------------------------------------------------------------------------------------

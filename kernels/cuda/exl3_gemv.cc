@@ -1,6 +1,7 @@
 #include "kernels/cuda/exl3_gemv.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <mutex>
 #include <stdexcept>
 
@@ -33,6 +34,13 @@ Exl3GemvWorkspace::Exl3GemvWorkspace(size_t partial_bytes) : partial_bytes_(part
   CudaCheck(cudaGetDevice(&device_), "cudaGetDevice");
   CudaCheck(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_), "SM count");
   PrepareKernelsOnce();
+  if (const char* v = std::getenv("DSMESH_EXL3_GEMV_CTAS_PER_SM")) {
+    char* end = nullptr;
+    const long c = std::strtol(v, &end, 10);
+    if (end == v || *end != 0 || c < 1 || c > 16)
+      throw std::runtime_error(std::string("DSMESH_EXL3_GEMV_CTAS_PER_SM='") + v + "': expected an integer 1..16");
+    ctas_per_sm_ = static_cast<int>(c);
+  }
   num_counters_ = 1 << 14;
   CudaCheck(cudaMalloc(&partial_, partial_bytes_), "Exl3GemvWorkspace partial buffer");
   CudaCheck(cudaMalloc(&counters_, num_counters_ * sizeof(int)), "Exl3GemvWorkspace counters");
@@ -45,11 +53,11 @@ Exl3GemvWorkspace::~Exl3GemvWorkspace() {
   cudaFree(counters_);
 }
 
-int Exl3GemvSplits(int64_t k, int64_t n, int num_sms) {
+int Exl3GemvSplits(int64_t k, int64_t n, int num_sms, int ctas_per_sm) {
   const int64_t strips = n / 128, nblk = k / 128;
-  // Two resident CTAs per SM; aim for about one full wave, and at most 8 input blocks per CTA (the
-  // activation slice lives in shared memory).
-  const int64_t target = 2 * static_cast<int64_t>(num_sms);
+  // Two CTAs fit on an SM; by default aim for about one full wave, and at most 8 input blocks per CTA
+  // (the activation slice lives in shared memory).
+  const int64_t target = static_cast<int64_t>(ctas_per_sm) * num_sms;
   int64_t splits = std::max<int64_t>(1, (target + strips / 2) / strips);
   splits = std::min(splits, nblk);
   splits = std::max(splits, (nblk + exl3cuda::kGemvMaxBlocksPerSplit - 1) / exl3cuda::kGemvMaxBlocksPerSplit);
@@ -90,8 +98,9 @@ void Exl3Gemv(const Exl3DeviceLinear& w, const uint16_t* x, int m, void* y, Exl3
   p.m = m;
   p.k = static_cast<int>(w.k);
   p.n = static_cast<int>(w.n);
-  p.splits = Exl3GemvSplits(w.k, w.n, ws.num_sms_);
+  p.splits = Exl3GemvSplits(w.k, w.n, ws.num_sms_, ws.ctas_per_sm_);
   p.y_fp16 = out == Exl3Out::kF16;
+  p.one = 1;
   if (p.splits > 1) {
     const size_t need = static_cast<size_t>(p.splits) * m * w.n * sizeof(float);
     if (need > ws.partial_bytes_)
@@ -120,9 +129,9 @@ void Exl3Reconstruct(const Exl3DeviceLinear& w, uint16_t* what, cudaStream_t str
   int err = 0;
   const int k = static_cast<int>(w.k), n = static_cast<int>(w.n);
   switch (w.codebook) {
-    case 0: err = exl3cuda::LaunchReconstruct3Inst(w.K, w.trellis, what, k, n, stream); break;
-    case 1: err = exl3cuda::LaunchReconstructMcg(w.K, w.trellis, what, k, n, stream); break;
-    default: err = exl3cuda::LaunchReconstructMul1(w.K, w.trellis, what, k, n, stream); break;
+    case 0: err = exl3cuda::LaunchReconstruct3Inst(w.K, w.trellis, what, k, n, 1u, stream); break;
+    case 1: err = exl3cuda::LaunchReconstructMcg(w.K, w.trellis, what, k, n, 1u, stream); break;
+    default: err = exl3cuda::LaunchReconstructMul1(w.K, w.trellis, what, k, n, 1u, stream); break;
   }
   CudaCheck(static_cast<cudaError_t>(err), who + " launch");
 }

@@ -35,13 +35,16 @@ enum class Exl3Out { kF32, kF16 };
 // counters at the same time would corrupt each other).
 class Exl3GemvWorkspace {
  public:
-  // Allocates on the current device; `partial_bytes` bounds splits * m * n * 4.
+  // Allocates on the current device; `partial_bytes` bounds splits * m * n * 4. The environment
+  // variable DSMESH_EXL3_GEMV_CTAS_PER_SM (1..16, default 2) sets how many CTAs per SM the k-split
+  // aims for (a tuning knob for the benchmark; read here, never during a launch).
   explicit Exl3GemvWorkspace(size_t partial_bytes = 16u << 20);
   ~Exl3GemvWorkspace();
   Exl3GemvWorkspace(const Exl3GemvWorkspace&) = delete;
   Exl3GemvWorkspace& operator=(const Exl3GemvWorkspace&) = delete;
 
   int device() const { return device_; }
+  int ctas_per_sm() const { return ctas_per_sm_; }
   int num_sms() const { return num_sms_; }
 
  private:
@@ -51,7 +54,7 @@ class Exl3GemvWorkspace {
   size_t partial_bytes_ = 0;
   int* counters_ = nullptr;
   int num_counters_ = 0;
-  int device_ = 0, num_sms_ = 0;
+  int device_ = 0, num_sms_ = 0, ctas_per_sm_ = 2;
   bool bound_ = false;
   cudaStream_t stream_ = nullptr;
 };
@@ -59,8 +62,9 @@ class Exl3GemvWorkspace {
 // Largest m the GEMV handles.
 constexpr int kExl3GemvMaxRows = 16;
 
-// How the launch is cut: number of k-splits for (k, n) on `num_sms` multiprocessors.
-int Exl3GemvSplits(int64_t k, int64_t n, int num_sms);
+// How the launch is cut: number of k-splits for (k, n) on `num_sms` multiprocessors, aiming at
+// ctas_per_sm CTAs per multiprocessor.
+int Exl3GemvSplits(int64_t k, int64_t n, int num_sms, int ctas_per_sm = 2);
 
 // y[m, n] (fp32 or fp16, row-major) = x[m, k] (fp16 bit patterns, row-major) W. Throws
 // std::runtime_error naming the linear on bad shapes, pointers, alignment or a launch error.

@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(kThreads, 2) Exl3GemvKernel(const GemvParams p
 
   float acc[8][2][4];
   const __half* a[1] = {act};
-  Core::MainLoop(src, KT, a, kGemvAStride, m, ring, acc);
+  Core::MainLoop(src, KT, a, kGemvAStride, m, ring, acc, p.one);
   float* out = reinterpret_cast<float*>(act);  // [m][128], the activations are no longer needed
   Core::Reduce(acc, m, reinterpret_cast<float*>(ring), out);
 
@@ -69,6 +69,7 @@ __global__ void __launch_bounds__(kThreads, 2) Exl3GemvKernel(const GemvParams p
     for (int i = tid; i < m * 32; i += kThreads) {
       const int row = i >> 5, c = (i & 31) * 4;
       float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
       for (int s = 0; s < p.splits; ++s) {
         const float4 v = __ldcg(reinterpret_cast<const float4*>(p.partial + ((int64_t)s * m + row) * p.n + strip * 128 + c));
         sum.x += v.x;
@@ -104,14 +105,15 @@ __global__ void __launch_bounds__(kThreads, 2) Exl3GemvKernel(const GemvParams p
 // same per-lane decode as the GEMV, so its bit-exactness against exllamav3's `reconstruct` covers the
 // GEMV's weights too.
 template <int K, int CB>
-__global__ void __launch_bounds__(kThreads) Exl3ReconstructKernel(const uint16_t* trellis, uint16_t* out, int k, int n) {
+__global__ void __launch_bounds__(kThreads) Exl3ReconstructKernel(const uint16_t* trellis, uint16_t* out, int k, int n,
+                                                                      uint32_t one) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t tiles_n = n >> 4, total = (int64_t)(k >> 4) * tiles_n;
   const int64_t tile = (int64_t)blockIdx.x * (kThreads / 32) + warp;
   if (tile >= total) return;
   const uint32_t* words = reinterpret_cast<const uint32_t*>(trellis) + tile * 8 * K;
   uint32_t frag[4];
-  DecodeTileLane<K, CB>(words, MakeLaneTileGeom<K>(lane), frag);
+  DecodeTileLane<K, CB>(words, MakeLaneTileGeom<K>(lane), one << K, frag);
   const int64_t i = tile / tiles_n, j = tile - i * tiles_n;
 #pragma unroll
   for (int e = 0; e < 8; ++e) {
@@ -140,19 +142,20 @@ __global__ void __launch_bounds__(kThreads) Exl3ReconstructKernel(const uint16_t
     }                                                                                                   \
     return static_cast<int>(cudaGetLastError());                                                        \
   }                                                                                                     \
-  int LaunchReconstruct##NAME(int K, const uint16_t* trellis, uint16_t* out, int k, int n, void* stream) {  \
+  int LaunchReconstruct##NAME(int K, const uint16_t* trellis, uint16_t* out, int k, int n, uint32_t one,    \
+                             void* stream) {  \
     const int64_t tiles = (int64_t)(k / 16) * (n / 16);                                                 \
     const dim3 grid((unsigned)((tiles + 7) / 8)), block(kThreads);                                      \
     const cudaStream_t s = static_cast<cudaStream_t>(stream);                                           \
     switch (K) {                                                                                        \
-      case 1: Exl3ReconstructKernel<1, CB><<<grid, block, 0, s>>>(trellis, out, k, n); break;           \
-      case 2: Exl3ReconstructKernel<2, CB><<<grid, block, 0, s>>>(trellis, out, k, n); break;           \
-      case 3: Exl3ReconstructKernel<3, CB><<<grid, block, 0, s>>>(trellis, out, k, n); break;           \
-      case 4: Exl3ReconstructKernel<4, CB><<<grid, block, 0, s>>>(trellis, out, k, n); break;           \
-      case 5: Exl3ReconstructKernel<5, CB><<<grid, block, 0, s>>>(trellis, out, k, n); break;           \
-      case 6: Exl3ReconstructKernel<6, CB><<<grid, block, 0, s>>>(trellis, out, k, n); break;           \
-      case 7: Exl3ReconstructKernel<7, CB><<<grid, block, 0, s>>>(trellis, out, k, n); break;           \
-      case 8: Exl3ReconstructKernel<8, CB><<<grid, block, 0, s>>>(trellis, out, k, n); break;           \
+      case 1: Exl3ReconstructKernel<1, CB><<<grid, block, 0, s>>>(trellis, out, k, n, one); break;           \
+      case 2: Exl3ReconstructKernel<2, CB><<<grid, block, 0, s>>>(trellis, out, k, n, one); break;           \
+      case 3: Exl3ReconstructKernel<3, CB><<<grid, block, 0, s>>>(trellis, out, k, n, one); break;           \
+      case 4: Exl3ReconstructKernel<4, CB><<<grid, block, 0, s>>>(trellis, out, k, n, one); break;           \
+      case 5: Exl3ReconstructKernel<5, CB><<<grid, block, 0, s>>>(trellis, out, k, n, one); break;           \
+      case 6: Exl3ReconstructKernel<6, CB><<<grid, block, 0, s>>>(trellis, out, k, n, one); break;           \
+      case 7: Exl3ReconstructKernel<7, CB><<<grid, block, 0, s>>>(trellis, out, k, n, one); break;           \
+      case 8: Exl3ReconstructKernel<8, CB><<<grid, block, 0, s>>>(trellis, out, k, n, one); break;           \
       default: return static_cast<int>(cudaErrorInvalidValue);                                          \
     }                                                                                                   \
     return static_cast<int>(cudaGetLastError());                                                        \

@@ -16,6 +16,7 @@ struct GemvParams {
   int m, k, n;
   int splits;               // k is cut into `splits` ranges of whole 128-blocks, at most 8 blocks each
   int y_fp16;               // 1: y is fp16, 0: fp32
+  uint32_t one;             // always 1; a runtime value so shifts by it compile to IMADs (exl3_device.cuh)
 };
 
 // Pipeline depth per K: about 32-48 KB of trellis in flight per CTA (64 tiles per stage).
@@ -37,9 +38,9 @@ constexpr int GemvSmemBytes(int K) { return RingBytes(K) + kGemvABytes; }
 int LaunchGemv3Inst(int K, const GemvParams& p, int grid_x, int grid_y, void* stream);
 int LaunchGemvMcg(int K, const GemvParams& p, int grid_x, int grid_y, void* stream);
 int LaunchGemvMul1(int K, const GemvParams& p, int grid_x, int grid_y, void* stream);
-int LaunchReconstruct3Inst(int K, const uint16_t* trellis, uint16_t* out, int k, int n, void* stream);
-int LaunchReconstructMcg(int K, const uint16_t* trellis, uint16_t* out, int k, int n, void* stream);
-int LaunchReconstructMul1(int K, const uint16_t* trellis, uint16_t* out, int k, int n, void* stream);
+int LaunchReconstruct3Inst(int K, const uint16_t* trellis, uint16_t* out, int k, int n, uint32_t one, void* stream);
+int LaunchReconstructMcg(int K, const uint16_t* trellis, uint16_t* out, int k, int n, uint32_t one, void* stream);
+int LaunchReconstructMul1(int K, const uint16_t* trellis, uint16_t* out, int k, int n, uint32_t one, void* stream);
 int PrepareGemv3Inst();
 int PrepareGemvMcg();
 int PrepareGemvMul1();

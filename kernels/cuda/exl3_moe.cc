@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <stdexcept>
 
@@ -36,12 +37,12 @@ bool Aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % 
 
 }  // namespace
 
-int Exl3MoeSplits(int m, int topk, int num_experts, int hidden, int inter, int num_sms) {
-  // Enough gate/up items for about 1.5 waves of resident CTAs (2 per SM), assuming the m * topk slots
-  // hit distinct experts (the common case at decode sizes).
+int Exl3MoeSplits(int m, int topk, int num_experts, int hidden, int inter, int num_sms, int items_per_sm) {
+  // Enough gate/up items for items_per_sm per SM (default 3: 1.5 rounds of the 2 resident CTAs per
+  // SM), assuming the m * topk slots hit distinct experts (the common case at decode sizes).
   const int groups = std::max(1, std::min(num_experts, m * topk));
   const int nb = inter / 128, nblk_d = hidden / 128;
-  const int target = 3 * num_sms;  // 1.5 x 2 resident CTAs per SM
+  const int target = items_per_sm * num_sms;
   const int per = groups * nb;
   int s = (target + per - 1) / per;
   return std::max(1, std::min(s, nblk_d));
@@ -61,9 +62,17 @@ Exl3MoeWorkspace::Exl3MoeWorkspace(int max_rows, int topk, int hidden, int inter
   CudaCheck(cudaGetDevice(&device_), "cudaGetDevice");
   CudaCheck(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_), "SM count");
   PrepareOnce();
+  if (const char* v = std::getenv("DSMESH_EXL3_MOE_ITEMS_PER_SM")) {
+    char* end = nullptr;
+    const long c = std::strtol(v, &end, 10);
+    if (end == v || *end != 0 || c < 1 || c > 64)
+      throw std::runtime_error(std::string("DSMESH_EXL3_MOE_ITEMS_PER_SM='") + v + "': expected an integer 1..64");
+    items_per_sm_ = static_cast<int>(c);
+  }
   max_splits_ = 1;
   for (int m = 1; m <= max_rows; ++m)
-    max_splits_ = std::max(max_splits_, Exl3MoeSplits(m, topk, exl3cuda::kMoeMaxExperts, hidden, inter, num_sms_));
+    max_splits_ = std::max(max_splits_, Exl3MoeSplits(m, topk, exl3cuda::kMoeMaxExperts, hidden, inter, num_sms_,
+                                                      items_per_sm_));
   const size_t pairs = static_cast<size_t>(max_rows) * topk;
   CudaCheck(cudaMalloc(&control_, sizeof(exl3cuda::MoeControl)), "Exl3MoeWorkspace control");
   CudaCheck(cudaMemset(control_, 0, sizeof(exl3cuda::MoeControl)), "Exl3MoeWorkspace control");
@@ -152,9 +161,10 @@ void Exl3MoeForward(const Exl3MoeLayer& l, const uint16_t* x, const int32_t* ids
   p.num_experts = l.num_experts;
   p.d = l.hidden;
   p.inter = l.inter;
-  p.splits = Exl3MoeSplits(m, ws.topk_, l.num_experts, l.hidden, l.inter, ws.num_sms_);
+  p.splits = Exl3MoeSplits(m, ws.topk_, l.num_experts, l.hidden, l.inter, ws.num_sms_, ws.items_per_sm_);
   if (p.splits > ws.max_splits_) p.splits = ws.max_splits_;  // workspace sized for its max
   p.swiglu_limit = l.swiglu_limit;
+  p.one = 1;
   const int per_sm = dev < 64 ? g_blocks_per_sm[dev][l.K] : 0;
   if (per_sm < 1) throw std::runtime_error(who + ": kernel does not fit on an SM");
   const int grid = per_sm * ws.num_sms_;

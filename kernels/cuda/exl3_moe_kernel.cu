@@ -35,7 +35,6 @@ struct MoePlan {
   uint32_t mask[kMoeMaxExperts];       // rows routed to expert e (bit r)
   int pair_base[kMoeMaxExperts];       // first pair index of expert e
   int group_expert[kMoeMaxExperts];    // expert id of group g, ascending
-  int num_groups;
   int warp_has[kThreads / 32], warp_cnt[kThreads / 32];
   int ticket, flag;
 };
@@ -66,7 +65,8 @@ __device__ int ArriveAndCount(int* counter, MoePlan& plan) {
   return old;
 }
 
-__device__ void BuildPlan(const MoeParams& p, MoePlan& plan) {
+// Returns the number of active experts (groups); every thread computes the same value.
+__device__ int BuildPlan(const MoeParams& p, MoePlan& plan) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   for (int e = tid; e < kMoeMaxExperts; e += kThreads) plan.mask[e] = 0;
   __syncthreads();
@@ -107,8 +107,8 @@ __device__ void BuildPlan(const MoeParams& p, MoePlan& plan) {
   const int group = base_has + incl_has - has;
   plan.pair_base[tid] = base_cnt + incl_cnt - cnt;
   if (has) plan.group_expert[group] = tid;
-  if (tid == 0) plan.num_groups = total_has;
   __syncthreads();
+  return total_has;
 }
 
 // Largest number of 128-blocks whose activations for `rows` rows (times `copies` buffers) fit the
@@ -157,7 +157,7 @@ __device__ void GateUpItem(const MoeParams& p, MoePlan& plan, int t, uint8_t* ri
                          (which ? au : ag) + i * astride + bb * 128 + lane * 4, lane);
       }
       const __half* a[2] = {ag, au};
-      Core::MainLoop(src, nbc * 8, a, astride, Rs, ring, acc, c0 != kb0);
+      Core::MainLoop(src, nbc * 8, a, astride, Rs, ring, acc, p.one, c0 != kb0);
     }
     float* out = reinterpret_cast<float*>(act);  // [2][Rs][128]
     Core::Reduce(acc, Rs, reinterpret_cast<float*>(ring), out);
@@ -181,6 +181,7 @@ __device__ void GateUpItem(const MoeParams& p, MoePlan& plan, int t, uint8_t* ri
   for (int i = warp; i < R; i += kThreads / 32) {
     const int64_t pair = pb + i;
     float gv[4] = {0.f, 0.f, 0.f, 0.f}, uv[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
     for (int s2 = 0; s2 < S; ++s2) {
       const float4 a0 = __ldcg(reinterpret_cast<const float4*>(p.part_gu + ((pair * S + s2) * 2 + 0) * p.inter + b * 128 + lane * 4));
       const float4 a1 = __ldcg(reinterpret_cast<const float4*>(p.part_gu + ((pair * S + s2) * 2 + 1) * p.inter + b * 128 + lane * 4));
@@ -245,7 +246,7 @@ __device__ void DownItem(const MoeParams& p, MoePlan& plan, int t, uint8_t* ring
             __ldcg(reinterpret_cast<const uint4*>(p.act + pair * p.inter + c0 * 128 + q * 8));
       }
       const __half* a[1] = {act};
-      Core::MainLoop(src, nbc * 8, a, astride, Rs, ring, acc, c0 != 0);
+      Core::MainLoop(src, nbc * 8, a, astride, Rs, ring, acc, p.one, c0 != 0);
     }
     float* out = reinterpret_cast<float*>(act);  // [Rs][128]
     Core::Reduce(acc, Rs, reinterpret_cast<float*>(ring), out);
@@ -261,12 +262,14 @@ __device__ void DownItem(const MoeParams& p, MoePlan& plan, int t, uint8_t* ring
   ArriveAndCount(&p.control->col_done[c], plan);
 }
 
-__device__ void GatherItem(const MoeParams& p, MoePlan& plan, int c) {
-  WaitFor(&p.control->col_done[c], plan.num_groups);
+__device__ void GatherItem(const MoeParams& p, MoePlan& plan, int num_groups, int c) {
+  WaitFor(&p.control->col_done[c], num_groups);
   for (int idx = threadIdx.x; idx < p.m * 32; idx += kThreads) {
     const int r = idx >> 5, q = idx & 31;
     float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int k = 0; k < p.topk; ++k) {
+#pragma unroll
+    for (int k = 0; k < kMoeMaxTopK; ++k) {
+      if (k >= p.topk) break;
       const int e = p.ids[r * p.topk + k];
       if (e < 0 || e >= p.num_experts) continue;
       const float w = p.weights[r * p.topk + k];
@@ -287,8 +290,7 @@ __global__ void __launch_bounds__(kThreads, 2) Exl3MoeKernel(const MoeParams p) 
   __shared__ MoePlan plan;
   uint8_t* ring = smem;
   __half* act = reinterpret_cast<__half*>(smem + RingBytes(K));
-  BuildPlan(p, plan);
-  const int U = plan.num_groups, NB = p.inter >> 7, NC = p.d >> 7;
+  const int U = BuildPlan(p, plan), NB = p.inter >> 7, NC = p.d >> 7;
   const int T1 = U * NB * p.splits, T2 = U * NC, T = T1 + T2 + NC;
   for (;;) {
     if (threadIdx.x == 0) plan.ticket = atomicAdd(&p.control->ticket, 1);
@@ -301,7 +303,7 @@ __global__ void __launch_bounds__(kThreads, 2) Exl3MoeKernel(const MoeParams p) 
     } else if (t < T1 + T2) {
       DownItem<K>(p, plan, t - T1, ring, act);
     } else {
-      GatherItem(p, plan, t - T1 - T2);
+      GatherItem(p, plan, U, t - T1 - T2);
     }
     __syncthreads();
   }

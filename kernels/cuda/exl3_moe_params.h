@@ -48,6 +48,7 @@ struct MoeParams {
   int m, topk, num_experts, d, inter;
   int splits;               // gate/up k-splits of d (whole 128-blocks)
   float swiglu_limit;       // <= 0: no clamp
+  uint32_t one;             // always 1 (see GemvParams::one)
 };
 
 // Shared memory of the routed-expert kernel for K: trellis ring, activation region, route plan.

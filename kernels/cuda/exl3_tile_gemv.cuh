@@ -62,8 +62,9 @@ struct TileGemv {
   // a[g]: row-major [R][a_stride] fp16 activations of group g, column 0 = first k of the range.
   // KT: number of k-tiles, a multiple of WK. ring: RingBytes(K) of shared memory. With accumulate,
   // adds to acc (a previous k-chunk of the same outputs); otherwise starts from zero.
+  // one: the value 1 from a kernel parameter (opaque to the compiler, see DecodeTileLane).
   __device__ static void MainLoop(const Source& src, int KT, const __half* const* a, int a_stride, int R,
-                                  uint8_t* ring, float acc[8][2][4], bool accumulate = false) {
+                                  uint8_t* ring, float acc[8][2][4], uint32_t one, bool accumulate = false) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = warp / WK, j = warp - g * WK;
     const int num_stages = KT / WK;
@@ -77,6 +78,7 @@ struct TileGemv {
     }
 
     const LaneTileGeom geom = MakeLaneTileGeom<K>(lane);
+    const uint32_t mulk = one << K;
     const int arow = lane >> 2, acol = (lane & 3) * 2;
     const bool row_lo = arow < R, row_hi = arow + 8 < R;
     const __half* a_lo = a[g] + arow * a_stride + acol;
@@ -105,7 +107,7 @@ struct TileGemv {
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
         uint32_t b[4];
-        DecodeTileLane<K, CB>(tiles + nt * (kTileBytes / 4), geom, b);
+        DecodeTileLane<K, CB>(tiles + nt * (kTileBytes / 4), geom, mulk, b);
         Mma16816(acc[nt][0], a0, a1, a2, a3, b[0], b[1]);
         Mma16816(acc[nt][1], a0, a1, a2, a3, b[2], b[3]);
       }

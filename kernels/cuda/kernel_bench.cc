@@ -4,6 +4,8 @@
 // exllamav3's time on an H200 from anchors-h200.json, and the speed-up over it.
 //
 //   dsmesh-kernel-bench --anchors PATH/anchors-h200.json [--only dense|moe] [--replays N]
+//                       [--gemv-ctas-per-sm 2,4,...] [--moe-items-per-sm 3,6,...]   (k-split sweeps)
+//                       [--filter 'K2 wq_b']   (only cases whose label contains the text)
 //
 // Weights are random valid trellises (MCG codebook, like the anchors), rotated over enough copies that
 // the weights read by one graph replay exceed the L2 several times; MoE cases use 256 experts and a
@@ -38,11 +40,15 @@ int Lop3Chains(uint32_t* out, int blocks, int iters, cudaStream_t s);
 namespace dsmesh {
 namespace {
 
-// Integer/half instructions per decoded weight in the GEMV/MoE inner loop, counted in the sm_90 SASS of
-// Exl3GemvKernel<K, MCG> (cuobjdump --dump-sass; see NOTES.md for the count and the method): per tile and
-// lane, everything in the decode + MMA loop except the MMAs themselves, divided by 8 weights.
+std::string g_filter;  // --filter: only cases whose label contains this
+
+// Integer-pipe instructions per decoded weight in the GEMV/MoE inner loop (LOP3, SHF, PRMT, IADD3,
+// LEA, ...), counted in the sm_90 SASS of Exl3GemvKernel<K, MCG> (cuobjdump --dump-sass, one main-loop
+// iteration = 8 tiles per lane = 512 weights per lane group of 64; NOTES.md has the method and the
+// FMA-pipe counts). The integer pipe is the busier of the two (FMA pipe: IMAD, HADD2 ~2.8-3.0 per weight),
+// so its count over the measured LOP3 rate is the decode-op floor.
 double DecodeOpsPerWeight(int K) {
-  static const double kOps[9] = {0, 5.5, 5.5, 5.6, 5.5, 5.6, 5.6, 5.9, 5.9};
+  static const double kOps[9] = {0, 3.86, 3.89, 4.11, 4.14, 4.12, 4.41, 4.36, 4.30};
   return kOps[std::clamp(K, 1, 8)];
 }
 
@@ -174,6 +180,8 @@ void RunDense(const nlohmann::json& anchors, double bw, double intops, int repla
     const std::string shape = a["shape"];
     const size_t sp = shape.find(' '), xp = shape.find('x', sp);
     const int64_t k = std::stoll(shape.substr(sp + 1, xp - sp - 1)), n = std::stoll(shape.substr(xp + 1));
+    const std::string dense_label = "K" + std::to_string(K) + " " + shape + " m" + std::to_string(m);
+    if (!g_filter.empty() && dense_label.find(g_filter) == std::string::npos) continue;
     const size_t bytes = size_t(k) * n * K / 8;
     const int copies = static_cast<int>(std::clamp<size_t>((size_t(256) << 20) / bytes + 1, 2, 512));
     uint8_t* tr = DeviceAlloc<uint8_t>(bytes * copies);
@@ -204,7 +212,7 @@ void RunDense(const nlohmann::json& anchors, double bw, double intops, int repla
     CudaCheck(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
     Row r;
     r.kind = "dense";
-    r.label = "K" + std::to_string(K) + " " + shape + " m" + std::to_string(m);
+    r.label = dense_label;
     r.us = TimeGraph(exec, calls, replays, s);
     r.byte_floor = bytes / bw * 1e6;
     r.op_floor = DecodeOpsPerWeight(K) * double(k) * n / intops * 1e6;
@@ -272,6 +280,8 @@ void RunMoe(const nlohmann::json& anchors, double bw, double intops, int replays
     Exl3MoeWorkspace ws(24, topk, d, I);
     for (const auto& a : cases) {
       const int m = a["m"];
+      const std::string moe_key = "K" + std::to_string(K) + " I" + std::to_string(I) + " m" + std::to_string(m);
+      if (!g_filter.empty() && moe_key.find(g_filter) == std::string::npos) continue;
       uint16_t* x = UploadHalves(RandomHalves(size_t(m) * d, rng, 0.05f));
       float* y = DeviceAlloc<float>(size_t(m) * d);
       std::vector<int32_t*> ids(calls);
@@ -334,6 +344,7 @@ void RunMoe(const nlohmann::json& anchors, double bw, double intops, int replays
 int Main(int argc, char** argv) {
   std::string anchors_path, only;
   int replays = 15;
+  std::vector<std::string> ctas_per_sm, items_per_sm;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -343,7 +354,15 @@ int Main(int argc, char** argv) {
     if (a == "--anchors") anchors_path = value();
     else if (a == "--only") only = value();
     else if (a == "--replays") replays = std::stoi(value());
-    else throw std::runtime_error("unknown flag " + a + " (usage: --anchors FILE [--only dense|moe] [--replays N])");
+    else if (a == "--filter") g_filter = value();
+    else if (a == "--moe-items-per-sm") {
+      std::stringstream ss(value());
+      for (std::string v; std::getline(ss, v, ',');) items_per_sm.push_back(v);
+    } else if (a == "--gemv-ctas-per-sm") {
+      std::stringstream ss(value());
+      for (std::string v; std::getline(ss, v, ',');) ctas_per_sm.push_back(v);
+    }
+    else throw std::runtime_error("unknown flag " + a + " (usage: --anchors FILE [--only dense|moe] [--replays N] [--gemv-ctas-per-sm LIST] [--moe-items-per-sm LIST] [--filter TEXT])");
   }
   if (anchors_path.empty()) {
     const char* shared = std::getenv("DSMESH_SHARED");
@@ -371,8 +390,36 @@ int Main(int argc, char** argv) {
   std::printf("floors: byte = weight bytes / copy bandwidth; op = decode ops/weight (SASS count) x weights / LOP3 rate\n");
   PrintHeader();
   std::vector<Row> dense, moe;
-  if (only.empty() || only == "dense") RunDense(anchors, bw, intops, replays, s, dense);
-  if (only.empty() || only == "moe") RunMoe(anchors, bw, intops, replays, s, moe);
+  if (only.empty() || only == "dense") {
+    if (ctas_per_sm.empty()) {
+      RunDense(anchors, bw, intops, replays, s, dense);
+    } else {
+      // Sweep of the GEMV's k-split target (DSMESH_EXL3_GEMV_CTAS_PER_SM), one summary per value.
+      for (const auto& v : ctas_per_sm) {
+        setenv("DSMESH_EXL3_GEMV_CTAS_PER_SM", v.c_str(), 1);
+        std::printf("-- DSMESH_EXL3_GEMV_CTAS_PER_SM=%s\n", v.c_str());
+        std::vector<Row> rows;
+        RunDense(anchors, bw, intops, replays, s, rows);
+        Summary("dense(ctas_per_sm=" + v + ")", rows);
+        if (v == ctas_per_sm.front()) dense = rows;
+      }
+    }
+  }
+  if (only.empty() || only == "moe") {
+    if (items_per_sm.empty()) {
+      RunMoe(anchors, bw, intops, replays, s, moe);
+    } else {
+      // Sweep of the routed-expert k-split target (DSMESH_EXL3_MOE_ITEMS_PER_SM).
+      for (const auto& v : items_per_sm) {
+        setenv("DSMESH_EXL3_MOE_ITEMS_PER_SM", v.c_str(), 1);
+        std::printf("-- DSMESH_EXL3_MOE_ITEMS_PER_SM=%s\n", v.c_str());
+        std::vector<Row> rows;
+        RunMoe(anchors, bw, intops, replays, s, rows);
+        Summary("moe(items_per_sm=" + v + ")", rows);
+        if (v == items_per_sm.front()) moe = rows;
+      }
+    }
+  }
   Summary("dense", dense);
   Summary("moe", moe);
   const auto c = Exl3MoeCallCounts();

@@ -16,20 +16,32 @@ if [[ $PARTS == *tests* ]]; then
   timeout 300 "$B/bin/exl3_moe_test" 2>&1 | tee "$OUT/moe_test.log" | grep -E "^\[  |FAIL|Failure|ACTIVE|rel|Expected|which is" | head -60
 fi
 if [[ $PARTS == *bench* ]]; then
-  timeout 400 "$B/bin/dsmesh-kernel-bench" --anchors "$B/shared/reference/anchors-h200.json" 2>&1 | tee "$OUT/bench.log"
+  timeout 400 "$B/bin/dsmesh-kernel-bench" --anchors "$B/shared/reference/anchors-h200.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
 fi
 if [[ $PARTS == *sanitize* ]]; then
   CS=/usr/local/cuda/bin/compute-sanitizer
-  for tool in memcheck racecheck synccheck; do
-    timeout 150 $CS --tool $tool --error-exitcode 9 "$B/bin/exl3_gemv_test" \
-      --gtest_filter='*LinearMatchesExllamav3Vectors*:*GraphCapture*' > "$OUT/san_gemv_$tool.log" 2>&1
-    echo "compute-sanitizer $tool gemv: exit $? $(grep -E 'ERROR SUMMARY|PASSED|FAILED' "$OUT/san_gemv_$tool.log" | tr '\n' ' ')"
-    timeout 150 $CS --tool $tool --error-exitcode 9 "$B/bin/exl3_moe_test" \
-      --gtest_filter='*HotExpertDuplicatesAndEdgeIds*:*StrictMode*' > "$OUT/san_moe_$tool.log" 2>&1
-    echo "compute-sanitizer $tool moe: exit $? $(grep -E 'ERROR SUMMARY|PASSED|FAILED' "$OUT/san_moe_$tool.log" | tr '\n' ' ')"
+  for tool in ${SAN_TOOLS:-memcheck racecheck synccheck}; do
+    timeout ${SAN_TIMEOUT:-120} $CS --tool $tool --error-exitcode 9 "$B/bin/exl3_gemv_test" \
+      --gtest_filter='*LinearMatchesExllamav3Vectors*:*GraphCapture*' > /tmp/san.log 2>&1
+    echo "compute-sanitizer $tool gemv: exit $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' /tmp/san.log | tr '\n' ' ')"
+    cat /tmp/san.log >> "$OUT/sanitizer.log"
+    timeout ${SAN_TIMEOUT:-120} $CS --tool $tool --error-exitcode 9 "$B/bin/exl3_moe_test" \
+      --gtest_filter='*HotExpertDuplicatesAndEdgeIds*:*StrictMode*' > /tmp/san.log 2>&1
+    echo "compute-sanitizer $tool moe: exit $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' /tmp/san.log | tr '\n' ' ')"
+    cat /tmp/san.log >> "$OUT/sanitizer.log"
   done
 fi
 if [[ $PARTS == *sass* ]]; then
   cuobjdump -arch sm_90 --dump-sass "$B"/lib/libkernels_Scuda_Slibexl3_Ucuda_Ukernels.so 2>&1 | gzip > "$OUT/sass_sm90.txt.gz" || true
   ls -la "$OUT"
+fi
+if [[ $PARTS == *ncu* ]]; then
+  # Warp-stall and pipe statistics of one large dense GEMV and one MoE launch (hardware counters).
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  timeout 240 $NCU --clock-control none --section WarpStateStats --section ComputeWorkloadAnalysis \
+    --section SchedulerStats --section Occupancy --section LaunchStats --print-details all -k regex:Exl3GemvKernel -c 1 \
+    "$B/bin/dsmesh-kernel-bench" --anchors "$B/shared/reference/anchors-h200.json" --only dense \
+    --filter "K2 wq_b 1024x32768 m1" --replays 1 > "$OUT/ncu.txt" 2>&1
+  echo "ncu exit $?"
+  grep -E "Stall|Issue|Eligible|Active Warps|Occupancy|Pipe|Registers|Executed Ipc|Issued" "$OUT/ncu.txt" | head -60
 fi
