@@ -15,37 +15,64 @@ constexpr size_t kSmallWord = 64;
 // The cache is dropped and rebuilt when it holds this many entries or key bytes.
 constexpr size_t kCacheSlots = 1 << 18;
 constexpr size_t kCacheMaxEntries = kCacheSlots / 2;
-constexpr size_t kCacheMaxKeyBytes = 8 << 20;
+constexpr size_t kCacheMaxRecordWords = 4 << 20;
 
 }  // namespace
 
 BpeScratch::BpeScratch() : slots_(kCacheSlots) {}
 
-const int32_t* BpeScratch::Find(std::string_view key, uint64_t hash, uint32_t* length) const {
-  size_t i = hash & (slots_.size() - 1);
-  while (true) {
+size_t BpeScratch::SlotOf(std::string_view key, uint64_t* tag) const {
+  uint64_t h;
+  if (key.size() <= 8) {
+    *tag = 0;
+    std::memcpy(tag, key.data(), key.size());
+    h = (*tag ^ (uint64_t(key.size()) << 59)) * 0x9E3779B97F4A7C15ull;
+  } else {
+    *tag = HashBytes(key);
+    h = *tag * 0x9E3779B97F4A7C15ull;
+  }
+  return h >> (64 - __builtin_ctzll(slots_.size()));
+}
+
+const int32_t* BpeScratch::Find(std::string_view key, uint32_t* length) const {
+  uint64_t tag;
+  const size_t mask = slots_.size() - 1;
+  for (size_t i = SlotOf(key, &tag);; i = (i + 1) & mask) {
     const Slot& s = slots_[i];
-    if (s.hash == 0) return nullptr;
-    if (s.hash == hash && s.key_length == key.size() && std::memcmp(keys_.data() + s.key_offset, key.data(), key.size()) == 0) {
-      *length = s.value_length;
-      return values_.data() + s.value_offset;
-    }
-    i = (i + 1) & (slots_.size() - 1);
+    if (s.key_length == 0) return nullptr;
+    if (s.tag != tag || s.key_length != key.size()) continue;
+    *length = s.value_length;
+    if (key.size() <= 8) return s.value_length == 1 ? reinterpret_cast<const int32_t*>(&s.value) : &records_[s.value];
+    const int32_t* record = &records_[s.value];
+    if (std::memcmp(record, key.data(), key.size()) == 0) return record + (key.size() + 3) / 4;
   }
 }
 
-void BpeScratch::Insert(std::string_view key, uint64_t hash, const int32_t* ids, uint32_t length) {
-  if (used_ >= kCacheMaxEntries || keys_.size() + key.size() > kCacheMaxKeyBytes) {
+void BpeScratch::Insert(std::string_view key, const int32_t* ids, uint32_t length) {
+  if (used_ >= kCacheMaxEntries || records_.size() > kCacheMaxRecordWords) {
     std::fill(slots_.begin(), slots_.end(), Slot{});
     used_ = 0;
-    keys_.clear();
-    values_.clear();
+    records_.clear();
   }
-  size_t i = hash & (slots_.size() - 1);
-  while (slots_[i].hash != 0) i = (i + 1) & (slots_.size() - 1);
-  slots_[i] = Slot{hash, uint32_t(keys_.size()), uint32_t(key.size()), uint32_t(values_.size()), length};
-  keys_.append(key);
-  values_.insert(values_.end(), ids, ids + length);
+  uint64_t tag;
+  const size_t mask = slots_.size() - 1;
+  size_t i = SlotOf(key, &tag);
+  while (slots_[i].key_length != 0) i = (i + 1) & mask;
+  Slot& s = slots_[i];
+  s.tag = tag;
+  s.key_length = uint16_t(key.size());
+  s.value_length = uint16_t(length);
+  if (key.size() <= 8 && length == 1) {
+    s.value = uint32_t(ids[0]);
+  } else {
+    s.value = uint32_t(records_.size());
+    if (key.size() > 8) {
+      const size_t words = (key.size() + 3) / 4;
+      records_.resize(records_.size() + words, 0);
+      std::memcpy(&records_[s.value], key.data(), key.size());
+    }
+    records_.insert(records_.end(), ids, ids + length);
+  }
   ++used_;
 }
 
@@ -73,67 +100,75 @@ BpeModel::BpeModel(const int32_t (&byte_ids)[256], const std::vector<Merge>& mer
 void BpeModel::MergeSmall(BpeScratch* s) const {
   std::vector<int32_t>& sym = s->symbols_;
   std::vector<uint32_t>& rank = s->ranks_;
+  std::vector<int32_t>& merged = s->merged_;
   size_t n = sym.size();
   rank.resize(n);
-  int32_t merged = -1;
-  for (size_t i = 0; i + 1 < n; ++i) rank[i] = Rank(sym[i], sym[i + 1], &merged);
+  merged.resize(n);
+  for (size_t i = 0; i + 1 < n; ++i) rank[i] = Rank(sym[i], sym[i + 1], &merged[i]);
   while (n > 1) {
     size_t best = 0;
     uint32_t best_rank = rank[0];
     for (size_t i = 1; i + 1 < n; ++i)
       if (rank[i] < best_rank) best_rank = rank[i], best = i;
     if (best_rank == kNoRank) break;
-    Rank(sym[best], sym[best + 1], &merged);
-    sym[best] = merged;
-    std::memmove(&sym[best + 1], &sym[best + 2], (n - best - 2) * sizeof(int32_t));
-    std::memmove(&rank[best + 1], &rank[best + 2], (n - best - 2) * sizeof(uint32_t));
+    sym[best] = merged[best];
+    const size_t tail = n - best - 2;
+    std::memmove(&sym[best + 1], &sym[best + 2], tail * sizeof(int32_t));
+    std::memmove(&rank[best + 1], &rank[best + 2], tail * sizeof(uint32_t));
+    std::memmove(&merged[best + 1], &merged[best + 2], tail * sizeof(int32_t));
     --n;
-    if (best > 0) rank[best - 1] = Rank(sym[best - 1], sym[best], &merged);
-    if (best + 1 < n) rank[best] = Rank(sym[best], sym[best + 1], &merged);
+    if (best > 0) rank[best - 1] = Rank(sym[best - 1], sym[best], &merged[best - 1]);
+    if (best + 1 < n) rank[best] = Rank(sym[best], sym[best + 1], &merged[best]);
   }
   sym.resize(n);
 }
 
-// O(n log n): a min-heap of (rank, position) over a linked list of symbols, with stale entries
-// skipped on pop. Positions are the original byte offsets, so "lower position" = "further left".
+// O(n log n) for long pre-tokens: a tournament tree over symbol positions holds, for each live
+// symbol, (rank of the pair it starts) << 32 | position, so the root is the lowest rank and, among
+// equal ranks, the leftmost pair. A merge updates three leaves; nothing goes stale.
 void BpeModel::MergeLarge(BpeScratch* s) const {
   std::vector<int32_t>& sym = s->symbols_;
   const size_t n = sym.size();
   std::vector<int32_t>& prev = s->prev_;
   std::vector<int32_t>& next = s->next_;
-  std::vector<uint64_t>& heap = s->heap_;  // (rank << 32 | position), min-heap
+  std::vector<int32_t>& merged_id = s->merged_;
+  std::vector<uint64_t>& tree = s->heap_;
+  size_t m = 1;
+  while (m < n) m <<= 1;
   prev.resize(n);
   next.resize(n);
-  heap.clear();
+  merged_id.resize(n);
+  tree.assign(2 * m, UINT64_MAX);
+  auto key = [&](int32_t pos) -> uint64_t {
+    if (pos < 0 || next[pos] < 0) return UINT64_MAX;
+    const uint32_t r = Rank(sym[pos], sym[next[pos]], &merged_id[pos]);
+    return r == kNoRank ? UINT64_MAX : (uint64_t(r) << 32) | uint32_t(pos);
+  };
+  auto update = [&](int32_t pos, uint64_t v) {
+    size_t k = m + size_t(pos);
+    tree[k] = v;
+    for (k >>= 1; k >= 1; k >>= 1) {
+      const uint64_t best = std::min(tree[2 * k], tree[2 * k + 1]);
+      if (tree[k] == best) break;  // nothing above changes either
+      tree[k] = best;
+    }
+  };
   for (size_t i = 0; i < n; ++i) {
     prev[i] = int32_t(i) - 1;
     next[i] = i + 1 < n ? int32_t(i + 1) : -1;
   }
-  int32_t merged = -1;
-  auto push = [&](int32_t pos) {
-    if (pos < 0 || next[pos] < 0) return;
-    const uint32_t r = Rank(sym[pos], sym[next[pos]], &merged);
-    if (r == kNoRank) return;
-    heap.push_back((uint64_t(r) << 32) | uint32_t(pos));
-    std::push_heap(heap.begin(), heap.end(), std::greater<uint64_t>());
-  };
-  for (size_t i = 0; i + 1 < n; ++i) push(int32_t(i));
-  while (!heap.empty()) {
-    std::pop_heap(heap.begin(), heap.end(), std::greater<uint64_t>());
-    const uint64_t top = heap.back();
-    heap.pop_back();
-    const uint32_t r = uint32_t(top >> 32);
-    const int32_t pos = int32_t(top & 0xFFFFFFFFu);
-    if (sym[pos] < 0 || next[pos] < 0) continue;  // merged away, or now the last symbol
+  for (size_t i = 0; i < n; ++i) tree[m + i] = key(int32_t(i));
+  for (size_t k = m - 1; k >= 1; --k) tree[k] = std::min(tree[2 * k], tree[2 * k + 1]);
+  while (tree[1] != UINT64_MAX) {
+    const int32_t pos = int32_t(tree[1] & 0xFFFFFFFFu);
     const int32_t right = next[pos];
-    // A rank names exactly one pair, so an equal rank means this entry still describes the pair here.
-    if (Rank(sym[pos], sym[right], &merged) != r) continue;
-    sym[pos] = merged;
+    sym[pos] = merged_id[pos];
     sym[right] = -1;
     next[pos] = next[right];
     if (next[pos] >= 0) prev[next[pos]] = pos;
-    push(prev[pos]);
-    push(pos);
+    update(right, UINT64_MAX);
+    update(pos, key(pos));
+    if (prev[pos] >= 0) update(prev[pos], key(prev[pos]));
   }
   size_t k = 0;
   for (int32_t i = 0; i >= 0; i = next[i]) sym[k++] = sym[i];
@@ -154,11 +189,9 @@ void BpeModel::Encode(std::string_view bytes, BpeScratch* s, std::vector<int32_t
     }
   }
   const bool cacheable = bytes.size() <= kMaxCachedLength;
-  uint64_t hash = 0;
   if (cacheable) {
-    hash = HashBytes(bytes);
     uint32_t length;
-    if (const int32_t* ids = s->Find(bytes, hash, &length)) {
+    if (const int32_t* ids = s->Find(bytes, &length)) {
       out->insert(out->end(), ids, ids + length);
       return;
     }
@@ -171,7 +204,7 @@ void BpeModel::Encode(std::string_view bytes, BpeScratch* s, std::vector<int32_t
   } else {
     MergeLarge(s);
   }
-  if (cacheable) s->Insert(bytes, hash, sym.data(), uint32_t(sym.size()));
+  if (cacheable) s->Insert(bytes, sym.data(), uint32_t(sym.size()));
   out->insert(out->end(), sym.begin(), sym.end());
 }
 

@@ -19,22 +19,28 @@ class BpeScratch {
 
  private:
   friend class BpeModel;
+  // 16-byte slots. Keys of up to 8 bytes live in the slot itself, and so does a single-id value,
+  // so the common case (a short word that is one token) costs one memory access.
   struct Slot {
-    uint64_t hash = 0;  // 0 marks an empty slot
-    uint32_t key_offset, key_length, value_offset, value_length;
+    uint64_t tag = 0;           // the key bytes (zero padded) if key_length <= 8, else its hash
+    uint16_t key_length = 0;    // 0 marks an empty slot
+    uint16_t value_length = 0;
+    uint32_t value = 0;         // the id if inline, else the offset of its record in records_
   };
-  const int32_t* Find(std::string_view key, uint64_t hash, uint32_t* length) const;
-  void Insert(std::string_view key, uint64_t hash, const int32_t* ids, uint32_t length);
+  // Returns the ids and sets *length, or nullptr.
+  const int32_t* Find(std::string_view key, uint32_t* length) const;
+  void Insert(std::string_view key, const int32_t* ids, uint32_t length);
+  size_t SlotOf(std::string_view key, uint64_t* tag) const;
 
   std::vector<Slot> slots_;
   size_t used_ = 0;
-  std::string keys_;
-  std::vector<int32_t> values_;
+  // Records of non-inline entries: [key bytes, padded to 4, if key_length > 8][ids].
+  std::vector<int32_t> records_;
   // Work buffers of the merge loops.
   std::vector<int32_t> symbols_;
   std::vector<uint32_t> ranks_;
-  std::vector<int32_t> prev_, next_;
-  std::vector<uint64_t> heap_;
+  std::vector<int32_t> prev_, next_, merged_;
+  std::vector<uint64_t> heap_;  // MergeLarge's tournament tree
 };
 
 class BpeModel {
