@@ -57,8 +57,10 @@ int Exl3GemvSplits(int64_t k, int64_t n, int num_sms, int ctas_per_sm) {
   const int64_t strips = n / 128, nblk = k / 128;
   // Two CTAs fit on an SM; by default aim for about one full wave, and at most 8 input blocks per CTA
   // (the activation slice lives in shared memory).
+  // Never more CTAs than fit at once (rounding up made e.g. 16 strips x 17 splits = 272 > 264 CTAs,
+  // and the 8 CTAs of the second wave cost a whole extra CTA time: 11.3 vs 8.2 us, NOTES.md v2).
   const int64_t target = static_cast<int64_t>(ctas_per_sm) * num_sms;
-  int64_t splits = std::max<int64_t>(1, (target + strips / 2) / strips);
+  int64_t splits = std::max<int64_t>(1, target / strips);
   splits = std::min(splits, nblk);
   splits = std::max(splits, (nblk + exl3cuda::kGemvMaxBlocksPerSplit - 1) / exl3cuda::kGemvMaxBlocksPerSplit);
   return static_cast<int>(splits);
