@@ -155,6 +155,7 @@ void Engine::Step() {
     timing_sum_.plan_send += timing.plan_send;
     timing_sum_.forward += timing.forward;
     timing_sum_.collectives += timing.collectives;
+    timing_sum_.collective_calls += timing.collective_calls;
     timing_sum_.sample += timing.sample;
     timing_sum_.result_return += timing.result_return;
     schedule_seconds_ += sched;
@@ -246,6 +247,7 @@ StatsResponse Engine::Stats() {
   s.set_sample_seconds_sum(timing_sum_.sample);
   s.set_result_return_seconds_sum(timing_sum_.result_return);
   s.set_schedule_seconds_sum(schedule_seconds_);
+  s.set_collective_calls(timing_sum_.collective_calls);
   for (auto& [rank, ws] : mesh_->worker_stats()) *s.add_workers() = ws;
   return s;
 }

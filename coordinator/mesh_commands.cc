@@ -324,6 +324,10 @@ void BenchStreams(MeshClient& client, const std::string& address, int streams, i
   std::printf("  per step (rank 0), us: wall %.0f = plan send %.0f + forward %.0f + collectives %.0f + sampling %.0f "
               "+ result return %.0f + other %.0f; coordinator scheduling %.0f (outside the wall)\n",
               step, send, fwd, coll, samp, ret, step - send - fwd - coll - samp - ret, sched);
+  const double calls = double(after.collective_calls() - before.collective_calls()) / steps;
+  if (calls > 0)
+    std::printf("  collectives: %.1f calls per step, %.0f us each on average (waiting for the slowest rank included)\n",
+                calls, coll / calls);
   std::printf("  control-plane overhead per step: %.0f us (wall - forward - collectives - sampling), %.1f%% of the step\n",
               control, 100.0 * control / step);
 }

@@ -228,6 +228,7 @@ std::vector<StepResult> WorkerMesh::RunStep(StepPlan* plan, std::chrono::millise
     timing->plan_send = (r0.plan_received_unix_ns() - plan->sent_unix_ns()) * 1e-9;
     timing->forward = r0.forward_seconds() - r0.collective_seconds();
     timing->collectives = r0.collective_seconds();
+    timing->collective_calls = r0.collective_calls();
     timing->sample = r0.sample_seconds();
     timing->result_return = (received_ns - r0.result_sent_unix_ns()) * 1e-9;
   }

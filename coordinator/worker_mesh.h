@@ -35,6 +35,7 @@ struct FormationError : MeshBroken {
 
 struct StepTiming {
   double wall = 0, plan_send = 0, forward = 0, collectives = 0, sample = 0, result_return = 0;
+  int64_t collective_calls = 0;
 };
 
 class WorkerMesh {

@@ -38,6 +38,12 @@ class MeshCommunicator final : public Communicator {
     return s;
   }
   long long calls() const { return calls_; }
+  // Collectives since the last call (then resets).
+  int TakeCalls() {
+    int c = static_cast<int>(calls_ - calls_taken_);
+    calls_taken_ = calls_;
+    return c;
+  }
 
  private:
   Communicator& Impl() {
@@ -55,7 +61,7 @@ class MeshCommunicator final : public Communicator {
   int rank_, world_;
   std::unique_ptr<Communicator> impl_;
   double seconds_ = 0;
-  long long calls_ = 0;
+  long long calls_ = 0, calls_taken_ = 0;
 };
 
 }  // namespace dsmesh

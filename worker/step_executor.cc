@@ -75,10 +75,12 @@ StepResult StepExecutor::Run(const StepPlan& plan) {
   }
 
   comm_->TakeSeconds();
+  comm_->TakeCalls();
   auto t0 = std::chrono::steady_clock::now();
   std::vector<SequenceOutput> outputs = model_->Forward(batch);
   result.set_forward_seconds(Since(t0));
   result.set_collective_seconds(comm_->TakeSeconds());
+  result.set_collective_calls(comm_->TakeCalls());
 
   auto t1 = std::chrono::steady_clock::now();
   const int64_t vocab = model_->config().vocab_size;

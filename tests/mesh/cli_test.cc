@@ -88,6 +88,17 @@ TEST(MeshCli, UpServesAndStopsEveryChildOnSigint) {
   Reference reference;
   const auto prompt = Tokens(12, 77);
   EXPECT_EQ(client.Generate(Greedy(prompt, 4)).tokens, reference.Greedy(prompt, 4));
+  // SIGINT once `up` itself has seen the mesh ready (it polls the coordinator every 100 ms).
+  auto log_text = [&] {
+    std::ifstream f(log);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  while (log_text().find("dsmesh up: ready") == std::string::npos &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   kill(pid, SIGINT);
   int st = 0;
   waitpid(pid, &st, 0);

@@ -113,7 +113,8 @@ TEST(MeshFaults, SigtermDrainsRunningRequestsThenExitsZero) {
   client.WaitReady(std::chrono::seconds(60));
   Background bg(mesh.coordinator_address(), Greedy(Tokens(10, 1), 60), 2);
   kill(mesh.coordinator_pid(), SIGTERM);
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const auto t0 = Clock::now();
+  while (!client.Stats().draining() && Seconds(t0) < 10) std::this_thread::sleep_for(std::chrono::milliseconds(2));
   try {
     client.Generate(Greedy(Tokens(4, 2), 2));
     ADD_FAILURE() << "a draining coordinator accepted a request";
