@@ -153,6 +153,10 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
 
   void OnWrite(beast::error_code ec) {
     writing_ = false;
+    if (closed_) {  // closed while this write was in flight: its buffer could only be freed now
+      writes_.clear();
+      return;
+    }
     if (ec) return ClientGone();
     Piece done = std::move(writes_.front());
     writes_.pop_front();
@@ -189,7 +193,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   void Close() {
     if (closed_) return;
     closed_ = true;
-    writes_.clear();
+    if (!writing_) writes_.clear();  // an in-flight async_write still reads writes_.front()
     beast::error_code ignored;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
     stream_.socket().close(ignored);

@@ -2,6 +2,7 @@
 // a coordinator that dies mid-stream (the stream must end with an error event and [DONE], never go
 // silent; non-streaming requests get 503), and SIGTERM draining (/health 503, in-flight requests
 // finish, the process exits 0).
+import net from 'node:net';
 import { assert, assertEq, loadOpenAI, rawStream, runCases, startMesh } from './harness.mjs';
 
 const OpenAI = await loadOpenAI();
@@ -68,6 +69,29 @@ const cases = [
         throw new Error('expected 503');
       } catch (e) { assertEq(e.status, 503, 'after the coordinator is gone'); }
       assertEq((await fetch(`${mesh.base}/health`)).status, 503, '/health');
+    } finally { await mesh.stop(); }
+  }],
+
+  ['clients that close right after the last byte (no keep-alive reuse) do not upset the gateway', async () => {
+    const mesh = await startMesh({ stepMs: 1 });
+    try {
+      const port = Number(mesh.base.split(':').pop());
+      const body = JSON.stringify({ model: MODEL, stream: true, temperature: 0, messages: msg('short reply') });
+      for (let i = 0; i < 300; i++) {  // enough to hit the close-during-write race that once corrupted the heap
+        await new Promise((resolve, reject) => {
+          const s = net.connect(port, '127.0.0.1');
+          let got = '';
+          s.on('data', (d) => { got += d; if (got.endsWith('0\r\n\r\n')) { s.destroy(); resolve(); } });
+          s.on('error', reject);
+          s.write(`POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
+          setTimeout(() => reject(new Error(`no complete answer: ${got.slice(-200)}`)), 5000);
+        });
+      }
+      await new Promise((r) => setTimeout(r, 200));
+      assertEq(mesh.gateway.exitCode, null, 'gateway alive');
+      assertEq((await fetch(`${mesh.base}/health`)).status, 200, 'health');
+      const m = await (await fetch(`${mesh.base}/metrics`)).text();
+      assert(/finished_reason="abort"} 0\.0/.test(m), 'completed requests are not counted as aborts');
     } finally { await mesh.stop(); }
   }],
 

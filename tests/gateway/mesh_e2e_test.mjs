@@ -1,0 +1,132 @@
+// End to end with the real mesh: `dsmesh up` (dsmesh-coordinator + 2 CPU dsmesh-worker ranks +
+// dsmesh-gateway) serving the tiny DeepSeek-V4 model made by `dsmesh make-tiny`, driven by the official
+// openai client. No fixture anywhere: tokens come from the model forward pass on the workers.
+import { spawn, spawnSync } from 'node:child_process';
+import fs from 'node:fs';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { assert, assertEq, loadOpenAI, metricsText, metricValue, runCases, waitHealthy } from './harness.mjs';
+
+const OpenAI = await loadOpenAI();
+const args = process.argv.slice(2);
+const DSMESH = path.resolve(args[args.indexOf('--dsmesh') + 1]);
+
+function freePort() {
+  return new Promise((resolve) => {
+    const s = net.createServer();
+    s.listen(0, '127.0.0.1', () => { const p = s.address().port; s.close(() => resolve(p)); });
+  });
+}
+
+async function startUp() {
+  const dir = fs.mkdtempSync(path.join(process.env.TEST_TMPDIR || os.tmpdir(), 'e2e-'));
+  const model = path.join(dir, 'tiny');
+  const mk = spawnSync(DSMESH, ['make-tiny', '--out', model], { encoding: 'utf8' });
+  assertEq(mk.status, 0, `make-tiny: ${mk.stderr}`);
+  const port = await freePort();
+  const up = spawn(DSMESH, ['up', '--model', model, '--world', '2', '--port', String(port), '--kv-memory', '256M', '--max-num-seqs', '4'],
+    { stdio: ['ignore', 'ignore', 'pipe'] });
+  let log = '';
+  up.stderr.on('data', (d) => { log += d; if (process.env.GATEWAY_TEST_VERBOSE) process.stderr.write(d); });
+  const base = `http://127.0.0.1:${port}`;
+  await waitHealthy(base, 120000).catch((e) => { throw new Error(`${e.message}\n${log}`); });
+  return {
+    base, url: `${base}/v1`, log: () => log,
+    async stop() {
+      up.kill('SIGINT');
+      await new Promise((r) => { up.once('exit', r); setTimeout(r, 20000); });
+    },
+  };
+}
+
+const client = (m) => new OpenAI({ baseURL: m.url, apiKey: 'x', maxRetries: 0, timeout: 120000 });
+const MODEL = 'tiny';
+const messages = [{ role: 'system', content: 'You are terse.' }, { role: 'user', content: 'Name three colors.' }];
+
+const cases = [
+  ['chat: greedy is deterministic, usage from the engine, prompt counted like /tokenize', async ({ m }) => {
+    const body = { model: MODEL, messages, max_tokens: 8, temperature: 0, ignore_eos: true };
+    const a = await client(m).chat.completions.create(body);
+    const b = await client(m).chat.completions.create(body);
+    assertEq(a.choices[0].finish_reason, 'length', 'finish_reason');
+    assertEq(a.usage.completion_tokens, 8, 'completion_tokens');
+    const tk = await (await fetch(`${m.base}/tokenize`, { method: 'POST', body: JSON.stringify({ messages }) })).json();
+    assertEq(a.usage.prompt_tokens, tk.count, 'prompt tokens');
+    const text = (r) => (r.choices[0].message.reasoning_content ?? '') + (r.choices[0].message.content ?? '');
+    assert(text(a).length > 0, 'some text');
+    assertEq(text(b), text(a), 'greedy twice');
+  }],
+  ['stream with include_usage equals the non-streamed answer', async ({ m }) => {
+    const body = { model: MODEL, messages, max_tokens: 10, temperature: 0, ignore_eos: true };
+    const whole = await client(m).chat.completions.create(body);
+    let text = '', usage = null, role = null;
+    for await (const c of await client(m).chat.completions.create({ ...body, stream: true, stream_options: { include_usage: true } })) {
+      for (const ch of c.choices) { role ??= ch.delta.role; text += (ch.delta.reasoning_content ?? '') + (ch.delta.content ?? ''); }
+      if (c.usage) usage = c.usage;
+    }
+    assertEq(role, 'assistant', 'role');
+    assertEq(text, (whole.choices[0].message.reasoning_content ?? '') + (whole.choices[0].message.content ?? ''), 'same text');
+    assertEq(usage, whole.usage, 'same usage');
+  }],
+  ['seeded sampling repeats; completions with token ids', async ({ m }) => {
+    const body = { model: MODEL, messages, max_tokens: 8, temperature: 0.9, seed: 1234, ignore_eos: true };
+    const a = await client(m).chat.completions.create(body), b = await client(m).chat.completions.create(body);
+    assertEq(b.choices[0].message, a.choices[0].message, 'same seed, same output');
+    const c = await client(m).completions.create({ model: MODEL, prompt: [0, 100, 200, 300], max_tokens: 6, temperature: 0, ignore_eos: true });
+    assertEq(c.usage.prompt_tokens, 4, 'prompt ids');
+    assertEq(c.usage.completion_tokens, 6, 'completion tokens');
+  }],
+  ['8 concurrent streams over 4 slots all complete', async ({ m }) => {
+    const one = async (i) => {
+      let u = null;
+      for await (const c of await client(m).chat.completions.create({ model: MODEL, stream: true, stream_options: { include_usage: true },
+        max_tokens: 6, temperature: 0, ignore_eos: true, messages: [{ role: 'user', content: `request ${i}` }] })) if (c.usage) u = c.usage;
+      return u.completion_tokens;
+    };
+    const counts = await Promise.all(Array.from({ length: 8 }, (_, i) => one(i)));
+    assertEq(counts, Array(8).fill(6), 'tokens per request');
+  }],
+  ['client disconnect aborts the request in the mesh (slot and KV freed)', async ({ m }) => {
+    const controller = new AbortController();
+    const stream = await client(m).chat.completions.create({ model: MODEL, messages, max_tokens: 5000, temperature: 0, ignore_eos: true, stream: true },
+      { signal: controller.signal });
+    let n = 0;
+    try { for await (const c of stream) { if (++n === 3) controller.abort(); } } catch (e) { /* aborted */ }
+    const deadline = Date.now() + 10000;
+    let running, kv;
+    while (Date.now() < deadline) {
+      const t = await metricsText(m.base);
+      running = metricValue(t, `vllm:num_requests_running{model_name="${MODEL}",engine="0"}`);
+      kv = metricValue(t, `vllm:kv_cache_usage_perc{model_name="${MODEL}",engine="0"}`);
+      if (running === 0) break;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    assertEq(running, 0, 'no request running after the disconnect');
+    assert(kv < 0.01, `KV usage back near zero: ${kv}`);
+  }],
+  ['metrics from the real coordinator: per-rank step time, promtool parses', async ({ m }) => {
+    const t = await metricsText(m.base);
+    for (const rank of ['0', '1'])
+      assert(metricValue(t, `dsmesh_worker_steps_total{model_name="${MODEL}",rank="${rank}"}`) > 0, `rank ${rank} steps`);
+    assert(metricValue(t, `vllm:generation_tokens_total{model_name="${MODEL}",engine="0"}`) > 0, 'generation tokens');
+    const r = spawnSync('promtool', ['check', 'metrics'], { input: t, encoding: 'utf8' });
+    assert(r.status === 0 || r.status === 3, `promtool: ${r.stdout}${r.stderr}`);
+    const other = `${r.stdout}${r.stderr}`.split('\n').filter((l) => l.trim() && !/^vllm:\S+ metric names should not contain ':'$/.test(l));
+    assertEq(other, [], 'promtool findings');
+  }],
+  ['dsmesh bench --url runs the seat method against the mesh', async ({ m }) => {
+    const r = spawnSync(DSMESH, ['bench', '--url', m.base, '--max-tokens', '8', '--prompts', 'en,ja', '--streams', '1,2'], { encoding: 'utf8' });
+    assertEq(r.status, 0, `bench exit status: ${r.stderr}`);
+    const rows = r.stdout.split('\n').filter((l) => /^(en|ja)\s+\d/.test(l));
+    assertEq(rows.length, 4, `table rows:\n${r.stdout}`);
+    for (const row of rows) {
+      const [, streams, ttft, decode, agg] = row.trim().split(/\s+/);
+      assert(Number(ttft) > 0 && Number(decode) > 0 && Number(agg) > 0, `numbers in ${row}`);
+      void streams;
+    }
+    console.log(r.stdout.trimEnd().split('\n').map((l) => `     ${l}`).join('\n'));
+  }],
+];
+
+await runCases(cases, { setup: async () => ({ m: await startUp() }), teardown: async ({ m }) => m.stop() });
