@@ -130,6 +130,9 @@ int RunMakeTiny(const std::vector<std::string>& args) {
   if (stat(tok.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
     std::string cmd = "cp -r '" + tok + "'/. '" + dir + "'/";
     if (std::system(cmd.c_str()) != 0) throw std::runtime_error("make-tiny: copying tokenizer files from " + tok + " failed");
+    std::cerr << "make-tiny: copied the DeepSeek-V4 tokenizer files from " << tok << std::endl;
+  } else {
+    std::cerr << "make-tiny: no tokenizer copied (" << tok << " not found; set DSMESH_ROOT to the repository)" << std::endl;
   }
   std::cout << "wrote " << dir << " (seed " << seed << ")" << std::endl;
   return 0;

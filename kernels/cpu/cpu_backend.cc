@@ -102,8 +102,7 @@ class CpuBackend final : public Backend {
     const int64_t groups = x.numel() / dim;
     Require(groups * dim == x.numel() && out->numel() == x.numel(), "RmsNorm", "shape");
     const float* w = weight ? F(*weight) : nullptr;
-#pragma omp parallel for schedule(static) if (groups * dim > (1 << 18))
-    for (int64_t g = 0; g < groups; ++g) {
+    cpu::ParallelFor(groups, groups * dim, [&](int64_t g) {
       const float* xi = F(x) + g * dim;
       float* o = F(*out) + g * dim;
       float r = 1.0f / std::sqrt(Dot(xi, xi, dim) / static_cast<float>(dim) + eps);
@@ -112,7 +111,7 @@ class CpuBackend final : public Backend {
       } else {
         for (int64_t k = 0; k < dim; ++k) o[k] = xi[k] * r;
       }
-    }
+    });
   }
 
   void Add(const Tensor& a, Tensor* acc) override {
@@ -176,8 +175,7 @@ class CpuBackend final : public Backend {
     const int64_t n = x->shape[0], half = rope_dim / 2;
     Require(RowWidth(*x) == heads * head_dim && static_cast<int64_t>(inv_freq.size()) == half && half <= 512,
             "Rope", "shape");
-#pragma omp parallel for schedule(static) if (n * heads * rope_dim > (1 << 18))
-    for (int64_t r = 0; r < n; ++r) {
+    cpu::ParallelFor(n, n * heads * rope_dim, [&](int64_t r) {
       float cs[512], sn[512];
       for (int64_t i = 0; i < half; ++i) {
         float angle = static_cast<float>(positions[r]) * inv_freq[i];
@@ -192,7 +190,7 @@ class CpuBackend final : public Backend {
           p[2 * i + 1] = b * cs[i] + a * sn[i];
         }
       }
-    }
+    });
   }
 
   // ---- hyper-connections ----
@@ -207,9 +205,11 @@ class CpuBackend final : public Backend {
       rs[r] = 1.0f / std::sqrt(Dot(x, x, w) / static_cast<float>(w) + norm_eps);
     }
     float* m = mixes->data();
-#pragma omp parallel for collapse(2) schedule(static) if (n * k_out * w > (1 << 18))
-    for (int64_t r = 0; r < n; ++r)
-      for (int64_t k = 0; k < k_out; ++k) m[r * k_out + k] = rs[r] * Dot(F(fn) + k * w, F(X) + r * w, w);
+    cpu::ParallelFor(n * k_out, n * k_out * w, [&](int64_t flat_index) {
+      const int64_t r = flat_index / k_out;
+      const int64_t k = flat_index % k_out;
+      m[r * k_out + k] = rs[r] * Dot(F(fn) + k * w, F(X) + r * w, w);
+    });
   }
 
   void HcPre(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale, int hc, int iters,
@@ -270,15 +270,15 @@ class CpuBackend final : public Backend {
 
   void HcPost(const Tensor& X, const Tensor& f, const Tensor& post, const Tensor& comb, int hc, Tensor* out) override {
     const int64_t n = X.shape[0], D = RowWidth(f);
-#pragma omp parallel for collapse(2) schedule(static) if (n * hc * hc * D > (1 << 18))
-    for (int64_t r = 0; r < n; ++r)
-      for (int j = 0; j < hc; ++j) {
-        float* o = F(*out) + (r * hc + j) * D;
-        const float* fr = F(f) + r * D;
-        const float pj = F(post)[r * hc + j];
-        for (int64_t k = 0; k < D; ++k) o[k] = pj * fr[k];
-        for (int i = 0; i < hc; ++i) Axpy(F(comb)[r * hc * hc + i * hc + j], F(X) + (r * hc + i) * D, o, D);
-      }
+    cpu::ParallelFor(n * hc, n * hc * hc * D, [&](int64_t flat_index) {
+      const int64_t r = flat_index / hc;
+      const int j = static_cast<int>(flat_index % hc);
+      float* o = F(*out) + (r * hc + j) * D;
+      const float* fr = F(f) + r * D;
+      const float pj = F(post)[r * hc + j];
+      for (int64_t k = 0; k < D; ++k) o[k] = pj * fr[k];
+      for (int i = 0; i < hc; ++i) Axpy(F(comb)[r * hc * hc + i * hc + j], F(X) + (r * hc + i) * D, o, D);
+    });
   }
 
   void HcHead(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale, int hc, float eps,
@@ -312,8 +312,7 @@ class CpuBackend final : public Backend {
     const int64_t first_row = (overlap && first_window >= 1 ? first_window - 1 : first_window) * ratio - base_pos;
     const int64_t last_row = (first_window + num_windows) * ratio - 1 - base_pos;
     Require(num_windows <= 0 || (first_row >= 0 && last_row < rows), "CompressorPool", "window rows not provided");
-#pragma omp parallel for schedule(static) if (num_windows * d * ratio > (1 << 18))
-    for (int64_t wi = 0; wi < num_windows; ++wi) {
+    cpu::ParallelFor(num_windows, num_windows * d * ratio, [&](int64_t wi) {
       const int64_t w = first_window + wi;
       // Slots: (row, channel offset). With overlap, window w-1's first halves come first.
       int64_t slot_row[2048];
@@ -334,7 +333,7 @@ class CpuBackend final : public Backend {
         }
         o[ch] = acc / sum;
       }
-    }
+    });
   }
 
   // ---- indexer ----
@@ -342,8 +341,7 @@ class CpuBackend final : public Backend {
                    int64_t dim, const int64_t* positions, int ratio, int top_k, Tensor* out) override {
     const int64_t n = q.shape[0];
     int32_t* o = static_cast<int32_t*>(out->data);
-#pragma omp parallel for schedule(dynamic) if (n * num_keys * heads * dim > (1 << 18))
-    for (int64_t r = 0; r < n; ++r) {
+    cpu::ParallelFor(n, n * num_keys * heads * dim, [&](int64_t r) {
       const int64_t valid = std::min<int64_t>(num_keys, (positions[r] + 1) / ratio);
       std::vector<float> score(valid, 0.0f);
       const float* qr = F(q) + r * heads * dim;
@@ -361,7 +359,7 @@ class CpuBackend final : public Backend {
         return score[a] > score[b] || (score[a] == score[b] && a < b);
       });
       for (int64_t i = 0; i < top_k; ++i) o[r * top_k + i] = i < k ? idx[i] : -1;
-    }
+    });
   }
 
   // ---- attention ----
@@ -372,36 +370,36 @@ class CpuBackend final : public Backend {
     const int64_t k_cols = topk ? RowWidth(*topk) : 0;
     // Parallel only when the keys x dims work pays for waking the team (the machine may be shared).
     const int64_t work = n * heads * (window + std::min<int64_t>(num_entries, topk ? k_cols : num_entries)) * d;
-#pragma omp parallel for collapse(2) schedule(dynamic) if (work > (1 << 18))
-    for (int64_t r = 0; r < n; ++r)
-      for (int64_t h = 0; h < heads; ++h) {
-        const int64_t t = start + r;
-        thread_local std::vector<const float*> keys;
-        thread_local std::vector<float> s;
-        keys.clear();
-        for (int64_t p = std::max<int64_t>(0, t - window + 1); p <= t; ++p)
-          keys.push_back(p < start ? F(ring) + (p % window) * d : F(new_kv) + (p - start) * d);
-        if (entries && ratio > 0) {
-          const int64_t visible = std::min<int64_t>(num_entries, (t + 1) / ratio);
-          if (topk) {
-            const int32_t* sel = static_cast<const int32_t*>(topk->data) + r * k_cols;
-            for (int64_t i = 0; i < k_cols; ++i)
-              if (sel[i] >= 0 && sel[i] < visible) keys.push_back(F(*entries) + sel[i] * d);
-          } else {
-            for (int64_t w = 0; w < visible; ++w) keys.push_back(F(*entries) + w * d);
-          }
+    cpu::ParallelFor(n * heads, work, [&](int64_t flat_index) {
+      const int64_t r = flat_index / heads;
+      const int64_t h = flat_index % heads;
+      const int64_t t = start + r;
+      thread_local std::vector<const float*> keys;
+      thread_local std::vector<float> s;
+      keys.clear();
+      for (int64_t p = std::max<int64_t>(0, t - window + 1); p <= t; ++p)
+        keys.push_back(p < start ? F(ring) + (p % window) * d : F(new_kv) + (p - start) * d);
+      if (entries && ratio > 0) {
+        const int64_t visible = std::min<int64_t>(num_entries, (t + 1) / ratio);
+        if (topk) {
+          const int32_t* sel = static_cast<const int32_t*>(topk->data) + r * k_cols;
+          for (int64_t i = 0; i < k_cols; ++i)
+            if (sel[i] >= 0 && sel[i] < visible) keys.push_back(F(*entries) + sel[i] * d);
+        } else {
+          for (int64_t w = 0; w < visible; ++w) keys.push_back(F(*entries) + w * d);
         }
-        const float* qh = F(q) + (r * heads + h) * d;
-        const float sink = F(sinks)[h];
-        s.resize(keys.size());
-        float mx = sink;
-        for (size_t j = 0; j < keys.size(); ++j) mx = std::max(mx, s[j] = Dot(qh, keys[j], d) * softmax_scale);
-        float denom = std::exp(sink - mx);
-        for (size_t j = 0; j < keys.size(); ++j) denom += (s[j] = std::exp(s[j] - mx));
-        float* o = F(*out) + (r * heads + h) * d;
-        std::fill(o, o + d, 0.0f);
-        for (size_t j = 0; j < keys.size(); ++j) Axpy(s[j] / denom, keys[j], o, d);
       }
+      const float* qh = F(q) + (r * heads + h) * d;
+      const float sink = F(sinks)[h];
+      s.resize(keys.size());
+      float mx = sink;
+      for (size_t j = 0; j < keys.size(); ++j) mx = std::max(mx, s[j] = Dot(qh, keys[j], d) * softmax_scale);
+      float denom = std::exp(sink - mx);
+      for (size_t j = 0; j < keys.size(); ++j) denom += (s[j] = std::exp(s[j] - mx));
+      float* o = F(*out) + (r * heads + h) * d;
+      std::fill(o, o + d, 0.0f);
+      for (size_t j = 0; j < keys.size(); ++j) Axpy(s[j] / denom, keys[j], o, d);
+    });
   }
 
   void UpdateRing(const Tensor& new_kv, int64_t start, int window, Tensor* ring) override {

@@ -26,7 +26,8 @@ inline float Scalar(const void* w, int64_t i) {
 
 template <DType T>
 const void* Row(const void* w, int64_t r, int64_t ldw) {
-  return static_cast<const char*>(w) + static_cast<size_t>(r) * ldw * DTypeSize(T);
+  constexpr size_t kElement = T == DType::kF32 ? 4 : 2;
+  return static_cast<const char*>(w) + static_cast<size_t>(r) * ldw * kElement;
 }
 
 // R activation rows (1..4) against one weight row.
@@ -50,11 +51,11 @@ template <DType T>
 void Run(const float* x, int64_t ldx, int64_t m, const void* w, int64_t ldw, int64_t out, int64_t in, float* y,
          int64_t ldy) {
   // Blocks of output rows per task; every task walks all activation rows in groups of 4 so a weight row
-  // is loaded from memory once per 4 activation rows.
-  constexpr int64_t kBlock = 16;
+  // is loaded from memory once per 4 activation rows. Dynamic scheduling: on a shared machine one thread
+  // may be descheduled, and the others should take over its blocks rather than wait at the barrier.
+  constexpr int64_t kBlock = 32;
   const int64_t blocks = (out + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static) if (static_cast<double>(out) * in * m > (1 << 17))
-  for (int64_t b = 0; b < blocks; ++b) {
+  cpu::ParallelFor(blocks, out * in * m, [&](int64_t b) {
     const int64_t j0 = b * kBlock, j1 = std::min(out, j0 + kBlock);
     for (int64_t r0 = 0; r0 < m; r0 += 4) {
       const int R = static_cast<int>(std::min<int64_t>(4, m - r0));
@@ -72,7 +73,7 @@ void Run(const float* x, int64_t ldx, int64_t m, const void* w, int64_t ldw, int
         for (int r = 0; r < R; ++r) y[(r0 + r) * ldy + j] = res[r];
       }
     }
-  }
+  });
 }
 
 }  // namespace
