@@ -86,10 +86,10 @@ int32_t AddedTokenMatcher::Child(int32_t node, unsigned char b) const {
 }
 
 bool AddedTokenMatcher::SingleWordOk(std::string_view text, size_t begin, size_t end) const {
-  if (begin > 0 && unicode_class::IsAlphanumeric(LastCodePoint(text, begin))) return false;
+  if (begin > 0 && unicode_class::IsWordChar(LastCodePoint(text, begin))) return false;
   if (end < text.size()) {
     size_t pos = end;
-    if (unicode_class::IsAlphanumeric(utf8::DecodeValid(text, &pos))) return false;
+    if (unicode_class::IsWordChar(utf8::DecodeValid(text, &pos))) return false;
   }
   return true;
 }

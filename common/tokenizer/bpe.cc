@@ -192,7 +192,11 @@ void BpeModel::Encode(std::string_view bytes, BpeScratch* s, std::vector<int32_t
   if (cacheable) {
     uint32_t length;
     if (const int32_t* ids = s->Find(bytes, &length)) {
-      out->insert(out->end(), ids, ids + length);
+      if (length == 1) {
+        out->push_back(ids[0]);
+      } else {
+        out->insert(out->end(), ids, ids + length);
+      }
       return;
     }
   }

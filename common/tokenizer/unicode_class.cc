@@ -20,14 +20,14 @@ bool IsJsWhitespace(char32_t cp) {
          cp == 0x202F || cp == 0x205F || cp == 0x3000 || cp == 0xFEFF;
 }
 
-bool IsAlphanumeric(char32_t cp) {
+bool IsWordChar(char32_t cp) {
   // Compiled once; pcre2_match on a 1-4 byte subject with its own match data is thread-safe.
   static pcre2_code* const code = [] {
     int err;
     PCRE2_SIZE off;
-    pcre2_code* c = pcre2_compile(reinterpret_cast<PCRE2_SPTR>("^[\\p{L}\\p{N}]"), PCRE2_ZERO_TERMINATED,
+    pcre2_code* c = pcre2_compile(reinterpret_cast<PCRE2_SPTR>("^[\\p{L}\\p{Nd}\\p{Nl}\\p{M}\\p{Pc}\\x{200C}\\x{200D}]"), PCRE2_ZERO_TERMINATED,
                                   PCRE2_UTF | PCRE2_UCP, &err, &off, nullptr);
-    if (!c) throw std::runtime_error("unicode_class: cannot compile the alphanumeric class");
+    if (!c) throw std::runtime_error("unicode_class: cannot compile the word-character class");
     return c;
   }();
   std::string s;

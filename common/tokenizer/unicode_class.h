@@ -14,7 +14,8 @@ bool IsJsWhitespace(char32_t cp);
 // The same set written as the body of a PCRE2 character class (without the brackets).
 extern const char kJsWhitespaceClassBody[];
 
-// Letter or number (\p{L} or \p{N}), the "word character" test for single_word added tokens.
-bool IsAlphanumeric(char32_t cp);
+// Unicode word character as HF tokenizers' single_word test sees it (Rust regex \w: letters, marks,
+// decimal and letter numbers, connector punctuation, ZWNJ/ZWJ).
+bool IsWordChar(char32_t cp);
 
 }  // namespace dsmesh::unicode_class
