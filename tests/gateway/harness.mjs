@@ -7,7 +7,7 @@ import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { createRequire } from 'node:module';
+import net from 'node:net';
 
 export function requireEnv(name) {
   const v = process.env[name];
@@ -182,4 +182,50 @@ export function metricValue(text, nameWithLabels) {
       return Number(line.slice(sp + 1));
   }
   return undefined;
+}
+
+// The real mesh without the fixture: `dsmesh up --no-gateway` (dsmesh-coordinator + `world` CPU
+// dsmesh-worker ranks on the tiny model from `dsmesh make-tiny`), and dsmesh-gateway started here so
+// its flags (--max-queued) can be chosen. Needs --dsmesh PATH among the script arguments.
+export async function startRealMesh({ world = 2, maxNumSeqs = 4, maxQueued = 256, kvMemory = '256M' } = {}) {
+  const args = process.argv.slice(2);
+  const i = args.indexOf('--dsmesh');
+  if (i < 0) throw new Error('missing --dsmesh PATH argument');
+  const dsmesh = path.resolve(args[i + 1]);
+  const dir = fs.mkdtempSync(path.join(process.env.TEST_TMPDIR || os.tmpdir(), 'real-'));
+  const model = path.join(dir, 'tiny');
+  await new Promise((resolve, reject) => {
+    const p = spawn(dsmesh, ['make-tiny', '--out', model], { stdio: ['ignore', 'ignore', 'pipe'] });
+    let err = '';
+    p.stderr.on('data', (d) => { err += d; });
+    p.on('exit', (c) => (c === 0 ? resolve() : reject(new Error(`make-tiny exited ${c}: ${err}`))));
+  });
+  const coordinatorPort = await new Promise((resolve) => {
+    const s = net.createServer();
+    s.listen(0, '127.0.0.1', () => { const p = s.address().port; s.close(() => resolve(p)); });
+  });
+  const up = spawn(dsmesh, ['up', '--no-gateway', '--model', model, '--world', String(world), '--coordinator-port', String(coordinatorPort),
+    '--max-num-seqs', String(maxNumSeqs), '--kv-memory', kvMemory], { stdio: ['ignore', 'ignore', 'pipe'] });
+  let upLog = '';
+  await new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`dsmesh up not ready in 120 s:\n${upLog}`)), 120000);
+    up.stderr.on('data', (d) => { upLog += d; if (upLog.includes('dsmesh up: ready')) { clearTimeout(timer); resolve(); } });
+    up.on('exit', (c) => { clearTimeout(timer); reject(new Error(`dsmesh up exited ${c}:\n${upLog}`)); });
+  });
+  const gwBin = path.join(path.dirname(fs.realpathSync(dsmesh)), '../gateway/dsmesh-gateway');
+  const gateway = await startAndWaitForLine(gwBin, ['--listen', '127.0.0.1:0', '--coordinator', `127.0.0.1:${coordinatorPort}`, '--model', model,
+    '--served-model-name', 'dsmesh-test', '--max-queued', String(maxQueued)], /listening on ([\d.]+:\d+)/, 'gateway');
+  const base = `http://${gateway.match[1]}`;
+  await waitHealthy(base, 60000);
+  return {
+    real: true, base, url: `${base}/v1`, gateway: gateway.proc, gatewayStderr: gateway.stderr,
+    async stop() {
+      for (const [p, sig] of [[gateway.proc, 'SIGTERM'], [up, 'SIGINT']]) {
+        if (p.exitCode === null) {
+          p.kill(sig);
+          await new Promise((r) => { p.once('exit', r); setTimeout(r, 20000); });
+        }
+      }
+    },
+  };
 }
