@@ -46,13 +46,32 @@ TEST(Exl3Encoder, IdealTilesReencodeExactly) {
   }
 }
 
+// The AVX-512 search (when this CPU has it) and the AVX2 search pick the same states.
+TEST(Exl3Encoder, Avx512AndAvx2PathsAgree) {
+  if (!Exl3EncoderCanUseAvx512()) GTEST_SKIP() << "this CPU has no AVX-512; only the AVX2 path exists here";
+  std::mt19937 rng(8);
+  std::normal_distribution<float> nd;
+  for (int K = 1; K <= 8; ++K) {
+    Exl3TileEncoder wide(K, Exl3Codebook::kMcg, true), narrow(K, Exl3Codebook::kMcg, false);
+    ASSERT_TRUE(wide.uses_avx512());
+    ASSERT_FALSE(narrow.uses_avx512());
+    float targets[256];
+    for (float& t : targets) t = nd(rng) * 1.24f;
+    uint16_t a[256], b[256];
+    EXPECT_EQ(wide.Encode(targets, a), narrow.Encode(targets, b)) << "K=" << K;
+    for (int t = 0; t < 256; ++t) ASSERT_EQ(a[t], b[t]) << "K=" << K << " t=" << t;
+  }
+}
+
 // Normalized MSE on unit Gaussian tiles scaled to the codebook's std; printed per K.
 double GaussianMse(int K, Exl3Codebook cb, int tiles, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd;
   const float scale = cb == Exl3Codebook::kMul1 ? 1.00031f : 1.24411f;
   std::vector<float> w(static_cast<size_t>(tiles) * 256);
-  for (auto& v : w) v = nd(rng) * scale;
+  // Encoded at the per-K global scale the quantizer uses; the error is measured in unscaled units.
+  const float g = static_cast<float>(Exl3DefaultGlobalScale(K));
+  for (auto& v : w) v = nd(rng) * scale * g;
   std::vector<uint16_t> trellis(static_cast<size_t>(tiles) * 16 * K);
   const double err = EncodeExl3Tiles(w.data(), 16 * tiles, 16, K, cb, trellis.data());
   // The packed result must decode to exactly what the encoder measured.
@@ -70,7 +89,7 @@ double GaussianMse(int K, Exl3Codebook cb, int tiles, uint32_t seed) {
       }
   }
   EXPECT_NEAR(err2, err, 1e-6 * err + 1e-9) << "decoded error differs from the encoder's, K=" << K;
-  return err / (double(tiles) * 256 * scale * scale);
+  return err / (double(tiles) * 256 * scale * scale * g * g);
 }
 
 TEST(Exl3Encoder, GaussianMsePerK) {
@@ -83,14 +102,14 @@ TEST(Exl3Encoder, GaussianMsePerK) {
     std::printf("\n");
     EXPECT_LE(mse[K], bound[K]) << "K=" << K;
   }
-  // About 4x per extra bit up to K=4. Beyond that the 16-bit trellis approaches its limit (at K=8 each step
+  // About 4x per extra bit up to K=6. Beyond that the 16-bit trellis approaches its limit (at K=8 each step
   // picks among 256 pseudo-random codebook values with 8 bits of memory), so the drop shrinks; it must
   // still fall with every bit.
-  for (int K = 2; K <= 4; ++K) {
+  for (int K = 2; K <= 6; ++K) {
     EXPECT_GT(mse[K - 1] / mse[K], 3.3) << "K=" << K;
     EXPECT_LT(mse[K - 1] / mse[K], 5.0) << "K=" << K;
   }
-  for (int K = 5; K <= 8; ++K) EXPECT_GT(mse[K - 1] / mse[K], 1.5) << "K=" << K;
+  for (int K = 7; K <= 8; ++K) EXPECT_GT(mse[K - 1] / mse[K], 1.5) << "K=" << K;
   for (Exl3Codebook cb : {Exl3Codebook::k3Inst, Exl3Codebook::kMul1}) {
     const double m2 = GaussianMse(2, cb, 16, 77);
     std::printf("EXL3 encoder, i.i.d. Gaussian tiles, %s, K=2: normalized MSE %.5f\n", Exl3CodebookName(cb), m2);

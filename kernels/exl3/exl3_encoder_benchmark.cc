@@ -2,6 +2,7 @@
 //   bazel run -c opt //kernels/exl3:exl3_encoder_benchmark            per-tile Viterbi time, K = 1..8
 //   bazel run -c opt //kernels/exl3:exl3_encoder_benchmark -- --full   quantize a 4096 x 2048 Gaussian matrix
 //                                                                      at K = 2 (MCG) with a progress bar
+//   ... -- --calibrate-scale   Gaussian MSE versus global scale g per K (quantize_linear.cc's defaults)
 #include <benchmark/benchmark.h>
 
 #include <chrono>
@@ -53,12 +54,41 @@ int RunFull() {
   return 0;
 }
 
+// Where quantize_linear.cc's default global scales come from: normalized MSE of i.i.d. Gaussian tiles at
+// the codebook's RMS, scaled by g before encoding, per K.
+int RunCalibrateScale() {
+  for (Exl3Codebook cb : {Exl3Codebook::kMcg, Exl3Codebook::kMul1}) {
+    const float sd = cb == Exl3Codebook::kMul1 ? 1.00031f : 1.24411f;
+    for (int K = 1; K <= 8; ++K) {
+      std::mt19937 rng(K);
+      std::normal_distribution<float> nd;
+      const int tiles = 16;
+      std::vector<float> w(tiles * 256);
+      for (auto& v : w) v = nd(rng) * sd;
+      std::printf("%s K=%d:", Exl3CodebookName(cb), K);
+      double best = 1e9, best_g = 0;
+      for (double g = 0.70; g < 1.101; g += 0.05) {
+        std::vector<float> scaled(w.size());
+        for (size_t i = 0; i < w.size(); ++i) scaled[i] = w[i] * static_cast<float>(g);
+        std::vector<uint16_t> trellis(tiles * 16 * K);
+        const double err = EncodeExl3Tiles(scaled.data(), 16 * tiles, 16, K, cb, trellis.data()) / (g * g);
+        const double mse = err / (tiles * 256.0 * sd * sd);
+        std::printf(" g=%.2f %.5f", g, mse);
+        if (mse < best) best = mse, best_g = g;
+      }
+      std::printf("  -> best g %.2f\n", best_g);
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 }  // namespace dsmesh
 
 int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i)
     if (std::strcmp(argv[i], "--full") == 0) return dsmesh::RunFull();
+    else if (std::strcmp(argv[i], "--calibrate-scale") == 0) return dsmesh::RunCalibrateScale();
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   return 0;

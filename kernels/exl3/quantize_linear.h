@@ -4,7 +4,8 @@
 //   1. sv = sign * (column RMS / mean column RMS)  (0 for all-zero columns, e.g. padding)
 //   2. W <- (W / sv) Hn
 //   3. su = sign * row RMS / codebook std;  W <- Hk (W / su)      (rows now have the codebook's RMS)
-//   4. global scale g searched on a sample of tiles (Viterbi MSE); W <- g W, su <- su / g
+//   4. global scale g (Exl3DefaultGlobalScale, refined on a sample of tiles for large matrices);
+//      W <- g W, su <- su / g
 //   5. every 16x16 tile: tail-biting Viterbi -> 256 states -> packed trellis
 //   6. suh = fp16(su), svh = fp16(sv); steps 2-4 use the fp16-rounded scales so nothing drifts.
 // Decoding gives W-hat with diag(suh) Hk W-hat Hn diag(svh) ~= W.
@@ -25,7 +26,7 @@ struct Exl3QuantOptions {
   int K = 4;
   Exl3Codebook codebook = Exl3Codebook::kMcg;
   uint64_t seed = 0;        // sign patterns (exllamav3 uses the module index)
-  bool search_scale = true;  // else g = 1
+  bool search_scale = true;  // else g = Exl3DefaultGlobalScale(K)
   // Called from one thread with (tiles done, tiles total) as encoding progresses.
   std::function<void(int64_t, int64_t)> progress;
 };
@@ -48,6 +49,9 @@ struct Exl3QuantizedLinear {
   // A view usable with Exl3LinearCpu / Exl3ReconstructFp16 (shares the tensors).
   Exl3Weight AsWeight() const;
 };
+
+// The global scale that minimizes the MSE of i.i.d. Gaussian tiles at the codebook's RMS, per K.
+double Exl3DefaultGlobalScale(int K);
 
 // weight: [out_features, in_features] row-major (nn.Linear layout), fp32.
 Exl3QuantizedLinear QuantizeExl3Linear(const float* weight, int64_t out_features, int64_t in_features,

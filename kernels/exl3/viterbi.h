@@ -21,8 +21,10 @@ namespace dsmesh {
 class Exl3TileEncoder {
  public:
   // Scratch is 256 * 2^(16-K) bytes of back-pointers (8 MB at K=1) plus two cost rows; one encoder
-  // per thread.
-  Exl3TileEncoder(int K, Exl3Codebook codebook);
+  // per thread. The search uses AVX-512 when the CPU has it and allow_avx512 is set (the build targets
+  // x86-64-v3, so that path is compiled separately and picked at run time); both paths give identical
+  // states.
+  Exl3TileEncoder(int K, Exl3Codebook codebook, bool allow_avx512 = true);
   ~Exl3TileEncoder();
   Exl3TileEncoder(const Exl3TileEncoder&) = delete;
   Exl3TileEncoder& operator=(const Exl3TileEncoder&) = delete;
@@ -32,6 +34,7 @@ class Exl3TileEncoder {
   double Encode(const float targets[256], uint16_t states[256]);
 
   int K() const { return K_; }
+  bool uses_avx512() const { return avx512_; }
   Exl3Codebook codebook() const { return codebook_; }
 
  private:
@@ -43,9 +46,13 @@ class Exl3TileEncoder {
   int K_;
   Exl3Codebook codebook_;
   uint32_t edges_;
+  bool avx512_;
   const float* table_;  // codebook values as fp32
   float* cost_[2];
   uint8_t* bp_;  // [256][edges_]
 };
+
+// Whether this CPU can run the AVX-512 search.
+bool Exl3EncoderCanUseAvx512();
 
 }  // namespace dsmesh

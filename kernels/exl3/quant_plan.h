@@ -1,0 +1,43 @@
+// Which tensors of a DeepSeek-V4 checkpoint (DeepSeek naming, dsv4-model.md §3) `dsmesh quantize` turns
+// into EXL3, and at how many bits. Follows the seat's pack (seed-dsv4-carve.md §1.2):
+//   routed experts          layers.N.ffn.experts.E.{w1,w2,w3}, mtp.M.ffn.experts...      -> experts=K
+//                           (layer.N=K overrides layer N, mtp=K the MTP blocks)
+//   dense linears           attn.{wq_a,wq_b,wkv,wo_a,wo_b}, attn.compressor.{wkv,wgate},
+//                           attn.indexer.{wq_b, compressor.wkv, compressor.wgate},
+//                           ffn.shared_experts.{w1,w2,w3} (main and MTP blocks)          -> dense=K
+//   kept as stored          embed, head, norms, hc_*, attn_sink, compressor ape, router gate/bias/tid2eid,
+//                           indexer.weights_proj, mtp e_proj/h_proj
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+
+namespace dsmesh {
+
+struct Exl3BitsSpec {
+  int experts = 0, dense = 0;     // both required
+  std::optional<int> mtp;         // routed experts of mtp.* blocks (default: experts)
+  std::map<int, int> layer;       // routed experts of layers.N
+
+  // "experts=2,dense=6[,layer.13=3][,mtp=2]"; throws std::invalid_argument naming the bad item.
+  static Exl3BitsSpec Parse(const std::string& text);
+  std::string ToString() const;
+};
+
+enum class Exl3TensorClass { kKeep, kRoutedExpert, kDense };
+
+struct Exl3TensorPlan {
+  Exl3TensorClass cls = Exl3TensorClass::kKeep;
+  int K = 0;           // bits when quantized
+  std::string prefix;  // name without ".weight" when quantized
+};
+
+// Classifies one checkpoint tensor name.
+Exl3TensorPlan PlanExl3Tensor(const std::string& name, const Exl3BitsSpec& bits);
+
+// The top-level module a tensor belongs to ("layers.3", "mtp.0", or "" for embed/head/norm/hc_head), so a
+// shard never splits a block.
+std::string ModuleOf(const std::string& name);
+
+}  // namespace dsmesh

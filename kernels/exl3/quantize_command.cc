@@ -1,0 +1,47 @@
+// `dsmesh quantize --model IN --out OUT --bits experts=2,dense=6[,layer.13=3][,mtp=2] [--codebook mcg]
+//  [--force] [--shard-size-mb N]`
+#include <cstdio>
+#include <iostream>
+
+#include "common/cli_registry.h"
+#include "common/flags.h"
+#include "kernels/exl3/parallel.h"
+#include "kernels/exl3/quantize_checkpoint.h"
+
+namespace dsmesh {
+namespace {
+
+int RunQuantize(const std::vector<std::string>& args) {
+  Flags flags(args, {"model", "out", "bits", "codebook", "force", "shard-size-mb", "quiet"}, {"force", "quiet"});
+  QuantizeCheckpointOptions opt;
+  opt.model_dir = flags.Require("model");
+  opt.out_dir = flags.Require("out");
+  try {
+    opt.bits = Exl3BitsSpec::Parse(flags.Require("bits"));
+    opt.codebook = ParseExl3Codebook(flags.Get("codebook", "mcg"), "--codebook");
+  } catch (const std::exception& e) {
+    throw UsageError(e.what());
+  }
+  opt.force = flags.GetBool("force", false);
+  opt.progress = !flags.GetBool("quiet", false);
+  const long long shard_mb = flags.GetInt("shard-size-mb", 8192);
+  if (shard_mb <= 0) throw UsageError("--shard-size-mb must be positive");
+  opt.shard_bytes = shard_mb << 20;
+  const QuantizeCheckpointSummary s = QuantizeCheckpoint(opt);
+  std::printf("quantize: %s -> %s: %lld linears to EXL3 (%s, %s, %.2f bits/weight average, %lld tiles), "
+              "%lld tensors kept, %d shard(s), %.1f s on %d threads\n",
+              opt.model_dir.c_str(), opt.out_dir.c_str(), static_cast<long long>(s.tensors_quantized),
+              opt.bits.ToString().c_str(), Exl3CodebookName(opt.codebook), s.average_bits,
+              static_cast<long long>(s.tiles), static_cast<long long>(s.tensors_kept), s.shards, s.seconds,
+              Exl3ThreadCount());
+  return 0;
+}
+
+}  // namespace
+
+DSMESH_REGISTER_COMMAND(quantize,
+                        "quantize --model IN_DIR --out OUT_DIR --bits experts=2,dense=6[,layer.13=3][,mtp=2] "
+                        "[--codebook mcg|mul1|3inst] [--force] [--shard-size-mb 8192] [--quiet]",
+                        RunQuantize);
+
+}  // namespace dsmesh
