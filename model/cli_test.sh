@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The model's CLI commands end to end: make-tiny (deterministic per seed), logits (file shape, agrees with
+# generate's first token), generate (JSON of generated tokens only), and the errors a user can provoke
+# (missing model directory, bad token id, malformed --tokens, unsupported config) with their exit codes.
+set -u
+dsmesh=cli/dsmesh
+[[ -x $dsmesh ]] || { echo "FAIL: $dsmesh not found in runfiles" >&2; exit 1; }
+tmp="${TEST_TMPDIR:-$(mktemp -d)}/cli_test"
+rm -rf "$tmp" && mkdir -p "$tmp"
+status=0
+fail() { echo "FAIL: $*" >&2; status=1; }
+
+# make-tiny: deterministic per seed, different across seeds.
+"$dsmesh" make-tiny --out "$tmp/a" --seed 3 >/dev/null 2>&1 || fail "make-tiny --seed 3"
+"$dsmesh" make-tiny --out "$tmp/b" --seed 3 >/dev/null 2>&1 || fail "make-tiny --seed 3 (again)"
+"$dsmesh" make-tiny --out "$tmp/c" --seed 4 >/dev/null 2>&1 || fail "make-tiny --seed 4"
+cmp -s "$tmp/a/model.safetensors" "$tmp/b/model.safetensors" || fail "same seed gave different weights"
+cmp -s "$tmp/a/model.safetensors" "$tmp/c/model.safetensors" && fail "different seeds gave identical weights"
+grep -q '"vocab_size": 129280' "$tmp/a/config.json" || fail "tiny model vocab is not 129280"
+
+# generate prints only the generated tokens.
+out=$("$dsmesh" generate --model "$tmp/a" --tokens 0,128803,19923,128804 --max-new-tokens 6 --ignore-eos 2>/dev/null)
+[[ $out =~ ^\{\"tokens\":\ \[([0-9]+,\ ){5}[0-9]+\]\}$ ]] || fail "generate printed '$out'"
+first=$(echo "$out" | sed -E 's/^\{"tokens": \[([0-9]+).*/\1/')
+
+# logits: f32 [T, vocab]; its last row's argmax is generate's first token.
+"$dsmesh" logits --model "$tmp/a" --tokens 0,128803,19923,128804 --out "$tmp/l.safetensors" || fail "logits"
+python3 - "$tmp/l.safetensors" "$first" <<'PY' || fail "logits file check"
+import array, json, struct, sys
+b = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])["logits"]
+assert h["dtype"] == "F32" and h["shape"] == [4, 129280], h
+a = array.array("f"); a.frombytes(b[8 + n + h["data_offsets"][0]:8 + n + h["data_offsets"][1]])
+last = a[3 * 129280:]
+best = max(range(129280), key=lambda i: last[i])
+assert best == int(sys.argv[2]), (best, sys.argv[2])
+PY
+
+# Errors: message names the problem, exit 1 for failures, 2 for bad flags.
+expect() {  # expect CODE NEEDLE -- command...
+  local code=$1 needle=$2; shift 3
+  local err; err=$("$@" 2>&1 >/dev/null); local rc=$?
+  [[ $rc == "$code" ]] || fail "'$*' exited $rc, expected $code ($err)"
+  [[ $err == *"$needle"* ]] || fail "'$*' said '$err', expected it to mention '$needle'"
+}
+expect 1 "$tmp/nope: model directory does not exist" -- "$dsmesh" generate --model "$tmp/nope" --tokens 1 --max-new-tokens 1
+expect 1 "token id 999999 is outside the vocabulary" -- "$dsmesh" generate --model "$tmp/a" --tokens 5,999999 --max-new-tokens 1
+expect 2 "\"x\" is not an integer token id" -- "$dsmesh" logits --model "$tmp/a" --tokens 5,x --out "$tmp/x.safetensors"
+expect 2 "--out" -- "$dsmesh" make-tiny
+mkdir -p "$tmp/llama" && cp "$tmp/a/model.safetensors" "$tmp/llama/" && echo '{"model_type": "llama"}' > "$tmp/llama/config.json"
+expect 1 "unsupported model_type \"llama\"" -- "$dsmesh" generate --model "$tmp/llama" --tokens 1 --max-new-tokens 1
+[[ -e "$tmp/x.safetensors" ]] && fail "a failed logits run left an output file"
+
+[[ $status == 0 ]] && echo "PASS"
+exit $status
