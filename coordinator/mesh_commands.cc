@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -64,7 +65,9 @@ LocalMeshOptions OptionsFromFlags(const Flags& f, const std::string& model, int 
   o.model_dir = model;
   o.world = world;
   o.kv_memory = f.Get("kv-memory", "1G");
-  o.threads_per_worker = static_cast<int>(f.GetInt("threads", 1));
+  // Default: the machine's cores shared out among the workers.
+  const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+  o.threads_per_worker = static_cast<int>(f.GetInt("threads", std::max(1L, cores / world)));
   o.coordinator_port = static_cast<int>(f.GetInt("coordinator-port", 0));
   for (const char* name : {"max-num-seqs", "max-batched-tokens", "max-model-len", "enable-prefix-caching"})
     if (f.Has(name)) o.coordinator_args.insert(o.coordinator_args.end(), {std::string("--") + name, f.Get(name)});

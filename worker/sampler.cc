@@ -71,6 +71,19 @@ void ValidateSamplingParams(const SamplingParams& p, int64_t vocab) {
 
 SampleResult SampleToken(const float* raw, int64_t vocab, const SamplingParams& p, uint64_t seed,
                          int64_t position, const PenaltyState& pen) {
+  SampleResult result;
+  const bool wants_logprobs = p.want_logprobs() || p.logprobs() > 0;
+  const bool penalized = (p.repetition_penalty() != 0 && p.repetition_penalty() != 1.0f) ||
+                         ((p.frequency_penalty() != 0 || p.presence_penalty() != 0) && !pen.output_counts.empty());
+  if (p.temperature() < 1e-5f && !penalized) {
+    // Greedy without penalties: the argmax of the raw logits, no copy (the common decode path).
+    int32_t best = 0;
+    for (int32_t i = 1; i < vocab; ++i)
+      if (raw[i] > raw[best]) best = i;
+    result.token_id = best;
+    if (wants_logprobs) FillLogprobs(raw, vocab, best, p.logprobs(), &result.logprobs);
+    return result;
+  }
   std::vector<float> x(raw, raw + vocab);
   // Penalties (vLLM order): repetition over prompt and output, then frequency and presence over output.
   const float rep = p.repetition_penalty() == 0 ? 1.0f : p.repetition_penalty();
@@ -86,7 +99,6 @@ SampleResult SampleToken(const float* raw, int64_t vocab, const SamplingParams& 
     x[t] -= p.frequency_penalty() * c + p.presence_penalty() * (c > 0 ? 1.0f : 0.0f);
   }
 
-  SampleResult result;
   if (p.temperature() < 1e-5f) {
     result.token_id = Argmax(x);
   } else {
@@ -128,7 +140,7 @@ SampleResult SampleToken(const float* raw, int64_t vocab, const SamplingParams& 
       }
     }
   }
-  if (p.want_logprobs() || p.logprobs() > 0) FillLogprobs(raw, vocab, result.token_id, p.logprobs(), &result.logprobs);
+  if (wants_logprobs) FillLogprobs(raw, vocab, result.token_id, p.logprobs(), &result.logprobs);
   return result;
 }
 
