@@ -3,6 +3,7 @@
 //   dsmesh-gateway --listen 127.0.0.1:8000 --coordinator HOST:PORT --model DIR
 //                  [--served-model-name NAME] [--api-key KEY | --api-key-file F] [--max-queued N]
 //                  [--threads N] [--max-body-bytes N] [--chat-format v4|v3] [--drain-timeout-s S]
+//                  [--sse-ping-s S]  (": ping" comment on a stream silent this long; 0 = never)
 //
 // Startup: load the tokenizer from DIR, listen, then poll the coordinator; /health answers 503 until
 // the mesh is ready, and systemd gets READY=1 only then. SIGTERM/SIGINT: /health turns 503
@@ -35,7 +36,7 @@ namespace {
 const char kUsage[] =
     "dsmesh-gateway --listen HOST:PORT --coordinator HOST:PORT --model DIR [--served-model-name NAME]\n"
     "               [--api-key KEY[,KEY...] | --api-key-file F] [--max-queued N] [--threads N]\n"
-    "               [--max-body-bytes N] [--chat-format v4|v3] [--drain-timeout-s S]";
+    "               [--max-body-bytes N] [--chat-format v4|v3] [--drain-timeout-s S] [--sse-ping-s S]";
 
 std::pair<std::string, uint16_t> SplitHostPort(const std::string& s) {
   auto colon = s.rfind(':');
@@ -112,7 +113,7 @@ ModelInfo ReadModelInfo(const std::string& dir, const std::string& chat_format_f
 int Run(int argc, char** argv) {
   Flags flags(std::vector<std::string>(argv + 1, argv + argc),
               {"listen", "coordinator", "model", "served-model-name", "api-key", "api-key-file", "max-queued",
-               "threads", "max-body-bytes", "chat-format", "drain-timeout-s", "log-level", "help"},
+               "threads", "max-body-bytes", "chat-format", "drain-timeout-s", "sse-ping-s", "log-level", "help"},
               {"help"});
   if (flags.Has("help")) {
     std::printf("%s\n", kUsage);
@@ -145,6 +146,7 @@ int Run(int argc, char** argv) {
   http_options.port = port;
   http_options.threads = threads;
   http_options.max_body_bytes = static_cast<uint64_t>(flags.GetInt("max-body-bytes", 32ll << 20));
+  http_options.stream_ping_s = static_cast<int>(flags.GetInt("sse-ping-s", 15));
   http_options.error_body = [](int status, const std::string& message) { return ErrorBody(status, message); };
 
   OpenAiServer* api_ptr = nullptr;

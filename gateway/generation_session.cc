@@ -66,7 +66,7 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
     request.set_priority(job_.priority);
 
     if (job_.options.stream) {
-      exchange_->StartStream(200, "text/event-stream", job_.response_headers);
+      exchange_->StartStream(200, "text/event-stream", job_.response_headers, ": ping\n\n");
       if (job_.chat) {
         json delta = {{"role", "assistant"}, {"content", ""}};
         SendChunk(ChatChunk(delta, nullptr, nullptr));

@@ -19,7 +19,14 @@ using tcp = net::ip::tcp;
 
 namespace {
 constexpr int kWriteTimeoutS = 120;  // a client that reads nothing for this long is dropped
+
+// One chunk of a chunked body: hex size, CRLF, data, CRLF.
+std::string FrameChunk(std::string data) {
+  char size[32];
+  std::snprintf(size, sizeof(size), "%zx\r\n", data.size());
+  return size + std::move(data) + "\r\n";
 }
+}  // namespace
 
 // One TCP connection. Every member is touched only on the connection's strand.
 class HttpSession : public std::enable_shared_from_this<HttpSession> {
@@ -41,6 +48,13 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     if (closed_ || generation != generation_) return;
     writes_.push_back(Piece{std::move(data), ends_response, keep_alive});
     if (!writing_) DoWrite();
+  }
+
+  // Sends `chunk` whenever the response of `generation` has written nothing for stream_ping_s.
+  void StartIdlePings(uint64_t generation, std::string chunk) {
+    if (closed_ || generation != generation_ || options_.stream_ping_s <= 0) return;
+    idle_chunk_ = FrameChunk(std::move(chunk));
+    ArmPing(generation);
   }
 
   void CloseFromHandler(uint64_t generation) {
@@ -139,6 +153,17 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     });
   }
 
+  void ArmPing(uint64_t generation) {
+    ping_timer_.expires_after(std::chrono::seconds(options_.stream_ping_s));
+    ping_timer_.async_wait([self = shared_from_this(), generation](beast::error_code ec) {
+      if (ec || self->closed_ || generation != self->generation_) return;
+      if (std::chrono::steady_clock::now() - self->last_write_ >= std::chrono::seconds(self->options_.stream_ping_s) &&
+          self->writes_.empty())
+        self->Enqueue(generation, self->idle_chunk_, false, true);
+      self->ArmPing(generation);
+    });
+  }
+
   void ClientGone() {
     if (auto exchange = current_.lock()) exchange->NotifyDisconnect();
     Close();
@@ -158,10 +183,12 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
       return;
     }
     if (ec) return ClientGone();
+    last_write_ = std::chrono::steady_clock::now();
     Piece done = std::move(writes_.front());
     writes_.pop_front();
     if (done.ends_response) {
       current_.reset();
+      ping_timer_.cancel();
       ++generation_;  // later pieces or watch callbacks of the finished exchange are ignored
       writes_.clear();
       if (!done.keep_alive) return LingeringClose();
@@ -193,6 +220,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   void Close() {
     if (closed_) return;
     closed_ = true;
+    ping_timer_.cancel();
     if (!writing_) writes_.clear();  // an in-flight async_write still reads writes_.front()
     beast::error_code ignored;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
@@ -210,6 +238,9 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   uint64_t generation_ = 0;  // bumps per request so stale callbacks can be told apart
   std::weak_ptr<HttpExchange> current_;
   std::chrono::steady_clock::time_point linger_deadline_;
+  std::chrono::steady_clock::time_point last_write_;
+  net::steady_timer ping_timer_{stream_.get_executor()};
+  std::string idle_chunk_;  // framed
   std::array<char, 16384> discard_;
 };
 
@@ -220,7 +251,12 @@ HttpExchange::HttpExchange(std::shared_ptr<HttpSession> session, HttpRequest req
     : session_(std::move(session)), request_(std::move(request)), generation_(generation) {}
 
 HttpExchange::~HttpExchange() {
-  if (!completed_) {
+  bool completed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    completed = completed_;
+  }
+  if (!completed) {
     // The handler dropped the request without answering (a bug): close rather than hang the client.
     auto session = session_;
     auto generation = generation_;
@@ -247,7 +283,8 @@ void HttpExchange::Respond(int status, const std::string& content_type, std::str
   });
 }
 
-void HttpExchange::StartStream(int status, const std::string& content_type, const HeaderList& headers) {
+void HttpExchange::StartStream(int status, const std::string& content_type, const HeaderList& headers,
+                               const std::string& idle_chunk) {
   http::response<http::empty_body> res{static_cast<http::status>(status), request_.version()};
   res.set(http::field::server, "dsmesh-gateway");
   res.set(http::field::content_type, content_type);
@@ -257,16 +294,15 @@ void HttpExchange::StartStream(int status, const std::string& content_type, cons
   res.chunked(true);
   std::ostringstream os;
   os << res.base();
-  session_->Post([session = session_, generation = generation_, data = os.str()]() mutable {
+  session_->Post([session = session_, generation = generation_, data = os.str(), idle_chunk]() mutable {
     session->Enqueue(generation, std::move(data), false, true);
+    if (!idle_chunk.empty()) session->StartIdlePings(generation, idle_chunk);
   });
 }
 
 void HttpExchange::SendChunk(std::string data) {
   if (data.empty()) return;  // an empty chunk would end the body
-  char size[32];
-  std::snprintf(size, sizeof(size), "%zx\r\n", data.size());
-  std::string framed = size + std::move(data) + "\r\n";
+  std::string framed = FrameChunk(std::move(data));
   session_->Post([session = session_, generation = generation_, framed = std::move(framed)]() mutable {
     session->Enqueue(generation, std::move(framed), false, true);
   });

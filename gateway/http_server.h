@@ -34,7 +34,10 @@ class HttpExchange : public std::enable_shared_from_this<HttpExchange> {
   const HttpRequest& request() const { return request_; }
 
   void Respond(int status, const std::string& content_type, std::string body, const HeaderList& headers = {});
-  void StartStream(int status, const std::string& content_type, const HeaderList& headers = {});
+  // `idle_chunk`, if set, is sent whenever the stream has been silent for stream_ping_s (an SSE comment
+  // such as ": ping\n\n" keeps proxies and clients from timing out during a long prefill).
+  void StartStream(int status, const std::string& content_type, const HeaderList& headers = {},
+                   const std::string& idle_chunk = "");
   void SendChunk(std::string data);  // one chunk of the chunked body
   void FinishStream();
 
@@ -65,6 +68,7 @@ struct HttpServerOptions {
   uint64_t max_body_bytes = 32ull << 20;  // larger bodies get 413 before the body is read
   uint32_t max_header_bytes = 64 << 10;
   int idle_timeout_s = 75;                // keep-alive connections idle longer are closed
+  int stream_ping_s = 15;                 // silence after which a stream's idle_chunk is sent
   // Body for 413/400 answers produced by the server itself (before a handler runs).
   std::function<std::string(int status, const std::string& message)> error_body;
 };

@@ -249,6 +249,15 @@ const cases = [
     assertEq(bad.status, 400, 'bad id');
   }],
 
+  ['silent streams get ": ping" comments that the client ignores', async ({ sleepy }) => {
+    const body = { model: MODEL, messages: [{ role: 'user', content: 'one two three' }], max_tokens: 2, temperature: 0, stream: true,
+      chat_template_kwargs: { thinking: false } };
+    const raw = await rawStream(`${sleepy.url}/chat/completions`, body);
+    assert(raw.text.includes('\n\n: ping\n\n'), `ping comment in ${JSON.stringify(raw.text.slice(0, 400))}`);
+    const chunks = await collect(await client(sleepy).chat.completions.create(body));
+    assertEq(chunks[chunks.length - 1].choices[0].finish_reason, 'length', 'client parsed the stream');
+  }],
+
   ['client disconnect aborts the request in the mesh and frees its slot', async ({ slow }) => {
     const controller = new AbortController();
     const text = Array.from({ length: 200 }, (_, i) => `w${i}`).join(' ');
@@ -278,6 +287,7 @@ await runCases(cases, {
     mesh: await startMesh({ extraGatewayArgs: ['--max-body-bytes', '1000000'] }),
     spec: await startMesh({ tokensPerStep: 3 }),
     slow: await startMesh({ stepMs: 50 }),
+    sleepy: await startMesh({ stepMs: 1300, extraGatewayArgs: ['--sse-ping-s', '1'] }),
   }),
   teardown: async (ctx) => { for (const m of Object.values(ctx)) await m.stop(); },
 });
