@@ -77,6 +77,32 @@ const cases = [
     assertEq(c.usage.prompt_tokens, 4, 'prompt ids');
     assertEq(c.usage.completion_tokens, 6, 'completion tokens');
   }],
+  ['stop strings and stop_token_ids on real model output; logprobs from the sampler', async ({ m }) => {
+    const base = { model: MODEL, prompt: [0, 11, 22, 33, 44], max_tokens: 16, temperature: 0, ignore_eos: true };
+    const full = await client(m).completions.create({ ...base, logprobs: 2 });
+    const text = full.choices[0].text;
+    const lp = full.choices[0].logprobs;
+    assertEq(lp.tokens.length, 16, 'one logprob entry per generated token');
+    for (const t of lp.top_logprobs) assertEq(Object.keys(t).length <= 2 && Object.keys(t).length >= 1, true, 'top_logprobs size');
+    for (const v of lp.token_logprobs) assert(v <= 0, 'log probabilities are <= 0');
+    // A stop string from the middle of the greedy text: the answer is the text before it.
+    // (the first position at or after the middle whose 2-character substring occurs there first).
+    assert(text.length >= 4, `greedy text long enough: ${JSON.stringify(text)}`);
+    let k = Math.floor(text.length / 2);
+    while (k > 0 && text.indexOf(text.slice(k, k + 2)) !== k) k = (k + 1 < text.length - 1) ? k + 1 : 0;
+    const cut = text.slice(k, k + 2);
+    const stopped = await client(m).completions.create({ ...base, stop: [cut] });
+    assertEq(stopped.choices[0].text, text.slice(0, k), `text before the stop string ${JSON.stringify(cut)}`);
+    assertEq(stopped.choices[0].finish_reason, 'stop', 'finish_reason');
+    // stop_token_ids: the 4th greedy token ends the request after 4 tokens (the stop token is not text).
+    const ids = (await (await fetch(`${m.base}/tokenize`, { method: 'POST', body: JSON.stringify({ prompt: text, add_special_tokens: false }) })).json()).tokens;
+    const chat = await fetch(`${m.url}/completions`, { method: 'POST', headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ ...base, stop_token_ids: [ids[3]], logprobs: 0 }) });
+    const j = await chat.json();
+    assertEq(j.choices[0].finish_reason, 'stop', `stop_token_ids finish: ${JSON.stringify(j)}`);
+    assert(j.usage.completion_tokens <= 4, `stopped by the token id after <= 4 tokens: ${j.usage.completion_tokens}`);
+    assertEq(j.choices[0].stop_reason, ids[3], 'stop_reason is the token id');
+  }],
   ['8 concurrent streams over 4 slots all complete', async ({ m }) => {
     const one = async (i) => {
       let u = null;
