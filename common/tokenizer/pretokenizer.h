@@ -88,6 +88,7 @@ class PreTokenizer {
       if (me > ms) Run(level + 1, piece.substr(ms, me - ms), scratch, fn);
       prev = me;
       if (me > ms) {
+        if (me == n) break;  // only an empty match could follow, and it would add no piece
         pos = me;
       } else {  // empty match: step over one code point, as ECMAScript matchAll does with /u
         if (me >= n) break;
