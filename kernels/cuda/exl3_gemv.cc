@@ -55,7 +55,8 @@ Exl3GemvWorkspace::~Exl3GemvWorkspace() {
 
 int Exl3GemvSplits(int64_t k, int64_t n, int num_sms, int ctas_per_sm) {
   const int64_t strips = n / 128, nblk = k / 128;
-  // Two CTAs fit on an SM; by default aim for about one full wave, and at most 8 input blocks per CTA
+  // Three CTAs fit on an SM, but aiming at two per SM measured best (NOTES.md v3: 1.65x vs 1.55x
+  // geomean); never more CTAs than fit at once, and at most 8 input blocks per CTA
   // (the activation slice lives in shared memory).
   // Never more CTAs than fit at once (rounding up made e.g. 16 strips x 17 splits = 272 > 264 CTAs,
   // and the 8 CTAs of the second wave cost a whole extra CTA time: 11.3 vs 8.2 us, NOTES.md v2).

@@ -18,7 +18,7 @@ namespace dsmesh::exl3cuda {
 
 
 template <int K, int CB>
-__global__ void __launch_bounds__(kThreads, 2) Exl3GemvKernel(const GemvParams p) {
+__global__ void __launch_bounds__(kThreads, 3) Exl3GemvKernel(const GemvParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
   using Core = TileGemv<K, CB, 1>;
   uint8_t* ring = smem;
@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(kThreads, 2) Exl3GemvKernel(const GemvParams p
     InputHadamard128(x + (int64_t)row * p.k + kofs, suh + kofs, act + row * kGemvAStride + b * 128 + lane * 4, lane);
   }
 
-  float acc[8][2][4];
+  float acc[Core::kAccTiles][2][4];
   const __half* a[1] = {act};
   Core::MainLoop(src, KT, a, kGemvAStride, m, ring, acc, p.one);
   float* out = reinterpret_cast<float*>(act);  // [m][128], the activations are no longer needed

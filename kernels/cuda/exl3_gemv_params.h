@@ -19,12 +19,15 @@ struct GemvParams {
   uint32_t one;             // always 1; a runtime value so shifts by it compile to IMADs (exl3_device.cuh)
 };
 
-// Pipeline depth per K: about 32-48 KB of trellis in flight per CTA (64 tiles per stage).
-constexpr int StagesForK(int K) { return K <= 1 ? 16 : K == 2 ? 8 : K == 3 ? 6 : K == 4 ? 5 : K <= 6 ? 4 : 3; }
+// Pipeline depth per K: 28-40 KB of trellis per CTA (64 tiles per stage), so that three CTAs fit on
+// an SM with their activations (K >= 7 keeps only one stage in flight).
+constexpr int StagesForK(int K) {
+  return K <= 1 ? 16 : K == 2 ? 8 : K == 3 ? 6 : K == 4 ? 5 : K == 5 ? 4 : K == 6 ? 3 : 2;
+}
 constexpr int StageBytes(int K) { return 64 * 32 * K; }
-// The ring doubles as the k-split reduction scratch, which needs 32 KB.
+// The ring doubles as the k-split reduction scratch, which needs 16 KB.
 constexpr int RingBytes(int K) {
-  return StagesForK(K) * StageBytes(K) > 32768 ? StagesForK(K) * StageBytes(K) : 32768;
+  return StagesForK(K) * StageBytes(K) > 16384 ? StagesForK(K) * StageBytes(K) : 16384;
 }
 
 constexpr int kGemvMaxBlocksPerSplit = 8;  // 1024 input channels per CTA

@@ -139,7 +139,7 @@ __device__ void GateUpItem(const MoeParams& p, MoePlan& plan, int t, uint8_t* ri
   for (int slab0 = 0; slab0 < R; slab0 += kMaxRowsPerPass) {
     const int Rs = min(kMaxRowsPerPass, R - slab0);
     const int cbk = ChunkBlocks(Rs, 2);
-    float acc[8][2][4];
+    float acc[Core::kAccTiles][2][4];
     for (int c0 = kb0; c0 < kb1; c0 += cbk) {
       const int nbc = min(cbk, kb1 - c0), astride = nbc * 128 + 8;
       typename Core::Source src;
@@ -231,7 +231,7 @@ __device__ void DownItem(const MoeParams& p, MoePlan& plan, int t, uint8_t* ring
   for (int slab0 = 0; slab0 < R; slab0 += kMaxRowsPerPass) {
     const int Rs = min(kMaxRowsPerPass, R - slab0);
     const int cbk = ChunkBlocks(Rs, 1);
-    float acc[8][2][4];
+    float acc[Core::kAccTiles][2][4];
     for (int c0 = 0; c0 < NB; c0 += cbk) {
       const int nbc = min(cbk, NB - c0), kc = nbc * 128, astride = kc + 8;
       typename Core::Source src;

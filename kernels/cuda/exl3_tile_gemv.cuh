@@ -28,7 +28,7 @@ struct TileGemv {
   static constexpr int kTileBytes = 32 * K;
   static constexpr int kGroupBytes = 8 * kTileBytes;  // 8 consecutive n-tiles of one k-row
   static constexpr int kStageBytes = StageBytes(K);
-  static_assert(WN * WK == 8, "8 warps");
+  static_assert(WN * WK == 8 && WK >= 2, "8 warps, at least two per group");
 
   struct Source {
     const uint8_t* base[WN];  // tile (k-tile 0 of the range, first n-tile of group g)
@@ -58,31 +58,49 @@ struct TileGemv {
     }
   }
 
-  // acc[nt][half][4]: fp32 C fragments of this warp's 8 tiles (two n8 halves each).
+  // Warp roles. Group g (8 n-tiles = 128 columns) is served by WK warps: two column halves (4 n-tiles
+  // each) times WKP = WK / 2 k-splits; per stage a warp takes k-rows j and j + WKP of its group, so it
+  // still decodes 8 tiles per stage while holding only 4 tiles' accumulators (32 registers, which is
+  // what lets three CTAs share an SM).
+  static constexpr int WKP = WK / 2;
+  static constexpr int kAccTiles = 4;
+  struct Role {
+    int g, h, j;  // group, column half, k-split
+  };
+  __device__ static Role RoleOf(int warp) {
+    Role r;
+    r.g = warp / WK;
+    const int w = warp - r.g * WK;
+    r.h = w / WKP;
+    r.j = w - r.h * WKP;
+    return r;
+  }
+
+  // acc[t][n8][4]: fp32 C fragments of this warp's 4 tiles (two n8 halves each).
   // a[g]: row-major [R][a_stride] fp16 activations of group g, column 0 = first k of the range.
   // KT: number of k-tiles, a multiple of WK. ring: RingBytes(K) of shared memory. With accumulate,
   // adds to acc (a previous k-chunk of the same outputs); otherwise starts from zero.
   // one: the value 1 from a kernel parameter (opaque to the compiler, see DecodeTileLane).
   __device__ static void MainLoop(const Source& src, int KT, const __half* const* a, int a_stride, int R,
-                                  uint8_t* ring, float acc[8][2][4], uint32_t one, bool accumulate = false) {
+                                  uint8_t* ring, float acc[kAccTiles][2][4], uint32_t one, bool accumulate = false) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int g = warp / WK, j = warp - g * WK;
+    const Role role = RoleOf(warp);
     const int num_stages = KT / WK;
     if (!accumulate) {
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
+      for (int t = 0; t < kAccTiles; ++t)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
-          for (int i = 0; i < 4; ++i) acc[nt][h][i] = 0.f;
+          for (int i = 0; i < 4; ++i) acc[t][h][i] = 0.f;
     }
 
     const LaneTileGeom geom = MakeLaneTileGeom<K>(lane);
     const uint32_t mulk = one << K;
     const int arow = lane >> 2, acol = (lane & 3) * 2;
     const bool row_lo = arow < R, row_hi = arow + 8 < R;
-    const __half* a_lo = a[g] + arow * a_stride + acol;
-    const __half* a_hi = a[g] + (arow + 8) * a_stride + acol;
+    const __half* a_lo = a[role.g] + arow * a_stride + acol;
+    const __half* a_hi = a[role.g] + (arow + 8) * a_stride + acol;
 
     for (int st = 0; st < num_stages; ++st) {
       CpAsyncWait<kStages - 2>();
@@ -92,82 +110,87 @@ struct TileGemv {
         if (next < num_stages) LoadStage(src, next, ring + (next % kStages) * kStageBytes, tid);
         CpAsyncCommit();
       }
-      const int kt = st * WK + j;
-      uint32_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-      if (row_lo) {
-        a0 = *reinterpret_cast<const uint32_t*>(a_lo + kt * 16);
-        a2 = *reinterpret_cast<const uint32_t*>(a_lo + kt * 16 + 8);
-      }
-      if (row_hi) {
-        a1 = *reinterpret_cast<const uint32_t*>(a_hi + kt * 16);
-        a3 = *reinterpret_cast<const uint32_t*>(a_hi + kt * 16 + 8);
-      }
-      const uint32_t* tiles =
-          reinterpret_cast<const uint32_t*>(ring + (st % kStages) * kStageBytes + (j * WN + g) * kGroupBytes);
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        uint32_t b[4];
-        DecodeTileLane<K, CB>(tiles + nt * (kTileBytes / 4), geom, mulk, b);
-        Mma16816(acc[nt][0], a0, a1, a2, a3, b[0], b[1]);
-        Mma16816(acc[nt][1], a0, a1, a2, a3, b[2], b[3]);
+      for (int kk = 0; kk < 2; ++kk) {
+        const int jr = role.j + kk * WKP;  // k-row within the stage
+        const int kt = st * WK + jr;
+        uint32_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+        if (row_lo) {
+          a0 = *reinterpret_cast<const uint32_t*>(a_lo + kt * 16);
+          a2 = *reinterpret_cast<const uint32_t*>(a_lo + kt * 16 + 8);
+        }
+        if (row_hi) {
+          a1 = *reinterpret_cast<const uint32_t*>(a_hi + kt * 16);
+          a3 = *reinterpret_cast<const uint32_t*>(a_hi + kt * 16 + 8);
+        }
+        const uint32_t* tiles = reinterpret_cast<const uint32_t*>(
+            ring + (st % kStages) * kStageBytes + (jr * WN + role.g) * kGroupBytes + role.h * 4 * kTileBytes);
+#pragma unroll
+        for (int t = 0; t < kAccTiles; ++t) {
+          uint32_t b[4];
+          DecodeTileLane<K, CB>(tiles + t * (kTileBytes / 4), geom, mulk, b);
+          Mma16816(acc[t][0], a0, a1, a2, a3, b[0], b[1]);
+          Mma16816(acc[t][1], a0, a1, a2, a3, b[2], b[3]);
+        }
       }
     }
     CpAsyncWait<0>();
     __syncthreads();  // ring is free for the reduction
   }
 
-  // Tree reduction over the WK k-splits in fixed order; rows < R only. red: shared scratch of at least
-  // WN * (WK / 2) * R * 512 bytes (the ring). out: [WN][R][128] fp32 shared.
-  __device__ static void Reduce(float acc[8][2][4], int R, float* red, float* out) {
+  // Tree reduction over the WKP k-splits in fixed order; rows < R only. red: shared scratch of at
+  // least WN * 2 * max(WKP / 2, 1) * R * 256 bytes (the ring). out: [WN][R][128] fp32 shared.
+  __device__ static void Reduce(float acc[kAccTiles][2][4], int R, float* red, float* out) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int g = warp / WK, j = warp - g * WK;
+    const Role role = RoleOf(warp);
     const int row = lane >> 2, col = (lane & 3) * 2;
-    auto slot = [&](int s) { return red + ((g * (WK / 2 > 0 ? WK / 2 : 1) + s) * R) * 128; };
-    for (int half = WK / 2; half >= 1; half /= 2) {
-      if (j >= half && j < 2 * half) {
-        float* dst = slot(j - half);
+    constexpr int kSlots = WKP / 2 > 0 ? WKP / 2 : 1;
+    auto slot = [&](int s) { return red + (((role.g * 2 + role.h) * kSlots + s) * R) * 64; };
+    for (int half = WKP / 2; half >= 1; half /= 2) {
+      if (role.j >= half && role.j < 2 * half) {
+        float* dst = slot(role.j - half);
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
+        for (int t = 0; t < kAccTiles; ++t)
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const int c = nt * 16 + h * 8 + col;
-            if (row < R) *reinterpret_cast<float2*>(dst + row * 128 + c) = make_float2(acc[nt][h][0], acc[nt][h][1]);
+            const int c = t * 16 + h * 8 + col;
+            if (row < R) *reinterpret_cast<float2*>(dst + row * 64 + c) = make_float2(acc[t][h][0], acc[t][h][1]);
             if (row + 8 < R)
-              *reinterpret_cast<float2*>(dst + (row + 8) * 128 + c) = make_float2(acc[nt][h][2], acc[nt][h][3]);
+              *reinterpret_cast<float2*>(dst + (row + 8) * 64 + c) = make_float2(acc[t][h][2], acc[t][h][3]);
           }
       }
       __syncthreads();
-      if (j < half) {
-        const float* srcp = slot(j);
+      if (role.j < half) {
+        const float* srcp = slot(role.j);
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
+        for (int t = 0; t < kAccTiles; ++t)
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const int c = nt * 16 + h * 8 + col;
+            const int c = t * 16 + h * 8 + col;
             if (row < R) {
-              const float2 v = *reinterpret_cast<const float2*>(srcp + row * 128 + c);
-              acc[nt][h][0] += v.x;
-              acc[nt][h][1] += v.y;
+              const float2 v = *reinterpret_cast<const float2*>(srcp + row * 64 + c);
+              acc[t][h][0] += v.x;
+              acc[t][h][1] += v.y;
             }
             if (row + 8 < R) {
-              const float2 v = *reinterpret_cast<const float2*>(srcp + (row + 8) * 128 + c);
-              acc[nt][h][2] += v.x;
-              acc[nt][h][3] += v.y;
+              const float2 v = *reinterpret_cast<const float2*>(srcp + (row + 8) * 64 + c);
+              acc[t][h][2] += v.x;
+              acc[t][h][3] += v.y;
             }
           }
       }
       __syncthreads();
     }
-    if (j == 0) {
-      float* dst = out + g * R * 128;
+    if (role.j == 0) {
+      float* dst = out + role.g * R * 128 + role.h * 64;
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
+      for (int t = 0; t < kAccTiles; ++t)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int c = nt * 16 + h * 8 + col;
-          if (row < R) *reinterpret_cast<float2*>(dst + row * 128 + c) = make_float2(acc[nt][h][0], acc[nt][h][1]);
+          const int c = t * 16 + h * 8 + col;
+          if (row < R) *reinterpret_cast<float2*>(dst + row * 128 + c) = make_float2(acc[t][h][0], acc[t][h][1]);
           if (row + 8 < R)
-            *reinterpret_cast<float2*>(dst + (row + 8) * 128 + c) = make_float2(acc[nt][h][2], acc[nt][h][3]);
+            *reinterpret_cast<float2*>(dst + (row + 8) * 128 + c) = make_float2(acc[t][h][2], acc[t][h][3]);
         }
     }
     __syncthreads();
