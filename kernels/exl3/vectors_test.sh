@@ -21,5 +21,20 @@ if "$dsmesh" exl3-check --vectors "$tmp/bad.safetensors" >/dev/null 2>&1; then
   echo "FAIL: exl3-check accepted a corrupt file" >&2
   status=1
 fi
+# One flipped bit in a codebook table must be reported as a mismatch (non-zero exit, a FAIL line).
+cp "$DSMESH_SHARED/testdata/exl3/exl3_codebooks.safetensors" "$tmp/flipped.safetensors"
+chmod u+w "$tmp/flipped.safetensors"
+size=$(stat -c %s "$tmp/flipped.safetensors")
+byte=$(od -An -tu1 -j $((size - 2)) -N1 "$tmp/flipped.safetensors" | tr -d ' ')
+printf "$(printf '\\%03o' $((byte ^ 1)))" | dd of="$tmp/flipped.safetensors" bs=1 seek=$((size - 2)) conv=notrunc status=none
+if out=$("$dsmesh" exl3-check --vectors "$tmp/flipped.safetensors" 2>&1); then
+  echo "FAIL: exl3-check passed a codebook with a flipped bit" >&2
+  status=1
+elif ! grep -q "FAIL" <<<"$out"; then
+  echo "FAIL: exl3-check exited non-zero without a FAIL line: $out" >&2
+  status=1
+else
+  echo "== flipped bit detected:"; grep FAIL <<<"$out"
+fi
 rm -rf "$tmp"
 exit $status
