@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/cuda/exl3_device_weights.h"
 #include "kernels/cuda/exl3_moe.h"
 #include "kernels/cuda/gpu_test_util.h"
 
@@ -28,37 +29,17 @@ class Experts {
       : E_(num_experts), d_(hidden), I_(inter) {
     std::mt19937 rng(seed);
     host_.resize(E_ * 3);
-    dev_.resize(E_ * 3);
-    std::vector<const uint16_t*> tabs[9];
+    std::vector<Exl3DeviceMoeLayer::Expert> experts(E_);
     for (int e = 0; e < E_; ++e) {
       for (int p = 0; p < 3; ++p) {
         const int64_t k = p == 2 ? I_ : d_, n = p == 2 ? d_ : I_;
         host_[e * 3 + p] = testing::RandomExl3Weight(k, n, K, Exl3Codebook::kMcg, rng);
         host_[e * 3 + p].name = "experts." + std::to_string(e) + (p == 0 ? ".gate" : p == 1 ? ".up" : ".down");
-        dev_[e * 3 + p] = std::make_unique<DeviceExl3>();
-        testing::UploadExl3(host_[e * 3 + p], *dev_[e * 3 + p]);
-        tabs[p * 3 + 0].push_back(dev_[e * 3 + p]->linear.trellis);
-        tabs[p * 3 + 1].push_back(dev_[e * 3 + p]->linear.suh);
-        tabs[p * 3 + 2].push_back(dev_[e * 3 + p]->linear.svh);
       }
+      experts[e] = {&host_[e * 3], &host_[e * 3 + 1], &host_[e * 3 + 2]};
     }
-    for (int t = 0; t < 9; ++t) tables_[t] = DeviceBuffer<const uint16_t*>(tabs[t]);
-    layer_.name = "test.mlp.experts";
-    layer_.num_experts = E_;
-    layer_.hidden = d_;
-    layer_.inter = I_;
-    layer_.K = K;
-    layer_.codebook = 1;
-    layer_.swiglu_limit = limit;
-    layer_.gate_trellis = tables_[0].get();
-    layer_.gate_suh = tables_[1].get();
-    layer_.gate_svh = tables_[2].get();
-    layer_.up_trellis = tables_[3].get();
-    layer_.up_suh = tables_[4].get();
-    layer_.up_svh = tables_[5].get();
-    layer_.down_trellis = tables_[6].get();
-    layer_.down_suh = tables_[7].get();
-    layer_.down_svh = tables_[8].get();
+    device_ = std::make_unique<Exl3DeviceMoeLayer>("test.mlp.experts", experts, limit);
+    layer_ = device_->layer();
   }
 
   const Exl3MoeLayer& layer() const { return layer_; }
@@ -100,8 +81,7 @@ class Experts {
 
   int E_, d_, I_;
   std::vector<Exl3Weight> host_;
-  std::vector<std::unique_ptr<DeviceExl3>> dev_;
-  DeviceBuffer<const uint16_t*> tables_[9];
+  std::unique_ptr<Exl3DeviceMoeLayer> device_;
   std::map<int, std::vector<uint16_t>> what_;
   Exl3MoeLayer layer_;
 };
@@ -299,6 +279,36 @@ TEST(Exl3MoeTest, TwoStreamsAtOnceWithOwnWorkspaces) {
   }
   cudaStreamDestroy(sa);
   cudaStreamDestroy(sb);
+}
+
+TEST(Exl3MoeTest, LayerBuilderRejectsMixedKCodebookAndShapes) {
+  DSMESH_REQUIRE_GPU();
+  std::mt19937 rng(13);
+  std::vector<Exl3Weight> w;
+  w.push_back(testing::RandomExl3Weight(512, 256, 2, Exl3Codebook::kMcg, rng));
+  w.push_back(testing::RandomExl3Weight(512, 256, 2, Exl3Codebook::kMcg, rng));
+  w.push_back(testing::RandomExl3Weight(256, 512, 2, Exl3Codebook::kMcg, rng));
+  w.push_back(testing::RandomExl3Weight(512, 256, 3, Exl3Codebook::kMcg, rng));   // wrong K
+  w.push_back(testing::RandomExl3Weight(512, 256, 2, Exl3Codebook::kMul1, rng));  // wrong codebook
+  w.push_back(testing::RandomExl3Weight(512, 384, 2, Exl3Codebook::kMcg, rng));   // wrong shape
+  w[3].name = "experts.1.gate";
+  w[4].name = "experts.1.up";
+  w[5].name = "experts.1.down";
+  auto expect = [&](const Exl3Weight* g, const Exl3Weight* u, const Exl3Weight* d, const std::string& name) {
+    try {
+      Exl3DeviceMoeLayer l("layer", {{&w[0], &w[1], &w[2]}, {g, u, d}}, 10.f);
+      ADD_FAILURE() << "expected an error naming " << name;
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+    }
+  };
+  expect(&w[3], &w[1], &w[2], "experts.1.gate");
+  expect(&w[0], &w[4], &w[2], "experts.1.up");
+  expect(&w[0], &w[1], &w[5], "experts.1.down");
+  Exl3DeviceMoeLayer ok("layer", {{&w[0], &w[1], &w[2]}, {&w[0], &w[1], &w[2]}}, 10.f);
+  EXPECT_EQ(ok.layer().num_experts, 2);
+  EXPECT_EQ(ok.layer().hidden, 512);
+  EXPECT_EQ(ok.layer().inter, 256);
 }
 
 TEST(Exl3MoeTest, StrictModeCountersAndBadIds) {

@@ -1,0 +1,56 @@
+// Device copies of EXL3 weights for the CUDA kernels: one linear (Exl3DeviceLinear) or a whole MoE
+// layer's routed experts with their pointer tables (Exl3MoeLayer). Built once at load time from the
+// validated CPU-side Exl3Weight (kernels/exl3/exl3_linear.h); the objects own the device memory.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/exl3_gemv.h"
+#include "kernels/cuda/exl3_moe.h"
+#include "kernels/exl3/exl3_linear.h"
+
+namespace dsmesh {
+
+// One linear's trellis, suh and svh in device memory (current device).
+class Exl3DeviceLinearBuffers {
+ public:
+  explicit Exl3DeviceLinearBuffers(const Exl3Weight& w);
+  ~Exl3DeviceLinearBuffers();
+  Exl3DeviceLinearBuffers(const Exl3DeviceLinearBuffers&) = delete;
+  Exl3DeviceLinearBuffers& operator=(const Exl3DeviceLinearBuffers&) = delete;
+
+  const Exl3DeviceLinear& linear() const { return linear_; }
+
+ private:
+  void* trellis_ = nullptr;
+  void* suh_ = nullptr;
+  void* svh_ = nullptr;
+  Exl3DeviceLinear linear_;
+};
+
+// A MoE layer's routed experts: experts[e] = {gate, up, down} (gate/up: hidden -> inter, down:
+// inter -> hidden). Checks what the routed-expert kernel needs and throws naming the expert tensor
+// otherwise: same K for every projection, MCG codebook, no biases, consistent shapes.
+class Exl3DeviceMoeLayer {
+ public:
+  struct Expert {
+    const Exl3Weight* gate;
+    const Exl3Weight* up;
+    const Exl3Weight* down;
+  };
+  Exl3DeviceMoeLayer(const std::string& name, const std::vector<Expert>& experts, float swiglu_limit);
+  ~Exl3DeviceMoeLayer();
+  Exl3DeviceMoeLayer(const Exl3DeviceMoeLayer&) = delete;
+  Exl3DeviceMoeLayer& operator=(const Exl3DeviceMoeLayer&) = delete;
+
+  const Exl3MoeLayer& layer() const { return layer_; }
+
+ private:
+  std::vector<std::unique_ptr<Exl3DeviceLinearBuffers>> linears_;
+  const uint16_t** tables_[9] = {};
+  Exl3MoeLayer layer_;
+};
+
+}  // namespace dsmesh
