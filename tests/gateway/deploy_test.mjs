@@ -68,7 +68,7 @@ const cases = [
 
   ['gateway sd_notify: READY=1 once serving, WATCHDOG=1 only while healthy', async () => {
     // A unix socket path must fit in 108 bytes, which Bazel's TEST_TMPDIR may not: use /tmp.
-    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'dsn-'));
+    const dir = fs.mkdtempSync('/tmp/dsn-');
     const sock = path.join(dir, 'notify.sock');
     const listener = spawn('python3', [arg('--notify-listener'), sock], { stdio: ['ignore', 'pipe', 'pipe'] });
     let lines = [];

@@ -6,12 +6,98 @@ import { assert, assertEq, loadOpenAI, metricsText, metricValue, rawStream, runC
 const OpenAI = await loadOpenAI();
 const MODEL = 'dsmesh-test';
 
-const client = (mesh, opts = {}) => new OpenAI({ baseURL: mesh.url, apiKey: opts.apiKey ?? 'unused', maxRetries: 0, ...opts });
+const client = (mesh, opts = {}) => validated(new OpenAI({ baseURL: mesh.url, apiKey: opts.apiKey ?? 'unused', maxRetries: 0, ...opts }));
 
 async function tokenCount(mesh, text) {
   const r = await fetch(`${mesh.base}/tokenize`, { method: 'POST', body: JSON.stringify({ prompt: text, add_special_tokens: false }) });
   const j = await r.json();
   return j.count;
+}
+
+// Structural checks of what the client parsed, field by field as the OpenAI API reference defines
+// the objects (the npm client only types them, it does not validate at run time).
+const FINISH = new Set(['stop', 'length', 'tool_calls', 'content_filter', 'function_call']);
+function checkUsage(u, where) {
+  for (const k of ['prompt_tokens', 'completion_tokens', 'total_tokens'])
+    assert(Number.isInteger(u[k]) && u[k] >= 0, `${where}.usage.${k} is a non-negative integer`);
+  assertEq(u.total_tokens, u.prompt_tokens + u.completion_tokens, `${where}.usage.total_tokens`);
+}
+function checkToolCalls(calls, where, streaming) {
+  assert(Array.isArray(calls), `${where}.tool_calls is an array`);
+  for (const tc of calls) {
+    if (streaming) assert(Number.isInteger(tc.index), `${where}.tool_calls[].index`);
+    if (!streaming || tc.id !== undefined) {
+      assert(typeof tc.id === 'string' && tc.id.length > 0, `${where}.tool_calls[].id`);
+      assertEq(tc.type, 'function', `${where}.tool_calls[].type`);
+    }
+    assert(typeof tc.function === 'object', `${where}.tool_calls[].function`);
+    if (!streaming) assert(typeof tc.function.name === 'string' && typeof tc.function.arguments === 'string', `${where} function name/arguments`);
+  }
+}
+function checkCommon(o, object, where) {
+  assert(typeof o.id === 'string' && o.id.length > 0, `${where}.id`);
+  assertEq(o.object, object, `${where}.object`);
+  assert(Number.isInteger(o.created) && Math.abs(o.created - Date.now() / 1000) < 600, `${where}.created is a recent unix time`);
+  assertEq(o.model, MODEL, `${where}.model`);
+  assert(Array.isArray(o.choices), `${where}.choices`);
+}
+function validateChatCompletion(r) {
+  checkCommon(r, 'chat.completion', 'chat.completion');
+  assertEq(r.choices.length, 1, 'one choice');
+  const c = r.choices[0];
+  assertEq(c.index, 0, 'choice.index');
+  assert(FINISH.has(c.finish_reason), `finish_reason ${c.finish_reason}`);
+  assertEq(c.message.role, 'assistant', 'message.role');
+  assert(c.message.content === null || typeof c.message.content === 'string', 'message.content');
+  if (c.message.tool_calls) checkToolCalls(c.message.tool_calls, 'message', false);
+  assert(c.logprobs === null || Array.isArray(c.logprobs.content), 'choice.logprobs');
+  checkUsage(r.usage, 'chat.completion');
+}
+function validateChunk(c, object = 'chat.completion.chunk') {
+  checkCommon(c, object, object);
+  for (const ch of c.choices) {
+    assertEq(ch.index, 0, 'chunk choice index');
+    assert(ch.finish_reason === null || FINISH.has(ch.finish_reason), `chunk finish_reason ${ch.finish_reason}`);
+    if (object === 'chat.completion.chunk') {
+      assert(typeof ch.delta === 'object', 'delta');
+      if (ch.delta.role !== undefined) assertEq(ch.delta.role, 'assistant', 'delta.role');
+      for (const k of ['content', 'reasoning_content'])
+        if (ch.delta[k] !== undefined) assert(typeof ch.delta[k] === 'string', `delta.${k}`);
+      if (ch.delta.tool_calls) checkToolCalls(ch.delta.tool_calls, 'delta', true);
+    } else {
+      assert(typeof ch.text === 'string', 'completion chunk text');
+    }
+  }
+  if (c.usage) checkUsage(c.usage, object);
+  if (!c.choices.length) assert(c.usage, 'a chunk without choices is the usage chunk');
+}
+function validateCompletion(r) {
+  checkCommon(r, 'text_completion', 'text_completion');
+  assertEq(r.choices.length, 1, 'one choice');
+  assert(typeof r.choices[0].text === 'string' && FINISH.has(r.choices[0].finish_reason), 'completion choice');
+  checkUsage(r.usage, 'text_completion');
+}
+
+// Every object the client returns goes through the validators above.
+function validated(c) {
+  const wrap = (create, whole, chunkObject) => async (body, opts) => {
+    const res = await create(body, opts);
+    if (res && typeof res[Symbol.asyncIterator] === 'function') {
+      return (async function* () { for await (const ch of res) { validateChunk(ch, chunkObject); yield ch; } })();
+    }
+    whole(res);
+    return res;
+  };
+  const chatCreate = c.chat.completions.create.bind(c.chat.completions);
+  const complCreate = c.completions.create.bind(c.completions);
+  c.chat.completions.create = (body, opts) => {
+    const p = chatCreate(body, opts);
+    const out = wrap(() => p, validateChatCompletion, 'chat.completion.chunk')(body, opts);
+    out.withResponse = async () => { const r = await p.withResponse(); validateChatCompletion(r.data); return r; };
+    return out;
+  };
+  c.completions.create = (body, opts) => wrap(complCreate, validateCompletion, 'text_completion')(body, opts);
+  return c;
 }
 
 async function collect(stream) {
