@@ -189,7 +189,7 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special_t
   if (bad != utf8::kValid) throw InvalidUtf8Error("invalid UTF-8 at byte offset " + std::to_string(bad));
   ThreadScratch& s = Scratch();
   std::vector<int32_t> ids;
-  ids.reserve(text.size() / 3 + 4);
+  ids.reserve(text.size() / 2 + 8);  // ~4 bytes per token in English, fewer in CJK or odd text
   if (add_special_tokens && add_bos_ && bos_id_) ids.push_back(*bos_id_);
   added_->Split(text, &s.sections);
   for (const AddedTokenMatcher::Section& sec : s.sections) {

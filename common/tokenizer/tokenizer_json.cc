@@ -21,11 +21,12 @@ using nlohmann::json;
 }
 
 std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) Fail(path, "cannot open file");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  std::string text(static_cast<size_t>(in.tellg()), '\0');
+  in.seekg(0);
+  if (!in.read(text.data(), std::streamsize(text.size()))) Fail(path, "cannot read file");
+  return text;
 }
 
 json ParseJson(const std::string& path) {
@@ -69,6 +70,7 @@ class TokenizerJsonSax : public nlohmann::json_sax<json> {
     if (AtModelField("vocab")) {
       mode_ = Mode::kVocab;
       saw_vocab_ = true;
+      spec_->vocab.reserve(1 << 17);  // the element count is not known up front
       return true;
     }
     return Open(json::object());
@@ -90,6 +92,7 @@ class TokenizerJsonSax : public nlohmann::json_sax<json> {
     if (AtModelField("merges")) {
       mode_ = Mode::kMerges;
       saw_merges_ = true;
+      spec_->merges.reserve(1 << 17);
       return true;
     }
     return Open(json::array());
