@@ -247,25 +247,16 @@ std::vector<SequenceOutput> ModelImpl::Forward(const std::vector<SequenceStep>& 
   be.HcHead(Xs, weights_.hc_head.fn, weights_.hc_head.base, weights_.hc_head.scale, hc, hc_eps, eps, &z);
   be.RmsNorm(z, D, &weights_.norm, eps, &z);
   const int64_t V = c.vocab_size, per = weights_.head_rows_per_rank, Vl = weights_.head.out;
-  Tensor local = be.Alloc(DType::kF32, {R, per});
-  {
-    Tensor lv = be.Alloc(DType::kF32, {R, Vl});
-    be.Linear(z, weights_.head, &lv);
-    if (Vl == per) {
-      local = lv;
-    } else {
-      std::vector<float> tmp(R * Vl);
-      be.ToHost(lv, tmp.data());
-      std::vector<float> padded(R * per, 0.0f);
-      for (int64_t r = 0; r < R; ++r) std::memcpy(&padded[r * per], &tmp[r * Vl], Vl * sizeof(float));
-      Tensor host{DType::kF32, {R, per}, padded.data(), nullptr};
-      be.CopyRows(be.Upload(host), 0, &local, 0, R);
-    }
-  }
-  std::vector<float> all(static_cast<size_t>(comm_->world()) * R * per);
-  {
-    std::vector<float> mine(R * per);
-    be.ToHost(local, mine.data());
+  Tensor lv = be.Alloc(DType::kF32, {R, Vl});
+  be.Linear(z, weights_.head, &lv);
+  // Each rank holds `per` vocabulary rows (the last rank possibly fewer); gather them as padded blocks.
+  const int world = comm_->world();
+  std::vector<float> all;
+  if (world > 1) {
+    std::vector<float> mine(R * per, 0.0f), local(R * Vl);
+    be.ToHost(lv, local.data());
+    for (int64_t r = 0; r < R; ++r) std::memcpy(&mine[r * per], &local[r * Vl], Vl * sizeof(float));
+    all.resize(static_cast<size_t>(world) * R * per);
     comm_->AllGather(mine.data(), mine.size(), all.data());
   }
 
@@ -274,18 +265,21 @@ std::vector<SequenceOutput> ModelImpl::Forward(const std::vector<SequenceStep>& 
     int64_t n = batch[i].all_logits ? seqs[i].count : 1;
     Tensor lg = AllocateTensor(DType::kF32, {n, V});
     float* dst = lg.as<float>();
-    for (int64_t r = 0; r < n; ++r) {
-      int64_t row = first_row[i] + r;
-      for (int rank = 0; rank < comm_->world(); ++rank) {
-        int64_t v0 = rank * per, v1 = std::min<int64_t>(V, v0 + per);
-        if (v1 <= v0) continue;
-        std::memcpy(dst + r * V + v0, &all[(static_cast<size_t>(rank) * R + row) * per], (v1 - v0) * sizeof(float));
+    if (world == 1) {
+      be.ToHost(RowView(lv, first_row[i], n), dst);
+    } else {
+      for (int64_t r = 0; r < n; ++r) {
+        int64_t row = first_row[i] + r;
+        for (int rank = 0; rank < world; ++rank) {
+          int64_t v0 = rank * per, v1 = std::min<int64_t>(V, v0 + per);
+          if (v1 <= v0) continue;
+          std::memcpy(dst + r * V + v0, &all[(static_cast<size_t>(rank) * R + row) * per], (v1 - v0) * sizeof(float));
+        }
       }
     }
     outs[i].logits = lg;
     if (batch[i].want_hidden) {
       Tensor hid = AllocateTensor(DType::kF32, {n, hc * D});
-      std::vector<float> full(hc * D);
       for (int64_t r = 0; r < n; ++r) {
         Tensor one = be.Alloc(DType::kF32, {1, hc * D});
         be.CopyRows(X, rows[first_row[i] + r], &one, 0, 1);

@@ -2,8 +2,6 @@
 // work is large enough to pay for it. Each op is written to be read next to dsv4-model.md.
 #include "kernels/cpu/cpu_backend.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -16,6 +14,7 @@
 #include "common/half.h"
 #include "common/safetensors.h"
 #include "kernels/cpu/dense_linear.h"
+#include "kernels/cpu/thread_pool.h"
 #include "kernels/cpu/vec.h"
 #include "kernels/exl3/exl3_linear.h"
 
@@ -46,7 +45,7 @@ struct Exl3Linear {
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int threads) {
-    if (threads > 0) omp_set_num_threads(threads);
+    if (threads > 0) cpu::SetCpuThreads(threads);
   }
 
   std::string name() const override { return "cpu"; }

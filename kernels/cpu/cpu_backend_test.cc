@@ -9,6 +9,9 @@
 #include "common/half.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/dense_linear.h"
+#include "kernels/cpu/thread_pool.h"
+
+#include <atomic>
 
 namespace dsmesh {
 namespace {
@@ -432,6 +435,26 @@ TEST_F(CpuOpsTest, EmbeddingConvertsRows) {
   Tensor out = be_->Alloc(DType::kF32, {2, 3});
   be_->Embedding(t, tok.data(), 2, &out);
   ExpectClose(out, {3, 3.5, 4, -3, -2.5, -2}, 0, "Embedding");
+}
+
+}  // namespace
+}  // namespace dsmesh
+
+namespace dsmesh {
+namespace {
+
+TEST(ThreadPoolTest, EveryIndexRunsExactlyOnceAndNestingIsSerial) {
+  cpu::SetCpuThreads(2);
+  for (int round = 0; round < 50; ++round) {
+    std::vector<std::atomic<int>> hits(1000);
+    std::atomic<int> nested{0};
+    cpu::ParallelFor(1000, int64_t{1} << 30, [&](int64_t i) {
+      hits[i].fetch_add(1);
+      if (i == 7) cpu::ParallelFor(10, int64_t{1} << 30, [&](int64_t) { nested.fetch_add(1); });
+    });
+    for (int i = 0; i < 1000; ++i) ASSERT_EQ(hits[i].load(), 1) << "round " << round << " index " << i;
+    ASSERT_EQ(nested.load(), 10);
+  }
 }
 
 }  // namespace

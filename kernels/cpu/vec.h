@@ -10,24 +10,6 @@
 namespace dsmesh {
 namespace cpu {
 
-// Work (multiply-adds) below which an op stays on one thread. A fork-join region costs microseconds when
-// every core is free, but on a shared machine the partner thread may be descheduled for a whole time
-// slice while the master spins at the barrier; only ~a millisecond of work is worth that risk.
-constexpr int64_t kParallelWork = int64_t{1} << 22;
-
-// for (i in [0, n)) body(i), across the OpenMP team only when `work` is above kParallelWork; otherwise a
-// plain loop that never enters the OpenMP runtime. Dynamic chunks, so a descheduled thread's share is
-// picked up by the others. body must not throw (exceptions cannot cross an OpenMP region).
-template <class Body>
-void ParallelFor(int64_t n, int64_t work, const Body& body) {
-  if (work <= kParallelWork || n <= 1) {
-    for (int64_t i = 0; i < n; ++i) body(i);
-    return;
-  }
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t i = 0; i < n; ++i) body(i);
-}
-
 inline float HorizontalSum(__m256 v) {
   __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
   lo = _mm_add_ps(lo, hi);
