@@ -23,12 +23,23 @@ double Uniform01(uint64_t seed, int64_t position) {
   return static_cast<double>(bits >> 11) * (1.0 / 9007199254740992.0);  // [0, 1)
 }
 
-int32_t Argmax(const std::vector<float>& v) {
-  int32_t best = 0;
-  for (int32_t i = 1; i < static_cast<int32_t>(v.size()); ++i)
-    if (v[i] > v[best]) best = i;
-  return best;
+// Lowest index of the largest value. Two passes: a max over 8 independent lanes (vectorizes; the naive
+// loop carries a dependency through a load of v[best] each iteration and ran ~10x slower at vocab 129280),
+// then the first index holding that max. NaNs are never chosen (unless everything is NaN: index 0).
+int32_t Argmax(const float* v, int64_t n) {
+  float lane[8];
+  for (float& l : lane) l = -std::numeric_limits<float>::infinity();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) lane[j] = v[i + j] > lane[j] ? v[i + j] : lane[j];
+  float mx = lane[0];
+  for (int j = 1; j < 8; ++j) mx = lane[j] > mx ? lane[j] : mx;
+  for (; i < n; ++i) mx = v[i] > mx ? v[i] : mx;
+  for (int64_t k = 0; k < n; ++k)
+    if (v[k] == mx) return static_cast<int32_t>(k);
+  return 0;
 }
+int32_t Argmax(const std::vector<float>& v) { return Argmax(v.data(), static_cast<int64_t>(v.size())); }
 
 void FillLogprobs(const float* raw, int64_t vocab, int32_t token, int top_n, TokenLogprobs* out) {
   double mx = -std::numeric_limits<double>::infinity();
@@ -77,9 +88,7 @@ SampleResult SampleToken(const float* raw, int64_t vocab, const SamplingParams& 
                          ((p.frequency_penalty() != 0 || p.presence_penalty() != 0) && !pen.output_counts.empty());
   if (p.temperature() < 1e-5f && !penalized) {
     // Greedy without penalties: the argmax of the raw logits, no copy (the common decode path).
-    int32_t best = 0;
-    for (int32_t i = 1; i < vocab; ++i)
-      if (raw[i] > raw[best]) best = i;
+    const int32_t best = Argmax(raw, vocab);
     result.token_id = best;
     if (wants_logprobs) FillLogprobs(raw, vocab, best, p.logprobs(), &result.logprobs);
     return result;

@@ -20,6 +20,17 @@ TEST(Sampler, GreedyTakesArgmaxLowestIdOnTies) {
   EXPECT_EQ(SampleToken(logits, 4, Params(0), 1, 0, {}).token_id, 1);
 }
 
+TEST(Sampler, GreedyOverALongVocabularyFindsTheFirstMaxAndSkipsNaN) {
+  std::vector<float> logits(129281);
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = std::sin(0.001f * i);
+  logits[3] = std::nanf("");
+  logits[70001] = 5.0f;
+  logits[129280] = 5.0f;  // the tail (not a multiple of 8) holds a tie
+  EXPECT_EQ(SampleToken(logits.data(), logits.size(), Params(0), 1, 0, {}).token_id, 70001);
+  logits[70001] = 1.0f;
+  EXPECT_EQ(SampleToken(logits.data(), logits.size(), Params(0), 1, 0, {}).token_id, 129280);
+}
+
 TEST(Sampler, SameSeedAndPositionSameToken_DifferentPositionsVary) {
   std::vector<float> logits(50, 0.0f);
   std::map<int32_t, int> seen;
