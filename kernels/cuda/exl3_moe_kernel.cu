@@ -178,16 +178,10 @@ __device__ void GateUpItem(const MoeParams& p, MoePlan& plan, int t, uint8_t* ri
   const __half* usvh = reinterpret_cast<const __half*>(p.up_svh[e]) + b * 128 + lane * 4;
   const __half* dsuh = reinterpret_cast<const __half*>(p.down_suh[e]) + b * 128 + lane * 4;
   const float L = p.swiglu_limit;
-  for (int i = warp; i < R; i += kThreads / 32) {
+  // Gate/up sums of the S splits, fixed order. With few rows, G warps share a row, each summing the
+  // interleaved splits grp, grp + G, ...; the G partial sums are then added in group order.
+  auto finish = [&](int i, float gv[4], float uv[4]) {
     const int64_t pair = pb + i;
-    float gv[4] = {0.f, 0.f, 0.f, 0.f}, uv[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 4
-    for (int s2 = 0; s2 < S; ++s2) {
-      const float4 a0 = __ldcg(reinterpret_cast<const float4*>(p.part_gu + ((pair * S + s2) * 2 + 0) * p.inter + b * 128 + lane * 4));
-      const float4 a1 = __ldcg(reinterpret_cast<const float4*>(p.part_gu + ((pair * S + s2) * 2 + 1) * p.inter + b * 128 + lane * 4));
-      gv[0] += a0.x; gv[1] += a0.y; gv[2] += a0.z; gv[3] += a0.w;
-      uv[0] += a1.x; uv[1] += a1.y; uv[2] += a1.z; uv[3] += a1.w;
-    }
     OutputHadamard128(gv, gsvh, lane);
     OutputHadamard128(uv, usvh, lane);
     const uint2 sr = *reinterpret_cast<const uint2*>(dsuh);
@@ -211,6 +205,39 @@ __device__ void GateUpItem(const MoeParams& p, MoePlan& plan, int t, uint8_t* ri
     o.x = *reinterpret_cast<const uint32_t*>(&o0);
     o.y = *reinterpret_cast<const uint32_t*>(&o1);
     *reinterpret_cast<uint2*>(p.act + pair * p.inter + b * 128 + lane * 4) = o;
+  };
+  constexpr int kWarps = kThreads / 32;
+  const int G = R >= kWarps ? 1 : kWarps / R;
+  float4* esum = reinterpret_cast<float4*>(ring);  // [R * G][2][32] when G > 1 (8 KB)
+  for (int task = warp; task < R * G; task += kWarps) {
+    const int i = task / G, grp = task - i * G;
+    const int64_t pair = pb + i;
+    float gv[4] = {0.f, 0.f, 0.f, 0.f}, uv[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+    for (int s2 = grp; s2 < S; s2 += G) {
+      const float4 a0 = __ldcg(reinterpret_cast<const float4*>(p.part_gu + ((pair * S + s2) * 2 + 0) * p.inter + b * 128 + lane * 4));
+      const float4 a1 = __ldcg(reinterpret_cast<const float4*>(p.part_gu + ((pair * S + s2) * 2 + 1) * p.inter + b * 128 + lane * 4));
+      gv[0] += a0.x; gv[1] += a0.y; gv[2] += a0.z; gv[3] += a0.w;
+      uv[0] += a1.x; uv[1] += a1.y; uv[2] += a1.z; uv[3] += a1.w;
+    }
+    if (G == 1) {
+      finish(i, gv, uv);
+    } else {
+      esum[(task * 2 + 0) * 32 + lane] = make_float4(gv[0], gv[1], gv[2], gv[3]);
+      esum[(task * 2 + 1) * 32 + lane] = make_float4(uv[0], uv[1], uv[2], uv[3]);
+    }
+  }
+  if (G > 1) {
+    __syncthreads();
+    for (int i = warp; i < R; i += kWarps) {
+      float gv[4] = {0.f, 0.f, 0.f, 0.f}, uv[4] = {0.f, 0.f, 0.f, 0.f};
+      for (int grp = 0; grp < G; ++grp) {
+        const float4 a0 = esum[((i * G + grp) * 2 + 0) * 32 + lane], a1 = esum[((i * G + grp) * 2 + 1) * 32 + lane];
+        gv[0] += a0.x; gv[1] += a0.y; gv[2] += a0.z; gv[3] += a0.w;
+        uv[0] += a1.x; uv[1] += a1.y; uv[2] += a1.z; uv[3] += a1.w;
+      }
+      finish(i, gv, uv);
+    }
   }
   ArriveAndCount(&p.control->ready[g], plan);
 }
