@@ -72,6 +72,20 @@ TEST_F(GoldenTest, PromptLogitsMatchTransformers) {
   std::printf("prompt logits: worst relative L2 over %zu positions = %.3g\n", prompt_.size(), worst);
 }
 
+TEST_F(GoldenTest, HiddenStateIsTheLastLayersStreams) {
+  // want_hidden returns the residual streams after the last block (the MTP input), before hc_head.
+  const ModelConfig& c = model_->config();
+  const std::string name = "hidden_l" + std::to_string(c.num_layers - 1);
+  ASSERT_TRUE(golden_->Has(name));
+  std::vector<float> want = ToFloatVector(golden_->Get(name));
+  auto st = model_->NewState();
+  SequenceOutput out = model_->Forward({{st.get(), prompt_, true, /*want_hidden=*/true}})[0];
+  const int64_t W = c.hc_mult * c.hidden_size;
+  ASSERT_EQ(out.hidden.shape, (std::vector<int64_t>{(int64_t)prompt_.size(), W}));
+  for (size_t t = 0; t < prompt_.size(); ++t)
+    EXPECT_LE(RelL2(out.hidden.as<float>() + t * W, want.data() + t * W, W), 1e-4) << "position " << t;
+}
+
 TEST_F(GoldenTest, GreedyContinuationIsIdentical) {
   auto st = model_->NewState();
   auto out = model_->Forward({{st.get(), prompt_, false}});

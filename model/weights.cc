@@ -143,10 +143,14 @@ class WeightLoader {
     if (r1 < 0) r1 = out;
     if (c1 < 0) c1 = in;
     std::string ds = prefix + ".weight";
-    if (!Has(ds) && ckpt_.Has(prefix + ".trellis")) {
-      LinearWeight lw = be_.LoadExl3Linear(ckpt_, prefix, out, in, r0, r1, c0, c1);
-      lw.name = prefix;
-      return lw;
+    if (!Has(ds)) {
+      // EXL3 packs keep DeepSeek names, possibly under a "model." prefix.
+      for (const std::string& p : {prefix, "model." + prefix}) {
+        if (!ckpt_.Has(p + ".trellis")) continue;
+        LinearWeight lw = be_.LoadExl3Linear(ckpt_, p, out, in, r0, r1, c0, c1);
+        lw.name = p;
+        return lw;
+      }
     }
     Tensor w = Raw(ds);
     CheckShape(w, {out, in}, ds);
