@@ -51,9 +51,9 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   }
 
   // Sends `chunk` whenever the response of `generation` has written nothing for stream_ping_s.
-  void StartIdlePings(uint64_t generation, std::string chunk) {
+  void StartIdlePings(uint64_t generation, std::string chunk, bool chunked) {
     if (closed_ || generation != generation_ || options_.stream_ping_s <= 0) return;
-    idle_chunk_ = FrameChunk(std::move(chunk));
+    idle_chunk_ = chunked ? FrameChunk(std::move(chunk)) : std::move(chunk);
     ArmPing(generation);
   }
 
@@ -248,7 +248,10 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
 // HttpExchange
 
 HttpExchange::HttpExchange(std::shared_ptr<HttpSession> session, HttpRequest request, uint64_t generation)
-    : session_(std::move(session)), request_(std::move(request)), generation_(generation) {}
+    : session_(std::move(session)),
+      request_(std::move(request)),
+      generation_(generation),
+      chunked_(request_.version() >= 11) {}
 
 HttpExchange::~HttpExchange() {
   bool completed;
@@ -290,19 +293,21 @@ void HttpExchange::StartStream(int status, const std::string& content_type, cons
   res.set(http::field::content_type, content_type);
   res.set(http::field::cache_control, "no-cache");
   for (const auto& [k, v] : headers) res.set(k, v);
-  res.keep_alive(request_.keep_alive());
-  res.chunked(true);
+  // HTTP/1.0 has no chunked encoding: the body then simply runs until the connection closes.
+  res.keep_alive(chunked_ && request_.keep_alive());
+  if (chunked_) res.chunked(true);
   std::ostringstream os;
   os << res.base();
-  session_->Post([session = session_, generation = generation_, data = os.str(), idle_chunk]() mutable {
-    session->Enqueue(generation, std::move(data), false, true);
-    if (!idle_chunk.empty()) session->StartIdlePings(generation, idle_chunk);
-  });
+  session_->Post(
+      [session = session_, generation = generation_, data = os.str(), idle_chunk, chunked = chunked_]() mutable {
+        session->Enqueue(generation, std::move(data), false, true);
+        if (!idle_chunk.empty()) session->StartIdlePings(generation, idle_chunk, chunked);
+      });
 }
 
 void HttpExchange::SendChunk(std::string data) {
   if (data.empty()) return;  // an empty chunk would end the body
-  std::string framed = FrameChunk(std::move(data));
+  std::string framed = chunked_ ? FrameChunk(std::move(data)) : std::move(data);
   session_->Post([session = session_, generation = generation_, framed = std::move(framed)]() mutable {
     session->Enqueue(generation, std::move(framed), false, true);
   });
@@ -313,8 +318,9 @@ void HttpExchange::FinishStream() {
     std::lock_guard<std::mutex> lock(mu_);
     completed_ = true;
   }
-  session_->Post([session = session_, generation = generation_, keep = request_.keep_alive()] {
-    session->Enqueue(generation, "0\r\n\r\n", true, keep);
+  session_->Post([session = session_, generation = generation_, keep = chunked_ && request_.keep_alive(),
+                  last = std::string(chunked_ ? "0\r\n\r\n" : "")] {
+    session->Enqueue(generation, last, true, keep);
   });
 }
 

@@ -53,6 +53,7 @@ class HttpExchange : public std::enable_shared_from_this<HttpExchange> {
   std::shared_ptr<HttpSession> session_;
   HttpRequest request_;
   const uint64_t generation_;
+  const bool chunked_;  // HTTP/1.1: chunked streams; HTTP/1.0: body until close
   mutable std::mutex mu_;
   std::function<void()> on_disconnect_;
   bool disconnected_ = false;

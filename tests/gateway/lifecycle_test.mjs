@@ -95,6 +95,27 @@ const cases = [
     } finally { await mesh.stop(); }
   }],
 
+  ['HTTP/1.0 client: the stream is the raw SSE body, ended by closing the connection', async () => {
+    const mesh = await startMesh({ stepMs: 1 });
+    try {
+      const port = Number(mesh.base.split(':').pop());
+      const body = JSON.stringify({ model: MODEL, stream: true, temperature: 0, messages: msg('old client') });
+      const answer = await new Promise((resolve, reject) => {
+        const s = net.connect(port, '127.0.0.1');
+        let got = '';
+        s.on('data', (d) => { got += d; });
+        s.on('end', () => resolve(got));
+        s.on('error', reject);
+        s.write(`POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
+        setTimeout(() => reject(new Error(`connection not closed: ${got.slice(-200)}`)), 5000);
+      });
+      const [head, rest] = answer.split('\r\n\r\n');
+      assert(head.startsWith('HTTP/1.0 200'), `status line: ${head}`);
+      assert(!/transfer-encoding/i.test(head), 'no chunked encoding for HTTP/1.0');
+      assert(rest.startsWith('data: {') && rest.endsWith('data: [DONE]\n\n'), `raw SSE body: ${JSON.stringify(rest.slice(0, 80))}`);
+    } finally { await mesh.stop(); }
+  }],
+
   ['SIGTERM drains: /health 503, in-flight request completes, exit 0', async () => {
     const mesh = await startMesh({ stepMs: 30 });
     try {
