@@ -90,6 +90,17 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
 
   void OnMessage(const GenerateResponse& m) {
     if (finished_) return;
+    // An exception must not escape into gRPC's callback thread (it would terminate the gateway): a
+    // token id outside the vocabulary, say, ends this request with an error instead.
+    try {
+      HandleMessage(m);
+    } catch (const std::exception& e) {
+      Fail(500, std::string("cannot process the engine's output: ") + e.what(), "error");
+      CancelCall();
+    }
+  }
+
+  void HandleMessage(const GenerateResponse& m) {
     const double now = SteadySeconds();
     if (m.prompt_tokens() > 0) prompt_tokens_ = m.prompt_tokens();
     cached_tokens_ = std::max(cached_tokens_, m.cached_prompt_tokens());
@@ -103,7 +114,6 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
 
     OutputDelta delta;
     json logprobs_content = json::array();
-    std::vector<std::string> completion_tokens;  // completions-style logprobs
     for (int i = 0; i < m.token_ids_size(); ++i) {
       const int id = m.token_ids(i);
       ++consumed_tokens_;

@@ -82,13 +82,15 @@ function startAndWaitForLine(cmd, args, re, name, env = {}) {
 }
 
 export async function startMesh({ slots = 4, stepMs = 10, tokensPerStep = 1, maxQueued = 256, apiKey = null,
-                                  notReady = false, maxModelLen = 4096, threads = 4, extraGatewayArgs = [] } = {}) {
+                                  notReady = false, maxModelLen = 4096, threads = 4, extraGatewayArgs = [],
+                                  invalidToken = false } = {}) {
   const bins = binaries();
   const fixtureArgs = ['--listen', '127.0.0.1:0', '--user-token-id', String(tokenId('<｜User｜>')),
                        '--assistant-token-id', String(tokenId('<｜Assistant｜>')), '--slots', String(slots),
                        '--step-ms', String(stepMs), '--tokens-per-step', String(tokensPerStep),
                        '--max-model-len', String(maxModelLen)];
   if (notReady) fixtureArgs.push('--not-ready');
+  if (invalidToken) fixtureArgs.push('--emit-invalid-token');
   const fixture = await startAndWaitForLine(bins.fixture, fixtureArgs, /PORT (\d+)/, 'fixture');
   const model = makeModelDir();
   const gwArgs = ['--listen', '127.0.0.1:0', '--coordinator', `127.0.0.1:${fixture.match[1]}`, '--model', model,

@@ -116,6 +116,22 @@ const cases = [
     } finally { await mesh.stop(); }
   }],
 
+  ['an engine token outside the vocabulary ends that request with an error, not the gateway', async () => {
+    const mesh = await startMesh({ invalidToken: true });
+    try {
+      const body = { model: MODEL, temperature: 0, messages: msg('some words here') };
+      const raw = await rawStream(`${mesh.url}/chat/completions`, { ...body, stream: true });
+      const events = raw.text.split('\n\n').filter(Boolean);
+      assertEq(events[events.length - 1], 'data: [DONE]', 'stream ends with [DONE]');
+      assert(/cannot process the engine's output/.test(events[events.length - 2]), `error event: ${events[events.length - 2]}`);
+      const r = await fetch(`${mesh.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+      assertEq(r.status, 500, 'non-streaming status');
+      assert((await r.json()).error.type === 'server_error', 'error type');
+      assertEq(mesh.gateway.exitCode, null, 'gateway alive');
+      assertEq((await fetch(`${mesh.base}/health`)).status, 200, 'still healthy');
+    } finally { await mesh.stop(); }
+  }],
+
   ['SIGTERM drains: /health 503, in-flight request completes, exit 0', async () => {
     const mesh = await startMesh({ stepMs: 30 });
     try {

@@ -36,6 +36,7 @@ struct Options {
   int tokens_per_step = 1;
   int max_model_len = 4096;
   bool not_ready = false;
+  bool emit_invalid_token = false;  // the second token is an id outside any vocabulary (engine bug)
 };
 
 class ParrotService final : public Generate::Service {
@@ -94,6 +95,7 @@ class ParrotService final : public Generate::Service {
       FinishReason finish = FINISH_NONE;
       for (int k = 0; k < o_.tokens_per_step && finish == FINISH_NONE; ++k) {
         int token = next < reply.size() ? reply[next++] : o_.eos_token_id;
+        if (o_.emit_invalid_token && produced == 1) token = 1 << 30;
         out.add_token_ids(token);
         ++produced;
         if (token == o_.eos_token_id && !request->sampling().ignore_eos()) finish = FINISH_STOP;
@@ -205,8 +207,8 @@ int main(int argc, char** argv) {
   try {
     Flags flags(std::vector<std::string>(argv + 1, argv + argc),
                 {"listen", "user-token-id", "assistant-token-id", "bos-token-id", "eos-token-id", "slots", "step-ms",
-                 "tokens-per-step", "max-model-len", "not-ready"},
-                {"not-ready"});
+                 "tokens-per-step", "max-model-len", "not-ready", "emit-invalid-token"},
+                {"not-ready", "emit-invalid-token"});
     dsmesh::Options o;
     o.user_token_id = flags.GetInt("user-token-id", -1);
     o.assistant_token_id = flags.GetInt("assistant-token-id", -1);
@@ -217,6 +219,7 @@ int main(int argc, char** argv) {
     o.tokens_per_step = flags.GetInt("tokens-per-step", 1);
     o.max_model_len = flags.GetInt("max-model-len", 4096);
     o.not_ready = flags.GetBool("not-ready", false);
+    o.emit_invalid_token = flags.GetBool("emit-invalid-token", false);
     dsmesh::ParrotService service(o);
     grpc::ServerBuilder builder;
     int port = 0;
