@@ -22,7 +22,7 @@ int main(int argc, char** argv) {
       throw std::runtime_error(std::string("logits must be F32 [tokens, vocab] of one shape; got ") + ref.ShapeString() +
                                " in " + argv[1] + " and " + test.ShapeString() + " in " + argv[2]);
     const int64_t tokens = ref.shape[0], vocab = ref.shape[1];
-    double sum = 0, worst = 0;
+    double sum = 0, worst = 0, entropy = 0;
     int64_t agree = 0;
     for (int64_t t = 0; t < tokens; ++t) {
       const float* p = ref.as<float>() + t * vocab;
@@ -35,13 +35,14 @@ int main(int argc, char** argv) {
       for (int64_t v = 0; v < vocab; ++v) {
         const double a = p[v] - lp, b = q[v] - lq;
         kl += std::exp(a) * (a - b);
+        entropy -= std::exp(a) * a;
       }
       sum += kl;
       worst = std::max(worst, kl);
       agree += (std::max_element(p, p + vocab) - p) == (std::max_element(q, q + vocab) - q);
     }
-    std::printf("tokens %lld  mean KL %.6f nats/token  max %.6f  top-1 agreement %.1f%%\n",
-                static_cast<long long>(tokens), sum / tokens, worst, 100.0 * agree / tokens);
+    std::printf("tokens %lld  mean KL %.6f nats/token  max %.6f  top-1 agreement %.1f%%  (reference entropy %.3f nats)\n",
+                static_cast<long long>(tokens), sum / tokens, worst, 100.0 * agree / tokens, entropy / tokens);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "exl3_logits_kl: %s\n", e.what());
