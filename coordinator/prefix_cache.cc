@@ -57,6 +57,12 @@ std::optional<uint64_t> PrefixCache::EvictLru(const std::set<uint64_t>& pinned) 
   return id;
 }
 
+std::vector<uint64_t> PrefixCache::ids() const {
+  std::vector<uint64_t> out;
+  for (const auto& [h, e] : entries_) out.push_back(e.id);
+  return out;
+}
+
 std::vector<uint64_t> PrefixCache::Clear() {
   std::vector<uint64_t> ids;
   for (const auto& [h, e] : entries_) ids.push_back(e.id);

@@ -32,6 +32,7 @@ class PrefixCache {
   std::optional<uint64_t> EvictLru(const std::set<uint64_t>& pinned);
   std::vector<uint64_t> Clear();  // all ids
   size_t size() const { return entries_.size(); }
+  std::vector<uint64_t> ids() const;
 
   // Prometheus-style counters, in tokens.
   int64_t queries = 0;

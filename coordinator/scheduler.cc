@@ -39,7 +39,10 @@ bool Scheduler::HasWork() const {
 }
 
 double Scheduler::kv_usage() const {
-  return geometry().num_blocks ? double(blocks_.used_blocks()) / geometry().num_blocks : 0.0;
+  int64_t used = blocks_.used_blocks();
+  for (uint64_t id : cache_.ids()) used -= static_cast<int64_t>(blocks_.table(id).size());
+  for (const auto& s : pending_snapshots_) used -= static_cast<int64_t>(blocks_.table(s.id).size());
+  return geometry().num_blocks ? double(used) / geometry().num_blocks : 0.0;
 }
 
 bool Scheduler::Reserve(uint64_t owner, int64_t tokens, const std::set<uint64_t>& pinned) {

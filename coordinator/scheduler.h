@@ -54,6 +54,8 @@ class Scheduler {
   size_t num_running() const { return running_.size(); }
   size_t num_waiting() const { return waiting_.size(); }
   const KvGeometry& geometry() const { return blocks_.geometry(); }
+  // Fraction of blocks held by live sequences. Prefix-cache snapshots are evictable on demand, so (as
+  // vLLM counts cached free blocks) they do not count as used.
   double kv_usage() const;
   const PrefixCache& prefix_cache() const { return cache_; }
   const SchedulerConfig& config() const { return config_; }
