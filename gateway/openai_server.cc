@@ -91,6 +91,10 @@ void OpenAiServer::Handle(std::shared_ptr<HttpExchange> exchange) {
     HeaderList headers = ctx.headers;
     if (e.status == 401) headers.emplace_back("WWW-Authenticate", "Bearer");
     exchange->Respond(e.status, "application/json", ErrorBody(e), headers);
+  } catch (const InvalidUtf8Error& e) {
+    metrics_->CountHttpRequest(ctx.handler, method, 400);
+    exchange->Respond(400, "application/json", ErrorBody(BadRequest(std::string("invalid UTF-8: ") + e.what())),
+                      ctx.headers);
   } catch (const std::exception& e) {
     spdlog::error("request {}: internal error: {}", ctx.request_id, e.what());
     metrics_->CountHttpRequest(ctx.handler, method, 500);
