@@ -104,26 +104,27 @@ TEST_F(Exl3ForwardTest, TensorParallelSlicesMatch) {
   const auto tokens = Tokens(140, 512, 22);
   auto r = LoadModel(*ref_dir_, ShardSpec{}, MakeCpuBackend());
   Tensor want = FullLogits(*r, tokens);
-  const int world = 2;
-  ThreadGroup group(world);
-  std::vector<Tensor> got(world);
-  std::vector<std::string> errors(world);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < world; ++rank)
-    threads.emplace_back([&, rank] {
-      try {
-        ThreadCommunicator comm(&group, rank, world);
-        auto m = LoadModel(*exl3_dir_, ShardSpec{rank, world}, MakeCpuBackend(1), &comm);
-        got[rank] = FullLogits(*m, tokens);
-      } catch (const std::exception& e) {
-        errors[rank] = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (int rank = 0; rank < world; ++rank) {
-    ASSERT_EQ(errors[rank], "");
-    for (int64_t t = 0; t < 140; ++t)
-      EXPECT_LT(RelL2(got[rank].as<float>() + t * 512, want.as<float>() + t * 512, 512), 1e-4) << t;
+  for (int world : {2, 4}) {
+    ThreadGroup group(world);
+    std::vector<Tensor> got(world);
+    std::vector<std::string> errors(world);
+    std::vector<std::thread> threads;
+    for (int rank = 0; rank < world; ++rank)
+      threads.emplace_back([&, rank] {
+        try {
+          ThreadCommunicator comm(&group, rank, world);
+          auto m = LoadModel(*exl3_dir_, ShardSpec{rank, world}, MakeCpuBackend(1), &comm);
+          got[rank] = FullLogits(*m, tokens);
+        } catch (const std::exception& e) {
+          errors[rank] = e.what();
+        }
+      });
+    for (auto& t : threads) t.join();
+    for (int rank = 0; rank < world; ++rank) {
+      ASSERT_EQ(errors[rank], "") << "world " << world;
+      for (int64_t t = 0; t < 140; ++t)
+        EXPECT_LT(RelL2(got[rank].as<float>() + t * 512, want.as<float>() + t * 512, 512), 1e-4) << t;
+    }
   }
 }
 

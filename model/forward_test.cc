@@ -150,7 +150,7 @@ TEST_F(ForwardTest, TensorParallelMatchesSingleRank) {
   const auto tokens = Tokens(140, 512, 11);
   auto single = Load();
   Tensor want = Full(*single, tokens);
-  for (int world : {2}) {
+  for (int world : {2, 4}) {
     ThreadGroup group(world);
     std::vector<Tensor> got(world);
     std::vector<std::string> errors(world);

@@ -27,7 +27,7 @@ inline TinyModelSpec SmallSpec() {
   s.head_dim = 32;
   s.rope_dim = 8;
   s.q_lora_rank = 32;
-  s.o_groups = 2;
+  s.o_groups = 4;  // shards at world 1, 2 and 4
   s.o_lora_rank = 16;
   s.sliding_window = 8;
   s.index_n_heads = 32;

@@ -15,11 +15,11 @@ struct TinyModelSpec {
   int64_t hidden_size = 128;
   std::vector<int> compress_ratios = {0, 4, 128, 4};  // per main layer
   int num_mtp_layers = 1;
-  int num_heads = 4;
+  int num_heads = 8;
   int head_dim = 64;
   int rope_dim = 16;
   int q_lora_rank = 64;
-  int o_groups = 2;
+  int o_groups = 4;  // 2 heads per group; shards at world 1, 2 and 4 (moe_intermediate_size too)
   int o_lora_rank = 32;
   int sliding_window = 32;
   int index_n_heads = 32;
