@@ -18,31 +18,13 @@
 #include "coordinator/mesh_client.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "model/model.h"
+#include "model/test_util.h"
 #include "model/tiny_model.h"
 
 namespace dsmesh::mesh_test {
 
-inline TinyModelSpec ShardableSpec() {
-  TinyModelSpec s;
-  s.vocab_size = 512;
-  s.hidden_size = 64;
-  s.compress_ratios = {0, 4, 128, 4};
-  s.num_heads = 4;
-  s.head_dim = 32;
-  s.rope_dim = 8;
-  s.q_lora_rank = 32;
-  s.o_groups = 4;  // world 4 needs o_groups % 4 == 0
-  s.o_lora_rank = 16;
-  s.sliding_window = 8;
-  s.index_n_heads = 32;
-  s.index_head_dim = 16;
-  s.index_topk = 4;
-  s.n_routed_experts = 8;
-  s.num_experts_per_tok = 2;
-  s.moe_intermediate_size = 32;
-  s.num_hash_layers = 1;
-  return s;
-}
+// The model tests' small spec shards at world 1, 2 and 4 (o_groups 4) and crosses every window kind.
+inline TinyModelSpec ShardableSpec() { return testing_util::SmallSpec(); }
 
 inline std::string Runfile(const std::string& path) {
   const char* dir = std::getenv("TEST_SRCDIR");
@@ -50,13 +32,7 @@ inline std::string Runfile(const std::string& path) {
   return std::string(dir ? dir : ".") + "/dsmesh/" + path;
 }
 
-inline std::string TempDir(const std::string& name) {
-  const char* base = std::getenv("TEST_TMPDIR");
-  std::string dir = std::string(base ? base : "/tmp") + "/" + name;
-  std::string cmd = "rm -rf '" + dir + "' && mkdir -p '" + dir + "'";
-  if (std::system(cmd.c_str()) != 0) std::abort();
-  return dir;
-}
+using testing_util::TempDir;
 
 inline std::string TinyModelDir() {
   static std::string dir = [] {
