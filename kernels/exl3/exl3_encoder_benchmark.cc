@@ -21,7 +21,12 @@ namespace {
 
 void BM_Exl3TileEncode(benchmark::State& state) {
   const int K = static_cast<int>(state.range(0));
-  Exl3TileEncoder enc(K, Exl3Codebook::kMcg);
+  const bool avx512 = state.range(1) != 0;
+  if (avx512 && !Exl3EncoderCanUseAvx512()) {
+    state.SkipWithError("no AVX-512 on this CPU");
+    return;
+  }
+  Exl3TileEncoder enc(K, Exl3Codebook::kMcg, avx512);
   std::mt19937 rng(1);
   std::normal_distribution<float> nd;
   float targets[256];
@@ -32,7 +37,7 @@ void BM_Exl3TileEncode(benchmark::State& state) {
   // Two passes x 256 positions x 2^16 candidate transitions per tile.
   state.counters["Gtransitions/s"] = benchmark::Counter(state.iterations() * 2.0 * 256 * 65536 / 1e9, benchmark::Counter::kIsRate);
 }
-BENCHMARK(BM_Exl3TileEncode)->ArgName("K")->DenseRange(1, 8)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Exl3TileEncode)->ArgNames({"K", "avx512"})->ArgsProduct({{1, 2, 3, 4, 5, 6, 7, 8}, {0, 1}})->Unit(benchmark::kMillisecond);
 
 int RunFull() {
   const int64_t in = 4096, out = 2048;

@@ -241,7 +241,35 @@ struct SmallMKernel {
         const uint16_t* tile = a.trellis + (i * tiles_n + j) * words;
         if (i + 2 < strips) _mm_prefetch(reinterpret_cast<const char*>(tile + 2 * tiles_n * words), _MM_HINT_T0);
         DecodeTileGroupOrder<K, CB>(tile, tile_f);
-        for (int64_t row = 0; row < m; ++row) {
+        // Rows in pairs: each decoded vector feeds two rows' FMAs (8 multipliers + 4 tile values live).
+        int64_t row = 0;
+        for (; row + 1 < m; row += 2) {
+          const float* xa = a.xp + (row * strips + i) * 32;
+          const float* xb = a.xp + ((row + 1) * strips + i) * 32;
+          const __m256 a0 = _mm256_loadu_ps(xa), a1 = _mm256_loadu_ps(xa + 8), a2 = _mm256_loadu_ps(xa + 16),
+                       a3 = _mm256_loadu_ps(xa + 24);
+          const __m256 b0 = _mm256_loadu_ps(xb), b1 = _mm256_loadu_ps(xb + 8), b2 = _mm256_loadu_ps(xb + 16),
+                       b3 = _mm256_loadu_ps(xb + 24);
+          __m256* ra = &acc[row * 8];
+          __m256* rb = &acc[(row + 1) * 8];
+          for (int c0 = 0; c0 < 8; ++c0) {
+            const float* v = tile_f + 32 * c0;
+            const __m256 v0 = _mm256_load_ps(v), v1 = _mm256_load_ps(v + 8), v2 = _mm256_load_ps(v + 16),
+                         v3 = _mm256_load_ps(v + 24);
+            __m256 sa = ra[c0], sb = rb[c0];
+            sa = _mm256_fmadd_ps(v0, a0, sa);
+            sb = _mm256_fmadd_ps(v0, b0, sb);
+            sa = _mm256_fmadd_ps(v1, a1, sa);
+            sb = _mm256_fmadd_ps(v1, b1, sb);
+            sa = _mm256_fmadd_ps(v2, a2, sa);
+            sb = _mm256_fmadd_ps(v2, b2, sb);
+            sa = _mm256_fmadd_ps(v3, a3, sa);
+            sb = _mm256_fmadd_ps(v3, b3, sb);
+            ra[c0] = sa;
+            rb[c0] = sb;
+          }
+        }
+        for (; row < m; ++row) {
           const float* xp = a.xp + (row * strips + i) * 32;
           const __m256 x0 = _mm256_loadu_ps(xp), x1 = _mm256_loadu_ps(xp + 8), x2 = _mm256_loadu_ps(xp + 16),
                        x3 = _mm256_loadu_ps(xp + 24);

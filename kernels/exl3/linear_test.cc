@@ -85,7 +85,8 @@ std::vector<double> ReferenceWeight(const Exl3Weight& w) {
   return out;
 }
 
-void CheckLinear(int K, Exl3Codebook cb, int64_t in, int64_t out, bool bias) {
+void CheckLinear(int K, Exl3Codebook cb, int64_t in, int64_t out, bool bias,
+                 std::initializer_list<int64_t> ms = {1, 2, 5, 16, 17, 40}) {
   const int64_t k = (in + 127) / 128 * 128, n = (out + 127) / 128 * 128;
   Fixture f = RandomLinear(k, n, K, cb, bias, 100 + K);
   const Exl3Weight w = LoadExl3Weight(f.Lookup(), "P", in, out);
@@ -96,7 +97,7 @@ void CheckLinear(int K, Exl3Codebook cb, int64_t in, int64_t out, bool bias) {
   for (int64_t i = 0; i < k * n; ++i) ASSERT_NEAR(Wf[i], W[i], 1e-5 * 0.01) << i;
   std::mt19937 rng(9);
   std::normal_distribution<float> nd;
-  for (int64_t m : {1, 2, 5, 16, 17, 40}) {
+  for (int64_t m : ms) {
     std::vector<float> x(m * in), y(m * out);
     for (auto& v : x) v = nd(rng);
     Exl3LinearCpu(w, x.data(), m, y.data());
@@ -148,6 +149,8 @@ TEST(Exl3Linear, MatchesFp64Reference3InstAndMul1) {
   CheckLinear(4, Exl3Codebook::k3Inst, 128, 256, false);
   CheckLinear(5, Exl3Codebook::kMul1, 256, 128, false);
 }
+TEST(Exl3Linear, ManyRows) { CheckLinear(2, Exl3Codebook::kMcg, 256, 128, true, {150, 512}); }
+
 TEST(Exl3Linear, PaddedSizesAndBias) {
   CheckLinear(1, Exl3Codebook::kMcg, 200, 300, true);  // padded to 256 x 384
   CheckLinear(8, Exl3Codebook::kMul1, 576, 130, true);
