@@ -44,3 +44,26 @@ int Lop3Chains(uint32_t* out, int blocks, int iters, cudaStream_t s) {
 }
 
 }  // namespace dsmesh::bench
+
+namespace dsmesh::bench {
+
+// Random bf16 values of magnitude 2^-7..2 with random signs (a cuBLAS baseline on realistic bits:
+// random words would include NaNs and infinities).
+__global__ void FillRandomBf16Kernel(uint16_t* p, int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    uint32_t x = static_cast<uint32_t>(i) * 0x9E3779B9u ^ seed;
+    x ^= x >> 16;
+    x *= 0x7FEB352Du;
+    x ^= x >> 15;
+    x *= 0x846CA68Bu;
+    x ^= x >> 16;
+    p[i] = static_cast<uint16_t>((x & 0x807Fu) | ((0x78u + ((x >> 8) & 7u)) << 7));
+  }
+}
+
+int FillRandomBf16(void* p, int64_t count, uint32_t seed, cudaStream_t s) {
+  FillRandomBf16Kernel<<<1024, 256, 0, s>>>(static_cast<uint16_t*>(p), count, seed);
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace dsmesh::bench

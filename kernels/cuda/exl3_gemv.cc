@@ -128,15 +128,15 @@ void Exl3Reconstruct(const Exl3DeviceLinear& w, uint16_t* what, cudaStream_t str
   if (w.K < 1 || w.K > 8 || w.codebook < 0 || w.codebook > 2 || w.k <= 0 || w.n <= 0 || w.k % 16 || w.n % 16)
     throw std::runtime_error(who + ": bad K, codebook or shape");
   if (!w.trellis || !what) throw std::runtime_error(who + ": null device pointer");
-  if (!Aligned(w.trellis, 4)) throw std::runtime_error(who + ": trellis must be 4-byte aligned");
-  int err = 0;
-  const int k = static_cast<int>(w.k), n = static_cast<int>(w.n);
-  switch (w.codebook) {
-    case 0: err = exl3cuda::LaunchReconstruct3Inst(w.K, w.trellis, what, k, n, 1u, stream); break;
-    case 1: err = exl3cuda::LaunchReconstructMcg(w.K, w.trellis, what, k, n, 1u, stream); break;
-    default: err = exl3cuda::LaunchReconstructMul1(w.K, w.trellis, what, k, n, 1u, stream); break;
-  }
-  CudaCheck(static_cast<cudaError_t>(err), who + " launch");
+  if (!Aligned(w.trellis, 4) || !Aligned(what, 16))
+    throw std::runtime_error(who + ": trellis must be 4-byte aligned and the output 16-byte aligned");
+  exl3cuda::ReconstructParams p{};
+  p.trellis = w.trellis;
+  p.what = what;
+  p.k = static_cast<int>(w.k);
+  p.n = static_cast<int>(w.n);
+  p.one = 1;
+  CudaCheck(static_cast<cudaError_t>(exl3cuda::LaunchReconstruct(w.K, w.codebook, p, stream)), who + " launch");
 }
 
 }  // namespace dsmesh

@@ -103,24 +103,42 @@ __global__ void __launch_bounds__(kThreads, 3) Exl3GemvKernel(const GemvParams p
 
 // Ŵ (the rotated-basis fp16 weight, k x n row-major) from the trellis, one warp per tile. It runs the
 // same per-lane decode as the GEMV, so its bit-exactness against exllamav3's `reconstruct` covers the
-// GEMV's weights too.
+// GEMV's weights too. The decoded fragment goes through a small shared-memory tile so that each lane
+// writes 16 contiguous bytes (a warp writes 16 rows x 32 bytes: whole sectors), which matters when Ŵ
+// feeds the prefill GEMM. The first `input_blocks` CTAs instead do the prefill input transform
+// xh = Hk(x * suh), one warp per (row, 128-block), so that the GEMM needs no separate launch for it.
 template <int K, int CB>
-__global__ void __launch_bounds__(kThreads) Exl3ReconstructKernel(const uint16_t* trellis, uint16_t* out, int k, int n,
-                                                                      uint32_t one) {
+__global__ void __launch_bounds__(kThreads) Exl3ReconstructKernel(const ReconstructParams p, int input_blocks) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t tiles_n = n >> 4, total = (int64_t)(k >> 4) * tiles_n;
-  const int64_t tile = (int64_t)blockIdx.x * (kThreads / 32) + warp;
-  if (tile >= total) return;
-  const uint32_t* words = reinterpret_cast<const uint32_t*>(trellis) + tile * 8 * K;
+  if (static_cast<int>(blockIdx.x) < input_blocks) {
+    const int kb = p.k >> 7;
+    const int64_t t = (int64_t)blockIdx.x * (kThreads / 32) + warp;
+    if (t >= (int64_t)p.m * kb) return;
+    const int64_t row = t / kb, b = t - row * kb;
+    const int64_t ofs = row * p.k + b * 128 + lane * 4;
+    InputHadamard128(reinterpret_cast<const __half*>(p.x) + ofs, reinterpret_cast<const __half*>(p.suh) + b * 128 + lane * 4,
+                     reinterpret_cast<__half*>(p.xh) + ofs, lane);
+    return;
+  }
+  constexpr int kStride = 24;  // fp16 per staged row: 48 bytes, conflict-free 16-byte reads
+  __shared__ __align__(16) uint16_t staged[kThreads / 32][16 * kStride];
+  const int64_t tiles_n = p.n >> 4, total = (int64_t)(p.k >> 4) * tiles_n;
+  const int64_t tile = (int64_t)(blockIdx.x - input_blocks) * (kThreads / 32) + warp;
+  if (tile >= total) return;  // whole warps only; the kernel uses no CTA-wide barrier
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(p.trellis) + tile * 8 * K;
   uint32_t frag[4];
-  DecodeTileLane<K, CB>(words, MakeLaneTileGeom<K>(lane), one << K, frag);
-  const int64_t i = tile / tiles_n, j = tile - i * tiles_n;
+  DecodeTileLane<K, CB>(words, MakeLaneTileGeom<K>(lane), p.one << K, frag);
+  uint16_t* st = staged[warp];
 #pragma unroll
   for (int e = 0; e < 8; ++e) {
     const int r = 2 * (lane % 4) + (e % 2) + 8 * ((e / 2) % 2), c = lane / 4 + 8 * (e / 4);
-    const uint16_t v = static_cast<uint16_t>(frag[e / 2] >> (16 * (e % 2)));
-    out[(16 * i + r) * n + 16 * j + c] = v;
+    st[r * kStride + c] = static_cast<uint16_t>(frag[e / 2] >> (16 * (e % 2)));
   }
+  __syncwarp();
+  const int64_t i = tile / tiles_n, j = tile - i * tiles_n;
+  const int r = lane >> 1, h = lane & 1;
+  const uint4 v = *reinterpret_cast<const uint4*>(st + r * kStride + h * 8);
+  *reinterpret_cast<uint4*>(p.what + (16 * i + r) * (int64_t)p.n + 16 * j + h * 8) = v;
 }
 
 // Instantiates K = 1..8 for one codebook and the two entry points declared in exl3_gemv_params.h.
@@ -142,20 +160,20 @@ __global__ void __launch_bounds__(kThreads) Exl3ReconstructKernel(const uint16_t
     }                                                                                                   \
     return static_cast<int>(cudaGetLastError());                                                        \
   }                                                                                                     \
-  int LaunchReconstruct##NAME(int K, const uint16_t* trellis, uint16_t* out, int k, int n, uint32_t one,    \
-                             void* stream) {  \
-    const int64_t tiles = (int64_t)(k / 16) * (n / 16);                                                 \
-    const dim3 grid((unsigned)((tiles + 7) / 8)), block(kThreads);                                      \
+  int LaunchReconstruct##NAME(int K, const ReconstructParams& p, void* stream) {                        \
+    const int64_t tiles = (int64_t)(p.k / 16) * (p.n / 16);                                             \
+    const int input_blocks = p.x ? (int)(((int64_t)p.m * (p.k / 128) + 7) / 8) : 0;                     \
+    const dim3 grid((unsigned)((tiles + 7) / 8 + input_blocks)), block(kThreads);                       \
     const cudaStream_t s = static_cast<cudaStream_t>(stream);                                           \
     switch (K) {                                                                                        \
-      case 1: Exl3ReconstructKernel<1, CB><<<grid, block, 0, s>>>(trellis, out, k, n, one); break;           \
-      case 2: Exl3ReconstructKernel<2, CB><<<grid, block, 0, s>>>(trellis, out, k, n, one); break;           \
-      case 3: Exl3ReconstructKernel<3, CB><<<grid, block, 0, s>>>(trellis, out, k, n, one); break;           \
-      case 4: Exl3ReconstructKernel<4, CB><<<grid, block, 0, s>>>(trellis, out, k, n, one); break;           \
-      case 5: Exl3ReconstructKernel<5, CB><<<grid, block, 0, s>>>(trellis, out, k, n, one); break;           \
-      case 6: Exl3ReconstructKernel<6, CB><<<grid, block, 0, s>>>(trellis, out, k, n, one); break;           \
-      case 7: Exl3ReconstructKernel<7, CB><<<grid, block, 0, s>>>(trellis, out, k, n, one); break;           \
-      case 8: Exl3ReconstructKernel<8, CB><<<grid, block, 0, s>>>(trellis, out, k, n, one); break;           \
+      case 1: Exl3ReconstructKernel<1, CB><<<grid, block, 0, s>>>(p, input_blocks); break;              \
+      case 2: Exl3ReconstructKernel<2, CB><<<grid, block, 0, s>>>(p, input_blocks); break;              \
+      case 3: Exl3ReconstructKernel<3, CB><<<grid, block, 0, s>>>(p, input_blocks); break;              \
+      case 4: Exl3ReconstructKernel<4, CB><<<grid, block, 0, s>>>(p, input_blocks); break;              \
+      case 5: Exl3ReconstructKernel<5, CB><<<grid, block, 0, s>>>(p, input_blocks); break;              \
+      case 6: Exl3ReconstructKernel<6, CB><<<grid, block, 0, s>>>(p, input_blocks); break;              \
+      case 7: Exl3ReconstructKernel<7, CB><<<grid, block, 0, s>>>(p, input_blocks); break;              \
+      case 8: Exl3ReconstructKernel<8, CB><<<grid, block, 0, s>>>(p, input_blocks); break;              \
       default: return static_cast<int>(cudaErrorInvalidValue);                                          \
     }                                                                                                   \
     return static_cast<int>(cudaGetLastError());                                                        \

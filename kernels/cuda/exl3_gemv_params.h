@@ -41,9 +41,29 @@ constexpr int GemvSmemBytes(int K) { return RingBytes(K) + kGemvABytes; }
 int LaunchGemv3Inst(int K, const GemvParams& p, int grid_x, int grid_y, void* stream);
 int LaunchGemvMcg(int K, const GemvParams& p, int grid_x, int grid_y, void* stream);
 int LaunchGemvMul1(int K, const GemvParams& p, int grid_x, int grid_y, void* stream);
-int LaunchReconstruct3Inst(int K, const uint16_t* trellis, uint16_t* out, int k, int n, uint32_t one, void* stream);
-int LaunchReconstructMcg(int K, const uint16_t* trellis, uint16_t* out, int k, int n, uint32_t one, void* stream);
-int LaunchReconstructMul1(int K, const uint16_t* trellis, uint16_t* out, int k, int n, uint32_t one, void* stream);
+// Ŵ reconstruction (k x n fp16, row-major), optionally fused with the prefill GEMM's input transform
+// xh[m, k] = Hk(x * suh) (fp16), done by `m * k / 1024` extra CTAs in the same launch.
+struct ReconstructParams {
+  const uint16_t* trellis;  // int16 [k/16, n/16, 16K]
+  uint16_t* what;           // fp16 [k, n], 16-byte aligned
+  int k, n;                 // multiples of 16 (k of 128 when the input transform is fused)
+  uint32_t one;             // always 1 (see GemvParams)
+  const uint16_t* x;        // fp16 [m, k] or null (no input transform)
+  const uint16_t* suh;      // fp16 [k]
+  uint16_t* xh;             // fp16 [m, k]
+  int m;
+};
+int LaunchReconstruct3Inst(int K, const ReconstructParams& p, void* stream);
+int LaunchReconstructMcg(int K, const ReconstructParams& p, void* stream);
+int LaunchReconstructMul1(int K, const ReconstructParams& p, void* stream);
+inline int LaunchReconstruct(int K, int codebook, const ReconstructParams& p, void* stream) {
+  return codebook == 0 ? LaunchReconstruct3Inst(K, p, stream)
+         : codebook == 1 ? LaunchReconstructMcg(K, p, stream)
+                         : LaunchReconstructMul1(K, p, stream);
+}
+// The prefill GEMM's output transform: y[m, n] = Hn(yp) * svh, fp32 in, fp32 or fp16 out
+// (exl3_gemm_kernels.cu).
+int LaunchGemmOutput(const float* yp, const uint16_t* svh, void* y, int m, int n, int y_fp16, void* stream);
 int PrepareGemv3Inst();
 int PrepareGemvMcg();
 int PrepareGemvMul1();

@@ -3,13 +3,19 @@
 // copy bandwidth), the decode-op floor (integer ops per weight x weights / measured integer throughput),
 // exllamav3's time on an H200 from anchors-h200.json, and the speed-up over it.
 //
-//   dsmesh-kernel-bench --anchors PATH/anchors-h200.json [--only dense|moe] [--replays N]
+//   dsmesh-kernel-bench --anchors PATH/anchors-h200.json [--only dense|moe|gemm] [--replays N]
 //                       [--gemv-ctas-per-sm 2,4,...] [--moe-items-per-sm 3,6,...]   (k-split sweeps)
 //                       [--filter 'K2 wq_b']   (only cases whose label contains the text)
 //
 // Weights are random valid trellises (MCG codebook, like the anchors), rotated over enough copies that
 // the weights read by one graph replay exceed the L2 several times; MoE cases use 256 experts and a
 // different random routing for every call in the graph.
+//
+// gemm cases (prefill, m = 32..512 on the anchor table's six dense shapes, K 2/3/6) print our time
+// (decode + input transform, cuBLAS fp16, output transform), the decode launch alone, and cuBLAS bf16
+// (cublasGemmEx, bf16 in/out, fp32 accumulate) on the same shape with its own cold weight copies; the
+// rate is cuBLAS time / our time (the target: >= 50% at m = 512).
+#include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -29,12 +35,14 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/exl3_gemm.h"
 #include "kernels/cuda/exl3_gemv.h"
 #include "kernels/cuda/exl3_moe.h"
 
 namespace dsmesh::bench {
 int FillRandom(void* p, int64_t words, uint32_t seed, cudaStream_t s);
 int Lop3Chains(uint32_t* out, int blocks, int iters, cudaStream_t s);
+int FillRandomBf16(void* p, int64_t count, uint32_t seed, cudaStream_t s);
 }  // namespace dsmesh::bench
 
 namespace dsmesh {
@@ -341,6 +349,152 @@ void RunMoe(const nlohmann::json& anchors, double bw, double intops, int replays
   }
 }
 
+
+void CublasOk(cublasStatus_t st, const char* what) {
+  if (st != CUBLAS_STATUS_SUCCESS) throw std::runtime_error(std::string(what) + ": cuBLAS error " + cublasGetStatusName(st));
+}
+
+struct GemmRow {
+  std::string label;
+  double us, decode_us, cublas_us;
+  double flops;
+};
+
+// Prefill GEMM vs cuBLAS bf16 on the anchor table's dense shapes.
+void RunGemm(const nlohmann::json& anchors, int replays, cudaStream_t s, std::vector<GemmRow>& rows) {
+  std::vector<std::string> shapes;
+  for (const auto& a : anchors["results"])
+    if (a["kind"] == "gemm" && std::find(shapes.begin(), shapes.end(), a["shape"]) == shapes.end()) shapes.push_back(a["shape"]);
+  const int kMs[] = {32, 64, 128, 256, 512};
+  Exl3GemmWorkspace ws(512, 8192, 32768, int64_t(32) << 20);
+  cublasHandle_t h;
+  CublasOk(cublasCreate(&h), "cublasCreate");
+  void* cws = DeviceAlloc<uint8_t>(size_t(32) << 20);
+  CublasOk(cublasSetStream(h, s), "cublasSetStream");
+  CublasOk(cublasSetWorkspace(h, cws, size_t(32) << 20), "cublasSetWorkspace");
+  std::mt19937 rng(3);
+  std::printf("%-6s %-36s %9s %9s %9s %8s %9s %9s\n", "kind", "case", "us", "decode", "cublas", "rate", "TFLOP/s", "cuBLAS_TF");
+  for (const std::string& shape : shapes) {
+    const size_t sp = shape.find(' '), xp = shape.find('x', sp);
+    const int64_t k = std::stoll(shape.substr(sp + 1, xp - sp - 1)), n = std::stoll(shape.substr(xp + 1));
+    // cuBLAS bf16 baseline, once per (shape, m): cold weight copies like ours.
+    const size_t wbytes = size_t(k) * n * 2;
+    const int wcopies = static_cast<int>(std::clamp<size_t>((size_t(256) << 20) / wbytes + 1, 2, 128));
+    uint16_t* wb = DeviceAlloc<uint16_t>(size_t(k) * n * wcopies);
+    uint16_t* xb = DeviceAlloc<uint16_t>(size_t(512) * k);
+    uint16_t* yb = DeviceAlloc<uint16_t>(size_t(512) * n);
+    CudaCheck(static_cast<cudaError_t>(bench::FillRandomBf16(wb, int64_t(k) * n * wcopies, 99, s)), "fill bf16");
+    CudaCheck(static_cast<cudaError_t>(bench::FillRandomBf16(xb, int64_t(512) * k, 98, s)), "fill bf16");
+    std::map<int, double> cublas_us;
+    for (int m : kMs) {
+      const int calls = std::max(20, wcopies);
+      const float alpha = 1.f, beta = 0.f;
+      cudaGraph_t graph;
+      CudaCheck(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
+      for (int c = 0; c < calls; ++c)
+        CublasOk(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, int(n), m, int(k), &alpha, wb + size_t(k) * n * (c % wcopies),
+                              CUDA_R_16BF, int(n), xb, CUDA_R_16BF, int(k), &beta, yb, CUDA_R_16BF, int(n),
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 "cublasGemmEx bf16");
+      CudaCheck(cudaStreamEndCapture(s, &graph), "end capture");
+      cudaGraphExec_t exec;
+      CudaCheck(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+      cublas_us[m] = TimeGraph(exec, calls, replays, s);
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+    }
+    cudaFree(wb);
+    cudaFree(xb);
+    cudaFree(yb);
+    for (int K : {2, 3, 6}) {
+      const size_t bytes = size_t(k) * n * K / 8;
+      const int copies = static_cast<int>(std::clamp<size_t>((size_t(256) << 20) / bytes + 1, 2, 512));
+      uint8_t* tr = DeviceAlloc<uint8_t>(bytes * copies);
+      CudaCheck(static_cast<cudaError_t>(bench::FillRandom(tr, int64_t(bytes * copies / 4), 4321 + K, s)), "fill");
+      std::vector<uint16_t> ones_k(k, 0x3C00), ones_n(n, 0x3C00);
+      uint16_t* suh = UploadHalves(ones_k);
+      uint16_t* svh = UploadHalves(ones_n);
+      uint16_t* x = UploadHalves(RandomHalves(size_t(512) * k, rng, 1.0f));
+      uint16_t* y = DeviceAlloc<uint16_t>(size_t(512) * n);
+      uint16_t* what = DeviceAlloc<uint16_t>(size_t(k) * n);
+      CudaCheck(cudaStreamSynchronize(s), "sync");
+      const int calls = std::max(20, copies);
+      auto linear = [&](int c) {
+        Exl3DeviceLinear l;
+        l.k = k;
+        l.n = n;
+        l.K = K;
+        l.codebook = 1;
+        l.trellis = reinterpret_cast<const uint16_t*>(tr + bytes * (c % copies));
+        l.suh = suh;
+        l.svh = svh;
+        l.name = shape;
+        return l;
+      };
+      // The decode launch alone (no input transform), for the breakdown.
+      double decode_us = 0;
+      {
+        cudaGraph_t graph;
+        CudaCheck(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
+        for (int c = 0; c < calls; ++c) Exl3Reconstruct(linear(c), what, s);
+        CudaCheck(cudaStreamEndCapture(s, &graph), "end capture");
+        cudaGraphExec_t exec;
+        CudaCheck(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+        decode_us = TimeGraph(exec, calls, replays, s);
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+      }
+      for (int m : kMs) {
+        const std::string label = "K" + std::to_string(K) + " " + shape + " m" + std::to_string(m);
+        if (!g_filter.empty() && label.find(g_filter) == std::string::npos) continue;
+        cudaGraph_t graph;
+        CudaCheck(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
+        for (int c = 0; c < calls; ++c) Exl3Gemm(linear(c), x, m, y, Exl3Out::kF16, ws, s);
+        CudaCheck(cudaStreamEndCapture(s, &graph), "end capture");
+        cudaGraphExec_t exec;
+        CudaCheck(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+        GemmRow r;
+        r.label = label;
+        r.us = TimeGraph(exec, calls, replays, s);
+        r.decode_us = decode_us;
+        r.cublas_us = cublas_us[m];
+        r.flops = 2.0 * m * k * n;
+        rows.push_back(r);
+        std::printf("%-6s %-36s %9.2f %9.2f %9.2f %7.0f%% %9.1f %9.1f\n", "gemm", r.label.c_str(), r.us, r.decode_us,
+                    r.cublas_us, 100.0 * r.cublas_us / r.us, r.flops / r.us * 1e-6, r.flops / r.cublas_us * 1e-6);
+        std::fflush(stdout);
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+      }
+      cudaFree(tr);
+      cudaFree(suh);
+      cudaFree(svh);
+      cudaFree(x);
+      cudaFree(y);
+      cudaFree(what);
+    }
+  }
+  cublasDestroy(h);
+  cudaFree(cws);
+}
+
+void GemmSummary(const std::vector<GemmRow>& rows) {
+  for (int m : {32, 64, 128, 256, 512}) {
+    double lg = 0, mn = 1e30;
+    int count = 0;
+    for (const auto& r : rows) {
+      if (r.label.size() < 4 || r.label.substr(r.label.rfind(" m") + 2) != std::to_string(m)) continue;
+      const double rate = r.cublas_us / r.us;
+      lg += std::log(rate);
+      mn = std::min(mn, rate);
+      ++count;
+    }
+    if (count)
+      std::printf("SUMMARY gemm m=%d: %d cases, rate vs cuBLAS bf16 geomean %.0f%%, min %.0f%% (target >= 50%% at m=512)\n",
+                  m, count, 100.0 * std::exp(lg / count), 100.0 * mn);
+  }
+}
+
 int Main(int argc, char** argv) {
   std::string anchors_path, only;
   int replays = 15;
@@ -362,7 +516,7 @@ int Main(int argc, char** argv) {
       std::stringstream ss(value());
       for (std::string v; std::getline(ss, v, ',');) ctas_per_sm.push_back(v);
     }
-    else throw std::runtime_error("unknown flag " + a + " (usage: --anchors FILE [--only dense|moe] [--replays N] [--gemv-ctas-per-sm LIST] [--moe-items-per-sm LIST] [--filter TEXT])");
+    else throw std::runtime_error("unknown flag " + a + " (usage: --anchors FILE [--only dense|moe|gemm] [--replays N] [--gemv-ctas-per-sm LIST] [--moe-items-per-sm LIST] [--filter TEXT])");
   }
   if (anchors_path.empty()) {
     const char* shared = std::getenv("DSMESH_SHARED");
@@ -390,6 +544,7 @@ int Main(int argc, char** argv) {
   std::printf("floors: byte = weight bytes / copy bandwidth; op = decode ops/weight (SASS count) x weights / LOP3 rate\n");
   PrintHeader();
   std::vector<Row> dense, moe;
+  std::vector<GemmRow> gemm;
   if (only.empty() || only == "dense") {
     if (ctas_per_sm.empty()) {
       RunDense(anchors, bw, intops, replays, s, dense);
@@ -420,8 +575,10 @@ int Main(int argc, char** argv) {
       }
     }
   }
+  if (only.empty() || only == "gemm") RunGemm(anchors, replays, s, gemm);
   Summary("dense", dense);
   Summary("moe", moe);
+  GemmSummary(gemm);
   const auto c = Exl3MoeCallCounts();
   std::printf("routed-expert kernel counters: launches %lld, rows %lld, rejected %lld\n", (long long)c.launches,
               (long long)c.rows, (long long)c.rejected);

@@ -4,10 +4,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 : "${DSMESH_SHARED:?set DSMESH_SHARED (the shared folder with testdata/ and reference/)}"
-bazel build //kernels/cuda:exl3_gemv_test //kernels/cuda:exl3_moe_test //kernels/cuda:dsmesh-kernel-bench
+bazel build //kernels/cuda:exl3_gemv_test //kernels/cuda:exl3_moe_test //kernels/cuda:exl3_gemm_test \
+  //kernels/cuda:dsmesh-kernel-bench
 rm -rf .bundle/cuda
 "$DSMESH_SHARED/tools/gpu-bundle.sh" .bundle/cuda bazel-bin/kernels/cuda/exl3_gemv_test \
-  bazel-bin/kernels/cuda/exl3_moe_test bazel-bin/kernels/cuda/dsmesh-kernel-bench
+  bazel-bin/kernels/cuda/exl3_moe_test bazel-bin/kernels/cuda/exl3_gemm_test bazel-bin/kernels/cuda/dsmesh-kernel-bench
+# cuBLAS (~700 MB with cublasLt) does not travel: the GPU machine has it (run_gpu.sh finds it).
+rm -f .bundle/cuda/lib/libcublas*
 mkdir -p .bundle/cuda/shared/testdata/exl3 .bundle/cuda/shared/reference
 cp "$DSMESH_SHARED"/testdata/exl3/*.safetensors .bundle/cuda/shared/testdata/exl3/
 cp "$DSMESH_SHARED"/reference/anchors-h200.json .bundle/cuda/shared/reference/

@@ -2,33 +2,40 @@
 # Runs the EXL3 CUDA kernel tests, dsmesh-kernel-bench, compute-sanitizer and a SASS dump on the GPU
 # machine from a bundle made here by kernels/cuda/make_bundle.sh. Output goes to $OUT (or /tmp/out).
 #   usage (repository root on the GPU machine): kernels/cuda/run_gpu.sh [.bundle/cuda] [parts]
-#   parts: any of tests,bench,sanitize,sass (default: all)
+#   parts: any of tests,bench,sanitize,sass,ncu (default: tests,bench,sanitize,sass)
+#   cuBLAS is not in the bundle: it is taken from /usr/local/cuda or python's nvidia-cublas package.
 set -uo pipefail
 B=${1:-.bundle/cuda}
 PARTS=${2:-tests,bench,sanitize,sass}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-export LD_LIBRARY_PATH=$B/lib
+CUBLAS_DIR=$(dirname "$(ls /usr/local/cuda/lib64/libcublas.so.13 2>/dev/null ||
+  find "$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null)" /usr -name 'libcublas.so.13' 2>/dev/null | head -1)")
+echo "cuBLAS from $CUBLAS_DIR"
+export LD_LIBRARY_PATH=$B/lib:$CUBLAS_DIR
 export DSMESH_SHARED=$B/shared
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 if [[ $PARTS == *tests* ]]; then
   timeout 300 "$B/bin/exl3_gemv_test" 2>&1 | tee "$OUT/gemv_test.log" | grep -E "^\[  |FAIL|Failure|rel|Expected|which is" | head -60
   timeout 300 "$B/bin/exl3_moe_test" 2>&1 | tee "$OUT/moe_test.log" | grep -E "^\[  |FAIL|Failure|ACTIVE|rel|Expected|which is" | head -60
+  timeout 300 "$B/bin/exl3_gemm_test" 2>&1 | tee "$OUT/gemm_test.log" | grep -E "^\[  |FAIL|Failure|rel|Expected|which is" | head -60
 fi
 if [[ $PARTS == *bench* ]]; then
   timeout 400 "$B/bin/dsmesh-kernel-bench" --anchors "$B/shared/reference/anchors-h200.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
 fi
 if [[ $PARTS == *sanitize* ]]; then
+  # SAN_TOOLS / SAN_BINS (gemv moe gemm) pick what runs; each test binary runs a filter of its tests.
   CS=/usr/local/cuda/bin/compute-sanitizer
+  declare -A FILTER=([gemv]='*LinearMatchesExllamav3Vectors*:*GraphCapture*'
+                     [moe]='*HotExpertDuplicatesAndEdgeIds*:*StrictMode*'
+                     [gemm]='*GraphReplay*:*RejectsBadCalls*')
   for tool in ${SAN_TOOLS:-memcheck racecheck synccheck}; do
-    timeout ${SAN_TIMEOUT:-120} $CS --tool $tool --error-exitcode 9 "$B/bin/exl3_gemv_test" \
-      --gtest_filter='*LinearMatchesExllamav3Vectors*:*GraphCapture*' > /tmp/san.log 2>&1
-    echo "compute-sanitizer $tool gemv: exit $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' /tmp/san.log | tr '\n' ' ')"
-    cat /tmp/san.log >> "$OUT/sanitizer.log"
-    timeout ${SAN_TIMEOUT:-120} $CS --tool $tool --error-exitcode 9 "$B/bin/exl3_moe_test" \
-      --gtest_filter='*HotExpertDuplicatesAndEdgeIds*:*StrictMode*' > /tmp/san.log 2>&1
-    echo "compute-sanitizer $tool moe: exit $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' /tmp/san.log | tr '\n' ' ')"
-    cat /tmp/san.log >> "$OUT/sanitizer.log"
+    for bin in ${SAN_BINS:-gemv moe gemm}; do
+      timeout ${SAN_TIMEOUT:-120} $CS --tool $tool --error-exitcode 9 "$B/bin/exl3_${bin}_test" \
+        --gtest_filter="${FILTER[$bin]}" > /tmp/san.log 2>&1
+      echo "compute-sanitizer $tool $bin: exit $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' /tmp/san.log | tr '\n' ' ')"
+      cat /tmp/san.log >> "$OUT/sanitizer.log"
+    done
   done
 fi
 if [[ $PARTS == *sass* ]]; then
