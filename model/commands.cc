@@ -11,6 +11,7 @@
 #include "common/cli_registry.h"
 #include "common/flags.h"
 #include "common/safetensors.h"
+#include "kernels/cpu/argmax.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "model/model.h"
 #include "model/tiny_model.h"
@@ -88,13 +89,7 @@ int RunGenerate(const std::vector<std::string>& args) {
   const bool ignore_eos = f.GetBool("ignore-eos", false);
   auto model = LoadForCli(f);
   const int64_t vocab = model->config().vocab_size, eos = model->config().eos_token_id;
-  auto argmax = [&](const Tensor& logits) {
-    const float* p = logits.as<float>();
-    int32_t best = 0;
-    for (int64_t v = 1; v < vocab; ++v)
-      if (p[v] > p[best]) best = static_cast<int32_t>(v);
-    return best;
-  };
+  auto argmax = [&](const Tensor& logits) { return Argmax(logits.as<float>(), vocab); };
   auto state = model->NewState();
   std::vector<int32_t> generated;
   double t0 = Now(), t_prefill = t0, t_end = t0;

@@ -1,5 +1,7 @@
 #include "worker/sampler.h"
 
+#include "kernels/cpu/argmax.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -23,23 +25,7 @@ double Uniform01(uint64_t seed, int64_t position) {
   return static_cast<double>(bits >> 11) * (1.0 / 9007199254740992.0);  // [0, 1)
 }
 
-// Lowest index of the largest value. Two passes: a max over 8 independent lanes (vectorizes; the naive
-// loop carries a dependency through a load of v[best] each iteration and ran ~10x slower at vocab 129280),
-// then the first index holding that max. NaNs are never chosen (unless everything is NaN: index 0).
-int32_t Argmax(const float* v, int64_t n) {
-  float lane[8];
-  for (float& l : lane) l = -std::numeric_limits<float>::infinity();
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) lane[j] = v[i + j] > lane[j] ? v[i + j] : lane[j];
-  float mx = lane[0];
-  for (int j = 1; j < 8; ++j) mx = lane[j] > mx ? lane[j] : mx;
-  for (; i < n; ++i) mx = v[i] > mx ? v[i] : mx;
-  for (int64_t k = 0; k < n; ++k)
-    if (v[k] == mx) return static_cast<int32_t>(k);
-  return 0;
-}
-int32_t Argmax(const std::vector<float>& v) { return Argmax(v.data(), static_cast<int64_t>(v.size())); }
+int32_t Argmax(const std::vector<float>& v) { return ::dsmesh::Argmax(v.data(), static_cast<int64_t>(v.size())); }
 
 void FillLogprobs(const float* raw, int64_t vocab, int32_t token, int top_n, TokenLogprobs* out) {
   double mx = -std::numeric_limits<double>::infinity();
