@@ -163,7 +163,7 @@ std::vector<float> HalfVectorToFloat(const Tensor& t) {
 // For each row and strip i, the four multiplier vectors of group-order lanes:
 // xp[((row * strips + i) * 4 + p)] = [x[r0], x[r0], x[r0+1], x[r0+1], x[r0+8], x[r0+8], x[r0+9], x[r0+9]]
 // with r0 = 2p, read from xh[row, 16 i ..].
-std::vector<float, std::allocator<float>> MakeLaneMultipliers(const float* xh, int64_t m, int64_t k) {
+std::vector<float> MakeLaneMultipliers(const float* xh, int64_t m, int64_t k) {
   const int64_t strips = k / 16;
   std::vector<float> xp(static_cast<size_t>(m * strips * 4 * 8));
   for (int64_t row = 0; row < m; ++row)
