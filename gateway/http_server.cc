@@ -153,13 +153,22 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     });
   }
 
+  // Wakes up when the stream will have been silent for stream_ping_s (measured from the last write),
+  // sends the idle chunk if it still is, and re-arms.
   void ArmPing(uint64_t generation) {
-    ping_timer_.expires_after(std::chrono::seconds(options_.stream_ping_s));
-    ping_timer_.async_wait([self = shared_from_this(), generation](beast::error_code ec) {
+    const auto interval = std::chrono::seconds(options_.stream_ping_s);
+    const auto now = std::chrono::steady_clock::now();
+    // A deadline already past (a write stuck behind a client that does not read) waits a full
+    // interval instead, so the timer never spins.
+    auto deadline = last_write_ + interval;
+    if (deadline <= now) deadline = now + interval;
+    ping_timer_.expires_at(deadline);
+    ping_timer_.async_wait([self = shared_from_this(), generation, interval](beast::error_code ec) {
       if (ec || self->closed_ || generation != self->generation_) return;
-      if (std::chrono::steady_clock::now() - self->last_write_ >= std::chrono::seconds(self->options_.stream_ping_s) &&
-          self->writes_.empty())
+      if (std::chrono::steady_clock::now() - self->last_write_ >= interval && self->writes_.empty() && !self->writing_) {
         self->Enqueue(generation, self->idle_chunk_, false, true);
+        self->last_write_ = std::chrono::steady_clock::now();  // the ping itself counts
+      }
       self->ArmPing(generation);
     });
   }

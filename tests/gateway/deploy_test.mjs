@@ -7,7 +7,7 @@ import { spawn, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { ROOT, assert, assertEq, metricsText, runCases, startMesh, waitHealthy } from './harness.mjs';
+import { ROOT, track, assert, assertEq, metricsText, runCases, startMesh, waitHealthy } from './harness.mjs';
 
 const DEPLOY = path.join(ROOT, 'deploy');
 const args = process.argv.slice(2);
@@ -70,7 +70,7 @@ const cases = [
     // A unix socket path must fit in 108 bytes, which Bazel's TEST_TMPDIR may not: use /tmp.
     const dir = fs.mkdtempSync('/tmp/dsn-');
     const sock = path.join(dir, 'notify.sock');
-    const listener = spawn('python3', [arg('--notify-listener'), sock], { stdio: ['ignore', 'pipe', 'pipe'] });
+    const listener = track(spawn('python3', [arg('--notify-listener'), sock], { stdio: ['ignore', 'pipe', 'pipe'] }));
     let lines = [];
     await new Promise((resolve, reject) => {
       listener.stdout.on('data', (d) => { lines.push(...d.toString().split('\n').filter(Boolean)); if (lines[0] === 'LISTENING') resolve(); });

@@ -55,10 +55,23 @@ function tokenId(content) {
   return found.id;
 }
 
+// Every child a test starts is killed when the test process ends, however it ends (a failed setup,
+// process.exit, or Bazel's SIGTERM on timeout), so no fixture or gateway outlives its test.
+const children = new Set();
+process.on('exit', () => { for (const c of children) if (c.exitCode === null) c.kill(c.stopSignal || 'SIGKILL'); });
+for (const sig of ['SIGTERM', 'SIGINT']) process.on(sig, () => process.exit(1));
+// `stopSignal`: what the process gets at exit (dsmesh up needs SIGINT to stop its own children).
+export function track(proc, stopSignal = 'SIGKILL') {
+  proc.stopSignal = stopSignal;
+  children.add(proc);
+  proc.on('exit', () => children.delete(proc));
+  return proc;
+}
+
 // Starts a process and resolves with {proc, match} once a stdout line matches `re`.
 function startAndWaitForLine(cmd, args, re, name, env = {}) {
   return new Promise((resolve, reject) => {
-    const proc = spawn(cmd, args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env } });
+    const proc = track(spawn(cmd, args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env } }));
     let out = '';
     let err = '';
     const timer = setTimeout(() => reject(new Error(`${name} did not start in 30 s; stderr:\n${err}`)), 30000);
@@ -206,8 +219,8 @@ export async function startRealMesh({ world = 2, maxNumSeqs = 4, maxQueued = 256
     const s = net.createServer();
     s.listen(0, '127.0.0.1', () => { const p = s.address().port; s.close(() => resolve(p)); });
   });
-  const up = spawn(dsmesh, ['up', '--no-gateway', '--model', model, '--world', String(world), '--coordinator-port', String(coordinatorPort),
-    '--max-num-seqs', String(maxNumSeqs), '--kv-memory', kvMemory], { stdio: ['ignore', 'ignore', 'pipe'] });
+  const up = track(spawn(dsmesh, ['up', '--no-gateway', '--model', model, '--world', String(world), '--coordinator-port', String(coordinatorPort),
+    '--max-num-seqs', String(maxNumSeqs), '--kv-memory', kvMemory], { stdio: ['ignore', 'ignore', 'pipe'] }), 'SIGINT');
   let upLog = '';
   await new Promise((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error(`dsmesh up not ready in 120 s:\n${upLog}`)), 120000);

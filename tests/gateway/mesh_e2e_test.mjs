@@ -6,7 +6,7 @@ import fs from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
-import { assert, assertEq, loadOpenAI, metricsText, metricValue, runCases, waitHealthy } from './harness.mjs';
+import { assert, assertEq, loadOpenAI, metricsText, metricValue, runCases, track, waitHealthy } from './harness.mjs';
 
 const OpenAI = await loadOpenAI();
 const args = process.argv.slice(2);
@@ -25,8 +25,8 @@ async function startUp() {
   const mk = spawnSync(DSMESH, ['make-tiny', '--out', model], { encoding: 'utf8' });
   assertEq(mk.status, 0, `make-tiny: ${mk.stderr}`);
   const port = await freePort();
-  const up = spawn(DSMESH, ['up', '--model', model, '--world', '2', '--port', String(port), '--kv-memory', '256M', '--max-num-seqs', '4'],
-    { stdio: ['ignore', 'ignore', 'pipe'] });
+  const up = track(spawn(DSMESH, ['up', '--model', model, '--world', '2', '--port', String(port), '--kv-memory', '256M', '--max-num-seqs', '4'],
+    { stdio: ['ignore', 'ignore', 'pipe'] }), 'SIGINT');
   let log = '';
   up.stderr.on('data', (d) => { log += d; if (process.env.GATEWAY_TEST_VERBOSE) process.stderr.write(d); });
   const base = `http://127.0.0.1:${port}`;

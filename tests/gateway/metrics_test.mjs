@@ -7,7 +7,7 @@ import fs from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
-import { assert, assertEq, loadOpenAI, metricsText, metricValue, runCases, startMesh } from './harness.mjs';
+import { assert, assertEq, loadOpenAI, metricsText, metricValue, runCases, startMesh, track } from './harness.mjs';
 
 const OpenAI = await loadOpenAI();
 const MODEL = 'dsmesh-test';
@@ -100,8 +100,8 @@ const cases = [
     fs.writeFileSync(path.join(dir, 'prometheus.yml'),
       `global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: dsmesh-gateway\n    static_configs:\n      - targets: ['${target}']\n`);
     const port = await freePort();
-    const prom = spawn('prometheus', [`--config.file=${path.join(dir, 'prometheus.yml')}`, `--storage.tsdb.path=${path.join(dir, 'data')}`,
-      `--web.listen-address=127.0.0.1:${port}`], { stdio: ['ignore', 'ignore', 'pipe'] });
+    const prom = track(spawn('prometheus', [`--config.file=${path.join(dir, 'prometheus.yml')}`, `--storage.tsdb.path=${path.join(dir, 'data')}`,
+      `--web.listen-address=127.0.0.1:${port}`], { stdio: ['ignore', 'ignore', 'pipe'] }));
     let log = '';
     prom.stderr.on('data', (x) => { log += x; });
     const query = async (q) => {
