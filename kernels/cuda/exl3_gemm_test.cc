@@ -126,6 +126,9 @@ TEST(Exl3GemmTest, GraphReplayWithFreshInputsEqualsDirectCalls) {
   for (int i = 0; i < 3; ++i) {
     inputs.push_back(testing::RandomFp16(dx.size(), rng));
     dx.Upload(inputs.back());
+    // Upload/poison run on the legacy default stream, which does not order against a non-blocking
+    // stream: finish them before launching on `s`.
+    CudaCheck(cudaDeviceSynchronize(), "sync");
     Exl3Gemm(d.linear, dx.get(), m, dy.get(), Exl3Out::kF32, ws, s);
     CudaCheck(cudaStreamSynchronize(s), "sync");
     direct.push_back(dy.Download());
@@ -139,6 +142,7 @@ TEST(Exl3GemmTest, GraphReplayWithFreshInputsEqualsDirectCalls) {
   for (int i = 0; i < 3; ++i) {
     dx.Upload(inputs[i]);
     dy.PoisonNaN();
+    CudaCheck(cudaDeviceSynchronize(), "sync");
     CudaCheck(cudaGraphLaunch(exec, s), "replay");
     CudaCheck(cudaStreamSynchronize(s), "sync");
     EXPECT_EQ(0, std::memcmp(direct[i].data(), dy.Download().data(), direct[i].size() * 4)) << "replay " << i;

@@ -101,13 +101,15 @@ __global__ void __launch_bounds__(kThreads, 3) Exl3GemvKernel(const GemvParams p
   }
 }
 
-// Ŵ (the rotated-basis fp16 weight, k x n row-major) from the trellis, one warp per tile. It runs the
-// same per-lane decode as the GEMV, so its bit-exactness against exllamav3's `reconstruct` covers the
-// GEMV's weights too. The decoded fragment goes through a small shared-memory tile so that each lane
-// writes 16 contiguous bytes (a warp writes 16 rows x 32 bytes: whole sectors), which matters when Ŵ
-// feeds the prefill GEMM. The first `input_blocks` CTAs instead do the prefill input transform
+// Ŵ (the rotated-basis fp16 weight, k x n row-major) from the trellis. It runs the same per-lane decode
+// as the GEMV, so its bit-exactness against exllamav3's `reconstruct` covers the GEMV's weights too.
+// Each warp decodes TPW adjacent tiles of one tile row (TPW = 4 when n/16 is a multiple of 4, else 1):
+// all their trellis loads are issued before any decode (more bytes in flight per warp: the launch is
+// memory-bound when Ŵ feeds the prefill GEMM), the fragments go through a small shared-memory tile and
+// each lane writes 16 contiguous bytes (TPW = 4: a warp writes 4 rows x 128 bytes per store, whole
+// cache lines). The first `input_blocks` CTAs instead do the prefill input transform
 // xh = Hk(x * suh), one warp per (row, 128-block), so that the GEMM needs no separate launch for it.
-template <int K, int CB>
+template <int K, int CB, int TPW>
 __global__ void __launch_bounds__(kThreads) Exl3ReconstructKernel(const ReconstructParams p, int input_blocks) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (static_cast<int>(blockIdx.x) < input_blocks) {
@@ -120,25 +122,33 @@ __global__ void __launch_bounds__(kThreads) Exl3ReconstructKernel(const Reconstr
                      reinterpret_cast<__half*>(p.xh) + ofs, lane);
     return;
   }
-  constexpr int kStride = 24;  // fp16 per staged row: 48 bytes, conflict-free 16-byte reads
+  constexpr int kStride = TPW * 16 + 8;  // fp16 per staged row (+16 bytes: conflict-free fragment stores)
   __shared__ __align__(16) uint16_t staged[kThreads / 32][16 * kStride];
   const int64_t tiles_n = p.n >> 4, total = (int64_t)(p.k >> 4) * tiles_n;
-  const int64_t tile = (int64_t)(blockIdx.x - input_blocks) * (kThreads / 32) + warp;
-  if (tile >= total) return;  // whole warps only; the kernel uses no CTA-wide barrier
-  const uint32_t* words = reinterpret_cast<const uint32_t*>(p.trellis) + tile * 8 * K;
-  uint32_t frag[4];
-  DecodeTileLane<K, CB>(words, MakeLaneTileGeom<K>(lane), p.one << K, frag);
+  const int64_t tile0 = ((int64_t)(blockIdx.x - input_blocks) * (kThreads / 32) + warp) * TPW;
+  if (tile0 >= total) return;  // whole warps only; the kernel uses no CTA-wide barrier
+  const LaneTileGeom geom = MakeLaneTileGeom<K>(lane);
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(p.trellis) + tile0 * 8 * K;
+  uint32_t frag[TPW][4];
+#pragma unroll
+  for (int q = 0; q < TPW; ++q) DecodeTileLane<K, CB>(words + q * 8 * K, geom, p.one << K, frag[q]);
   uint16_t* st = staged[warp];
 #pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    const int r = 2 * (lane % 4) + (e % 2) + 8 * ((e / 2) % 2), c = lane / 4 + 8 * (e / 4);
-    st[r * kStride + c] = static_cast<uint16_t>(frag[e / 2] >> (16 * (e % 2)));
-  }
+  for (int q = 0; q < TPW; ++q)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const int r = 2 * (lane % 4) + (e % 2) + 8 * ((e / 2) % 2), c = lane / 4 + 8 * (e / 4);
+      st[r * kStride + q * 16 + c] = static_cast<uint16_t>(frag[q][e / 2] >> (16 * (e % 2)));
+    }
   __syncwarp();
-  const int64_t i = tile / tiles_n, j = tile - i * tiles_n;
-  const int r = lane >> 1, h = lane & 1;
-  const uint4 v = *reinterpret_cast<const uint4*>(st + r * kStride + h * 8);
-  *reinterpret_cast<uint4*>(p.what + (16 * i + r) * (int64_t)p.n + 16 * j + h * 8) = v;
+  const int64_t i = tile0 / tiles_n, j = tile0 - i * tiles_n;
+  constexpr int kChunksPerRow = 2 * TPW;  // 16-byte chunks
+#pragma unroll
+  for (int idx = lane; idx < 32 * TPW; idx += 32) {
+    const int r = idx / kChunksPerRow, ch = idx % kChunksPerRow;
+    const uint4 v = *reinterpret_cast<const uint4*>(st + r * kStride + ch * 8);
+    *reinterpret_cast<uint4*>(p.what + (16 * i + r) * (int64_t)p.n + 16 * j + ch * 8) = v;
+  }
 }
 
 // Instantiates K = 1..8 for one codebook and the two entry points declared in exl3_gemv_params.h.
@@ -162,18 +172,28 @@ __global__ void __launch_bounds__(kThreads) Exl3ReconstructKernel(const Reconstr
   }                                                                                                     \
   int LaunchReconstruct##NAME(int K, const ReconstructParams& p, void* stream) {                        \
     const int64_t tiles = (int64_t)(p.k / 16) * (p.n / 16);                                             \
+    const bool four = (p.n / 16) % 4 == 0; /* 4 tiles per warp stay inside one tile row */              \
+    const int64_t tiles_per_cta = four ? 32 : 8;                                                        \
     const int input_blocks = p.x ? (int)(((int64_t)p.m * (p.k / 128) + 7) / 8) : 0;                     \
-    const dim3 grid((unsigned)((tiles + 7) / 8 + input_blocks)), block(kThreads);                       \
+    const dim3 grid((unsigned)((tiles + tiles_per_cta - 1) / tiles_per_cta + input_blocks)), block(kThreads);\
     const cudaStream_t s = static_cast<cudaStream_t>(stream);                                           \
-    switch (K) {                                                                                        \
-      case 1: Exl3ReconstructKernel<1, CB><<<grid, block, 0, s>>>(p, input_blocks); break;              \
-      case 2: Exl3ReconstructKernel<2, CB><<<grid, block, 0, s>>>(p, input_blocks); break;              \
-      case 3: Exl3ReconstructKernel<3, CB><<<grid, block, 0, s>>>(p, input_blocks); break;              \
-      case 4: Exl3ReconstructKernel<4, CB><<<grid, block, 0, s>>>(p, input_blocks); break;              \
-      case 5: Exl3ReconstructKernel<5, CB><<<grid, block, 0, s>>>(p, input_blocks); break;              \
-      case 6: Exl3ReconstructKernel<6, CB><<<grid, block, 0, s>>>(p, input_blocks); break;              \
-      case 7: Exl3ReconstructKernel<7, CB><<<grid, block, 0, s>>>(p, input_blocks); break;              \
-      case 8: Exl3ReconstructKernel<8, CB><<<grid, block, 0, s>>>(p, input_blocks); break;              \
+    switch (K * 2 + four) {                                                                             \
+      case 2: Exl3ReconstructKernel<1, CB, 1><<<grid, block, 0, s>>>(p, input_blocks); break;           \
+      case 3: Exl3ReconstructKernel<1, CB, 4><<<grid, block, 0, s>>>(p, input_blocks); break;           \
+      case 4: Exl3ReconstructKernel<2, CB, 1><<<grid, block, 0, s>>>(p, input_blocks); break;           \
+      case 5: Exl3ReconstructKernel<2, CB, 4><<<grid, block, 0, s>>>(p, input_blocks); break;           \
+      case 6: Exl3ReconstructKernel<3, CB, 1><<<grid, block, 0, s>>>(p, input_blocks); break;           \
+      case 7: Exl3ReconstructKernel<3, CB, 4><<<grid, block, 0, s>>>(p, input_blocks); break;           \
+      case 8: Exl3ReconstructKernel<4, CB, 1><<<grid, block, 0, s>>>(p, input_blocks); break;           \
+      case 9: Exl3ReconstructKernel<4, CB, 4><<<grid, block, 0, s>>>(p, input_blocks); break;           \
+      case 10: Exl3ReconstructKernel<5, CB, 1><<<grid, block, 0, s>>>(p, input_blocks); break;          \
+      case 11: Exl3ReconstructKernel<5, CB, 4><<<grid, block, 0, s>>>(p, input_blocks); break;          \
+      case 12: Exl3ReconstructKernel<6, CB, 1><<<grid, block, 0, s>>>(p, input_blocks); break;          \
+      case 13: Exl3ReconstructKernel<6, CB, 4><<<grid, block, 0, s>>>(p, input_blocks); break;          \
+      case 14: Exl3ReconstructKernel<7, CB, 1><<<grid, block, 0, s>>>(p, input_blocks); break;          \
+      case 15: Exl3ReconstructKernel<7, CB, 4><<<grid, block, 0, s>>>(p, input_blocks); break;          \
+      case 16: Exl3ReconstructKernel<8, CB, 1><<<grid, block, 0, s>>>(p, input_blocks); break;          \
+      case 17: Exl3ReconstructKernel<8, CB, 4><<<grid, block, 0, s>>>(p, input_blocks); break;          \
       default: return static_cast<int>(cudaErrorInvalidValue);                                          \
     }                                                                                                   \
     return static_cast<int>(cudaGetLastError());                                                        \

@@ -219,6 +219,8 @@ TEST(Exl3GemvTest, GraphCaptureAndReplayWithFreshInputs) {
     x2.Upload(testing::RandomFp16(m * 1024, rng));
     y1.PoisonNaN();
     y2.PoisonNaN();
+    // Upload/poison use the legacy stream, unordered with the non-blocking `stream`: finish them first.
+    CudaCheck(cudaDeviceSynchronize(), "sync");
     CudaCheck(cudaGraphLaunch(exec, stream), "graph launch");
     Exl3Gemv(d1.linear, x1.get(), m, r1.get(), Exl3Out::kF32, ws, stream);
     Exl3Gemv(d2.linear, x2.get(), m, r2.get(), Exl3Out::kF32, ws, stream);

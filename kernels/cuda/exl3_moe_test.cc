@@ -228,6 +228,8 @@ TEST(Exl3MoeTest, GraphCaptureAndReplayWithFreshInputs) {
     dids.Upload(r.ids);
     dw.Upload(r.weights);
     dy.PoisonNaN();
+    // Upload/poison use the legacy stream, unordered with the non-blocking `stream`: finish them first.
+    CudaCheck(cudaDeviceSynchronize(), "sync");
     CudaCheck(cudaGraphLaunch(exec, stream), "graph launch");
     Exl3MoeForward(ex.layer(), dx.get(), dids.get(), dw.get(), m, dref.get(), ws, stream);
     CudaCheck(cudaStreamSynchronize(stream), "sync");
