@@ -7,6 +7,7 @@
 #include "common/flags.h"
 #include "kernels/exl3/parallel.h"
 #include "kernels/exl3/quantize_checkpoint.h"
+#include "kernels/exl3/viterbi.h"
 
 namespace dsmesh {
 namespace {
@@ -29,11 +30,11 @@ int RunQuantize(const std::vector<std::string>& args) {
   opt.shard_bytes = shard_mb << 20;
   const QuantizeCheckpointSummary s = QuantizeCheckpoint(opt);
   std::printf("quantize: %s -> %s: %lld linears to EXL3 (%s, %s, %.2f bits/weight average, %lld tiles), "
-              "%lld tensors kept, %d shard(s), %.1f s on %d threads\n",
+              "%lld tensors kept, %d shard(s), %.1f s on %d threads (%s Viterbi)\n",
               opt.model_dir.c_str(), opt.out_dir.c_str(), static_cast<long long>(s.tensors_quantized),
               opt.bits.ToString().c_str(), Exl3CodebookName(opt.codebook), s.average_bits,
               static_cast<long long>(s.tiles), static_cast<long long>(s.tensors_kept), s.shards, s.seconds,
-              Exl3ThreadCount());
+              Exl3ThreadCount(), Exl3EncoderCanUseAvx512() ? "AVX-512" : "AVX2");
   return 0;
 }
 
