@@ -5,8 +5,18 @@
 //                      [--enable-prefix-caching true|false] [--register-timeout-s 120]
 //                      [--heartbeat-timeout-ms 1500] [--drain-timeout-s 30]
 // SIGTERM/SIGINT drain: stop admitting, finish running requests (up to the drain timeout), exit 0.
+//
+// Under systemd (Type=notify, deploy/systemd/dsmesh-coordinator.service): READY=1 once the mesh has
+// formed for the first time (every rank loaded its shard and joined; the scheduler exists), not when
+// the process starts; STATUS= on every state change (waiting for ranks, forming, serving, mesh lost,
+// draining); STOPPING=1 when a drain starts. WATCHDOG=1 is sent only while Engine::Health() passes:
+// the engine thread makes progress, or it is blocked on the workers while the heartbeat monitor
+// (which breaks such a wait when a rank stops answering) still runs. Waiting for lost workers to come
+// back counts as healthy: restarting the coordinator would not bring them back sooner, and the
+// workers' own units restart them.
 #include <signal.h>
 
+#include <atomic>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -16,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/flags.h"
+#include "common/systemd_notify.h"
 #include "coordinator/engine.h"
 #include "coordinator/services.h"
 
@@ -73,6 +84,15 @@ int Main(const std::vector<std::string>& args) {
   ec.ready_timeout = std::chrono::seconds(f.GetInt("ready-timeout-s", 600));
   ec.step_timeout = std::chrono::seconds(f.GetInt("step-timeout-s", 600));
   ec.drain_timeout = std::chrono::seconds(f.GetInt("drain-timeout-s", 30));
+  bool notified_ready = false;  // engine thread only
+  ec.on_state = [&notified_ready](bool ready, const std::string& status) {
+    if (ready && !notified_ready) {
+      notified_ready = true;
+      NotifyReady(status);
+    } else {
+      NotifyStatus(status);
+    }
+  };
 
   RendezvousStore store;
   WorkerMesh mesh(world, &store, std::chrono::milliseconds(f.GetInt("heartbeat-timeout-ms", 1500)));
@@ -104,10 +124,35 @@ int Main(const std::vector<std::string>& args) {
     sigwait(&set, &sig);
     if (sig != SIGUSR1) {
       std::fprintf(stderr, "[coordinator] signal %d: draining\n", sig);
+      NotifyStopping("signal " + std::to_string(sig) + " received: draining");
       engine.BeginDrain();
     }
   });
+  // The watchdog pinger: at half of WatchdogSec, one WATCHDOG=1 per passing health check.
+  std::atomic<bool> stop_watchdog{false};
+  std::thread watchdog;
+  if (auto interval = SystemdWatchdogInterval()) {
+    const auto period = *interval / 2;
+    watchdog = std::thread([&engine, &stop_watchdog, period] {
+      std::string last_problem;
+      while (!stop_watchdog) {
+        const std::string problem = engine.Health(period);
+        if (problem.empty()) {
+          NotifyWatchdog();
+        } else if (problem != last_problem) {
+          std::fprintf(stderr, "[coordinator] unhealthy, not pinging the systemd watchdog: %s\n", problem.c_str());
+          NotifyStatus("unhealthy: " + problem);
+        }
+        last_problem = problem;
+        for (auto slept = std::chrono::microseconds(0); slept < period && !stop_watchdog;
+             slept += std::chrono::milliseconds(50))
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    });
+  }
   const int rc = engine.Run();
+  stop_watchdog = true;
+  if (watchdog.joinable()) watchdog.join();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   pthread_kill(signals.native_handle(), SIGUSR1);
   signals.join();

@@ -15,6 +15,37 @@ double Since(std::chrono::steady_clock::time_point t0) {
 Engine::Engine(const EngineConfig& config, WorkerMesh* mesh)
     : config_(config), mesh_(mesh), next_seed_(std::random_device{}()) {}
 
+struct Engine::WaitingOnWorkers {
+  explicit WaitingOnWorkers(Engine* e) : e_(e) { e_->waiting_on_workers_ = true; }
+  ~WaitingOnWorkers() {
+    e_->waiting_on_workers_ = false;
+    e_->Touch();
+  }
+  Engine* e_;
+};
+
+void Engine::Announce(bool ready, const std::string& status) {
+  if (!config_.on_state) return;
+  const std::string key = (ready ? "1" : "0") + status;
+  {
+    std::lock_guard<std::mutex> lock(announce_mu_);
+    if (key == announced_) return;
+    announced_ = key;
+  }
+  config_.on_state(ready, status);
+}
+
+std::string Engine::Health(std::chrono::steady_clock::duration max_stall) {
+  const auto now = std::chrono::steady_clock::now();
+  const auto stalled = now - std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(progress_.load()));
+  if (stalled <= max_stall) return "";
+  if (waiting_on_workers_ && now - mesh_->monitor_tick() <= max_stall) return "";
+  const long long ms = std::chrono::duration_cast<std::chrono::milliseconds>(stalled).count();
+  return waiting_on_workers_ ? "the worker heartbeat monitor stopped (engine blocked on the workers for " +
+                                   std::to_string(ms) + " ms)"
+                             : "the engine loop made no progress for " + std::to_string(ms) + " ms";
+}
+
 bool Engine::ready() {
   std::lock_guard<std::mutex> lock(mu_);
   return ready_;
@@ -54,6 +85,7 @@ bool Engine::FormMesh(bool first) {
   }
   const auto deadline = std::chrono::steady_clock::now() + config_.register_timeout;
   while (!draining_) {
+    Touch();
     if (!mesh_->WaitAllRegistered(std::chrono::milliseconds(200))) {
       auto missing = mesh_->MissingRanks();
       std::string list;
@@ -62,43 +94,59 @@ bool Engine::FormMesh(bool first) {
         std::lock_guard<std::mutex> lock(mu_);
         not_ready_reason_ = "waiting for worker rank(s) " + list + " to register";
       }
+      Announce(false, "waiting for worker rank(s) " + list + " to register (world " + std::to_string(mesh_->world()) + ")");
       if (first && std::chrono::steady_clock::now() > deadline) {
         std::fprintf(stderr, "[coordinator] error: worker rank(s) %s did not register within %lld s\n", list.c_str(),
                      (long long)(config_.register_timeout.count() / 1000));
+        Announce(false, "error: worker rank(s) " + list + " did not register in time; exiting");
         return false;
       }
       continue;
     }
     try {
-      auto readies = mesh_->Form(config_.ready_timeout);
+      Announce(false, "forming the mesh: all " + std::to_string(mesh_->world()) +
+                          " rank(s) registered; waiting for them to load their shards and connect");
+      std::vector<WorkerReady> readies;
+      {
+        WaitingOnWorkers waiting(this);
+        readies = mesh_->Form(config_.ready_timeout);
+      }
       std::vector<RankKvCapacity> caps;
       for (const auto& r : readies)
         caps.push_back({r.kv_budget_bytes(), r.state_bytes_per_token(), r.state_fixed_bytes()});
       KvGeometry g = PlanKvGeometry(caps, config_.block_size);
-      std::lock_guard<std::mutex> lock(mu_);
-      SchedulerConfig sc = config_.scheduler;
-      if (readies[0].vocab_size() != sc.vocab_size)
-        throw MeshBroken("workers report vocab " + std::to_string(readies[0].vocab_size()) + " but config.json says " +
-                         std::to_string(sc.vocab_size));
-      if (scheduler_) {
-        scheduler_->Reconfigure(g);
-      } else {
-        scheduler_.emplace(sc, g);
+      std::string status;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        SchedulerConfig sc = config_.scheduler;
+        if (readies[0].vocab_size() != sc.vocab_size)
+          throw MeshBroken("workers report vocab " + std::to_string(readies[0].vocab_size()) + " but config.json says " +
+                           std::to_string(sc.vocab_size));
+        if (scheduler_) {
+          scheduler_->Reconfigure(g);
+        } else {
+          scheduler_.emplace(sc, g);
+        }
+        ready_ = true;
+        not_ready_reason_.clear();
+        std::fprintf(stderr, "[coordinator] mesh epoch %lld ready: %d ranks; %s\n", (long long)mesh_->epoch(),
+                     mesh_->world(), g.Describe(sc.max_num_seqs).c_str());
+        status = "serving: mesh epoch " + std::to_string(mesh_->epoch()) + ", " + std::to_string(mesh_->world()) +
+                 " rank(s); " + g.Describe(sc.max_num_seqs);
       }
-      ready_ = true;
-      not_ready_reason_.clear();
-      std::fprintf(stderr, "[coordinator] mesh epoch %lld ready: %d ranks; %s\n", (long long)mesh_->epoch(),
-                   mesh_->world(), g.Describe(sc.max_num_seqs).c_str());
+      Announce(true, status);
       return true;
     } catch (const FormationError& e) {
       // At start-up a worker that cannot load or shard the model will not do better on a retry: give up
       // with its message. Later (a worker came back) keep retrying; the supervisor may be fixing it.
       if (first) {
         std::fprintf(stderr, "[coordinator] error: %s\n", e.what());
+        Announce(false, std::string("error: ") + e.what() + "; exiting");
         mesh_->ResetAll(e.what());
         return false;
       }
       std::fprintf(stderr, "[coordinator] mesh formation failed: %s; retrying\n", e.what());
+      Announce(false, std::string("mesh formation failed: ") + e.what() + "; retrying");
       {
         std::lock_guard<std::mutex> lock(mu_);
         not_ready_reason_ = e.what();
@@ -107,6 +155,7 @@ bool Engine::FormMesh(bool first) {
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
     } catch (const std::exception& e) {
       std::fprintf(stderr, "[coordinator] mesh formation failed: %s; retrying\n", e.what());
+      Announce(false, std::string("mesh formation failed: ") + e.what() + "; retrying");
       {
         std::lock_guard<std::mutex> lock(mu_);
         not_ready_reason_ = e.what();
@@ -129,6 +178,7 @@ void Engine::Fail(const std::string& reason) {
     incoming_.clear();
     scheduler_->FailAll(error);
   }
+  Announce(false, "not ready: mesh lost (" + reason + "); waiting for the workers to rejoin");
   mesh_->ResetAll(reason);
 }
 
@@ -144,7 +194,11 @@ void Engine::Step() {
   double sched = Since(t0);
   if (plan.seqs_size() == 0 && plan.free_seqs_size() == 0 && plan.drop_snapshots_size() == 0) return;
   StepTiming timing;
-  std::vector<StepResult> results = mesh_->RunStep(&plan, config_.step_timeout, &timing);  // throws MeshBroken
+  std::vector<StepResult> results;
+  {
+    WaitingOnWorkers waiting(this);
+    results = mesh_->RunStep(&plan, config_.step_timeout, &timing);  // throws MeshBroken
+  }
   auto t1 = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(mu_);
   scheduler_->Apply(plan, results[0]);
@@ -166,11 +220,13 @@ int Engine::Run() {
   if (!FormMesh(true)) return 1;
   auto drain_start = std::chrono::steady_clock::time_point::max();
   while (true) {
+    Touch();
     if (draining_) {
       if (drain_start == std::chrono::steady_clock::time_point::max()) {
         drain_start = std::chrono::steady_clock::now();
         std::fprintf(stderr, "[coordinator] draining: finishing running requests (up to %lld s)\n",
                      (long long)(config_.drain_timeout.count() / 1000));
+        Announce(false, "draining: not admitting; finishing running requests");
       }
       bool idle;
       {

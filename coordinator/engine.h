@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -25,6 +26,9 @@ struct EngineConfig {
   std::chrono::milliseconds ready_timeout{600000};
   std::chrono::milliseconds step_timeout{600000};
   std::chrono::milliseconds drain_timeout{30000};
+  // Called (from the engine thread, no lock held) whenever the state line changes: `ready` is true
+  // while the mesh is formed and serving. coordinator_main turns it into sd_notify READY=1 / STATUS=.
+  std::function<void(bool ready, const std::string& status)> on_state;
 };
 
 // Submit() refuses a request the engine cannot take now (not ready, draining).
@@ -43,11 +47,19 @@ class Engine {
   void BeginDrain();
   StatsResponse Stats();
   bool ready();
+  // The watchdog's health check: "" while the engine thread makes progress (its loop ran within
+  // `max_stall`), or while it is blocked on the workers (a formation or a step) and the heartbeat
+  // monitor still runs, since that monitor breaks the wait as soon as a rank stops answering. Waiting
+  // for workers to (re)register is progress: the loop polls every 200 ms. Otherwise the reason.
+  std::string Health(std::chrono::steady_clock::duration max_stall);
 
  private:
   bool FormMesh(bool first);   // false: give up (first formation timed out)
   void Step();
   void Fail(const std::string& reason);
+  void Touch() { progress_ = std::chrono::steady_clock::now().time_since_epoch().count(); }
+  void Announce(bool ready, const std::string& status);  // on_state, deduplicated
+  struct WaitingOnWorkers;  // RAII: marks a Form()/RunStep() wait for Health()
 
   EngineConfig config_;
   WorkerMesh* mesh_;
@@ -58,6 +70,10 @@ class Engine {
   bool ready_ = false;
   std::string not_ready_reason_ = "waiting for workers";
   std::atomic<bool> draining_{false};
+  std::atomic<std::chrono::steady_clock::rep> progress_{std::chrono::steady_clock::now().time_since_epoch().count()};
+  std::atomic<bool> waiting_on_workers_{false};
+  std::mutex announce_mu_;
+  std::string announced_;
   uint64_t next_seed_;
   // Step time split (sums).
   int64_t steps_ = 0;

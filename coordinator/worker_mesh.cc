@@ -41,6 +41,7 @@ void WorkerMesh::Monitor() {
   while (!stop_) {
     cv_.wait_for(lock, std::chrono::milliseconds(100));
     const auto now = std::chrono::steady_clock::now();
+    monitor_tick_ns_ = now.time_since_epoch().count();
     for (int r = 0; r < world_; ++r) {
       auto s = ranks_[r];
       if (s && now - s->last_heard > heartbeat_timeout_) {
@@ -91,6 +92,18 @@ grpc::Status WorkerMesh::Serve(grpc::ServerContext* ctx, Stream* stream) {
   cv_.notify_all();
 
   while (stream->Read(&msg)) {
+    if (msg.has_heartbeat()) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        s->last_heard = std::chrono::steady_clock::now();
+      }
+      // Answer it (outside mu_: a write may wait on flow control): the worker pings systemd's watchdog
+      // only while its heartbeats are answered.
+      CoordinatorMessage ack;
+      *ack.mutable_heartbeat_ack() = msg.heartbeat();
+      Write(s, ack);
+      continue;
+    }
     std::lock_guard<std::mutex> lock(mu_);
     s->last_heard = std::chrono::steady_clock::now();
     if (msg.has_ready()) {
@@ -98,7 +111,7 @@ grpc::Status WorkerMesh::Serve(grpc::ServerContext* ctx, Stream* stream) {
     } else if (msg.has_result()) {
       s->results[msg.result().step_id()] = std::move(*msg.mutable_result());
     } else {
-      continue;  // heartbeat
+      continue;
     }
     cv_.notify_all();
   }

@@ -4,6 +4,7 @@
 // at once; whoever waits on it is woken with the reason.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -65,6 +66,11 @@ class WorkerMesh {
   int64_t epoch() const { return epoch_; }
   int world() const { return world_; }
   std::map<int, WorkerStats> worker_stats();
+  // When the heartbeat monitor last ran. While it runs, a rank that stops heartbeating breaks the mesh
+  // within the heartbeat timeout and wakes whoever waits in Form()/RunStep(), so such a wait is bounded.
+  std::chrono::steady_clock::time_point monitor_tick() const {
+    return std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(monitor_tick_ns_.load()));
+  }
 
  private:
   struct Session {
@@ -92,6 +98,7 @@ class WorkerMesh {
   int64_t step_id_ = 0;
   std::map<int, WorkerStats> stats_;
   bool stop_ = false;
+  std::atomic<std::chrono::steady_clock::rep> monitor_tick_ns_{std::chrono::steady_clock::now().time_since_epoch().count()};
   std::thread monitor_;
 };
 

@@ -4,12 +4,19 @@
 //   dsmesh-worker --rank R --world N --coordinator HOST:PORT --model DIR --device cpu|cuda:I
 //                 [--kv-memory BYTES[K|M|G] | --kv-memory-fraction F] [--threads T] [--data-host ADDR]
 //                 [--collective-timeout-ms MS]
+//
+// Under systemd (Type=notify, deploy/systemd/dsmesh-worker@.service): READY=1 once its shard is loaded
+// and it joined the mesh (the first FormMesh that succeeded), STATUS= on every change (registered,
+// joined epoch E, mesh reset), STOPPING=1 when drained or terminated. WATCHDOG=1 only while the
+// session with the coordinator is healthy (SessionHealth): the coordinator answered a heartbeat
+// recently, or the worker is inside a step/formation that has not outlived its bound.
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -20,6 +27,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "common/flags.h"
+#include "common/systemd_notify.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "model/model.h"
 #include "proto/mesh.grpc.pb.h"
@@ -122,6 +130,9 @@ class Worker {
     h->set_host(data_host_);
     Send(hello);
 
+    last_ack_ = SteadyNow();  // a new session gets one ack window to see its first answer
+    NotifyStatus("connected to the coordinator at " + coordinator_ + " as rank " + std::to_string(rank_) + "/" +
+                 std::to_string(world_) + "; waiting for the mesh to form");
     std::thread heartbeat([this] {
       while (!stop_.load()) {
         WorkerMessage m;
@@ -140,21 +151,71 @@ class Worker {
       sigwait(&set, &sig);
       if (sig != SIGUSR1) {
         std::fprintf(stderr, "[worker %d] signal %d: leaving after the current step\n", rank_, sig);
+        NotifyStopping("terminated: leaving after the current step");
         terminated_ = true;
       }
       ctx_.TryCancel();
     });
+    // The watchdog pinger: at half of WatchdogSec, one WATCHDOG=1 per passing SessionHealth().
+    std::thread watchdog;
+    if (auto interval = SystemdWatchdogInterval()) {
+      const auto period = *interval / 2;
+      watchdog = std::thread([this, period] {
+        std::string last_problem;
+        while (!stop_.load()) {
+          const std::string problem = SessionHealth(period);
+          if (problem.empty()) {
+            NotifyWatchdog();
+          } else if (problem != last_problem) {
+            std::fprintf(stderr, "[worker %d] unhealthy, not pinging the systemd watchdog: %s\n", rank_, problem.c_str());
+            NotifyStatus("unhealthy: " + problem);
+          }
+          last_problem = problem;
+          for (auto slept = std::chrono::microseconds(0); slept < period && !stop_.load();
+               slept += std::chrono::milliseconds(50))
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+      });
+    }
 
     int rc = Loop();
     stop_ = true;
     ctx_.TryCancel();
     heartbeat.join();
+    if (watchdog.joinable()) watchdog.join();
     pthread_kill(signals.native_handle(), SIGUSR1);
     signals.join();
     return rc;
   }
 
  private:
+  static int64_t SteadyNow() { return std::chrono::steady_clock::now().time_since_epoch().count(); }
+
+  // "" while the session with the coordinator is healthy, else why not. Healthy: the coordinator
+  // answered a heartbeat within `ack_limit` (clamped to [1 s, 5 s]; heartbeats go out every 250 ms).
+  // Acks are read by the same loop that runs steps, so during a step (or a mesh formation) they queue
+  // up; then the step itself is the evidence, for up to twice the collective timeout: every wait on a
+  // peer inside it gives up after one collective timeout, so a step older than that is wedged.
+  std::string SessionHealth(std::chrono::steady_clock::duration ack_limit) {
+    ack_limit = std::clamp<std::chrono::steady_clock::duration>(ack_limit, std::chrono::seconds(1), std::chrono::seconds(5));
+    const auto now = std::chrono::steady_clock::duration(SteadyNow());
+    const auto since_ack = now - std::chrono::steady_clock::duration(last_ack_.load());
+    if (since_ack <= ack_limit) return "";
+    const int64_t busy = busy_since_.load();
+    if (busy != 0 && now - std::chrono::steady_clock::duration(busy) <= 2 * collective_timeout_) return "";
+    const long long ms = std::chrono::duration_cast<std::chrono::milliseconds>(since_ack).count();
+    if (busy != 0)
+      return "a step or mesh formation has run for more than " + std::to_string(2 * collective_timeout_.count()) + " ms";
+    return "the coordinator at " + coordinator_ + " answered no heartbeat for " + std::to_string(ms) + " ms";
+  }
+
+  // RAII: marks the loop busy (a step or a formation) for SessionHealth().
+  struct Busy {
+    explicit Busy(Worker* w) : w_(w) { w_->busy_since_ = SteadyNow(); }
+    ~Busy() { w_->busy_since_ = 0; }
+    Worker* w_;
+  };
+
   bool Send(const WorkerMessage& m) {
     std::lock_guard<std::mutex> lock(write_mu_);
     return stream_->Write(m);
@@ -164,22 +225,31 @@ class Worker {
     CoordinatorMessage msg;
     while (stream_->Read(&msg)) {
       switch (msg.kind_case()) {
+        case CoordinatorMessage::kHeartbeatAck:
+          last_ack_ = SteadyNow();
+          break;
         case CoordinatorMessage::kReject:
           std::fprintf(stderr, "[worker %d] the coordinator refused registration: %s\n", rank_, msg.reject().c_str());
           return 1;
-        case CoordinatorMessage::kForm:
+        case CoordinatorMessage::kForm: {
+          Busy busy(this);
           FormMesh(msg.form());
           break;
-        case CoordinatorMessage::kPlan:
+        }
+        case CoordinatorMessage::kPlan: {
+          Busy busy(this);
           RunStep(msg.plan());
           break;
+        }
         case CoordinatorMessage::kReset:
           std::fprintf(stderr, "[worker %d] mesh reset: %s\n", rank_, msg.reset().reason().c_str());
+          NotifyStatus("mesh reset (" + msg.reset().reason() + "); waiting for the mesh to re-form");
           if (executor_) executor_->Reset();
           comm_.Detach();
           break;
         case CoordinatorMessage::kDrain:
           std::fprintf(stderr, "[worker %d] drained by the coordinator; exiting\n", rank_);
+          NotifyStopping("drained by the coordinator");
           return 0;
         default:
           break;
@@ -223,9 +293,22 @@ class Worker {
       ready->set_vocab_size(static_cast<int32_t>(model_->config().vocab_size));
       ready->set_eos_token_id(static_cast<int32_t>(model_->config().eos_token_id));
       ready->set_summary("rank " + std::to_string(rank_) + " device " + device_ + " backend " + model_->backend().name());
+      const std::string status = "joined mesh epoch " + std::to_string(form.epoch()) + " as rank " + std::to_string(rank_) +
+                                 "/" + std::to_string(world_) + "; shard loaded (" +
+                                 std::to_string(model_->WeightBytes() >> 20) + " MiB of weights), backend " +
+                                 model_->backend().name();
+      // READY=1 once: the shard is loaded and the rank is part of a mesh. Later re-formations only
+      // update STATUS. (Sent before the reply; the coordinator's READY follows every rank's reply.)
+      if (!notified_ready_) {
+        notified_ready_ = true;
+        NotifyReady(status);
+      } else {
+        NotifyStatus(status);
+      }
     } catch (const std::exception& e) {
       comm_.Detach();
       ready->set_error(e.what());
+      NotifyStatus(std::string("could not join mesh epoch ") + std::to_string(form.epoch()) + ": " + e.what());
       std::fprintf(stderr, "[worker %d] could not join mesh epoch %lld: %s\n", rank_, (long long)form.epoch(), e.what());
     }
     Send(reply);
@@ -264,6 +347,9 @@ class Worker {
   std::unique_ptr<grpc::ClientReaderWriter<WorkerMessage, CoordinatorMessage>> stream_;
   std::mutex write_mu_;
   std::atomic<bool> stop_{false}, terminated_{false};
+  std::atomic<int64_t> last_ack_{0};     // steady_clock ticks of the last heartbeat ack
+  std::atomic<int64_t> busy_since_{0};   // steady_clock ticks when the running step/formation began; 0: idle
+  bool notified_ready_ = false;
 };
 
 }  // namespace

@@ -3,9 +3,13 @@
 // (READY=1 only once serving, WATCHDOG=1 only while the health check passes), promtool check config /
 // rules on the Prometheus files, and the Grafana dashboard: import format, the required panels, every
 // PromQL expression parsed by promtool, and every metric it (or an alert) uses exported by the gateway.
+// The mesh binaries' sd_notify too: dsmesh-coordinator and dsmesh-worker on the tiny model from
+// `dsmesh make-tiny`, each with its own stand-in notify socket (READY=1 only once the mesh formed / the
+// shard is loaded and joined, WATCHDOG=1 only while healthy, STATUS= on changes, STOPPING=1 on drain).
 import { spawn, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
+import net from 'node:net';
 import path from 'node:path';
 import { ROOT, track, assert, assertEq, metricsText, runCases, startMesh, waitHealthy } from './harness.mjs';
 
@@ -35,6 +39,71 @@ async function exportedFamilies() {
 function metricNames(expr) {
   return [...expr.matchAll(/\b(vllm:[a-z_:]+|dsmesh_[a-z_]+|up)\b/g)].map((m) => m[1])
     .map((n) => n.replace(/_(bucket|sum|count)$/, ''));
+}
+
+// The stand-in for systemd's notify socket (notify_listener.py): resolves once it listens; msgs() lists
+// the messages received so far (newlines shown as |).
+async function notifyListener(sock) {
+  const proc = track(spawn('python3', [arg('--notify-listener'), sock], { stdio: ['ignore', 'pipe', 'pipe'] }));
+  const lines = [];
+  await new Promise((resolve, reject) => {
+    proc.stdout.on('data', (d) => { lines.push(...d.toString().split('\n').filter(Boolean)); if (lines[0] === 'LISTENING') resolve(); });
+    let err = '';
+    proc.stderr.on('data', (d) => { err += d; });
+    proc.on('exit', (c) => reject(new Error(`notify listener exited ${c}: ${err}`)));
+  });
+  return { proc, msgs: () => lines.slice(1).map((l) => l.slice(l.indexOf(' ') + 1)) };
+}
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+async function waitFor(cond, ms, what) {
+  const deadline = Date.now() + ms;
+  while (!cond()) {
+    if (Date.now() > deadline) throw new Error(`timed out after ${ms} ms waiting for ${what}`);
+    await sleep(100);
+  }
+}
+const pings = (l) => l.msgs().filter((m) => m === 'WATCHDOG=1').length;
+
+const exited = (p) => new Promise((r) => { if (p.exitCode !== null) r(p.exitCode); else p.once('exit', (c) => r(c)); });
+
+// dsmesh-coordinator (world 1) on the tiny model, each process with its own stand-in notify socket and
+// WatchdogSec=4 (a ping every 2 s while healthy; the worker wants an answered heartbeat within 2 s).
+// startWorker() starts rank 0 and waits for READY=1 from both.
+async function startNotifyingMesh() {
+  const dir = fs.mkdtempSync('/tmp/dsn-');   // unix socket paths must fit in 108 bytes
+  const model = path.join(tmp(), 'tiny');
+  const mk = run(arg('--dsmesh'), ['make-tiny', '--out', model]);
+  assertEq(mk.status, 0, `make-tiny: ${mk.out}`);
+  const m = { cl: await notifyListener(path.join(dir, 'c.sock')), wl: await notifyListener(path.join(dir, 'w.sock')) };
+  const port = await new Promise((resolve) => {
+    const srv = net.createServer();
+    srv.listen(0, '127.0.0.1', () => { const p = srv.address().port; srv.close(() => resolve(p)); });
+  });
+  const logs = { coordinator: '', worker: '' };
+  const start = (name, bin, argv, sock) => {
+    const p = track(spawn(bin, argv, { stdio: ['ignore', 'ignore', 'pipe'],
+      env: { ...process.env, NOTIFY_SOCKET: sock, WATCHDOG_USEC: '4000000' } }));
+    p.stderr.on('data', (d) => { logs[name] += d; });
+    return p;
+  };
+  m.why = () => `\ncoordinator sent ${JSON.stringify(m.cl.msgs())}\nworker sent ${JSON.stringify(m.wl.msgs())}\n` +
+    `coordinator log:\n${logs.coordinator}\nworker log:\n${logs.worker}`;
+  m.coordinator = start('coordinator', arg('--coordinator'), ['--listen', `127.0.0.1:${port}`, '--world', '1', '--model', model],
+    path.join(dir, 'c.sock'));
+  m.startWorker = async () => {
+    m.worker = start('worker', arg('--worker'), ['--rank', '0', '--world', '1', '--coordinator', `127.0.0.1:${port}`, '--model', model,
+      '--device', 'cpu', '--kv-memory', '64M', '--threads', '1'], path.join(dir, 'w.sock'));
+    await waitFor(() => m.cl.msgs().some((x) => x.startsWith('READY=1')) && m.wl.msgs().some((x) => x.startsWith('READY=1')), 60000,
+      `READY=1 from both${m.why()}`);
+  };
+  m.stop = () => {
+    for (const p of [m.coordinator, m.worker]) if (p && p.exitCode === null) { p.kill('SIGCONT'); p.kill('SIGKILL'); }
+    m.cl.proc.kill('SIGKILL');
+    m.wl.proc.kill('SIGKILL');
+    fs.rmSync(dir, { recursive: true, force: true });
+  };
+  return m;
 }
 
 const cases = [
@@ -109,6 +178,49 @@ const cases = [
       listener.kill('SIGKILL');
       fs.rmSync(dir, { recursive: true, force: true });
     }
+  }],
+
+  ['coordinator and worker sd_notify: READY=1 once the mesh formed, STATUS= on changes, STOPPING=1 on drain', async () => {
+    const m = await startNotifyingMesh();
+    try {
+      // No worker yet: not READY, the status says what it waits for, and it pings (waiting is healthy).
+      await waitFor(() => pings(m.cl) >= 2, 10000, `coordinator pings while waiting for workers${m.why()}`);
+      assert(!m.cl.msgs().some((x) => x.startsWith('READY=1')), `no READY=1 before the mesh formed${m.why()}`);
+      assert(m.cl.msgs().some((x) => x.startsWith('STATUS=waiting for worker rank(s) 0 to register')), `waiting STATUS${m.why()}`);
+      await m.startWorker();
+      const cl = m.cl.msgs(), wl = m.wl.msgs();
+      const cReady = cl.find((x) => x.startsWith('READY=1'));
+      assert(/STATUS=serving: mesh epoch 1, 1 rank/.test(cReady), `coordinator READY carries the serving status: ${cReady}`);
+      const wReady = wl.find((x) => x.startsWith('READY=1'));
+      assert(/STATUS=joined mesh epoch 1 as rank 0\/1; shard loaded/.test(wReady), `worker READY says it joined: ${wReady}`);
+      assert(cl.findIndex((x) => x.startsWith('STATUS=forming the mesh')) < cl.findIndex((x) => x.startsWith('READY=1')),
+        `coordinator announced the formation before READY${m.why()}`);
+      const w0 = pings(m.wl), c0 = pings(m.cl);
+      await waitFor(() => pings(m.wl) >= w0 + 2 && pings(m.cl) >= c0 + 2, 10000, `pings from both while serving${m.why()}`);
+      // SIGTERM drains the coordinator, which drains the worker: both say STOPPING=1 and exit 0.
+      m.coordinator.kill('SIGTERM');
+      const [cc, wc] = await Promise.all([exited(m.coordinator), exited(m.worker)]);
+      assertEq(cc, 0, `coordinator exit after drain${m.why()}`);
+      assertEq(wc, 0, `worker exit after drain${m.why()}`);
+      assert(m.cl.msgs().some((x) => x.startsWith('STOPPING=1')), `coordinator STOPPING=1${m.why()}`);
+      assert(m.wl.msgs().some((x) => x.startsWith('STOPPING=1')), `worker STOPPING=1${m.why()}`);
+    } finally { m.stop(); }
+  }],
+
+  ['worker WATCHDOG=1 only while the coordinator answers its heartbeats', async () => {
+    const m = await startNotifyingMesh();
+    try {
+      await m.startWorker();
+      const w0 = pings(m.wl);
+      await waitFor(() => pings(m.wl) >= w0 + 2, 10000, `worker pings while serving${m.why()}`);
+      // Freeze the coordinator (process alive, socket open): the heartbeats go unanswered.
+      m.coordinator.kill('SIGSTOP');
+      await sleep(4500);   // the last answered heartbeat ages past 2 s, plus one ping period
+      const frozen = pings(m.wl);
+      await sleep(4500);
+      assertEq(pings(m.wl), frozen, `no worker WATCHDOG=1 while the coordinator is frozen${m.why()}`);
+      assert(m.wl.msgs().some((x) => /^STATUS=unhealthy: the coordinator at .* answered no heartbeat/.test(x)), `worker STATUS says why${m.why()}`);
+    } finally { m.stop(); }
   }],
 
   ['promtool check config and rules on deploy/prometheus', async () => {
