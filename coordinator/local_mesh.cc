@@ -98,6 +98,7 @@ void LocalMesh::Start() {
   if (!opt_.gateway_bin.empty()) {
     std::vector<std::string> g = {opt_.gateway_bin, "--listen", "127.0.0.1:" + std::to_string(opt_.gateway_port),
                                   "--coordinator", coordinator_address(), "--model", opt_.model_dir};
+    g.insert(g.end(), opt_.gateway_args.begin(), opt_.gateway_args.end());
     children_.push_back({"gateway", Spawn("gateway", g), g});
   }
 }

@@ -19,6 +19,7 @@ struct LocalMeshOptions {
   std::string kv_memory = "256M";
   int threads_per_worker = 1;
   std::vector<std::string> coordinator_args;  // extra flags, e.g. {"--max-num-seqs", "8"}
+  std::vector<std::string> gateway_args;      // extra flags, e.g. {"--api-key", "k", "--max-queued", "64"}
   std::string log_dir;          // empty: children inherit stderr
 };
 

@@ -1,5 +1,6 @@
 // CLI commands of the mesh:
-//   dsmesh up [--model DIR] [--world N] [--port 8000] ...      local coordinator + N CPU workers (+ gateway)
+//   dsmesh up [--model DIR] [--world N] [--port 8000] ...      local coordinator + N CPU workers (+ gateway,
+//                                                              with --served-model-name/--api-key[-file]/--max-queued)
 //   dsmesh bench --coordinator HOST:PORT | --world N [...]     per-step time split at 1 and 4 streams
 //   logits-mesh / generate-mesh: the `--world N` / `--coordinator HOST:PORT` variants of `dsmesh logits` and
 //   `dsmesh generate` (model/commands.cc hands those flags over here); same output as the single-process path.
@@ -88,7 +89,8 @@ std::string DescribeStatus(int status) {
 
 int RunUp(const std::vector<std::string>& args) {
   Flags f(args, {"model", "world", "port", "coordinator-port", "kv-memory", "threads", "max-num-seqs",
-                 "max-batched-tokens", "max-model-len", "enable-prefix-caching", "ready-timeout-s", "no-gateway"},
+                 "max-batched-tokens", "max-model-len", "enable-prefix-caching", "ready-timeout-s", "no-gateway",
+                 "served-model-name", "api-key", "api-key-file", "max-queued"},
           {"no-gateway"});
   const int world = static_cast<int>(f.GetInt("world", 2));
   if (world < 1) throw UsageError("--world must be >= 1");
@@ -98,6 +100,19 @@ int RunUp(const std::vector<std::string>& args) {
   o.gateway_port = static_cast<int>(f.GetInt("port", 8000));
   const std::string gateway = Sibling("gateway", "dsmesh-gateway");
   if (access(gateway.c_str(), X_OK) == 0 && !f.GetBool("no-gateway", false)) o.gateway_bin = gateway;
+  // The gateway's own flags, passed through only when given (the gateway checks them: --api-key with
+  // --api-key-file, an unreadable key file or a bad --max-queued make it exit and `up` says so).
+  if (f.Has("api-key") && f.Has("api-key-file")) throw UsageError("give --api-key or --api-key-file, not both");
+  const char* const gateway_flags[] = {"served-model-name", "api-key", "api-key-file", "max-queued"};
+  bool any_gateway_flag = false;
+  for (const char* name : gateway_flags) {
+    if (!f.Has(name)) continue;
+    any_gateway_flag = true;
+    o.gateway_args.insert(o.gateway_args.end(), {std::string("--") + name, f.Get(name)});
+  }
+  if (any_gateway_flag && o.gateway_bin.empty())
+    throw UsageError("--served-model-name, --api-key, --api-key-file and --max-queued are gateway flags; there is no "
+                     "gateway here (--no-gateway, or no binary at " + gateway + ")");
 
   // Ctrl-C / SIGTERM come to us (children run in their own process groups) and we stop them in order.
   sigset_t set;
@@ -362,7 +377,8 @@ int RunBench(const std::vector<std::string>& args) {
 }  // namespace
 
 DSMESH_REGISTER_COMMAND(up, "up [--model DIR] [--world N] [--port 8000] [--kv-memory 1G] [--threads T] "
-                            "[--max-num-seqs 4] [--max-batched-tokens 512] [--max-model-len L] [--no-gateway]", RunUp);
+                            "[--max-num-seqs 4] [--max-batched-tokens 512] [--max-model-len L] [--no-gateway] "
+                            "[--served-model-name NAME] [--api-key KEY | --api-key-file F] [--max-queued N]", RunUp);
 DSMESH_REGISTER_COMMAND(bench, "bench --coordinator HOST:PORT | --world N --model DIR [--streams 1,4] "
                                "[--prompt-tokens 32] [--max-tokens 64]", RunBench);
 static CommandRegistration logits_mesh_registration(

@@ -19,13 +19,18 @@ function freePort() {
   });
 }
 
+const MODEL = 'dsmesh-e2e';
+const API_KEY = 'e2e-secret-key';
+
 async function startUp() {
   const dir = fs.mkdtempSync(path.join(process.env.TEST_TMPDIR || os.tmpdir(), 'e2e-'));
   const model = path.join(dir, 'tiny');
   const mk = spawnSync(DSMESH, ['make-tiny', '--out', model], { encoding: 'utf8' });
   assertEq(mk.status, 0, `make-tiny: ${mk.stderr}`);
   const port = await freePort();
-  const up = track(spawn(DSMESH, ['up', '--model', model, '--world', '2', '--port', String(port), '--kv-memory', '256M', '--max-num-seqs', '4'],
+  // The gateway flags go through `up` (--served-model-name, --api-key, --max-queued): checked below.
+  const up = track(spawn(DSMESH, ['up', '--model', model, '--world', '2', '--port', String(port), '--kv-memory', '256M', '--max-num-seqs', '4',
+    '--served-model-name', MODEL, '--api-key', API_KEY, '--max-queued', '32'],
     { stdio: ['ignore', 'ignore', 'pipe'] }), 'SIGINT');
   let log = '';
   up.stderr.on('data', (d) => { log += d; if (process.env.GATEWAY_TEST_VERBOSE) process.stderr.write(d); });
@@ -40,11 +45,22 @@ async function startUp() {
   };
 }
 
-const client = (m) => new OpenAI({ baseURL: m.url, apiKey: 'x', maxRetries: 0, timeout: 120000 });
-const MODEL = 'tiny';
+const client = (m) => new OpenAI({ baseURL: m.url, apiKey: API_KEY, maxRetries: 0, timeout: 120000 });
 const messages = [{ role: 'system', content: 'You are terse.' }, { role: 'user', content: 'Name three colors.' }];
 
 const cases = [
+  ['up hands --served-model-name and --api-key to the gateway: 401 without the key, /health open', async ({ m }) => {
+    const models = await client(m).models.list();
+    assertEq(models.data.map((x) => x.id), [MODEL], 'served model name');
+    const body = JSON.stringify({ model: MODEL, prompt: [0, 1, 2], max_tokens: 1 });
+    for (const headers of [{}, { authorization: 'Bearer wrong-key' }]) {
+      const r = await fetch(`${m.url}/completions`, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body });
+      const text = await r.text();
+      assertEq(r.status, 401, `no/wrong key: ${text}`);
+      assertEq(typeof JSON.parse(text).error.message, 'string', `OpenAI error body: ${text}`);
+    }
+    assertEq((await fetch(`${m.base}/health`)).status, 200, '/health needs no key');
+  }],
   ['chat: greedy is deterministic, usage from the engine, prompt counted like /tokenize', async ({ m }) => {
     const body = { model: MODEL, messages, max_tokens: 8, temperature: 0, ignore_eos: true };
     const a = await client(m).chat.completions.create(body);
@@ -96,7 +112,7 @@ const cases = [
     assertEq(stopped.choices[0].finish_reason, 'stop', 'finish_reason');
     // stop_token_ids: the 4th greedy token ends the request after 4 tokens (the stop token is not text).
     const ids = (await (await fetch(`${m.base}/tokenize`, { method: 'POST', body: JSON.stringify({ prompt: text, add_special_tokens: false }) })).json()).tokens;
-    const chat = await fetch(`${m.url}/completions`, { method: 'POST', headers: { 'content-type': 'application/json' },
+    const chat = await fetch(`${m.url}/completions`, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${API_KEY}` },
       body: JSON.stringify({ ...base, stop_token_ids: [ids[3]], logprobs: 0 }) });
     const j = await chat.json();
     assertEq(j.choices[0].finish_reason, 'stop', `stop_token_ids finish: ${JSON.stringify(j)}`);
@@ -142,7 +158,7 @@ const cases = [
     assertEq(other, [], 'promtool findings');
   }],
   ['dsmesh bench --url runs the seat method against the mesh', async ({ m }) => {
-    const r = spawnSync(DSMESH, ['bench', '--url', m.base, '--max-tokens', '8', '--prompts', 'en,ja', '--streams', '1,2'], { encoding: 'utf8' });
+    const r = spawnSync(DSMESH, ['bench', '--url', m.base, '--api-key', API_KEY, '--max-tokens', '8', '--prompts', 'en,ja', '--streams', '1,2'], { encoding: 'utf8' });
     assertEq(r.status, 0, `bench exit status: ${r.stderr}`);
     const rows = r.stdout.split('\n').filter((l) => /^(en|ja)\s+\d/.test(l));
     assertEq(rows.length, 4, `table rows:\n${r.stdout}`);
