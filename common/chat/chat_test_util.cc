@@ -45,6 +45,10 @@ std::string RequireEnv(const char* name) {
   return v;
 }
 
+std::string DebianPython3() {
+  return std::filesystem::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
+}
+
 std::string ShellQuote(const std::string& s) {
   std::string out = "'";
   for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);

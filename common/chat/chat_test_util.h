@@ -24,6 +24,9 @@ std::string RequireEnv(const char* name);
 std::string RunCommand(const std::string& command);
 // Single-quotes a path or word for the shell.
 std::string ShellQuote(const std::string& s);
+// The Python that has Debian's python3-jinja2 (which ./dsmesh installs): /usr/bin/python3 when present,
+// so a python3 earlier on PATH (pyenv, a venv) without jinja2 cannot break the oracle.
+std::string DebianPython3();
 // Loads and parses one conversation file (an OpenAI request body).
 ChatRequest LoadConversation(const std::string& path);
 // True when `s` is well-formed UTF-8.

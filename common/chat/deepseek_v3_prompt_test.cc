@@ -21,7 +21,7 @@ TEST(DeepSeekV3PromptTest, MatchesJinjaRenderingOfTheRealTemplate) {
 
   std::vector<std::string> files = chat_test::ListFiles(std::string(kTestdata) + "/conversations", ".json");
   ASSERT_GE(files.size(), 30u);
-  std::string command = "python3 " + chat_test::ShellQuote(std::string(kTestdata) + "/render_v3_jinja.py") + " " +
+  std::string command = chat_test::DebianPython3() + " " + chat_test::ShellQuote(std::string(kTestdata) + "/render_v3_jinja.py") + " " +
                         chat_test::ShellQuote(config);
   for (const std::string& f : files) command += " " + chat_test::ShellQuote(f);
   nlohmann::ordered_json oracle = ParseJsonText(chat_test::RunCommand(command), "render_v3_jinja.py output");
