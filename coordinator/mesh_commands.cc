@@ -13,15 +13,19 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include "common/cli_registry.h"
 #include "common/flags.h"
 #include "common/safetensors.h"
 #include "coordinator/local_mesh.h"
 #include "coordinator/mesh_client.h"
+#include "model/tiny_model.h"
 
 namespace dsmesh {
 namespace {
@@ -39,13 +43,25 @@ std::string DataDir() {
   return std::string(home) + "/.local/share/dsmesh";
 }
 
-// The embedded tiny model, made once with `make-tiny` and cached under the data directory.
+// True when `dir` holds a tiny model whose config is the one this build's make-tiny writes. A cache made by
+// an older dsmesh (e.g. before the demo model shards at world 4) is then remade instead of served.
+bool IsCurrentTinyModel(const std::string& dir) {
+  if (!IsFile(dir + "/config.json") || !IsFile(dir + "/model.safetensors")) return false;
+  std::ifstream in(dir + "/config.json");
+  const nlohmann::json cached = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  return cached == nlohmann::json(TinyModelConfig(TinyModelSpec{}));
+}
+
+// The embedded tiny model, made with `make-tiny` and cached under the data directory.
 std::string DefaultModel() {
   const std::string dir = DataDir() + "/tiny-model";
-  if (IsFile(dir + "/config.json") && IsFile(dir + "/model.safetensors")) return dir;
+  if (IsCurrentTinyModel(dir)) return dir;
   auto it = CommandRegistry().find("make-tiny");
   if (it == CommandRegistry().end()) throw std::runtime_error("no --model given and this dsmesh lacks make-tiny");
-  std::fprintf(stderr, "dsmesh up: making the tiny demo model in %s (once)\n", dir.c_str());
+  const bool stale = IsFile(dir + "/config.json");
+  std::fprintf(stderr, "dsmesh up: making the tiny demo model in %s (%s)\n", dir.c_str(),
+               stale ? "the cached one was made by another version of make-tiny" : "once");
+  if (stale && std::system(("rm -rf '" + dir + "'").c_str()) != 0) throw std::runtime_error("cannot remove " + dir);
   const std::string tmp = dir + ".partial";
   if (std::system(("rm -rf '" + tmp + "' && mkdir -p '" + tmp + "'").c_str()) != 0)
     throw std::runtime_error("cannot create " + tmp);

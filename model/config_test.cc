@@ -3,7 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include "model/rope.h"
+#include "model/test_util.h"
+#include "model/tiny_model.h"
 
 namespace dsmesh {
 namespace {
@@ -105,6 +109,27 @@ TEST(ConfigTest, RefusesWhatItCannotRun) {
   std::string mscale = kCheckpointSpelling;
   mscale.replace(mscale.find("\"beta_slow\": 1}"), 15, "\"beta_slow\": 1, \"attention_factor\": 1.3}");
   EXPECT_NE(error(mscale).find("attention_factor"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace dsmesh
+
+namespace dsmesh {
+namespace {
+
+// `dsmesh up` decides whether its cached demo model is current by comparing config.json with
+// TinyModelConfig, so the two must agree for both spellings.
+TEST(ConfigTest, TinyModelConfigIsWhatMakeTinyWrites) {
+  for (bool hf : {false, true}) {
+    TinyModelSpec spec = testing_util::SmallSpec();
+    spec.transformers_naming = hf;
+    const std::string dir = testing_util::TempDir(hf ? "tiny_config_hf" : "tiny_config_ds");
+    WriteTinyModel(dir, 3, spec);
+    std::ifstream in(dir + "/config.json");
+    EXPECT_EQ(nlohmann::json::parse(in), nlohmann::json(TinyModelConfig(spec))) << dir;
+    spec.o_groups = 2;
+    EXPECT_NE(nlohmann::json(TinyModelConfig(spec)), nlohmann::json::parse(std::ifstream(dir + "/config.json")));
+  }
 }
 
 }  // namespace

@@ -138,33 +138,9 @@ void WriteBlock(TinyWriter& t, const TinyModelSpec& s, const std::string& p, int
 
 }  // namespace
 
-void WriteTinyModel(const std::string& dir, uint64_t seed, const TinyModelSpec& s) {
-  if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) throw std::runtime_error(dir + ": cannot create directory");
+nlohmann::ordered_json TinyModelConfig(const TinyModelSpec& s) {
   const int L = static_cast<int>(s.compress_ratios.size());
   const bool hf = s.transformers_naming;
-  TinyWriter t(seed, hf);
-  const int64_t D = s.hidden_size;
-  t.Bf16("embed.weight", {s.vocab_size, D}, t.Normal(s.vocab_size * D, 1.0));
-  t.Linear("head", s.vocab_size, D);
-  t.Norm("norm.weight", D);
-  WriteHc(t, "hc_head_", s.hc_mult, s.hc_mult * D, true);
-  for (int l = 0; l < L; ++l)
-    WriteBlock(t, s, "layers." + std::to_string(l) + ".", s.compress_ratios[l], l < s.num_hash_layers, l);
-  if (!hf) {  // transformers has no MTP module; DeepSeek checkpoints ship it
-    for (int m = 0; m < s.num_mtp_layers; ++m) {
-      const std::string p = "mtp." + std::to_string(m) + ".";
-      t.Linear(p + "e_proj", D, D);
-      t.Linear(p + "h_proj", D, D);
-      t.Norm(p + "enorm.weight", D);
-      t.Norm(p + "hnorm.weight", D);
-      t.Norm(p + "norm.weight", D);
-      WriteHc(t, p + "hc_head_", s.hc_mult, s.hc_mult * D, true);
-      WriteBlock(t, s, p, 0, false, -1);
-    }
-  }
-  t.writer().SetMetadata("format", "pt");
-  t.writer().Write(dir + "/model.safetensors");
-
   nlohmann::ordered_json c;
   c["architectures"] = {"DeepseekV4ForCausalLM"};
   c["model_type"] = "deepseek_v4";
@@ -232,6 +208,37 @@ void WriteTinyModel(const std::string& dir, uint64_t seed, const TinyModelSpec& 
     c["rope_scaling"] = yarn;
     c["num_nextn_predict_layers"] = s.num_mtp_layers;
   }
+  return c;
+}
+
+void WriteTinyModel(const std::string& dir, uint64_t seed, const TinyModelSpec& s) {
+  if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) throw std::runtime_error(dir + ": cannot create directory");
+  const int L = static_cast<int>(s.compress_ratios.size());
+  const bool hf = s.transformers_naming;
+  TinyWriter t(seed, hf);
+  const int64_t D = s.hidden_size;
+  t.Bf16("embed.weight", {s.vocab_size, D}, t.Normal(s.vocab_size * D, 1.0));
+  t.Linear("head", s.vocab_size, D);
+  t.Norm("norm.weight", D);
+  WriteHc(t, "hc_head_", s.hc_mult, s.hc_mult * D, true);
+  for (int l = 0; l < L; ++l)
+    WriteBlock(t, s, "layers." + std::to_string(l) + ".", s.compress_ratios[l], l < s.num_hash_layers, l);
+  if (!hf) {  // transformers has no MTP module; DeepSeek checkpoints ship it
+    for (int m = 0; m < s.num_mtp_layers; ++m) {
+      const std::string p = "mtp." + std::to_string(m) + ".";
+      t.Linear(p + "e_proj", D, D);
+      t.Linear(p + "h_proj", D, D);
+      t.Norm(p + "enorm.weight", D);
+      t.Norm(p + "hnorm.weight", D);
+      t.Norm(p + "norm.weight", D);
+      WriteHc(t, p + "hc_head_", s.hc_mult, s.hc_mult * D, true);
+      WriteBlock(t, s, p, 0, false, -1);
+    }
+  }
+  t.writer().SetMetadata("format", "pt");
+  t.writer().Write(dir + "/model.safetensors");
+
+  const nlohmann::ordered_json c = TinyModelConfig(s);
   std::ofstream out(dir + "/config.json");
   out << c.dump(2) << "\n";
   if (!out) throw std::runtime_error(dir + "/config.json: write failed");

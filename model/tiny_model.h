@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace dsmesh {
 
 struct TinyModelSpec {
@@ -34,6 +36,9 @@ struct TinyModelSpec {
   double swiglu_limit = 10.0;
   bool transformers_naming = false;  // write transformers' names and config spelling instead of DeepSeek's
 };
+
+// The config.json that WriteTinyModel writes for `spec` (checkpoint or transformers spelling).
+nlohmann::ordered_json TinyModelConfig(const TinyModelSpec& spec);
 
 // Writes config.json and model.safetensors (bf16 linears/embeddings, f32 hc/sinks/ape/bias, int32 tid2eid)
 // into `dir` (created if missing). Same seed, same bytes.
