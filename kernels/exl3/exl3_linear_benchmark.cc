@@ -1,7 +1,7 @@
 // CPU EXL3 linear throughput: K = 2, 3, 6 (MCG) at k x n = 4096 x 2048, m = 1, 4, 16 rows.
 // Reports GB/s of trellis bytes streamed and weights/s decoded (k*n per call; every row reuses the
 // decoded tile). Later kernels (kernels/cuda) compare against these numbers. Rates use wall time; the CPU
-// column sums all threads (DSMESH_THREADS=1 gives the single-core figure).
+// column sums all threads (DSMESH_CPU_THREADS=1 gives the single-core figure).
 //   bazel run -c opt //kernels/exl3:exl3_linear_benchmark
 #include <benchmark/benchmark.h>
 

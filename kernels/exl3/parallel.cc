@@ -90,7 +90,8 @@ class Pool {
 Pool& ThePool() {
   static Pool* pool = [] {
     int n = static_cast<int>(std::thread::hardware_concurrency());
-    if (const char* env = std::getenv("DSMESH_THREADS")) n = std::atoi(env);
+    // The same knob as the CPU backend (kernels/cpu/thread_pool.h), so one setting governs every CPU pool.
+    if (const char* env = std::getenv("DSMESH_CPU_THREADS")) n = std::atoi(env);
     return new Pool(std::clamp(n, 1, 256));  // leaked on purpose: no shutdown-order issues
   }();
   return *pool;

@@ -1,5 +1,5 @@
 // A small persistent thread pool for the EXL3 CPU kernels and the encoder: ParallelFor splits [0, n)
-// into contiguous chunks, one per thread, and the caller works too. Threads: DSMESH_THREADS if set,
+// into contiguous chunks, one per thread, and the caller works too. Threads: DSMESH_CPU_THREADS if set (as the CPU backend),
 // else std::thread::hardware_concurrency(). A call made while the pool is busy (from another thread or
 // from inside a task) runs inline on the calling thread, so nesting never deadlocks.
 #pragma once
