@@ -11,11 +11,27 @@
 //      resets the counter for the next launch. No float atomics: outputs are bitwise reproducible.
 #pragma once
 
+#include <type_traits>
+
 #include "kernels/cuda/exl3_gemv_params.h"
 #include "kernels/cuda/exl3_tile_gemv.cuh"
 
 namespace dsmesh::exl3cuda {
 
+
+// Writes one finished 128-column row slice (lane holds columns 4 lane .. 4 lane + 3) as fp32 or fp16.
+__device__ __forceinline__ void StoreGemvRow(const GemvParams& p, int row, int strip, int lane, const float v[4]) {
+  const int64_t yofs = (int64_t)row * p.n + strip * 128 + lane * 4;
+  if (p.y_fp16) {
+    const half2 h0 = __floats2half2_rn(v[0], v[1]), h1 = __floats2half2_rn(v[2], v[3]);
+    uint2 u;
+    u.x = *reinterpret_cast<const uint32_t*>(&h0);
+    u.y = *reinterpret_cast<const uint32_t*>(&h1);
+    *reinterpret_cast<uint2*>(reinterpret_cast<__half*>(p.y) + yofs) = u;
+  } else {
+    *reinterpret_cast<float4*>(reinterpret_cast<float*>(p.y) + yofs) = make_float4(v[0], v[1], v[2], v[3]);
+  }
+}
 
 template <int K, int CB>
 __global__ void __launch_bounds__(kThreads, 3) Exl3GemvKernel(const GemvParams p) {
@@ -53,6 +69,7 @@ __global__ void __launch_bounds__(kThreads, 3) Exl3GemvKernel(const GemvParams p
   float* out = reinterpret_cast<float*>(act);  // [m][128], the activations are no longer needed
   Core::Reduce(acc, m, reinterpret_cast<float*>(ring), out);
 
+  const __half* svh = reinterpret_cast<const __half*>(p.svh) + strip * 128 + lane * 4;
   if (p.splits > 1) {
     float* part = p.partial + (int64_t)split * m * p.n + strip * 128;
     for (int i = tid; i < m * 32; i += kThreads) {
@@ -83,21 +100,11 @@ __global__ void __launch_bounds__(kThreads, 3) Exl3GemvKernel(const GemvParams p
     __syncthreads();
   }
 
-  const __half* svh = reinterpret_cast<const __half*>(p.svh) + strip * 128 + lane * 4;
   for (int row = warp; row < m; row += kThreads / 32) {
     const float4 o = *reinterpret_cast<const float4*>(out + row * 128 + lane * 4);
     float v[4] = {o.x, o.y, o.z, o.w};
     OutputHadamard128(v, svh, lane);
-    const int64_t yofs = (int64_t)row * p.n + strip * 128 + lane * 4;
-    if (p.y_fp16) {
-      const half2 h0 = __floats2half2_rn(v[0], v[1]), h1 = __floats2half2_rn(v[2], v[3]);
-      uint2 u;
-      u.x = *reinterpret_cast<const uint32_t*>(&h0);
-      u.y = *reinterpret_cast<const uint32_t*>(&h1);
-      *reinterpret_cast<uint2*>(reinterpret_cast<__half*>(p.y) + yofs) = u;
-    } else {
-      *reinterpret_cast<float4*>(reinterpret_cast<float*>(p.y) + yofs) = make_float4(v[0], v[1], v[2], v[3]);
-    }
+    StoreGemvRow(p, row, strip, lane, v);
   }
 }
 
@@ -151,24 +158,31 @@ __global__ void __launch_bounds__(kThreads) Exl3ReconstructKernel(const Reconstr
   }
 }
 
-// Instantiates K = 1..8 for one codebook and the two entry points declared in exl3_gemv_params.h.
+// Calls fn(std::integral_constant<int, K>{}) for a runtime K in 1..8.
+template <class Fn>
+int DispatchK(int K, Fn&& fn) {
+  switch (K) {
+    case 1: return fn(std::integral_constant<int, 1>{});
+    case 2: return fn(std::integral_constant<int, 2>{});
+    case 3: return fn(std::integral_constant<int, 3>{});
+    case 4: return fn(std::integral_constant<int, 4>{});
+    case 5: return fn(std::integral_constant<int, 5>{});
+    case 6: return fn(std::integral_constant<int, 6>{});
+    case 7: return fn(std::integral_constant<int, 7>{});
+    case 8: return fn(std::integral_constant<int, 8>{});
+    default: return static_cast<int>(cudaErrorInvalidValue);
+  }
+}
+
+// Instantiates K = 1..8 for one codebook and the entry points declared in exl3_gemv_params.h.
 #define DSMESH_EXL3_GEMV_CODEBOOK(CB, NAME)                                                              \
   int LaunchGemv##NAME(int K, const GemvParams& p, int grid_x, int grid_y, void* stream) {              \
-    const dim3 grid(grid_x, grid_y), block(kThreads);                                                   \
-    const cudaStream_t s = static_cast<cudaStream_t>(stream);                                           \
-    const size_t smem = GemvSmemBytes(K);                                                               \
-    switch (K) {                                                                                        \
-      case 1: Exl3GemvKernel<1, CB><<<grid, block, smem, s>>>(p); break;                                \
-      case 2: Exl3GemvKernel<2, CB><<<grid, block, smem, s>>>(p); break;                                \
-      case 3: Exl3GemvKernel<3, CB><<<grid, block, smem, s>>>(p); break;                                \
-      case 4: Exl3GemvKernel<4, CB><<<grid, block, smem, s>>>(p); break;                                \
-      case 5: Exl3GemvKernel<5, CB><<<grid, block, smem, s>>>(p); break;                                \
-      case 6: Exl3GemvKernel<6, CB><<<grid, block, smem, s>>>(p); break;                                \
-      case 7: Exl3GemvKernel<7, CB><<<grid, block, smem, s>>>(p); break;                                \
-      case 8: Exl3GemvKernel<8, CB><<<grid, block, smem, s>>>(p); break;                                \
-      default: return static_cast<int>(cudaErrorInvalidValue);                                          \
-    }                                                                                                   \
-    return static_cast<int>(cudaGetLastError());                                                        \
+    return DispatchK(K, [&](auto k) {                                                                   \
+      constexpr int kK = decltype(k)::value;                                                            \
+      Exl3GemvKernel<kK, CB><<<dim3(grid_x, grid_y), kThreads, GemvSmemBytes(kK),                        \
+                               static_cast<cudaStream_t>(stream)>>>(p);                                 \
+      return static_cast<int>(cudaGetLastError());                                                      \
+    });                                                                                                 \
   }                                                                                                     \
   int LaunchReconstruct##NAME(int K, const ReconstructParams& p, void* stream) {                        \
     const int64_t tiles = (int64_t)(p.k / 16) * (p.n / 16);                                             \

@@ -4,9 +4,11 @@
 // suh and Hadamard-transformed, in shared memory) by a block of KT x (WN * 8) EXL3 16x16 tiles streamed
 // from global memory. The warps form WN column groups of 8 tiles (128 output columns) times WK = 8 / WN
 // k-splits. Each pipeline stage brings WK k-rows x WN groups x 8 tiles = 64 tiles global -> shared with
-// cp.async; each warp then decodes its 8 tiles straight into mma.m16n8k16 B fragments (the decoded
-// weights never touch memory) and accumulates in fp32. Rows beyond R are zero fragments, so the cost is
-// the decode, not the row count: R = 1, 2, 4, 8 or 16 all take one pass over the weights.
+// cp.async, each warp copying exactly the 8 tiles it will decode into its own slice of the ring (so
+// stages are published with cp.async.wait_group + __syncwarp, never a CTA barrier); the warp then
+// decodes its tiles straight into mma.m16n8k16 B fragments (the decoded weights never touch memory)
+// and accumulates in fp32. Rows beyond R cost nothing extra (their A rows repeat row R - 1 and their
+// outputs are dropped): R = 1, 2, 4, 8 or 16 all take one pass over the weights.
 //
 // After the loop the k-split partial sums are reduced in a fixed tree order through shared memory
 // (deterministic), leaving out[g][row][col] (fp32, 128 columns per group) for the caller's epilogue.
@@ -26,7 +28,6 @@ struct TileGemv {
   static constexpr int WK = 8 / WN;
   static constexpr int kStages = StagesForK(K);
   static constexpr int kTileBytes = 32 * K;
-  static constexpr int kGroupBytes = 8 * kTileBytes;  // 8 consecutive n-tiles of one k-row
   static constexpr int kStageBytes = StageBytes(K);
   static_assert(WN * WK == 8 && WK >= 2, "8 warps, at least two per group");
 
@@ -34,29 +35,6 @@ struct TileGemv {
     const uint8_t* base[WN];  // tile (k-tile 0 of the range, first n-tile of group g)
     int64_t row_stride;       // bytes between consecutive k-tiles (n/16 tiles * 32K bytes)
   };
-
-  __device__ static void LoadStage(const Source& src, int stage, uint8_t* slot, int tid) {
-    constexpr int kChunksPerGroup = kGroupBytes / 16;
-    constexpr int kChunks = WK * WN * kChunksPerGroup;
-#pragma unroll 4
-    for (int c = tid; c < kChunks; c += kThreads) {
-      const int seg = c / kChunksPerGroup, off = c - seg * kChunksPerGroup;
-      const int j = seg / WN, g = seg - j * WN;
-      const uint8_t* gsrc = src.base[g] + (int64_t)(stage * WK + j) * src.row_stride + off * 16;
-      CpAsync16(slot + seg * kGroupBytes + off * 16, gsrc);
-    }
-  }
-
-  // Starts the cp.async pipeline (the first kStages - 1 stages). Call before preparing the activations
-  // so the first trellis bytes are already in flight; MainLoop's first barrier publishes both.
-  __device__ static void Prologue(const Source& src, int KT, uint8_t* ring) {
-    const int num_stages = KT / WK;
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-      if (s < num_stages) LoadStage(src, s, ring + s * kStageBytes, threadIdx.x);
-      CpAsyncCommit();
-    }
-  }
 
   // Warp roles. Group g (8 n-tiles = 128 columns) is served by WK warps: two column halves (4 n-tiles
   // each) times WKP = WK / 2 k-splits; per stage a warp takes k-rows j and j + WKP of its group, so it
@@ -74,6 +52,61 @@ struct TileGemv {
     r.h = w / WKP;
     r.j = w - r.h * WKP;
     return r;
+  }
+
+  // Each warp streams exactly the 8 tiles it decodes (two runs of 4 consecutive tiles, one per k-row)
+  // into its own slice of the ring, so the main loop needs no CTA-wide barrier: cp.async.wait_group +
+  // __syncwarp publish a stage to the warp, and warps drift freely (one waiting on memory while another
+  // decodes). The ring holds kStages slots of kWarpStageBytes per warp.
+  static constexpr int kRunBytes = 4 * kTileBytes;       // 4 consecutive n-tiles of one k-row
+  static constexpr int kWarpStageBytes = 2 * kRunBytes;  // 8 tiles
+  static constexpr int kWarpRingBytes = kStages * kWarpStageBytes;
+  static_assert(8 * kWarpRingBytes == kStages * kStageBytes, "the warp slices tile the ring");
+
+  // A lane's share of its warp's cp.async copies: chunk c = lane + 32 i (16 bytes each) of the warp's
+  // 8 tiles per stage lands at byte 16 c of the warp's slot and comes from src_off[i] bytes past the
+  // stage's first run (k-row j) in global memory; `next` is the stage the next Load brings. Offsets and
+  // pointer are computed once, so a stage costs one 64-bit add and kLoads copies per lane.
+  static constexpr int kChunks = kWarpStageBytes / 16;
+  static constexpr int kLoads = (kChunks + 31) / 32;
+  struct LaneLoads {
+    const uint8_t* next;
+    int64_t stage_stride;  // bytes between consecutive stages (WK k-rows)
+    int src_off[kLoads];
+  };
+  __device__ static LaneLoads LaneLoadsOf(const Source& src, const Role& role, int lane) {
+    LaneLoads l;
+    l.next = src.base[role.g] + (int64_t)role.j * src.row_stride + role.h * kRunBytes;
+    l.stage_stride = (int64_t)WK * src.row_stride;
+    constexpr int kChunksPerRun = kRunBytes / 16;
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) {
+      const int c = lane + 32 * i, kk = c / kChunksPerRun, off = c - kk * kChunksPerRun;
+      l.src_off[i] = static_cast<int>(kk * WKP * src.row_stride) + off * 16;
+    }
+    return l;
+  }
+  // Copies the next stage into `slot` (this warp's part of the ring) and advances.
+  __device__ static void Load(LaneLoads& l, uint8_t* slot, int lane) {
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i)
+      if (kChunks % 32 == 0 || i + 1 < kLoads || lane + 32 * i < kChunks)
+        CpAsync16(slot + (lane + 32 * i) * 16, l.next + l.src_off[i]);
+    l.next += l.stage_stride;
+  }
+
+  // Starts the cp.async pipeline (the first kStages - 1 stages of every warp). Call before preparing
+  // the activations so the first trellis bytes are already in flight.
+  __device__ static void Prologue(const Source& src, int KT, uint8_t* ring) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    LaneLoads l = LaneLoadsOf(src, RoleOf(warp), lane);
+    uint8_t* mine = ring + warp * kWarpRingBytes;
+    const int num_stages = KT / WK;
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < num_stages) Load(l, mine + s * kWarpStageBytes, lane);
+      CpAsyncCommit();
+    }
   }
 
   // acc[t][n8][4]: fp32 C fragments of this warp's 4 tiles (two n8 halves each).
@@ -97,34 +130,34 @@ struct TileGemv {
 
     const LaneTileGeom geom = MakeLaneTileGeom<K>(lane);
     const uint32_t mulk = one << K;
+    // A fragment rows beyond R read row R - 1 instead of zeros: MMA output row r depends only on A row
+    // r, and rows >= R are never stored, so the loads need no branch.
     const int arow = lane >> 2, acol = (lane & 3) * 2;
-    const bool row_lo = arow < R, row_hi = arow + 8 < R;
-    const __half* a_lo = a[role.g] + arow * a_stride + acol;
-    const __half* a_hi = a[role.g] + (arow + 8) * a_stride + acol;
+    const __half* a_lo = a[role.g] + min(arow, R - 1) * a_stride + acol;
+    const __half* a_hi = a[role.g] + min(arow + 8, R - 1) * a_stride + acol;
 
+    uint8_t* mine = ring + warp * kWarpRingBytes;
+    // The prologue issued stages 0 .. kStages - 2; rebuild the lane's copy list past them.
+    LaneLoads l = LaneLoadsOf(src, role, lane);
+    l.next += (kStages - 1) * l.stage_stride;
+    int load_slot = kStages - 1, use_slot = 0;
+    __syncthreads();  // the activations written by other warps are visible
     for (int st = 0; st < num_stages; ++st) {
       CpAsyncWait<kStages - 2>();
-      __syncthreads();
-      {
-        const int next = st + kStages - 1;
-        if (next < num_stages) LoadStage(src, next, ring + (next % kStages) * kStageBytes, tid);
-        CpAsyncCommit();
-      }
+      __syncwarp();  // this warp's stage st has landed for all its lanes; the slot of st - 1 is free
+      if (st + kStages - 1 < num_stages) Load(l, mine + load_slot * kWarpStageBytes, lane);
+      CpAsyncCommit();
+      load_slot = load_slot + 1 == kStages ? 0 : load_slot + 1;
+      const uint8_t* stage = mine + use_slot * kWarpStageBytes;
+      use_slot = use_slot + 1 == kStages ? 0 : use_slot + 1;
 #pragma unroll
       for (int kk = 0; kk < 2; ++kk) {
-        const int jr = role.j + kk * WKP;  // k-row within the stage
-        const int kt = st * WK + jr;
-        uint32_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-        if (row_lo) {
-          a0 = *reinterpret_cast<const uint32_t*>(a_lo + kt * 16);
-          a2 = *reinterpret_cast<const uint32_t*>(a_lo + kt * 16 + 8);
-        }
-        if (row_hi) {
-          a1 = *reinterpret_cast<const uint32_t*>(a_hi + kt * 16);
-          a3 = *reinterpret_cast<const uint32_t*>(a_hi + kt * 16 + 8);
-        }
-        const uint32_t* tiles = reinterpret_cast<const uint32_t*>(
-            ring + (st % kStages) * kStageBytes + (jr * WN + role.g) * kGroupBytes + role.h * 4 * kTileBytes);
+        const int kt = st * WK + role.j + kk * WKP;  // k-tile of the activations
+        const uint32_t a0 = *reinterpret_cast<const uint32_t*>(a_lo + kt * 16);
+        const uint32_t a2 = *reinterpret_cast<const uint32_t*>(a_lo + kt * 16 + 8);
+        const uint32_t a1 = *reinterpret_cast<const uint32_t*>(a_hi + kt * 16);
+        const uint32_t a3 = *reinterpret_cast<const uint32_t*>(a_hi + kt * 16 + 8);
+        const uint32_t* tiles = reinterpret_cast<const uint32_t*>(stage + kk * kRunBytes);
 #pragma unroll
         for (int t = 0; t < kAccTiles; ++t) {
           uint32_t b[4];

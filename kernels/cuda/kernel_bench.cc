@@ -43,6 +43,7 @@ namespace dsmesh::bench {
 int FillRandom(void* p, int64_t words, uint32_t seed, cudaStream_t s);
 int Lop3Chains(uint32_t* out, int blocks, int iters, cudaStream_t s);
 int FillRandomBf16(void* p, int64_t count, uint32_t seed, cudaStream_t s);
+int EmptyLaunch(int* sink, int blocks, cudaStream_t s);
 }  // namespace dsmesh::bench
 
 namespace dsmesh {
@@ -148,6 +149,24 @@ double TimeGraph(cudaGraphExec_t exec, int calls, int replays, cudaStream_t s) {
   }
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+// Per-node time of a graph of 20 empty kernels with `blocks` CTAs: the launch floor under every
+// small case (a kernel cannot finish faster than its graph node).
+double MeasureEmptyNode(int blocks, int replays, cudaStream_t s) {
+  int* sink = DeviceAlloc<int>(blocks);
+  const int calls = 20;
+  cudaGraph_t graph;
+  CudaCheck(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
+  for (int c = 0; c < calls; ++c) CudaCheck(static_cast<cudaError_t>(bench::EmptyLaunch(sink, blocks, s)), "empty launch");
+  CudaCheck(cudaStreamEndCapture(s, &graph), "end capture");
+  cudaGraphExec_t exec;
+  CudaCheck(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  const double us = TimeGraph(exec, calls, replays, s);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaFree(sink);
+  return us;
 }
 
 struct Row {
@@ -541,22 +560,27 @@ int Main(int argc, char** argv) {
   const double intops = MeasureIntThroughput(prop.multiProcessorCount, s);
   std::printf("device %s, %d SMs, L2 %d MB; copy bandwidth %.0f GB/s (read+write); LOP3 throughput %.2f Tops/s\n",
               prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, bw / 1e9, intops / 1e12);
+  std::printf("graph node floor: empty kernel of %d x 256 threads %.2f us per node (20 nodes per graph)\n",
+              2 * prop.multiProcessorCount, MeasureEmptyNode(2 * prop.multiProcessorCount, replays, s));
   std::printf("floors: byte = weight bytes / copy bandwidth; op = decode ops/weight (SASS count) x weights / LOP3 rate\n");
   PrintHeader();
   std::vector<Row> dense, moe;
   std::vector<GemmRow> gemm;
   if (only.empty() || only == "dense") {
-    if (ctas_per_sm.empty()) {
+    // Sweeps of the GEMV's knobs, read by Exl3GemvWorkspace: one summary per value; the first value's
+    // rows go into the final summary.
+    const char* var = "DSMESH_EXL3_GEMV_CTAS_PER_SM";
+    const std::vector<std::string>& values = ctas_per_sm;
+    if (values.empty()) {
       RunDense(anchors, bw, intops, replays, s, dense);
     } else {
-      // Sweep of the GEMV's k-split target (DSMESH_EXL3_GEMV_CTAS_PER_SM), one summary per value.
-      for (const auto& v : ctas_per_sm) {
-        setenv("DSMESH_EXL3_GEMV_CTAS_PER_SM", v.c_str(), 1);
-        std::printf("-- DSMESH_EXL3_GEMV_CTAS_PER_SM=%s\n", v.c_str());
+      for (const auto& v : values) {
+        setenv(var, v.c_str(), 1);
+        std::printf("-- %s=%s\n", var, v.c_str());
         std::vector<Row> rows;
         RunDense(anchors, bw, intops, replays, s, rows);
-        Summary("dense(ctas_per_sm=" + v + ")", rows);
-        if (v == ctas_per_sm.front()) dense = rows;
+        Summary(std::string("dense(") + var + "=" + v + ")", rows);
+        if (v == values.front()) dense = rows;
       }
     }
   }
