@@ -6,7 +6,7 @@
 #include <string>
 
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/exl3_gemv_params.h"
+#include "kernels/cuda/exl3_gemm_kernels.h"
 
 namespace dsmesh {
 namespace {
@@ -33,17 +33,24 @@ Exl3GemmWorkspace::Exl3GemmWorkspace(int max_m, int64_t max_k, int64_t max_n, in
   CublasCheck(cublasCreate(&h), "Exl3GemmWorkspace cublasCreate");
   cublas_ = h;
   CudaCheck(cudaMalloc(&cublas_scratch_, kCublasScratchBytes), "Exl3GemmWorkspace cuBLAS scratch");
-  CudaCheck(cudaMalloc(&what_, static_cast<size_t>(max_weights) * 2), "Exl3GemmWorkspace weight scratch");
+  CudaCheck(cudaMalloc(&weff_, static_cast<size_t>(max_weights) * 2), "Exl3GemmWorkspace weight scratch");
   CudaCheck(cudaMalloc(&xh_, static_cast<size_t>(max_m) * max_k * 2), "Exl3GemmWorkspace activation scratch");
-  CudaCheck(cudaMalloc(&yp_, static_cast<size_t>(max_m) * max_n * 4), "Exl3GemmWorkspace output scratch");
+  CudaCheck(cudaMalloc(&saturated_, sizeof(unsigned int)), "Exl3GemmWorkspace saturation counter");
+  CudaCheck(cudaMemset(saturated_, 0, sizeof(unsigned int)), "Exl3GemmWorkspace saturation counter");
 }
 
 Exl3GemmWorkspace::~Exl3GemmWorkspace() {
   if (cublas_) cublasDestroy(static_cast<cublasHandle_t>(cublas_));
   cudaFree(cublas_scratch_);
-  cudaFree(what_);
+  cudaFree(weff_);
   cudaFree(xh_);
-  cudaFree(yp_);
+  cudaFree(saturated_);
+}
+
+uint64_t Exl3GemmWorkspace::SaturatedWeights() const {
+  unsigned int n = 0;
+  CudaCheck(cudaMemcpy(&n, saturated_, sizeof(n), cudaMemcpyDeviceToHost), "Exl3GemmWorkspace saturation counter read");
+  return n;
 }
 
 void Exl3Gemm(const Exl3DeviceLinear& w, const uint16_t* x, int m, void* y, Exl3Out out, Exl3GemmWorkspace& ws,
@@ -81,29 +88,28 @@ void Exl3Gemm(const Exl3DeviceLinear& w, const uint16_t* x, int m, void* y, Exl3
     throw std::runtime_error(who + ": workspace is bound to another stream; use one Exl3GemmWorkspace per stream");
   }
 
-  exl3cuda::ReconstructParams p{};
+  exl3cuda::GemmWeightParams p{};
   p.trellis = w.trellis;
-  p.what = ws.what_;
+  p.svh = w.svh;
+  p.weff = ws.weff_;
   p.k = static_cast<int>(w.k);
   p.n = static_cast<int>(w.n);
   p.one = 1;
+  p.saturated = ws.saturated_;
   p.x = x;
   p.suh = w.suh;
   p.xh = ws.xh_;
   p.m = m;
-  CudaCheck(static_cast<cudaError_t>(exl3cuda::LaunchReconstruct(w.K, w.codebook, p, stream)),
-            who + " decode + input transform launch");
+  CudaCheck(static_cast<cudaError_t>(exl3cuda::LaunchGemmWeight(w.K, w.codebook, p, stream)),
+            who + " weight decode + input transform launch");
 
-  // Row-major yp[m, n] = xh[m, k] Ŵ[k, n] is, column-major, yp^T (n x m) = Ŵ^T (n x k) xh^T (k x m).
+  // Row-major y[m, n] = xh[m, k] W_eff[k, n] is, column-major, y^T (n x m) = W_eff^T (n x k) xh^T (k x m).
   const float alpha = 1.0f, beta = 0.0f;
   CublasCheck(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(w.n), m, static_cast<int>(w.k), &alpha,
-                           ws.what_, CUDA_R_16F, static_cast<int>(w.n), ws.xh_, CUDA_R_16F, static_cast<int>(w.k),
-                           &beta, ws.yp_, CUDA_R_32F, static_cast<int>(w.n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                           ws.weff_, CUDA_R_16F, static_cast<int>(w.n), ws.xh_, CUDA_R_16F, static_cast<int>(w.k),
+                           &beta, y, out == Exl3Out::kF16 ? CUDA_R_16F : CUDA_R_32F, static_cast<int>(w.n),
+                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
               who + ": cublasGemmEx");
-
-  CudaCheck(static_cast<cudaError_t>(exl3cuda::LaunchGemmOutput(ws.yp_, w.svh, y, m, static_cast<int>(w.n),
-                                                                out == Exl3Out::kF16, stream)),
-            who + " output transform launch");
 }
 
 }  // namespace dsmesh

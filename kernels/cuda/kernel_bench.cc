@@ -36,6 +36,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/exl3_gemm.h"
+#include "kernels/cuda/exl3_gemm_kernels.h"
 #include "kernels/cuda/exl3_gemv.h"
 #include "kernels/cuda/exl3_moe.h"
 
@@ -375,7 +376,7 @@ void CublasOk(cublasStatus_t st, const char* what) {
 
 struct GemmRow {
   std::string label;
-  double us, decode_us, cublas_us;
+  double us, decode_us, recon_us, cublas_us;
   double flops;
 };
 
@@ -392,7 +393,10 @@ void RunGemm(const nlohmann::json& anchors, int replays, cudaStream_t s, std::ve
   CublasOk(cublasSetStream(h, s), "cublasSetStream");
   CublasOk(cublasSetWorkspace(h, cws, size_t(32) << 20), "cublasSetWorkspace");
   std::mt19937 rng(3);
-  std::printf("%-6s %-36s %9s %9s %9s %8s %9s %9s\n", "kind", "case", "us", "decode", "cublas", "rate", "TFLOP/s", "cuBLAS_TF");
+  // decode = the GEMM's weight launch alone (W_eff = Ŵ Hn diag(svh), no input transform); recon = the
+  // plain Ŵ decode (Exl3Reconstruct) for comparison.
+  std::printf("%-6s %-36s %9s %9s %9s %9s %8s %9s %9s\n", "kind", "case", "us", "decode", "recon", "cublas", "rate",
+              "TFLOP/s", "cuBLAS_TF");
   for (const std::string& shape : shapes) {
     const size_t sp = shape.find(' '), xp = shape.find('x', sp);
     const int64_t k = std::stoll(shape.substr(sp + 1, xp - sp - 1)), n = std::stoll(shape.substr(xp + 1));
@@ -450,19 +454,30 @@ void RunGemm(const nlohmann::json& anchors, int replays, cudaStream_t s, std::ve
         l.name = shape;
         return l;
       };
-      // The decode launch alone (no input transform), for the breakdown.
-      double decode_us = 0;
-      {
+      // The weight launch alone (no input transform) and the plain Ŵ decode, for the breakdown.
+      auto time_calls = [&](auto&& launch) {
         cudaGraph_t graph;
         CudaCheck(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
-        for (int c = 0; c < calls; ++c) Exl3Reconstruct(linear(c), what, s);
+        for (int c = 0; c < calls; ++c) launch(c);
         CudaCheck(cudaStreamEndCapture(s, &graph), "end capture");
         cudaGraphExec_t exec;
         CudaCheck(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
-        decode_us = TimeGraph(exec, calls, replays, s);
+        const double us = TimeGraph(exec, calls, replays, s);
         cudaGraphExecDestroy(exec);
         cudaGraphDestroy(graph);
-      }
+        return us;
+      };
+      const double decode_us = time_calls([&](int c) {
+        exl3cuda::GemmWeightParams p{};
+        p.trellis = linear(c).trellis;
+        p.svh = svh;
+        p.weff = what;
+        p.k = static_cast<int>(k);
+        p.n = static_cast<int>(n);
+        p.one = 1;
+        CudaCheck(static_cast<cudaError_t>(exl3cuda::LaunchGemmWeight(K, 1, p, s)), "W_eff launch");
+      });
+      const double recon_us = time_calls([&](int c) { Exl3Reconstruct(linear(c), what, s); });
       for (int m : kMs) {
         const std::string label = "K" + std::to_string(K) + " " + shape + " m" + std::to_string(m);
         if (!g_filter.empty() && label.find(g_filter) == std::string::npos) continue;
@@ -476,11 +491,12 @@ void RunGemm(const nlohmann::json& anchors, int replays, cudaStream_t s, std::ve
         r.label = label;
         r.us = TimeGraph(exec, calls, replays, s);
         r.decode_us = decode_us;
+        r.recon_us = recon_us;
         r.cublas_us = cublas_us[m];
         r.flops = 2.0 * m * k * n;
         rows.push_back(r);
-        std::printf("%-6s %-36s %9.2f %9.2f %9.2f %7.0f%% %9.1f %9.1f\n", "gemm", r.label.c_str(), r.us, r.decode_us,
-                    r.cublas_us, 100.0 * r.cublas_us / r.us, r.flops / r.us * 1e-6, r.flops / r.cublas_us * 1e-6);
+        std::printf("%-6s %-36s %9.2f %9.2f %9.2f %9.2f %7.0f%% %9.1f %9.1f\n", "gemm", r.label.c_str(), r.us, r.decode_us,
+                    r.recon_us, r.cublas_us, 100.0 * r.cublas_us / r.us, r.flops / r.us * 1e-6, r.flops / r.cublas_us * 1e-6);
         std::fflush(stdout);
         cudaGraphExecDestroy(exec);
         cudaGraphDestroy(graph);

@@ -28,7 +28,7 @@ if [[ $PARTS == *sanitize* ]]; then
   CS=/usr/local/cuda/bin/compute-sanitizer
   declare -A FILTER=([gemv]='*LinearMatchesExllamav3Vectors*:*GraphCapture*'
                      [moe]='*HotExpertDuplicatesAndEdgeIds*:*StrictMode*'
-                     [gemm]='*GraphReplay*:*RejectsBadCalls*')
+                     [gemm]='*GraphReplay*:*RejectsBadCalls*:*WeightKernel*:*HugeSvh*')
   for tool in ${SAN_TOOLS:-memcheck racecheck synccheck}; do
     for bin in ${SAN_BINS:-gemv moe gemm}; do
       timeout ${SAN_TIMEOUT:-120} $CS --tool $tool --error-exitcode 9 "$B/bin/exl3_${bin}_test" \
