@@ -61,9 +61,6 @@ inline int LaunchReconstruct(int K, int codebook, const ReconstructParams& p, vo
          : codebook == 1 ? LaunchReconstructMcg(K, p, stream)
                          : LaunchReconstructMul1(K, p, stream);
 }
-// The prefill GEMM's output transform: y[m, n] = Hn(yp) * svh, fp32 in, fp32 or fp16 out
-// (exl3_gemm_kernels.cu).
-int LaunchGemmOutput(const float* yp, const uint16_t* svh, void* y, int m, int n, int y_fp16, void* stream);
 int PrepareGemv3Inst();
 int PrepareGemvMcg();
 int PrepareGemvMul1();
