@@ -53,12 +53,12 @@ namespace {
 std::string g_filter;  // --filter: only cases whose label contains this
 
 // Integer-pipe instructions per decoded weight in the GEMV/MoE inner loop (LOP3, SHF, PRMT, IADD3,
-// LEA, ...), counted in the sm_90 SASS of Exl3GemvKernel<K, MCG> (cuobjdump --dump-sass, one main-loop
-// iteration = 8 tiles per lane = 512 weights per lane group of 64; NOTES.md has the method and the
-// FMA-pipe counts). The integer pipe is the busier of the two (FMA pipe: IMAD, HADD2 ~2.8-3.0 per weight),
-// so its count over the measured LOP3 rate is the decode-op floor.
+// LEA, ...), counted in the sm_90 SASS of Exl3GemvKernel<K, MCG> by kernels/cuda/sass_loop_ops.py (one
+// main-loop iteration = 8 tiles = 64 weights per lane; v5 code, NOTES.md has the method and the FMA-pipe
+// counts). The integer pipe is the busier of the two (FMA pipe: IMAD, HADD2 ~2.6-2.8 per weight), so
+// its count over the measured LOP3 rate is the decode-op floor.
 double DecodeOpsPerWeight(int K) {
-  static const double kOps[9] = {0, 3.86, 3.89, 4.11, 4.14, 4.12, 4.41, 4.36, 4.30};
+  static const double kOps[9] = {0, 3.20, 3.25, 3.73, 3.53, 3.70, 3.98, 3.95, 3.64};
   return kOps[std::clamp(K, 1, 8)];
 }
 
