@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(kThreads, 3) Exl3GemvKernel(const GemvParams p
   const __half* a[1] = {act};
   Core::MainLoop(src, KT, a, kGemvAStride, m, ring, acc, p.one);
   float* out = reinterpret_cast<float*>(act);  // [m][128], the activations are no longer needed
-  Core::Reduce(acc, m, reinterpret_cast<float*>(ring), out);
+  Core::ReduceOnePass(acc, m, reinterpret_cast<float*>(ring), out);
 
   const __half* svh = reinterpret_cast<const __half*>(p.svh) + strip * 128 + lane * 4;
   if (p.splits > 1) {
@@ -76,13 +76,20 @@ __global__ void __launch_bounds__(kThreads, 3) Exl3GemvKernel(const GemvParams p
       const int row = i >> 5, c = (i & 31) * 4;
       *reinterpret_cast<float4*>(part + (int64_t)row * p.n + c) = *reinterpret_cast<const float4*>(out + row * 128 + c);
     }
-    __threadfence();
+    // Publish the partial: the barrier orders every thread's stores before thread 0's fence, which makes
+    // them visible GPU-wide before its arrival (cumulativity; one fence per CTA instead of one per
+    // thread). The last CTA's thread 0 fences again after the atomic, and the barrier orders the other
+    // threads' partial loads (L2, __ldcg) after it.
     __syncthreads();
     __shared__ int s_last;
-    if (tid == 0) s_last = atomicAdd(p.counters + strip, 1) == p.splits - 1;
+    if (tid == 0) {
+      __threadfence();
+      const bool last = atomicAdd(p.counters + strip, 1) == p.splits - 1;
+      if (last) __threadfence();
+      s_last = last;
+    }
     __syncthreads();
     if (!s_last) return;
-    __threadfence();
     for (int i = tid; i < m * 32; i += kThreads) {
       const int row = i >> 5, c = (i & 31) * 4;
       float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);

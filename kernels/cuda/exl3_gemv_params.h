@@ -25,9 +25,9 @@ constexpr int StagesForK(int K) {
   return K <= 1 ? 16 : K == 2 ? 8 : K == 3 ? 6 : K == 4 ? 5 : K == 5 ? 4 : K == 6 ? 3 : 2;
 }
 constexpr int StageBytes(int K) { return 64 * 32 * K; }
-// The ring doubles as the k-split reduction scratch, which needs 16 KB.
+// The ring doubles as the k-split reduction scratch, which needs 32 KB (8 warps x 16 rows x 64 fp32).
 constexpr int RingBytes(int K) {
-  return StagesForK(K) * StageBytes(K) > 16384 ? StagesForK(K) * StageBytes(K) : 16384;
+  return StagesForK(K) * StageBytes(K) > 32768 ? StagesForK(K) * StageBytes(K) : 32768;
 }
 
 constexpr int kGemvMaxBlocksPerSplit = 8;  // 1024 input channels per CTA

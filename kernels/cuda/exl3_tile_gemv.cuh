@@ -171,6 +171,46 @@ struct TileGemv {
     __syncthreads();  // ring is free for the reduction
   }
 
+  // The same sums in one pass: every warp stores its accumulators (rows < R) to red[warp][R][64], one
+  // barrier, then each thread adds the WKP k-split values of its outputs in the tree order of Reduce
+  // ((j0 + j2) + (j1 + j3) for WKP = 4), so the result is bitwise the same with 2 barriers instead of 5.
+  // red: 8 * R * 256 bytes (32 KB at R = 16; the ring). out: [WN][R][128] fp32 shared.
+  __device__ static void ReduceOnePass(float acc[kAccTiles][2][4], int R, float* red, float* out) {
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int row = lane >> 2, col = (lane & 3) * 2;
+    float* mine = red + warp * R * 64;
+#pragma unroll
+    for (int t = 0; t < kAccTiles; ++t)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int c = t * 16 + h * 8 + col;
+        if (row < R) *reinterpret_cast<float2*>(mine + row * 64 + c) = make_float2(acc[t][h][0], acc[t][h][1]);
+        if (row + 8 < R)
+          *reinterpret_cast<float2*>(mine + (row + 8) * 64 + c) = make_float2(acc[t][h][2], acc[t][h][3]);
+      }
+    __syncthreads();
+    // Output (g, r, c4): columns 4 c4 .. 4 c4 + 3 of group g; warp of (g, half h, split j) = g * WK + h * WKP + j.
+    for (int i = tid; i < WN * R * 32; i += kThreads) {
+      const int g = i / (R * 32), rem = i - g * R * 32, r = rem >> 5, c4 = rem & 31;
+      const int h = c4 >> 4, cc = (c4 & 15) * 4;
+      const float* base = red + ((g * WK + h * WKP) * R + r) * 64 + cc;
+      float4 v[WKP];
+#pragma unroll
+      for (int j = 0; j < WKP; ++j) v[j] = *reinterpret_cast<const float4*>(base + j * R * 64);
+      float4 sum;
+      if constexpr (WKP == 4) {
+        sum = make_float4((v[0].x + v[2].x) + (v[1].x + v[3].x), (v[0].y + v[2].y) + (v[1].y + v[3].y),
+                          (v[0].z + v[2].z) + (v[1].z + v[3].z), (v[0].w + v[2].w) + (v[1].w + v[3].w));
+      } else if constexpr (WKP == 2) {
+        sum = make_float4(v[0].x + v[1].x, v[0].y + v[1].y, v[0].z + v[1].z, v[0].w + v[1].w);
+      } else {
+        sum = v[0];
+      }
+      *reinterpret_cast<float4*>(out + (g * R + r) * 128 + c4 * 4) = sum;
+    }
+    __syncthreads();
+  }
+
   // Tree reduction over the WKP k-splits in fixed order; rows < R only. red: shared scratch of at
   // least WN * 2 * max(WKP / 2, 1) * R * 256 bytes (the ring). out: [WN][R][128] fp32 shared.
   __device__ static void Reduce(float acc[kAccTiles][2][4], int R, float* red, float* out) {
