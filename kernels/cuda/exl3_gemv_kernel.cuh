@@ -61,10 +61,23 @@ __global__ void __launch_bounds__(kThreads, 3) Exl3GemvKernel(const GemvParams p
   // x' = Hk (x * suh) for this CTA's input range, one warp per (row, 128-block).
   const __half* x = reinterpret_cast<const __half*>(p.x);
   const __half* suh = reinterpret_cast<const __half*>(p.suh);
-  for (int t = warp; t < m * nb; t += kThreads / 32) {
-    const int row = t / nb, b = t - row * nb;
-    const int64_t kofs = (int64_t)(kb0 + b) * 128 + lane * 4;
-    InputHadamard128(x + (int64_t)row * p.k + kofs, suh + kofs, act + row * kGemvAStride + b * 128 + lane * 4, lane);
+  // Shuffle butterflies cost ~110 instructions per (row, block) and warp, the tensor-core version ~500
+  // per block for all rows: the tensor cores take over when the busiest warp would have more than 5x
+  // as many shuffle tasks as blocks (e.g. m = 16 x 8 blocks: 16 tasks per warp before, one block per
+  // warp after; wq_b/wo_b m16 -6..8%). A threshold of 3x measured worse: m = 4 x 8 blocks +7..10%
+  // (bench_results/v8_dense_*.log).
+  const int warps = kThreads / 32;
+  if (5 * ((nb + warps - 1) / warps) < (m * nb + warps - 1) / warps) {
+    for (int b = warp; b < nb; b += warps) {
+      const int64_t kofs = (int64_t)(kb0 + b) * 128;
+      InputHadamard128Rows16Mma(x + kofs, p.k, m, suh + kofs, act + b * 128, kGemvAStride, lane);
+    }
+  } else {
+    for (int t = warp; t < m * nb; t += warps) {
+      const int row = t / nb, b = t - row * nb;
+      const int64_t kofs = (int64_t)(kb0 + b) * 128 + lane * 4;
+      InputHadamard128(x + (int64_t)row * p.k + kofs, suh + kofs, act + row * kGemvAStride + b * 128 + lane * 4, lane);
+    }
   }
 
   float acc[Core::kAccTiles][2][4];
