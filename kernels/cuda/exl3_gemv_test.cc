@@ -4,6 +4,7 @@
 // Without a GPU every test skips with a message; on the GPU machine they run for real.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <stdexcept>
@@ -172,6 +173,29 @@ TEST(Exl3GemvTest, RandomShapesEveryKCodebookAndRowCount) {
         RunAndCheck(w, d, what, x, m, ws, nullptr);
       }
     }
+}
+
+// Many rows over 8 input blocks per CTA: the input transform runs on tensor cores (m >= 6 here; see
+// Exl3GemvKernel), below that on shuffles. One CTA per SM and one strip per SM make every CTA take
+// all 8 blocks of k = 1024 (no split-K).
+TEST(Exl3GemvTest, TensorCoreInputTransformForManyRows) {
+  DSMESH_REQUIRE_GPU();
+  std::mt19937 rng(17);
+  setenv("DSMESH_EXL3_GEMV_CTAS_PER_SM", "1", 1);
+  Exl3GemvWorkspace ws;
+  unsetenv("DSMESH_EXL3_GEMV_CTAS_PER_SM");
+  const int64_t k = 1024, n = 128LL * ws.num_sms();
+  ASSERT_EQ(1, Exl3GemvSplits(k, n, ws.num_sms(), 1));
+  for (const int K : {2, 6}) {
+    const Exl3Weight w = testing::RandomExl3Weight(k, n, K, Exl3Codebook::kMcg, rng);
+    DeviceExl3 d;
+    testing::UploadExl3(w, d);
+    const auto what = Exl3ReconstructFp16(w);
+    for (const int m : {5, 6, 11, 16}) {
+      const auto x = testing::RandomFp16(static_cast<size_t>(m) * k, rng);
+      RunAndCheck(w, d, what, x, m, ws, nullptr);
+    }
+  }
 }
 
 TEST(Exl3GemvTest, Fp16OutputMatchesFp32Output) {

@@ -2,8 +2,8 @@
 """Counts the instructions of a kernel's decode main loop in a cuobjdump SASS dump, per pipe and per weight.
 
 usage: sass_loop_ops.py DUMP.sass [NAME_SUBSTRING ...]
-For every function whose mangled name contains all substrings, finds the innermost loop (a backward branch) that
-contains HMMA instructions, and prints instructions per decoded weight: ALU pipe
+For every function whose mangled name contains all substrings, finds the innermost loop (a backward branch) that waits on
+cp.async groups (DEPBAR) and contains HMMA instructions, and prints instructions per decoded weight: ALU pipe
 (integer logic/shift/permute), FMA pipe (IMAD, HADD2), and all. A loop iteration of the EXL3 decode core
 decodes 64 weights per lane (8 tiles of 8), which is what `--weights-per-iter` defaults to.
 The numbers feed the op floor of dsmesh-kernel-bench (DecodeOpsPerWeight) and NOTES.md.
@@ -50,7 +50,8 @@ def main_loop(body):
         if target >= addr:
             continue
         span = [t for a, t in body if target <= a <= addr]
-        if any(opcode(t) == "HMMA" for t in span) and (best is None or len(span) < len(best)):
+        if (any(opcode(t) == "HMMA" for t in span) and any(opcode(t) == "DEPBAR" for t in span)
+                and (best is None or len(span) < len(best))):
             best = span
     return best
 
