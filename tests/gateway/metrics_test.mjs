@@ -98,7 +98,9 @@ const cases = [
     const dir = fs.mkdtempSync(path.join(process.env.TEST_TMPDIR || os.tmpdir(), 'prom-'));
     const target = mesh.base.replace('http://', '');
     fs.writeFileSync(path.join(dir, 'prometheus.yml'),
-      `global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: dsmesh-gateway\n    static_configs:\n      - targets: ['${target}']\n`);
+      // scrape_timeout defaults to min(10s, scrape_interval): at 1s a gateway slowed by a loaded 2-core CI
+      // machine missed every scrape (up = 0 for the whole deadline), so scrape every 3s with a 3s timeout.
+      `global:\n  scrape_interval: 3s\n  scrape_timeout: 3s\nscrape_configs:\n  - job_name: dsmesh-gateway\n    static_configs:\n      - targets: ['${target}']\n`);
     const port = await freePort();
     const prom = track(spawn('prometheus', [`--config.file=${path.join(dir, 'prometheus.yml')}`, `--storage.tsdb.path=${path.join(dir, 'data')}`,
       `--web.listen-address=127.0.0.1:${port}`], { stdio: ['ignore', 'ignore', 'pipe'] }));
@@ -111,7 +113,7 @@ const cases = [
       return j.data.result;
     };
     try {
-      const deadline = Date.now() + 30000;
+      const deadline = Date.now() + 60000;
       let gen = [], ttftCount = [], up = [];
       while (Date.now() < deadline) {
         try {
@@ -122,7 +124,12 @@ const cases = [
         } catch (e) { /* not up yet */ }
         await new Promise((r) => setTimeout(r, 250));
       }
-      assert(up.length && up[0].value[1] === '1', `target up; prometheus log:\n${log.slice(-2000)}`);
+      if (!(up.length && up[0].value[1] === '1')) {
+        // Say why: Prometheus keeps the last scrape error of every target.
+        const t = await fetch(`http://127.0.0.1:${port}/api/v1/targets`).then((r) => r.json()).catch((e) => ({ error: String(e) }));
+        const health = (t.data?.activeTargets || []).map((x) => `${x.scrapeUrl}: ${x.health} ${x.lastError || ''}`).join('; ');
+        assert(false, `target up (targets: ${health || JSON.stringify(t)}); prometheus log:\n${log.slice(-2000)}`);
+      }
       assert(gen.length === 1, 'generation tokens series present');
       assert(Number(gen[0].value[1]) >= used.completion, `generation tokens ${gen[0].value[1]} >= ${used.completion}`);
       assert(Number(ttftCount[0].value[1]) >= 2, 'TTFT observations');
