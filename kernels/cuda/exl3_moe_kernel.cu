@@ -46,19 +46,26 @@ __device__ __forceinline__ int LoadAcquire(const int* p) {
 }
 
 // Thread 0 spins until *counter >= target; the whole CTA then sees everything published before it.
+// (The acquire load orders the CTA's later reads after the publisher's release; the barrier extends
+// that to every thread of the CTA.)
 __device__ void WaitFor(const int* counter, int target) {
   if (threadIdx.x == 0) {
     while (LoadAcquire(counter) < target) __nanosleep(128);
-    __threadfence();
   }
   __syncthreads();
 }
 
 // Publishes this CTA's global writes, then adds one to *counter; returns the old value to all threads.
+// The barrier orders every thread's writes before thread 0's acq_rel atomic at GPU scope, whose release
+// half makes them visible before the count (cumulativity) and whose acquire half lets the caller that
+// sees the final count read what the others published. No per-thread fences (the GEMV's v7 change).
 __device__ int ArriveAndCount(int* counter, MoePlan& plan) {
-  __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) plan.flag = atomicAdd(counter, 1);
+  if (threadIdx.x == 0) {
+    int old;
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");
+    plan.flag = old;
+  }
   __syncthreads();
   const int old = plan.flag;
   __syncthreads();
@@ -171,7 +178,6 @@ __device__ void GateUpItem(const MoeParams& p, MoePlan& plan, int t, uint8_t* ri
   }
 
   if (ArriveAndCount(&p.control->gu_done[g * NB + b], plan) != S - 1) return;
-  __threadfence();
 
   // Last split of (g, b): finish the gate/up outputs of block b and build the down input.
   const __half* gsvh = reinterpret_cast<const __half*>(p.gate_svh[e]) + b * 128 + lane * 4;
@@ -336,7 +342,6 @@ __global__ void __launch_bounds__(kThreads, 2) Exl3MoeKernel(const MoeParams p) 
   }
   // The last CTA out resets the counters for the next launch (all items are finished by then).
   if (ArriveAndCount(&p.control->exited, plan) != (int)gridDim.x - 1) return;
-  __threadfence();
   for (int i = threadIdx.x; i < U * NB; i += kThreads) p.control->gu_done[i] = 0;
   for (int i = threadIdx.x; i < U; i += kThreads) p.control->ready[i] = 0;
   for (int i = threadIdx.x; i < NC; i += kThreads) p.control->col_done[i] = 0;
