@@ -142,6 +142,15 @@ __device__ void GateUpItem(const MoeParams& p, MoePlan& plan, int t, uint8_t* ri
   const __half* gsuh = reinterpret_cast<const __half*>(p.gate_suh[e]);
   const __half* usuh = reinterpret_cast<const __half*>(p.up_suh[e]);
   const __half* x = reinterpret_cast<const __half*>(p.x);
+  // The finishing split needs block b's gate svh, up svh and down suh: the last warp stages them in
+  // shared memory now (published by the main loop's first barrier), so the finish does not wait for
+  // an L2 round trip after the split sums.
+  __shared__ uint2 s_scales[3][32];
+  if (warp == kThreads / 32 - 1) {
+    s_scales[0][lane] = *reinterpret_cast<const uint2*>(reinterpret_cast<const __half*>(p.gate_svh[e]) + b * 128 + lane * 4);
+    s_scales[1][lane] = *reinterpret_cast<const uint2*>(reinterpret_cast<const __half*>(p.up_svh[e]) + b * 128 + lane * 4);
+    s_scales[2][lane] = *reinterpret_cast<const uint2*>(reinterpret_cast<const __half*>(p.down_suh[e]) + b * 128 + lane * 4);
+  }
 
   for (int slab0 = 0; slab0 < R; slab0 += kMaxRowsPerPass) {
     const int Rs = min(kMaxRowsPerPass, R - slab0);
@@ -180,9 +189,9 @@ __device__ void GateUpItem(const MoeParams& p, MoePlan& plan, int t, uint8_t* ri
   if (ArriveAndCount(&p.control->gu_done[g * NB + b], plan) != S - 1) return;
 
   // Last split of (g, b): finish the gate/up outputs of block b and build the down input.
-  const __half* gsvh = reinterpret_cast<const __half*>(p.gate_svh[e]) + b * 128 + lane * 4;
-  const __half* usvh = reinterpret_cast<const __half*>(p.up_svh[e]) + b * 128 + lane * 4;
-  const __half* dsuh = reinterpret_cast<const __half*>(p.down_suh[e]) + b * 128 + lane * 4;
+  const __half* gsvh = reinterpret_cast<const __half*>(&s_scales[0][lane]);
+  const __half* usvh = reinterpret_cast<const __half*>(&s_scales[1][lane]);
+  const __half* dsuh = reinterpret_cast<const __half*>(&s_scales[2][lane]);
   const float L = p.swiglu_limit;
   // Gate/up sums of the S splits, fixed order. With few rows, G warps share a row, each summing the
   // interleaved splits grp, grp + G, ...; the G partial sums are then added in group order.
@@ -254,12 +263,16 @@ __device__ void DownItem(const MoeParams& p, MoePlan& plan, int t, uint8_t* ring
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int NB = p.inter >> 7, NC = p.d >> 7;
   const int g = t / NC, c = t - g * NC;
-  WaitFor(&p.control->ready[g], NB);
   const int e = plan.group_expert[g];
+  // Column block c's down svh, staged in shared memory before the wait (as in GateUpItem).
+  __shared__ uint2 s_dsvh[32];
+  if (warp == kThreads / 32 - 1)
+    s_dsvh[lane] = *reinterpret_cast<const uint2*>(reinterpret_cast<const __half*>(p.down_svh[e]) + c * 128 + lane * 4);
+  WaitFor(&p.control->ready[g], NB);
   const int R = __popc(plan.mask[e]), pb = plan.pair_base[e];
   const int64_t tiles_d = p.d >> 4;
   const uint8_t* dt = reinterpret_cast<const uint8_t*>(p.down_trellis[e]);
-  const __half* dsvh = reinterpret_cast<const __half*>(p.down_svh[e]) + c * 128 + lane * 4;
+  const __half* dsvh = reinterpret_cast<const __half*>(s_dsvh + lane);
 
   for (int slab0 = 0; slab0 < R; slab0 += kMaxRowsPerPass) {
     const int Rs = min(kMaxRowsPerPass, R - slab0);
