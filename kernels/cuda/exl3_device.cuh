@@ -204,6 +204,18 @@ __device__ __forceinline__ void InputHadamard128(const __half* x4, const __half*
   *reinterpret_cast<uint2*>(dst4) = out;
 }
 
+// The prefill GEMM's input transform as extra CTAs of a decode launch: warp number `warp_index` (over
+// those CTAs) computes xh = Hk(x * suh) for one (row, 128-block) of the m x k activations, if it has one.
+__device__ __forceinline__ void PrefillInputTransformWarp(const uint16_t* x, const uint16_t* suh, uint16_t* xh, int m,
+                                                          int k, int64_t warp_index, int lane) {
+  const int kb = k >> 7;
+  if (warp_index >= (int64_t)m * kb) return;
+  const int64_t row = warp_index / kb, b = warp_index - row * kb;
+  const int64_t ofs = row * k + b * 128 + lane * 4;
+  InputHadamard128(reinterpret_cast<const __half*>(x) + ofs, reinterpret_cast<const __half*>(suh) + b * 128 + lane * 4,
+                   reinterpret_cast<__half*>(xh) + ofs, lane);
+}
+
 // Same, for fp32 input already multiplied by nothing: v holds the lane's 4 fp32 values; applies fp16
 // suh (as float) first. Used for the intermediate activation of the routed experts.
 __device__ __forceinline__ void InputHadamard128F32(float v[4], const __half* suh4, __half* dst4, int lane) {

@@ -60,13 +60,7 @@ template <int K, int CB>
 __global__ void __launch_bounds__(kWarps * 32, 3) Exl3GemmWeightKernel(const GemmWeightParams p, int input_blocks) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (static_cast<int>(blockIdx.x) < input_blocks) {
-    const int kb = p.k >> 7;
-    const int64_t t = (int64_t)blockIdx.x * kWarps + warp;
-    if (t >= (int64_t)p.m * kb) return;
-    const int64_t row = t / kb, b = t - row * kb;
-    const int64_t ofs = row * p.k + b * 128 + lane * 4;
-    InputHadamard128(reinterpret_cast<const __half*>(p.x) + ofs, reinterpret_cast<const __half*>(p.suh) + b * 128 + lane * 4,
-                     reinterpret_cast<__half*>(p.xh) + ofs, lane);
+    PrefillInputTransformWarp(p.x, p.suh, p.xh, p.m, p.k, (int64_t)blockIdx.x * kWarps + warp, lane);
     return;
   }
   __shared__ __align__(16) uint16_t staged[kWarps][16 * kOutStride];

@@ -144,13 +144,7 @@ template <int K, int CB, int TPW>
 __global__ void __launch_bounds__(kThreads) Exl3ReconstructKernel(const ReconstructParams p, int input_blocks) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (static_cast<int>(blockIdx.x) < input_blocks) {
-    const int kb = p.k >> 7;
-    const int64_t t = (int64_t)blockIdx.x * (kThreads / 32) + warp;
-    if (t >= (int64_t)p.m * kb) return;
-    const int64_t row = t / kb, b = t - row * kb;
-    const int64_t ofs = row * p.k + b * 128 + lane * 4;
-    InputHadamard128(reinterpret_cast<const __half*>(p.x) + ofs, reinterpret_cast<const __half*>(p.suh) + b * 128 + lane * 4,
-                     reinterpret_cast<__half*>(p.xh) + ofs, lane);
+    PrefillInputTransformWarp(p.x, p.suh, p.xh, p.m, p.k, (int64_t)blockIdx.x * (kThreads / 32) + warp, lane);
     return;
   }
   constexpr int kStride = TPW * 16 + 8;  // fp16 per staged row (+16 bytes: conflict-free fragment stores)

@@ -152,20 +152,29 @@ double TimeGraph(cudaGraphExec_t exec, int calls, int replays, cudaStream_t s) {
   return v[v.size() / 2];
 }
 
-// Per-node time of a graph of 20 empty kernels with `blocks` CTAs: the launch floor under every
-// small case (a kernel cannot finish faster than its graph node).
-double MeasureEmptyNode(int blocks, int replays, cudaStream_t s) {
-  int* sink = DeviceAlloc<int>(blocks);
-  const int calls = 20;
+// Captures launch(0), ..., launch(calls - 1) on stream s into one CUDA graph and returns the median
+// per-call time of its replays (TimeGraph).
+template <class Launch>
+double TimeCapturedCalls(int calls, int replays, cudaStream_t s, Launch&& launch) {
   cudaGraph_t graph;
   CudaCheck(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
-  for (int c = 0; c < calls; ++c) CudaCheck(static_cast<cudaError_t>(bench::EmptyLaunch(sink, blocks, s)), "empty launch");
+  for (int c = 0; c < calls; ++c) launch(c);
   CudaCheck(cudaStreamEndCapture(s, &graph), "end capture");
   cudaGraphExec_t exec;
   CudaCheck(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
   const double us = TimeGraph(exec, calls, replays, s);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
+  return us;
+}
+
+// Per-node time of a graph of 20 empty kernels with `blocks` CTAs: the launch floor under every
+// small case (a kernel cannot finish faster than its graph node).
+double MeasureEmptyNode(int blocks, int replays, cudaStream_t s) {
+  int* sink = DeviceAlloc<int>(blocks);
+  const double us = TimeCapturedCalls(20, replays, s, [&](int) {
+    CudaCheck(static_cast<cudaError_t>(bench::EmptyLaunch(sink, blocks, s)), "empty launch");
+  });
   cudaFree(sink);
   return us;
 }
@@ -221,9 +230,8 @@ void RunDense(const nlohmann::json& anchors, double bw, double intops, int repla
     uint16_t* y = DeviceAlloc<uint16_t>(size_t(m) * n);
     CudaCheck(cudaStreamSynchronize(s), "sync");
     const int calls = std::max(20, copies);
-    cudaGraph_t graph;
-    CudaCheck(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
-    for (int c = 0; c < calls; ++c) {
+    Row r;
+    r.us = TimeCapturedCalls(calls, replays, s, [&](int c) {
       Exl3DeviceLinear l;
       l.k = k;
       l.n = n;
@@ -234,21 +242,14 @@ void RunDense(const nlohmann::json& anchors, double bw, double intops, int repla
       l.svh = svh;
       l.name = shape;
       Exl3Gemv(l, x, m, y, Exl3Out::kF16, ws, s);
-    }
-    CudaCheck(cudaStreamEndCapture(s, &graph), "end capture");
-    cudaGraphExec_t exec;
-    CudaCheck(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
-    Row r;
+    });
     r.kind = "dense";
     r.label = dense_label;
-    r.us = TimeGraph(exec, calls, replays, s);
     r.byte_floor = bytes / bw * 1e6;
     r.op_floor = DecodeOpsPerWeight(K) * double(k) * n / intops * 1e6;
     r.anchor_us = a["us"];
     rows.push_back(r);
     PrintRow(r);
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
     cudaFree(tr);
     cudaFree(suh);
     cudaFree(svh);
@@ -335,26 +336,19 @@ void RunMoe(const nlohmann::json& anchors, double bw, double intops, int replays
         CudaCheck(cudaMemcpy(ids[c], hid.data(), hid.size() * 4, cudaMemcpyHostToDevice), "ids");
         CudaCheck(cudaMemcpy(wts[c], hw.data(), hw.size() * 4, cudaMemcpyHostToDevice), "weights");
       }
-      cudaGraph_t graph;
-      CudaCheck(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
-      for (int c = 0; c < calls; ++c) Exl3MoeForward(layer, x, ids[c], wts[c], m, y, ws, s);
-      CudaCheck(cudaStreamEndCapture(s, &graph), "end capture");
-      cudaGraphExec_t exec;
-      CudaCheck(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
       const double unique = unique_sum / calls;
       Row r;
+      r.us = TimeCapturedCalls(calls, replays, s,
+                               [&](int c) { Exl3MoeForward(layer, x, ids[c], wts[c], m, y, ws, s); });
       r.kind = "moe";
       char label[96];
       std::snprintf(label, sizeof label, "K%d I%d m%d (unique %.1f vs %d)", K, I, m, unique, a["unique"].get<int>());
       r.label = label;
-      r.us = TimeGraph(exec, calls, replays, s);
       r.byte_floor = unique * 3 * proj_bytes / bw * 1e6;
       r.op_floor = DecodeOpsPerWeight(K) * unique * 3.0 * d * I / intops * 1e6;
       r.anchor_us = a["us"];
       rows.push_back(r);
       PrintRow(r);
-      cudaGraphExecDestroy(exec);
-      cudaGraphDestroy(graph);
       for (int c = 0; c < calls; ++c) {
         cudaFree(ids[c]);
         cudaFree(wts[c]);
@@ -412,19 +406,12 @@ void RunGemm(const nlohmann::json& anchors, int replays, cudaStream_t s, std::ve
     for (int m : kMs) {
       const int calls = std::max(20, wcopies);
       const float alpha = 1.f, beta = 0.f;
-      cudaGraph_t graph;
-      CudaCheck(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
-      for (int c = 0; c < calls; ++c)
+      cublas_us[m] = TimeCapturedCalls(calls, replays, s, [&](int c) {
         CublasOk(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, int(n), m, int(k), &alpha, wb + size_t(k) * n * (c % wcopies),
                               CUDA_R_16BF, int(n), xb, CUDA_R_16BF, int(k), &beta, yb, CUDA_R_16BF, int(n),
                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                  "cublasGemmEx bf16");
-      CudaCheck(cudaStreamEndCapture(s, &graph), "end capture");
-      cudaGraphExec_t exec;
-      CudaCheck(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
-      cublas_us[m] = TimeGraph(exec, calls, replays, s);
-      cudaGraphExecDestroy(exec);
-      cudaGraphDestroy(graph);
+      });
     }
     cudaFree(wb);
     cudaFree(xb);
@@ -455,18 +442,7 @@ void RunGemm(const nlohmann::json& anchors, int replays, cudaStream_t s, std::ve
         return l;
       };
       // The weight launch alone (no input transform) and the plain Ŵ decode, for the breakdown.
-      auto time_calls = [&](auto&& launch) {
-        cudaGraph_t graph;
-        CudaCheck(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
-        for (int c = 0; c < calls; ++c) launch(c);
-        CudaCheck(cudaStreamEndCapture(s, &graph), "end capture");
-        cudaGraphExec_t exec;
-        CudaCheck(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
-        const double us = TimeGraph(exec, calls, replays, s);
-        cudaGraphExecDestroy(exec);
-        cudaGraphDestroy(graph);
-        return us;
-      };
+      auto time_calls = [&](auto&& launch) { return TimeCapturedCalls(calls, replays, s, launch); };
       const double decode_us = time_calls([&](int c) {
         exl3cuda::GemmWeightParams p{};
         p.trellis = linear(c).trellis;
@@ -481,15 +457,9 @@ void RunGemm(const nlohmann::json& anchors, int replays, cudaStream_t s, std::ve
       for (int m : kMs) {
         const std::string label = "K" + std::to_string(K) + " " + shape + " m" + std::to_string(m);
         if (!g_filter.empty() && label.find(g_filter) == std::string::npos) continue;
-        cudaGraph_t graph;
-        CudaCheck(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
-        for (int c = 0; c < calls; ++c) Exl3Gemm(linear(c), x, m, y, Exl3Out::kF16, ws, s);
-        CudaCheck(cudaStreamEndCapture(s, &graph), "end capture");
-        cudaGraphExec_t exec;
-        CudaCheck(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
         GemmRow r;
         r.label = label;
-        r.us = TimeGraph(exec, calls, replays, s);
+        r.us = time_calls([&](int c) { Exl3Gemm(linear(c), x, m, y, Exl3Out::kF16, ws, s); });
         r.decode_us = decode_us;
         r.recon_us = recon_us;
         r.cublas_us = cublas_us[m];
@@ -498,8 +468,6 @@ void RunGemm(const nlohmann::json& anchors, int replays, cudaStream_t s, std::ve
         std::printf("%-6s %-36s %9.2f %9.2f %9.2f %9.2f %7.0f%% %9.1f %9.1f\n", "gemm", r.label.c_str(), r.us, r.decode_us,
                     r.recon_us, r.cublas_us, 100.0 * r.cublas_us / r.us, r.flops / r.us * 1e-6, r.flops / r.cublas_us * 1e-6);
         std::fflush(stdout);
-        cudaGraphExecDestroy(exec);
-        cudaGraphDestroy(graph);
       }
       cudaFree(tr);
       cudaFree(suh);
