@@ -18,8 +18,6 @@ void CublasCheck(cublasStatus_t s, const std::string& what) {
     throw std::runtime_error(what + ": cuBLAS error " + cublasGetStatusName(s) + " (" + cublasGetStatusString(s) + ")");
 }
 
-bool Aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
-
 }  // namespace
 
 Exl3GemmWorkspace::Exl3GemmWorkspace(int max_m, int64_t max_k, int64_t max_n, int64_t max_weights)
@@ -56,11 +54,7 @@ uint64_t Exl3GemmWorkspace::SaturatedWeights() const {
 void Exl3Gemm(const Exl3DeviceLinear& w, const uint16_t* x, int m, void* y, Exl3Out out, Exl3GemmWorkspace& ws,
               cudaStream_t stream) {
   const std::string who = "EXL3 GEMM '" + w.name + "'";
-  if (w.K < 1 || w.K > 8) throw std::runtime_error(who + ": K = " + std::to_string(w.K) + " (must be 1..8)");
-  if (w.codebook < 0 || w.codebook > 2) throw std::runtime_error(who + ": unknown codebook " + std::to_string(w.codebook));
-  if (w.k <= 0 || w.n <= 0 || w.k % 128 || w.n % 128)
-    throw std::runtime_error(who + ": k = " + std::to_string(w.k) + ", n = " + std::to_string(w.n) +
-                             " (both must be positive multiples of 128)");
+  CheckExl3LinearShape(w, who);
   if (m < 1 || m > ws.max_m_)
     throw std::runtime_error(who + ": m = " + std::to_string(m) + " rows (the workspace takes 1.." +
                              std::to_string(ws.max_m_) + ")");
@@ -68,14 +62,7 @@ void Exl3Gemm(const Exl3DeviceLinear& w, const uint16_t* x, int m, void* y, Exl3
     throw std::runtime_error(who + ": " + std::to_string(w.k) + "x" + std::to_string(w.n) +
                              " exceeds the workspace (max k " + std::to_string(ws.max_k_) + ", n " +
                              std::to_string(ws.max_n_) + ", k*n " + std::to_string(ws.max_weights_) + ")");
-  if (!w.trellis || !w.suh || !w.svh || !x || !y) throw std::runtime_error(who + ": null device pointer");
-  if (!Aligned(w.trellis, 16) || !Aligned(w.suh, 8) || !Aligned(w.svh, 8) || !Aligned(x, 8) || !Aligned(y, 16))
-    throw std::runtime_error(who + ": misaligned pointer (trellis and y need 16 bytes, x/suh/svh 8)");
-  int dev = 0;
-  CudaCheck(cudaGetDevice(&dev), "cudaGetDevice");
-  if (dev != ws.device_)
-    throw std::runtime_error(who + ": workspace belongs to device " + std::to_string(ws.device_) +
-                             ", current device is " + std::to_string(dev));
+  CheckExl3LinearCall(w, x, y, ws.device_, who);
   cublasHandle_t h = static_cast<cublasHandle_t>(ws.cublas_);
   if (!ws.bound_) {
     // cublasSetStream resets the handle's workspace to cuBLAS's own pool, so our scratch is set after

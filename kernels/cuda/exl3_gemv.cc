@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <mutex>
 #include <stdexcept>
 
 #include "kernels/cuda/cuda_check.h"
@@ -14,16 +13,12 @@ namespace {
 void PrepareKernelsOnce() {
   // Raising the dynamic shared-memory limit is a per-function attribute, set once per process and
   // device before any launch (never inside a capture).
-  static std::mutex mu;
-  static bool done[64] = {};
-  int dev = 0;
-  CudaCheck(cudaGetDevice(&dev), "cudaGetDevice");
-  std::lock_guard<std::mutex> lock(mu);
-  if (dev < 64 && done[dev]) return;
-  CudaCheck(static_cast<cudaError_t>(exl3cuda::PrepareGemv3Inst()), "EXL3 GEMV (3inst) setup");
-  CudaCheck(static_cast<cudaError_t>(exl3cuda::PrepareGemvMcg()), "EXL3 GEMV (mcg) setup");
-  CudaCheck(static_cast<cudaError_t>(exl3cuda::PrepareGemvMul1()), "EXL3 GEMV (mul1) setup");
-  if (dev < 64) done[dev] = true;
+  static PerDeviceOnce once;
+  once.Run([](int) {
+    CudaCheck(static_cast<cudaError_t>(exl3cuda::PrepareGemv3Inst()), "EXL3 GEMV (3inst) setup");
+    CudaCheck(static_cast<cudaError_t>(exl3cuda::PrepareGemvMcg()), "EXL3 GEMV (mcg) setup");
+    CudaCheck(static_cast<cudaError_t>(exl3cuda::PrepareGemvMul1()), "EXL3 GEMV (mul1) setup");
+  });
 }
 
 bool Aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
@@ -67,24 +62,33 @@ int Exl3GemvSplits(int64_t k, int64_t n, int num_sms, int ctas_per_sm) {
   return static_cast<int>(splits);
 }
 
-void Exl3Gemv(const Exl3DeviceLinear& w, const uint16_t* x, int m, void* y, Exl3Out out, Exl3GemvWorkspace& ws,
-              cudaStream_t stream) {
-  const std::string who = "EXL3 GEMV '" + w.name + "'";
+void CheckExl3LinearShape(const Exl3DeviceLinear& w, const std::string& who) {
   if (w.K < 1 || w.K > 8) throw std::runtime_error(who + ": K = " + std::to_string(w.K) + " (must be 1..8)");
   if (w.codebook < 0 || w.codebook > 2) throw std::runtime_error(who + ": unknown codebook " + std::to_string(w.codebook));
   if (w.k <= 0 || w.n <= 0 || w.k % 128 || w.n % 128)
     throw std::runtime_error(who + ": k = " + std::to_string(w.k) + ", n = " + std::to_string(w.n) +
                              " (both must be positive multiples of 128)");
-  if (m < 1 || m > kExl3GemvMaxRows)
-    throw std::runtime_error(who + ": m = " + std::to_string(m) + " rows (the GEMV takes 1..16)");
+}
+
+void CheckExl3LinearCall(const Exl3DeviceLinear& w, const void* x, const void* y, int workspace_device,
+                         const std::string& who) {
   if (!w.trellis || !w.suh || !w.svh || !x || !y) throw std::runtime_error(who + ": null device pointer");
   if (!Aligned(w.trellis, 16) || !Aligned(w.suh, 8) || !Aligned(w.svh, 8) || !Aligned(x, 8) || !Aligned(y, 16))
     throw std::runtime_error(who + ": misaligned pointer (trellis and y need 16 bytes, x/suh/svh 8)");
   int dev = 0;
   CudaCheck(cudaGetDevice(&dev), "cudaGetDevice");
-  if (dev != ws.device_)
-    throw std::runtime_error(who + ": workspace belongs to device " + std::to_string(ws.device_) +
+  if (dev != workspace_device)
+    throw std::runtime_error(who + ": workspace belongs to device " + std::to_string(workspace_device) +
                              ", current device is " + std::to_string(dev));
+}
+
+void Exl3Gemv(const Exl3DeviceLinear& w, const uint16_t* x, int m, void* y, Exl3Out out, Exl3GemvWorkspace& ws,
+              cudaStream_t stream) {
+  const std::string who = "EXL3 GEMV '" + w.name + "'";
+  CheckExl3LinearShape(w, who);
+  if (m < 1 || m > kExl3GemvMaxRows)
+    throw std::runtime_error(who + ": m = " + std::to_string(m) + " rows (the GEMV takes 1..16)");
+  CheckExl3LinearCall(w, x, y, ws.device_, who);
   if (!ws.bound_) {
     ws.bound_ = true;
     ws.stream_ = stream;

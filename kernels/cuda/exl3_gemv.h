@@ -66,6 +66,14 @@ constexpr int kExl3GemvMaxRows = 16;
 // ctas_per_sm CTAs per multiprocessor.
 int Exl3GemvSplits(int64_t k, int64_t n, int num_sms, int ctas_per_sm = 2);
 
+// Throws std::runtime_error starting with `who` unless K is 1..8, the codebook is one of the three and
+// k, n are positive multiples of 128 (what every kernel here requires of a linear).
+void CheckExl3LinearShape(const Exl3DeviceLinear& w, const std::string& who);
+// The same for a call's pointers: none null, trellis and y 16-byte aligned, x/suh/svh 8, and the
+// current device the workspace's.
+void CheckExl3LinearCall(const Exl3DeviceLinear& w, const void* x, const void* y, int workspace_device,
+                         const std::string& who);
+
 // y[m, n] (fp32 or fp16, row-major) = x[m, k] (fp16 bit patterns, row-major) W. Throws
 // std::runtime_error naming the linear on bad shapes, pointers, alignment or a launch error.
 void Exl3Gemv(const Exl3DeviceLinear& w, const uint16_t* x, int m, void* y, Exl3Out out, Exl3GemvWorkspace& ws,

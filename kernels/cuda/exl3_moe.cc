@@ -18,19 +18,15 @@ std::once_flag g_active_log;
 int g_blocks_per_sm[64][9];  // resident CTAs per SM, per device and K (set once, before any capture)
 
 void PrepareOnce() {
-  static std::mutex mu;
-  static bool done[64] = {};
-  int dev = 0;
-  CudaCheck(cudaGetDevice(&dev), "cudaGetDevice");
-  std::lock_guard<std::mutex> lock(mu);
-  if (dev < 64 && done[dev]) return;
-  CudaCheck(static_cast<cudaError_t>(exl3cuda::PrepareMoeMcg()), "routed-expert kernel setup");
-  for (int K = 1; K <= 8; ++K) {
-    int b = 0;
-    CudaCheck(static_cast<cudaError_t>(exl3cuda::MoeBlocksPerSm(K, &b)), "routed-expert kernel occupancy");
-    if (dev < 64) g_blocks_per_sm[dev][K] = b;
-  }
-  if (dev < 64) done[dev] = true;
+  static PerDeviceOnce once;
+  once.Run([](int dev) {
+    CudaCheck(static_cast<cudaError_t>(exl3cuda::PrepareMoeMcg()), "routed-expert kernel setup");
+    for (int K = 1; K <= 8; ++K) {
+      int b = 0;
+      CudaCheck(static_cast<cudaError_t>(exl3cuda::MoeBlocksPerSm(K, &b)), "routed-expert kernel occupancy");
+      g_blocks_per_sm[dev][K] = b;
+    }
+  });
 }
 
 bool Aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
