@@ -2,6 +2,7 @@
 // Unknown flags are an error that names the flag, so typos never pass silently.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <set>
@@ -34,5 +35,10 @@ class Flags {
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+// The value of --flag as a comma-separated list of non-negative 32-bit integers ("5,17,9"). Throws
+// UsageError naming the flag: an item that is not an integer ("--tokens: \"x\" is not an integer
+// token id" with what = "integer token id"; an empty value or item is one) or one out of range.
+std::vector<int32_t> ParseIntList(const std::string& flag, const std::string& text, const std::string& what);
 
 }  // namespace dsmesh

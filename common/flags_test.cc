@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+#include <vector>
+
 namespace dsmesh {
 namespace {
 
@@ -15,6 +18,29 @@ TEST(Flags, ParsesBothSpellingsAndRejectsUnknown) {
   EXPECT_THROW(Flags({"--model"}, {"model"}), UsageError);
   EXPECT_THROW(Flags({"--world", "4x"}, {"world"}).GetInt("world", 0), UsageError);
   EXPECT_THROW(Flags({}, {"model"}).Require("model"), UsageError);
+}
+
+TEST(ParseIntList, CommaSeparatedNonNegativeInt32) {
+  EXPECT_EQ(ParseIntList("tokens", "5,17,9", "integer token id"), (std::vector<int32_t>{5, 17, 9}));
+  EXPECT_EQ(ParseIntList("tokens", "0", "integer token id"), (std::vector<int32_t>{0}));
+  EXPECT_EQ(ParseIntList("tokens", "2147483647", "integer token id"), (std::vector<int32_t>{2147483647}));
+}
+
+TEST(ParseIntList, BadItemsAreUsageErrorsNamingFlagAndItem) {
+  auto message = [](const std::string& text) {
+    try {
+      ParseIntList("tokens", text, "integer token id");
+    } catch (const UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message("5,x"), "--tokens: \"x\" is not an integer token id (expected e.g. 5,17,9)");
+  EXPECT_EQ(message(""), "--tokens: \"\" is not an integer token id (expected e.g. 5,17,9)");
+  EXPECT_EQ(message("5,,6"), "--tokens: \"\" is not an integer token id (expected e.g. 5,17,9)");
+  EXPECT_EQ(message("5 "), "--tokens: \"5 \" is not an integer token id (expected e.g. 5,17,9)");
+  EXPECT_EQ(message("-1"), "--tokens: integer token id -1 is out of range");
+  EXPECT_EQ(message("2147483648"), "--tokens: integer token id 2147483648 is out of range");
 }
 
 }  // namespace

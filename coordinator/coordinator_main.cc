@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/flags.h"
+#include "common/program.h"
 #include "common/systemd_notify.h"
 #include "coordinator/engine.h"
 #include "coordinator/services.h"
@@ -163,21 +164,9 @@ int Main(const std::vector<std::string>& args) {
 }  // namespace dsmesh
 
 int main(int argc, char** argv) {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGUSR1);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  signal(SIGPIPE, SIG_IGN);
-  try {
-    return dsmesh::Main(std::vector<std::string>(argv + 1, argv + argc));
-  } catch (const dsmesh::UsageError& e) {
-    std::fprintf(stderr, "dsmesh-coordinator: %s\nusage: dsmesh-coordinator --listen HOST:PORT --world N --model DIR "
-                         "[--max-num-seqs 4] [--max-batched-tokens 512] [--max-model-len L]\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "dsmesh-coordinator: error: %s\n", e.what());
-    return 1;
-  }
+  dsmesh::BlockShutdownSignals();
+  return dsmesh::RunProgram("dsmesh-coordinator",
+                            "dsmesh-coordinator --listen HOST:PORT --world N --model DIR [--max-num-seqs 4] "
+                            "[--max-batched-tokens 512] [--max-model-len L]",
+                            [&] { return dsmesh::Main(std::vector<std::string>(argv + 1, argv + argc)); });
 }

@@ -84,6 +84,17 @@ bool Engine::FormMesh(bool first) {
     ready_ = false;
   }
   const auto deadline = std::chrono::steady_clock::now() + config_.register_timeout;
+  // A failed formation attempt: say why, reset the workers and try again shortly.
+  auto retry_after = [&](const char* why) {
+    std::fprintf(stderr, "[coordinator] mesh formation failed: %s; retrying\n", why);
+    Announce(false, std::string("mesh formation failed: ") + why + "; retrying");
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      not_ready_reason_ = why;
+    }
+    mesh_->ResetAll(why);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  };
   while (!draining_) {
     Touch();
     if (!mesh_->WaitAllRegistered(std::chrono::milliseconds(200))) {
@@ -145,23 +156,9 @@ bool Engine::FormMesh(bool first) {
         mesh_->ResetAll(e.what());
         return false;
       }
-      std::fprintf(stderr, "[coordinator] mesh formation failed: %s; retrying\n", e.what());
-      Announce(false, std::string("mesh formation failed: ") + e.what() + "; retrying");
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        not_ready_reason_ = e.what();
-      }
-      mesh_->ResetAll(e.what());
-      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      retry_after(e.what());
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "[coordinator] mesh formation failed: %s; retrying\n", e.what());
-      Announce(false, std::string("mesh formation failed: ") + e.what() + "; retrying");
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        not_ready_reason_ = e.what();
-      }
-      mesh_->ResetAll(e.what());
-      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      retry_after(e.what());
     }
   }
   return !first;

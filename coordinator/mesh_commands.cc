@@ -223,27 +223,6 @@ MeshTarget Connect(const Flags& f) {
   return t;
 }
 
-std::vector<int32_t> ParseTokens(const std::string& text) {
-  std::vector<int32_t> out;
-  size_t i = 0;
-  while (i <= text.size()) {
-    size_t j = text.find(',', i);
-    if (j == std::string::npos) j = text.size();
-    const std::string item = text.substr(i, j - i);
-    size_t used = 0;
-    long long v = -1;
-    try {
-      v = std::stoll(item, &used);
-    } catch (...) {
-      used = 0;
-    }
-    if (item.empty() || used != item.size() || v < 0 || v > INT32_MAX)
-      throw UsageError("--tokens: \"" + item + "\" is not a token id (expected e.g. 5,17,9)");
-    out.push_back(static_cast<int32_t>(v));
-    i = j + 1;
-  }
-  return out;
-}
 
 const std::set<std::string> kMeshFlags = {"model", "tokens", "threads", "world", "coordinator", "kv-memory",
                                           "coordinator-port", "ready-timeout-s"};
@@ -252,7 +231,7 @@ int RunLogitsMesh(const std::vector<std::string>& args) {
   auto known = kMeshFlags;
   known.insert("out");
   Flags f(args, known);
-  const std::vector<int32_t> tokens = ParseTokens(f.Require("tokens"));
+  const std::vector<int32_t> tokens = ParseIntList("tokens", f.Require("tokens"), "integer token id");
   const std::string out_path = f.Require("out");
   MeshTarget t = Connect(f);
   GenerateRequest req;
@@ -281,7 +260,7 @@ int RunGenerateMesh(const std::vector<std::string>& args) {
   auto known = kMeshFlags;
   known.insert({"max-new-tokens", "ignore-eos"});
   Flags f(args, known, {"ignore-eos"});
-  const std::vector<int32_t> prompt = ParseTokens(f.Require("tokens"));
+  const std::vector<int32_t> prompt = ParseIntList("tokens", f.Require("tokens"), "integer token id");
   const long long max_new = f.GetInt("max-new-tokens", 16);
   if (max_new < 0) throw UsageError("--max-new-tokens must be >= 0");
   std::vector<int32_t> generated;
@@ -381,7 +360,7 @@ int RunBench(const std::vector<std::string>& args) {
   const int prompt_tokens = static_cast<int>(f.GetInt("prompt-tokens", 32));
   const int max_tokens = static_cast<int>(f.GetInt("max-tokens", 64));
   std::vector<int> streams;
-  for (const auto& s : ParseTokens(f.Get("streams", "1,4"))) streams.push_back(s);
+  for (const auto& s : ParseIntList("streams", f.Get("streams", "1,4"), "integer stream count")) streams.push_back(s);
   const std::string address = t.local ? t.local->coordinator_address() : f.Get("coordinator");
   for (int s : streams) {
     if (s < 1) throw UsageError("--streams: counts must be >= 1");

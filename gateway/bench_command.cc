@@ -59,6 +59,18 @@ struct HttpResult {
   std::string body;
 };
 
+// An HTTP/1.1 request with a JSON body (and the API key as a bearer token when given).
+http::request<http::string_body> JsonRequest(const Endpoint& e, http::verb verb, const std::string& path,
+                                             const std::string& body, const std::string& api_key) {
+  http::request<http::string_body> req{verb, e.prefix + path, 11};
+  req.set(http::field::host, e.host);
+  req.set(http::field::content_type, "application/json");
+  if (!api_key.empty()) req.set(http::field::authorization, "Bearer " + api_key);
+  req.body() = body;
+  req.prepare_payload();
+  return req;
+}
+
 // Plain request/response (GET /metrics, /v1/models).
 HttpResult Fetch(const Endpoint& e, http::verb verb, const std::string& path, const std::string& body,
                  const std::string& api_key) {
@@ -67,13 +79,7 @@ HttpResult Fetch(const Endpoint& e, http::verb verb, const std::string& path, co
   beast::tcp_stream stream(io);
   stream.expires_after(std::chrono::seconds(60));
   stream.connect(resolver.resolve(e.host, e.port));
-  http::request<http::string_body> req{verb, e.prefix + path, 11};
-  req.set(http::field::host, e.host);
-  req.set(http::field::content_type, "application/json");
-  if (!api_key.empty()) req.set(http::field::authorization, "Bearer " + api_key);
-  req.body() = body;
-  req.prepare_payload();
-  http::write(stream, req);
+  http::write(stream, JsonRequest(e, verb, path, body, api_key));
   beast::flat_buffer buffer;
   http::response_parser<http::string_body> parser;
   parser.body_limit(256u << 20);
@@ -99,13 +105,7 @@ StreamResult RunStream(const Endpoint& e, const std::string& body, const std::st
     tcp::resolver resolver(io);
     beast::tcp_stream stream(io);
     stream.connect(resolver.resolve(e.host, e.port));
-    http::request<http::string_body> req{http::verb::post, e.prefix + "/v1/chat/completions", 11};
-    req.set(http::field::host, e.host);
-    req.set(http::field::content_type, "application/json");
-    if (!api_key.empty()) req.set(http::field::authorization, "Bearer " + api_key);
-    req.body() = body;
-    req.prepare_payload();
-    http::write(stream, req);
+    http::write(stream, JsonRequest(e, http::verb::post, "/v1/chat/completions", body, api_key));
     beast::flat_buffer buffer;
     http::response_parser<http::string_body> parser;
     parser.body_limit(1ull << 30);

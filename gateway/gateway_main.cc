@@ -20,6 +20,7 @@
 
 #include "common/chat/chat_format.h"
 #include "common/flags.h"
+#include "common/program.h"
 #include "common/systemd_notify.h"
 #include "common/tokenizer/tokenizer.h"
 #include "gateway/admission.h"
@@ -205,13 +206,5 @@ int Run(int argc, char** argv) {
 }  // namespace dsmesh
 
 int main(int argc, char** argv) {
-  try {
-    return dsmesh::Run(argc, argv);
-  } catch (const dsmesh::UsageError& e) {
-    std::fprintf(stderr, "dsmesh-gateway: %s\nusage: %s\n", e.what(), dsmesh::kUsage);
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "dsmesh-gateway: error: %s\n", e.what());
-    return 1;
-  }
+  return dsmesh::RunProgram("dsmesh-gateway", dsmesh::kUsage, [&] { return dsmesh::Run(argc, argv); });
 }

@@ -23,29 +23,6 @@ double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-std::vector<int32_t> ParseTokens(const std::string& text) {
-  std::vector<int32_t> out;
-  size_t i = 0;
-  while (i <= text.size()) {
-    size_t j = text.find(',', i);
-    if (j == std::string::npos) j = text.size();
-    std::string item = text.substr(i, j - i);
-    size_t used = 0;
-    long long v = 0;
-    try {
-      v = std::stoll(item, &used);
-    } catch (...) {
-      used = 0;
-    }
-    if (item.empty() || used != item.size())
-      throw UsageError("--tokens: \"" + item + "\" is not an integer token id (expected e.g. 5,17,9)");
-    if (v < 0 || v > INT32_MAX) throw std::runtime_error("--tokens: token id " + item + " is out of range");
-    out.push_back(static_cast<int32_t>(v));
-    i = j + 1;
-  }
-  if (out.empty()) throw UsageError("--tokens: no token ids given");
-  return out;
-}
 
 // `--world N` / `--coordinator HOST:PORT` run the command on a mesh instead of in this process; that path
 // lives in coordinator/mesh_commands.cc, registered as "<command>-mesh", and prints the same output.
@@ -69,7 +46,7 @@ std::unique_ptr<Model> LoadForCli(const Flags& f) {
 int RunLogits(const std::vector<std::string>& args) {
   if (const CommandInfo* mesh = MeshVariant("logits", args)) return mesh->run(args);
   Flags f(args, {"model", "tokens", "out", "threads"});
-  std::vector<int32_t> tokens = ParseTokens(f.Require("tokens"));
+  std::vector<int32_t> tokens = ParseIntList("tokens", f.Require("tokens"), "integer token id");
   std::string out_path = f.Require("out");
   auto model = LoadForCli(f);
   auto state = model->NewState();
@@ -83,7 +60,7 @@ int RunLogits(const std::vector<std::string>& args) {
 int RunGenerate(const std::vector<std::string>& args) {
   if (const CommandInfo* mesh = MeshVariant("generate", args)) return mesh->run(args);
   Flags f(args, {"model", "tokens", "max-new-tokens", "threads", "ignore-eos"}, {"ignore-eos"});
-  std::vector<int32_t> prompt = ParseTokens(f.Require("tokens"));
+  std::vector<int32_t> prompt = ParseIntList("tokens", f.Require("tokens"), "integer token id");
   long long max_new = f.GetInt("max-new-tokens", 16);
   if (max_new < 0) throw UsageError("--max-new-tokens must be >= 0");
   const bool ignore_eos = f.GetBool("ignore-eos", false);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/flags.h"
+#include "common/program.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/thread_pool.h"
 #include "model/model.h"
@@ -71,10 +72,5 @@ int Main(int argc, char** argv) {
 }  // namespace dsmesh
 
 int main(int argc, char** argv) {
-  try {
-    return dsmesh::Main(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "decode_benchmark: %s\n", e.what());
-    return 1;
-  }
+  return dsmesh::RunProgram("decode_benchmark", nullptr, [&] { return dsmesh::Main(argc, argv); });
 }

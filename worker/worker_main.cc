@@ -27,6 +27,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "common/flags.h"
+#include "common/program.h"
 #include "common/systemd_notify.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "model/model.h"
@@ -357,26 +358,17 @@ class Worker {
 
 int main(int argc, char** argv) {
   // Signals go to the dedicated sigwait thread; block them before any thread starts.
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGUSR1);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  signal(SIGPIPE, SIG_IGN);
-  std::vector<std::string> args(argv + 1, argv + argc);
-  try {
-    dsmesh::Flags flags(args, {"rank", "world", "coordinator", "model", "device", "kv-memory", "kv-memory-fraction",
-                               "threads", "data-host", "collective-timeout-ms"});
-    if (!flags.Has("rank") || !flags.Has("world")) throw dsmesh::UsageError("--rank and --world are required");
-    dsmesh::Worker worker(flags);
-    return worker.Run();
-  } catch (const dsmesh::UsageError& e) {
-    std::fprintf(stderr, "dsmesh-worker: %s\nusage: dsmesh-worker --rank R --world N --coordinator HOST:PORT --model DIR "
-                         "--device cpu|cuda:I [--kv-memory BYTES | --kv-memory-fraction F] [--threads T]\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "dsmesh-worker: error: %s\n", e.what());
-    return 1;
-  }
+  dsmesh::BlockShutdownSignals();
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  return dsmesh::RunProgram(
+      "dsmesh-worker",
+      "dsmesh-worker --rank R --world N --coordinator HOST:PORT --model DIR --device cpu|cuda:I "
+      "[--kv-memory BYTES | --kv-memory-fraction F] [--threads T]",
+      [&] {
+        dsmesh::Flags flags(args, {"rank", "world", "coordinator", "model", "device", "kv-memory", "kv-memory-fraction",
+                                   "threads", "data-host", "collective-timeout-ms"});
+        if (!flags.Has("rank") || !flags.Has("world")) throw dsmesh::UsageError("--rank and --world are required");
+        dsmesh::Worker worker(flags);
+        return worker.Run();
+      });
 }

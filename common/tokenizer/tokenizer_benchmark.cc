@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/flags.h"
+#include "common/program.h"
 #include "common/tokenizer/testing/reference_runner.h"
 #include "common/tokenizer/testing/test_corpus.h"
 #include "common/tokenizer/tokenizer.h"
@@ -129,10 +130,5 @@ int Main(int argc, char** argv) {
 }  // namespace dsmesh
 
 int main(int argc, char** argv) {
-  try {
-    return dsmesh::Main(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "tokenizer_benchmark: %s\n", e.what());
-    return 1;
-  }
+  return dsmesh::RunProgram("tokenizer_benchmark", nullptr, [&] { return dsmesh::Main(argc, argv); });
 }

@@ -81,15 +81,7 @@ Exl3DeviceMoeLayer::Exl3DeviceMoeLayer(const std::string& name, const std::vecto
   layer_.K = K;
   layer_.codebook = 1;
   layer_.swiglu_limit = swiglu_limit;
-  layer_.gate_trellis = tables_[0];
-  layer_.gate_suh = tables_[1];
-  layer_.gate_svh = tables_[2];
-  layer_.up_trellis = tables_[3];
-  layer_.up_suh = tables_[4];
-  layer_.up_svh = tables_[5];
-  layer_.down_trellis = tables_[6];
-  layer_.down_suh = tables_[7];
-  layer_.down_svh = tables_[8];
+  layer_.SetTables(tables_);
 }
 
 Exl3DeviceMoeLayer::~Exl3DeviceMoeLayer() {

@@ -40,6 +40,13 @@ struct Exl3MoeLayer {
   const uint16_t* const* down_trellis = nullptr;
   const uint16_t* const* down_suh = nullptr;
   const uint16_t* const* down_svh = nullptr;
+
+  // Sets the nine arrays above from tables[9], ordered gate, up, down x trellis, suh, svh.
+  void SetTables(const uint16_t** const (&tables)[9]) {
+    const uint16_t* const** fields[9] = {&gate_trellis, &gate_suh, &gate_svh, &up_trellis, &up_suh,
+                                         &up_svh,       &down_trellis, &down_suh, &down_svh};
+    for (int t = 0; t < 9; ++t) *fields[t] = tables[t];
+  }
 };
 
 constexpr int kExl3MoeMaxRows = 24;

@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "common/program.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/exl3_gemm.h"
 #include "kernels/cuda/exl3_gemm_kernels.h"
@@ -179,6 +180,22 @@ double MeasureEmptyNode(int blocks, int replays, cudaStream_t s) {
   return us;
 }
 
+// The MCG linear that call c of a graph uses when the graph rotates over `copies` trellis copies of
+// `bytes` each (so that the weights are cold in L2).
+Exl3DeviceLinear RotatedLinear(int64_t k, int64_t n, int K, const uint8_t* trellis, size_t bytes, int copies, int c,
+                               const uint16_t* suh, const uint16_t* svh, const std::string& name) {
+  Exl3DeviceLinear l;
+  l.k = k;
+  l.n = n;
+  l.K = K;
+  l.codebook = 1;
+  l.trellis = reinterpret_cast<const uint16_t*>(trellis + bytes * (c % copies));
+  l.suh = suh;
+  l.svh = svh;
+  l.name = name;
+  return l;
+}
+
 struct Row {
   std::string kind, label;
   double us, byte_floor, op_floor, anchor_us;
@@ -232,16 +249,7 @@ void RunDense(const nlohmann::json& anchors, double bw, double intops, int repla
     const int calls = std::max(20, copies);
     Row r;
     r.us = TimeCapturedCalls(calls, replays, s, [&](int c) {
-      Exl3DeviceLinear l;
-      l.k = k;
-      l.n = n;
-      l.K = K;
-      l.codebook = 1;
-      l.trellis = reinterpret_cast<const uint16_t*>(tr + bytes * (c % copies));
-      l.suh = suh;
-      l.svh = svh;
-      l.name = shape;
-      Exl3Gemv(l, x, m, y, Exl3Out::kF16, ws, s);
+      Exl3Gemv(RotatedLinear(k, n, K, tr, bytes, copies, c, suh, svh, shape), x, m, y, Exl3Out::kF16, ws, s);
     });
     r.kind = "dense";
     r.label = dense_label;
@@ -297,15 +305,7 @@ void RunMoe(const nlohmann::json& anchors, double bw, double intops, int replays
     layer.K = K;
     layer.codebook = 1;
     layer.swiglu_limit = 10.0f;
-    layer.gate_trellis = dtabs[0];
-    layer.gate_suh = dtabs[1];
-    layer.gate_svh = dtabs[2];
-    layer.up_trellis = dtabs[3];
-    layer.up_suh = dtabs[4];
-    layer.up_svh = dtabs[5];
-    layer.down_trellis = dtabs[6];
-    layer.down_suh = dtabs[7];
-    layer.down_svh = dtabs[8];
+    layer.SetTables(dtabs);
     Exl3MoeWorkspace ws(24, topk, d, I);
     for (const auto& a : cases) {
       const int m = a["m"];
@@ -429,18 +429,7 @@ void RunGemm(const nlohmann::json& anchors, int replays, cudaStream_t s, std::ve
       uint16_t* what = DeviceAlloc<uint16_t>(size_t(k) * n);
       CudaCheck(cudaStreamSynchronize(s), "sync");
       const int calls = std::max(20, copies);
-      auto linear = [&](int c) {
-        Exl3DeviceLinear l;
-        l.k = k;
-        l.n = n;
-        l.K = K;
-        l.codebook = 1;
-        l.trellis = reinterpret_cast<const uint16_t*>(tr + bytes * (c % copies));
-        l.suh = suh;
-        l.svh = svh;
-        l.name = shape;
-        return l;
-      };
+      auto linear = [&](int c) { return RotatedLinear(k, n, K, tr, bytes, copies, c, suh, svh, shape); };
       // The weight launch alone (no input transform) and the plain Ŵ decode, for the breakdown.
       auto time_calls = [&](auto&& launch) { return TimeCapturedCalls(calls, replays, s, launch); };
       const double decode_us = time_calls([&](int c) {
@@ -597,10 +586,5 @@ int Main(int argc, char** argv) {
 }  // namespace dsmesh
 
 int main(int argc, char** argv) {
-  try {
-    return dsmesh::Main(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "dsmesh-kernel-bench: %s\n", e.what());
-    return 1;
-  }
+  return dsmesh::RunProgram("dsmesh-kernel-bench", nullptr, [&] { return dsmesh::Main(argc, argv); });
 }
