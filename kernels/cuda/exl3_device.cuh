@@ -151,6 +151,33 @@ __device__ __forceinline__ void Mma16816(float c[4], uint32_t a0, uint32_t a1, u
 }
 
 // ---------------------------------------------------------------------------------------------------
+// Split-K partial sums.
+
+// add(load(s)) for s = first, first + stride, ... < end, in that order. Each batch of kBatch loads is
+// issued before any add: nvcc does not turn a loop with a runtime stride into independent loads
+// (`#pragma unroll` on it leaves an exit test after every load, so each L2 round trip waited for the
+// previous one). The loads are unconditional (past the end they repeat the last index): the version
+// with conditional loads spilled 5-10x more in the MoE kernel (ptxas -v) and measured slower.
+template <class T, int kBatch = 8, class Load, class Add>
+__device__ __forceinline__ void StridedSum(int first, int stride, int end, Load&& load, Add&& add) {
+  for (int s0 = first; s0 < end; s0 += kBatch * stride) {
+    T v[kBatch];
+#pragma unroll
+    for (int q = 0; q < kBatch; ++q) v[q] = load(min(s0 + q * stride, end - 1));
+#pragma unroll
+    for (int q = 0; q < kBatch; ++q)
+      if (s0 + q * stride < end) add(v[q]);
+  }
+}
+
+__device__ __forceinline__ void AddTo(float4& a, const float4& b) {
+  a.x += b.x;
+  a.y += b.y;
+  a.z += b.z;
+  a.w += b.w;
+}
+
+// ---------------------------------------------------------------------------------------------------
 // cp.async (global -> shared, 16 bytes, L2 only: trellis words are read exactly once).
 
 __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
@@ -189,9 +216,7 @@ __device__ __forceinline__ void Hadamard128Warp(float v[4], int lane) {
 
 // Input side: fp16 x * fp16 suh (one __hmul2 rounding), Hadamard in fp32, scale, round to fp16.
 // Writes 4 fp16 values (8 bytes) to dst (8-byte aligned).
-__device__ __forceinline__ void InputHadamard128(const __half* x4, const __half* suh4, __half* dst4, int lane) {
-  const uint2 xr = *reinterpret_cast<const uint2*>(x4);
-  const uint2 sr = *reinterpret_cast<const uint2*>(suh4);
+__device__ __forceinline__ void InputHadamard128Regs(uint2 xr, uint2 sr, __half* dst4, int lane) {
   const half2 p0 = __hmul2(*reinterpret_cast<const half2*>(&xr.x), *reinterpret_cast<const half2*>(&sr.x));
   const half2 p1 = __hmul2(*reinterpret_cast<const half2*>(&xr.y), *reinterpret_cast<const half2*>(&sr.y));
   float v[4] = {__low2float(p0), __high2float(p0), __low2float(p1), __high2float(p1)};
@@ -202,6 +227,42 @@ __device__ __forceinline__ void InputHadamard128(const __half* x4, const __half*
   out.x = *reinterpret_cast<const uint32_t*>(&o0);
   out.y = *reinterpret_cast<const uint32_t*>(&o1);
   *reinterpret_cast<uint2*>(dst4) = out;
+}
+__device__ __forceinline__ void InputHadamard128(const __half* x4, const __half* suh4, __half* dst4, int lane) {
+  InputHadamard128Regs(*reinterpret_cast<const uint2*>(x4), *reinterpret_cast<const uint2*>(suh4), dst4, lane);
+}
+
+// One input-transform task of a warp: this lane's 4 values of x, suh and the destination.
+struct InputTask {
+  const __half* x4;
+  const __half* suh4;
+  __half* dst4;
+};
+// The warp's tasks first, first + step, ... < count (task(t) -> InputTask), with the x and suh loads of
+// 4 tasks issued before any of them is transformed: one L2 round trip per 4 tasks instead of one per
+// task (a loop over InputHadamard128 waits for each task's loads before it issues the next's).
+template <class TaskFn>
+__device__ __forceinline__ void InputHadamardTasks(int first, int step, int count, int lane, TaskFn&& task) {
+  constexpr int kBatch = 4;
+  if (count <= first + step) {  // at most one task: nothing to overlap
+    if (first < count) {
+      const InputTask it = task(first);
+      InputHadamard128(it.x4, it.suh4, it.dst4, lane);
+    }
+    return;
+  }
+  for (int t0 = first; t0 < count; t0 += kBatch * step) {
+    uint2 xr[kBatch], sr[kBatch];
+#pragma unroll
+    for (int q = 0; q < kBatch; ++q) {  // unconditional loads (see StridedSum): past the end, the last task
+      const InputTask it = task(min(t0 + q * step, count - 1));
+      xr[q] = *reinterpret_cast<const uint2*>(it.x4);
+      sr[q] = *reinterpret_cast<const uint2*>(it.suh4);
+    }
+#pragma unroll
+    for (int q = 0; q < kBatch; ++q)
+      if (t0 + q * step < count) InputHadamard128Regs(xr[q], sr[q], task(t0 + q * step).dst4, lane);
+  }
 }
 
 // The prefill GEMM's input transform as extra CTAs of a decode launch: warp number `warp_index` (over

@@ -6,8 +6,9 @@
 //   2. computes its slice of x' = Hk (x * suh) into shared memory (fp16, the MMA A operand),
 //   3. decodes and multiplies (TileGemv), reducing the 8 warps' k-splits in a fixed order,
 //   4. with one split: applies the output Hadamard and svh and writes y; with several: writes its fp32
-//      partial, and the last CTA to arrive on the strip (atomic counter) sums all partials in split
-//      order 0..S-1, so the result does not depend on arrival order, applies the output Hadamard and
+//      partial, and the last CTA to arrive on the strip (atomic counter) sums all partials in a fixed
+//      order (split order, or for few rows interleaved groups of splits added in group order), so the
+//      result does not depend on arrival order, applies the output Hadamard and
 //      resets the counter for the next launch. No float atomics: outputs are bitwise reproducible.
 #pragma once
 
@@ -73,11 +74,11 @@ __global__ void __launch_bounds__(kThreads, 3) Exl3GemvKernel(const GemvParams p
       InputHadamard128Rows16Mma(x + kofs, p.k, m, suh + kofs, act + b * 128, kGemvAStride, lane);
     }
   } else {
-    for (int t = warp; t < m * nb; t += warps) {
+    InputHadamardTasks(warp, warps, m * nb, lane, [&](int t) {
       const int row = t / nb, b = t - row * nb;
       const int64_t kofs = (int64_t)(kb0 + b) * 128 + lane * 4;
-      InputHadamard128(x + (int64_t)row * p.k + kofs, suh + kofs, act + row * kGemvAStride + b * 128 + lane * 4, lane);
-    }
+      return InputTask{x + (int64_t)row * p.k + kofs, suh + kofs, act + row * kGemvAStride + b * 128 + lane * 4};
+    });
   }
 
   float acc[Core::kAccTiles][2][4];
@@ -107,18 +108,41 @@ __global__ void __launch_bounds__(kThreads, 3) Exl3GemvKernel(const GemvParams p
     }
     __syncthreads();
     if (!s_last) return;
-    for (int i = tid; i < m * 32; i += kThreads) {
-      const int row = i >> 5, c = (i & 31) * 4;
-      float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+    // Few rows and many splits (m1 with 16-32 splits): G thread groups each sum the splits g, g + G, ...
+    // of one output (8 or more loads per thread, all in flight), then the G group sums are added in
+    // group order: one L2 round trip where one warp summing all S splits in 8-load batches takes S / 8
+    // (wkv/wq_a m1 -8%). Otherwise one thread per output sums the splits in split order (this unit-
+    // stride loop measured faster than the batched one when G = 1). Either order is fixed: outputs are
+    // bitwise reproducible.
+    const int outs = m * 32;  // float4 outputs of the strip
+    const int G = max(1, min(kThreads / outs, p.splits / 8));
+    if (G == 1) {
+      for (int i = tid; i < outs; i += kThreads) {
+        const int row = i >> 5, c = (i & 31) * 4;
+        float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll 8
-      for (int s = 0; s < p.splits; ++s) {
-        const float4 v = __ldcg(reinterpret_cast<const float4*>(p.partial + ((int64_t)s * m + row) * p.n + strip * 128 + c));
-        sum.x += v.x;
-        sum.y += v.y;
-        sum.z += v.z;
-        sum.w += v.w;
+        for (int s = 0; s < p.splits; ++s)
+          AddTo(sum, __ldcg(reinterpret_cast<const float4*>(p.partial + ((int64_t)s * m + row) * p.n + strip * 128 + c)));
+        *reinterpret_cast<float4*>(out + row * 128 + c) = sum;
       }
-      *reinterpret_cast<float4*>(out + row * 128 + c) = sum;
+    } else {
+      float4* gsum = reinterpret_cast<float4*>(ring);  // [G][outs], free since the k-split reduction
+      const int g = tid / outs, i = tid - g * outs, row = i >> 5, c = (i & 31) * 4;
+      if (g < G) {
+        const float* part0 = p.partial + (int64_t)row * p.n + strip * 128 + c;
+        float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+        StridedSum<float4>(
+            g, G, p.splits,
+            [&](int s) { return __ldcg(reinterpret_cast<const float4*>(part0 + (int64_t)s * m * p.n)); },
+            [&](const float4& v) { AddTo(sum, v); });
+        gsum[tid] = sum;
+      }
+      __syncthreads();
+      if (tid < outs) {
+        float4 sum = gsum[tid];
+        for (int q = 1; q < G; ++q) AddTo(sum, gsum[q * outs + tid]);
+        *reinterpret_cast<float4*>(out + (tid >> 5) * 128 + (tid & 31) * 4) = sum;
+      }
     }
     if (tid == 0) p.counters[strip] = 0;
     __syncthreads();

@@ -165,13 +165,13 @@ __device__ void GateUpItem(const MoeParams& p, MoePlan& plan, int t, uint8_t* ri
       Core::Prologue(src, nbc * 8, ring);
       __half* ag = act;
       __half* au = act + Rs * astride;
-      for (int task = warp; task < Rs * nbc * 2; task += kThreads / 32) {
+      InputHadamardTasks(warp, kThreads / 32, Rs * nbc * 2, lane, [&](int task) {
         const int which = task & 1, rr = task >> 1, i = rr / nbc, bb = rr - i * nbc;
         const int row = __fns(mask, 0, slab0 + i + 1);
         const int64_t kofs = (int64_t)(c0 + bb) * 128 + lane * 4;
-        InputHadamard128(x + (int64_t)row * p.d + kofs, (which ? usuh : gsuh) + kofs,
-                         (which ? au : ag) + i * astride + bb * 128 + lane * 4, lane);
-      }
+        return InputTask{x + (int64_t)row * p.d + kofs, (which ? usuh : gsuh) + kofs,
+                         (which ? au : ag) + i * astride + bb * 128 + lane * 4};
+      });
       const __half* a[2] = {ag, au};
       Core::MainLoop(src, nbc * 8, a, astride, Rs, ring, acc, p.one, c0 != kb0);
     }
@@ -227,14 +227,22 @@ __device__ void GateUpItem(const MoeParams& p, MoePlan& plan, int t, uint8_t* ri
   for (int task = warp; task < R * G; task += kWarps) {
     const int i = task / G, grp = task - i * G;
     const int64_t pair = pb + i;
-    float gv[4] = {0.f, 0.f, 0.f, 0.f}, uv[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 4
-    for (int s2 = grp; s2 < S; s2 += G) {
-      const float4 a0 = __ldcg(reinterpret_cast<const float4*>(p.part_gu + ((pair * S + s2) * 2 + 0) * p.inter + b * 128 + lane * 4));
-      const float4 a1 = __ldcg(reinterpret_cast<const float4*>(p.part_gu + ((pair * S + s2) * 2 + 1) * p.inter + b * 128 + lane * 4));
-      gv[0] += a0.x; gv[1] += a0.y; gv[2] += a0.z; gv[3] += a0.w;
-      uv[0] += a1.x; uv[1] += a1.y; uv[2] += a1.z; uv[3] += a1.w;
-    }
+    float4 gs = make_float4(0.f, 0.f, 0.f, 0.f), us = gs;
+    struct GateUp {
+      float4 g, u;
+    };
+    const float* part = p.part_gu + pair * S * 2 * p.inter + b * 128 + lane * 4;
+    StridedSum<GateUp, 4>(
+        grp, G, S,
+        [&](int s2) {
+          return GateUp{__ldcg(reinterpret_cast<const float4*>(part + (int64_t)(s2 * 2 + 0) * p.inter)),
+                        __ldcg(reinterpret_cast<const float4*>(part + (int64_t)(s2 * 2 + 1) * p.inter))};
+        },
+        [&](const GateUp& v) {
+          AddTo(gs, v.g);
+          AddTo(us, v.u);
+        });
+    float gv[4] = {gs.x, gs.y, gs.z, gs.w}, uv[4] = {us.x, us.y, us.z, us.w};
     if (G == 1) {
       finish(i, gv, uv);
     } else {
@@ -285,11 +293,21 @@ __device__ void DownItem(const MoeParams& p, MoePlan& plan, int t, uint8_t* ring
       src.base[0] = dt + ((int64_t)c0 * 8 * tiles_d + c * 8) * Core::kTileBytes;
       Core::Prologue(src, nbc * 8, ring);
       const int vecs = kc / 8;
-      for (int idx = tid; idx < Rs * vecs; idx += kThreads) {
-        const int i = idx / vecs, q = idx - i * vecs;
-        const int64_t pair = pb + slab0 + i;
-        *reinterpret_cast<uint4*>(act + i * astride + q * 8) =
-            __ldcg(reinterpret_cast<const uint4*>(p.act + pair * p.inter + c0 * 128 + q * 8));
+      // 4 loads in flight per thread before the stores (a plain copy loop waits for each load);
+      // unconditional loads, see StridedSum.
+      constexpr int kBatch = 4;
+      for (int idx0 = tid; idx0 < Rs * vecs; idx0 += kBatch * kThreads) {
+        uint4 v[kBatch];
+#pragma unroll
+        for (int q2 = 0; q2 < kBatch; ++q2) {
+          const int idx = min(idx0 + q2 * kThreads, Rs * vecs - 1), i = idx / vecs, q = idx - i * vecs;
+          v[q2] = __ldcg(reinterpret_cast<const uint4*>(p.act + (pb + slab0 + i) * p.inter + c0 * 128 + q * 8));
+        }
+#pragma unroll
+        for (int q2 = 0; q2 < kBatch; ++q2) {
+          const int idx = idx0 + q2 * kThreads, i = idx / vecs, q = idx - i * vecs;
+          if (idx < Rs * vecs) *reinterpret_cast<uint4*>(act + i * astride + q * 8) = v[q2];
+        }
       }
       const __half* a[1] = {act};
       Core::MainLoop(src, nbc * 8, a, astride, Rs, ring, acc, p.one, c0 != 0);
@@ -312,19 +330,32 @@ __device__ void GatherItem(const MoeParams& p, MoePlan& plan, int num_groups, in
   WaitFor(&p.control->col_done[c], num_groups);
   for (int idx = threadIdx.x; idx < p.m * 32; idx += kThreads) {
     const int r = idx >> 5, q = idx & 31;
+    // All slots' ids, weights and expert outputs are loaded before the first multiply-add (a loop that
+    // adds slot k before loading slot k + 1 waits for 6 x 2 dependent round trips); the adds stay in
+    // slot order.
+    int64_t pair[kMoeMaxTopK];
+    float w[kMoeMaxTopK];
+#pragma unroll
+    for (int k = 0; k < kMoeMaxTopK; ++k) {
+      pair[k] = -1;
+      if (k < p.topk) {
+        const int e = p.ids[r * p.topk + k];
+        w[k] = p.weights[r * p.topk + k];
+        if (e >= 0 && e < p.num_experts) pair[k] = plan.pair_base[e] + __popc(plan.mask[e] & ((1u << r) - 1u));
+      }
+    }
+    float4 v[kMoeMaxTopK];
+#pragma unroll
+    for (int k = 0; k < kMoeMaxTopK; ++k)  // unconditional loads (see StridedSum); pair 0 always exists
+      v[k] = __ldcg(reinterpret_cast<const float4*>(p.down_out + max(pair[k], int64_t{0}) * p.d + c * 128 + q * 4));
     float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
     for (int k = 0; k < kMoeMaxTopK; ++k) {
-      if (k >= p.topk) break;
-      const int e = p.ids[r * p.topk + k];
-      if (e < 0 || e >= p.num_experts) continue;
-      const float w = p.weights[r * p.topk + k];
-      const int64_t pair = plan.pair_base[e] + __popc(plan.mask[e] & ((1u << r) - 1u));
-      const float4 v = __ldcg(reinterpret_cast<const float4*>(p.down_out + pair * p.d + c * 128 + q * 4));
-      sum.x = fmaf(w, v.x, sum.x);
-      sum.y = fmaf(w, v.y, sum.y);
-      sum.z = fmaf(w, v.z, sum.z);
-      sum.w = fmaf(w, v.w, sum.w);
+      if (pair[k] < 0) continue;
+      sum.x = fmaf(w[k], v[k].x, sum.x);
+      sum.y = fmaf(w[k], v[k].y, sum.y);
+      sum.z = fmaf(w[k], v[k].z, sum.z);
+      sum.w = fmaf(w[k], v[k].w, sum.w);
     }
     *reinterpret_cast<float4*>(p.y + (int64_t)r * p.d + c * 128 + q * 4) = sum;
   }

@@ -6,6 +6,7 @@
 //   dsmesh-kernel-bench --anchors PATH/anchors-h200.json [--only dense|moe|gemm] [--replays N]
 //                       [--gemv-ctas-per-sm 2,4,...] [--moe-items-per-sm 3,6,...]   (k-split sweeps)
 //                       [--filter 'K2 wq_b']   (only cases whose label contains the text)
+//                       [--warm-weights]       (dense: one L2-resident weight copy; diagnostic)
 //
 // Weights are random valid trellises (MCG codebook, like the anchors), rotated over enough copies that
 // the weights read by one graph replay exceed the L2 several times; MoE cases use 256 experts and a
@@ -52,6 +53,10 @@ namespace dsmesh {
 namespace {
 
 std::string g_filter;  // --filter: only cases whose label contains this
+// --warm-weights: the dense cases reuse one weight copy (L2-resident after the first call) instead of
+// rotating over cold copies. A diagnostic, not comparable with the anchors: the difference to the cold
+// run is the time spent waiting for weight bytes from HBM.
+bool g_warm_weights = false;
 
 // Integer-pipe instructions per decoded weight in the GEMV/MoE inner loop (LOP3, SHF, PRMT, IADD3,
 // LEA, ...), counted in the sm_90 SASS of Exl3GemvKernel<K, MCG> by kernels/cuda/sass_loop_ops.py (one
@@ -228,6 +233,7 @@ void RunDense(const nlohmann::json& anchors, double bw, double intops, int repla
               std::vector<Row>& rows) {
   Exl3GemvWorkspace ws(64u << 20);
   std::mt19937 rng(1);
+  if (g_warm_weights) std::printf("dense weights: one L2-resident copy per case (--warm-weights), not comparable with the anchors\n");
   for (const auto& a : anchors["results"]) {
     if (a["kind"] != "gemm") continue;
     const int K = a["K"], m = a["m"];
@@ -237,7 +243,8 @@ void RunDense(const nlohmann::json& anchors, double bw, double intops, int repla
     const std::string dense_label = "K" + std::to_string(K) + " " + shape + " m" + std::to_string(m);
     if (!g_filter.empty() && dense_label.find(g_filter) == std::string::npos) continue;
     const size_t bytes = size_t(k) * n * K / 8;
-    const int copies = static_cast<int>(std::clamp<size_t>((size_t(256) << 20) / bytes + 1, 2, 512));
+    const int copies =
+        g_warm_weights ? 1 : static_cast<int>(std::clamp<size_t>((size_t(256) << 20) / bytes + 1, 2, 512));
     uint8_t* tr = DeviceAlloc<uint8_t>(bytes * copies);
     CudaCheck(static_cast<cudaError_t>(bench::FillRandom(tr, int64_t(bytes * copies / 4), 1234 + K, s)), "fill");
     std::vector<uint16_t> ones_k(k, 0x3C00), ones_n(n, 0x3C00);
@@ -501,6 +508,7 @@ int Main(int argc, char** argv) {
     else if (a == "--only") only = value();
     else if (a == "--replays") replays = std::stoi(value());
     else if (a == "--filter") g_filter = value();
+    else if (a == "--warm-weights") g_warm_weights = true;
     else if (a == "--moe-items-per-sm") {
       std::stringstream ss(value());
       for (std::string v; std::getline(ss, v, ',');) items_per_sm.push_back(v);
@@ -508,7 +516,7 @@ int Main(int argc, char** argv) {
       std::stringstream ss(value());
       for (std::string v; std::getline(ss, v, ',');) ctas_per_sm.push_back(v);
     }
-    else throw std::runtime_error("unknown flag " + a + " (usage: --anchors FILE [--only dense|moe|gemm] [--replays N] [--gemv-ctas-per-sm LIST] [--moe-items-per-sm LIST] [--filter TEXT])");
+    else throw std::runtime_error("unknown flag " + a + " (usage: --anchors FILE [--only dense|moe|gemm] [--replays N] [--gemv-ctas-per-sm LIST] [--moe-items-per-sm LIST] [--filter TEXT] [--warm-weights])");
   }
   if (anchors_path.empty()) {
     const char* shared = std::getenv("DSMESH_SHARED");

@@ -12,7 +12,8 @@ mkdir -p "$OUT"
 CUBLAS_DIR=$(dirname "$(ls /usr/local/cuda/lib64/libcublas.so.13 2>/dev/null ||
   find "$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null)" /usr -name 'libcublas.so.13' 2>/dev/null | head -1)")
 echo "cuBLAS from $CUBLAS_DIR"
-export LD_LIBRARY_PATH=$B/lib:$CUBLAS_DIR
+# VARIANT_LIB: a folder whose libraries replace the bundle's (A/B runs of kernel variants in one call).
+export LD_LIBRARY_PATH=${VARIANT_LIB:+$VARIANT_LIB:}$B/lib:$CUBLAS_DIR
 export DSMESH_SHARED=$B/shared
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 if [[ $PARTS == *tests* ]]; then
