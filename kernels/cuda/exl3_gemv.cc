@@ -48,8 +48,12 @@ Exl3GemvWorkspace::~Exl3GemvWorkspace() {
   cudaFree(counters_);
 }
 
-int Exl3GemvSplits(int64_t k, int64_t n, int num_sms, int ctas_per_sm) {
+int Exl3GemvSplits(int64_t k, int64_t n, int m, int num_sms, int ctas_per_sm) {
   const int64_t strips = n / 128, nblk = k / 128;
+  // Many rows: the last CTA of a strip reads S x m x 512 bytes of partials, so aim at half as many
+  // CTAs (v11 sweep: m = 16 wq_a -17%, shared_gate -10..13%, the others within +-3%; for m <= 4 the
+  // halving measured mixed, shared_down +7..13%).
+  if (m > 8) ctas_per_sm = std::max(1, ctas_per_sm / 2);
   // Three CTAs fit on an SM, but aiming at two per SM measured best (NOTES.md v3: 1.65x vs 1.55x
   // geomean); never more CTAs than fit at once, and at most 8 input blocks per CTA
   // (the activation slice lives in shared memory).
@@ -105,7 +109,7 @@ void Exl3Gemv(const Exl3DeviceLinear& w, const uint16_t* x, int m, void* y, Exl3
   p.m = m;
   p.k = static_cast<int>(w.k);
   p.n = static_cast<int>(w.n);
-  p.splits = Exl3GemvSplits(w.k, w.n, ws.num_sms_, ws.ctas_per_sm_);
+  p.splits = Exl3GemvSplits(w.k, w.n, m, ws.num_sms_, ws.ctas_per_sm_);
   p.y_fp16 = out == Exl3Out::kF16;
   p.one = 1;
   if (p.splits > 1) {

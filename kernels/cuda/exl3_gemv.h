@@ -62,9 +62,9 @@ class Exl3GemvWorkspace {
 // Largest m the GEMV handles.
 constexpr int kExl3GemvMaxRows = 16;
 
-// How the launch is cut: number of k-splits for (k, n) on `num_sms` multiprocessors, aiming at
-// ctas_per_sm CTAs per multiprocessor.
-int Exl3GemvSplits(int64_t k, int64_t n, int num_sms, int ctas_per_sm = 2);
+// How the launch is cut: number of k-splits for (k, n) and m rows on `num_sms` multiprocessors, aiming
+// at ctas_per_sm CTAs per multiprocessor (half as many for m > 8, see the definition).
+int Exl3GemvSplits(int64_t k, int64_t n, int m, int num_sms, int ctas_per_sm = 2);
 
 // Throws std::runtime_error starting with `who` unless K is 1..8, the codebook is one of the three and
 // k, n are positive multiples of 128 (what every kernel here requires of a linear).

@@ -192,7 +192,7 @@ TEST(Exl3GemvTest, TensorCoreInputTransformForManyRows) {
     unsetenv("DSMESH_EXL3_GEMV_CTAS_PER_SM");
   }
   const int64_t k = 1024, n = 128LL * ws.num_sms();
-  ASSERT_EQ(1, Exl3GemvSplits(k, n, ws.num_sms(), 1));
+  ASSERT_EQ(1, Exl3GemvSplits(k, n, 1, ws.num_sms(), 1));
   for (const int K : {2, 6}) {
     const Exl3Weight w = testing::RandomExl3Weight(k, n, K, Exl3Codebook::kMcg, rng);
     DeviceExl3 d;
