@@ -6,7 +6,9 @@
 #pragma once
 
 #include <cuda_fp16.h>
+
 #include <cstdint>
+#include <type_traits>
 
 namespace dsmesh::exl3cuda {
 
@@ -148,6 +150,36 @@ __device__ __forceinline__ void Mma16816(float c[4], uint32_t a0, uint32_t a1, u
       "{%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Cross-CTA publication and compile-time K.
+
+// Adds 1 to *counter with acq_rel semantics at GPU scope; returns the old value. After a barrier, one
+// thread's call publishes the whole CTA's earlier global writes (release, cumulative through the
+// barrier) and orders the caller's later reads after every earlier release on the same counter
+// (acquire): the split-K arrivals need no fences (NOTES.md v7).
+__device__ __forceinline__ int ArriveAcqRelGpu(int* counter) {
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");
+  return old;
+}
+
+// fn(std::integral_constant<int, K>{}) for a runtime K in 1..8 (one instantiation per K); `otherwise`
+// for any other K.
+template <class R, class Fn>
+__host__ R DispatchK(int K, R otherwise, Fn&& fn) {
+  switch (K) {
+    case 1: return fn(std::integral_constant<int, 1>{});
+    case 2: return fn(std::integral_constant<int, 2>{});
+    case 3: return fn(std::integral_constant<int, 3>{});
+    case 4: return fn(std::integral_constant<int, 4>{});
+    case 5: return fn(std::integral_constant<int, 5>{});
+    case 6: return fn(std::integral_constant<int, 6>{});
+    case 7: return fn(std::integral_constant<int, 7>{});
+    case 8: return fn(std::integral_constant<int, 8>{});
+    default: return otherwise;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -151,19 +151,10 @@ __global__ void __launch_bounds__(kWarps * 32, 3) Exl3GemmWeightKernel(const Gem
 
 template <int CB>
 int LaunchForCodebook(int K, const GemmWeightParams& p, unsigned grid, int input_blocks, cudaStream_t s) {
-  const dim3 block(kWarps * 32);
-  switch (K) {
-    case 1: Exl3GemmWeightKernel<1, CB><<<grid, block, 0, s>>>(p, input_blocks); break;
-    case 2: Exl3GemmWeightKernel<2, CB><<<grid, block, 0, s>>>(p, input_blocks); break;
-    case 3: Exl3GemmWeightKernel<3, CB><<<grid, block, 0, s>>>(p, input_blocks); break;
-    case 4: Exl3GemmWeightKernel<4, CB><<<grid, block, 0, s>>>(p, input_blocks); break;
-    case 5: Exl3GemmWeightKernel<5, CB><<<grid, block, 0, s>>>(p, input_blocks); break;
-    case 6: Exl3GemmWeightKernel<6, CB><<<grid, block, 0, s>>>(p, input_blocks); break;
-    case 7: Exl3GemmWeightKernel<7, CB><<<grid, block, 0, s>>>(p, input_blocks); break;
-    case 8: Exl3GemmWeightKernel<8, CB><<<grid, block, 0, s>>>(p, input_blocks); break;
-    default: return static_cast<int>(cudaErrorInvalidValue);
-  }
-  return static_cast<int>(cudaGetLastError());
+  return DispatchK(K, static_cast<int>(cudaErrorInvalidValue), [&](auto k) {
+    Exl3GemmWeightKernel<decltype(k)::value, CB><<<grid, kWarps * 32, 0, s>>>(p, input_blocks);
+    return static_cast<int>(cudaGetLastError());
+  });
 }
 
 }  // namespace

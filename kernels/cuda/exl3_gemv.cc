@@ -54,11 +54,9 @@ int Exl3GemvSplits(int64_t k, int64_t n, int m, int num_sms, int ctas_per_sm) {
   // CTAs (v11 sweep: m = 16 wq_a -17%, shared_gate -10..13%, the others within +-3%; for m <= 4 the
   // halving measured mixed, shared_down +7..13%).
   if (m > 8) ctas_per_sm = std::max(1, ctas_per_sm / 2);
-  // Three CTAs fit on an SM, but aiming at two per SM measured best (NOTES.md v3: 1.65x vs 1.55x
-  // geomean); never more CTAs than fit at once, and at most 8 input blocks per CTA
-  // (the activation slice lives in shared memory).
   // Never more CTAs than fit at once (rounding up made e.g. 16 strips x 17 splits = 272 > 264 CTAs,
-  // and the 8 CTAs of the second wave cost a whole extra CTA time: 11.3 vs 8.2 us, NOTES.md v2).
+  // and the 8 CTAs of the second wave cost a whole extra CTA time: 11.3 vs 8.2 us, NOTES.md v2), and
+  // at most 8 input blocks per CTA (the activation slice lives in shared memory).
   const int64_t target = static_cast<int64_t>(ctas_per_sm) * num_sms;
   int64_t splits = std::max<int64_t>(1, target / strips);
   splits = std::min(splits, nblk);

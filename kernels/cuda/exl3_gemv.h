@@ -30,14 +30,18 @@ struct Exl3DeviceLinear {
 
 enum class Exl3Out { kF32, kF16 };
 
+// CTAs per SM the k-split aims for by default: three fit, two measured best (NOTES.md v3: 1.65x vs
+// 1.55x geomean).
+constexpr int kExl3GemvCtasPerSm = 2;
+
 // Split-K scratch (partial sums and per-strip arrival counters). One per stream: a workspace is bound
 // to the first stream it is used on, and using it on another stream throws (two launches sharing the
 // counters at the same time would corrupt each other).
 class Exl3GemvWorkspace {
  public:
   // Allocates on the current device; `partial_bytes` bounds splits * m * n * 4. The environment
-  // variable DSMESH_EXL3_GEMV_CTAS_PER_SM (1..16, default 2) sets how many CTAs per SM the k-split
-  // aims for (a tuning knob for the benchmark; read here, never during a launch).
+  // variable DSMESH_EXL3_GEMV_CTAS_PER_SM (1..16, default kExl3GemvCtasPerSm) sets how many CTAs per
+  // SM the k-split aims for (a tuning knob for the benchmark; read here, never during a launch).
   explicit Exl3GemvWorkspace(size_t partial_bytes = 16u << 20);
   ~Exl3GemvWorkspace();
   Exl3GemvWorkspace(const Exl3GemvWorkspace&) = delete;
@@ -54,7 +58,7 @@ class Exl3GemvWorkspace {
   size_t partial_bytes_ = 0;
   int* counters_ = nullptr;
   int num_counters_ = 0;
-  int device_ = 0, num_sms_ = 0, ctas_per_sm_ = 2;
+  int device_ = 0, num_sms_ = 0, ctas_per_sm_ = kExl3GemvCtasPerSm;
   bool bound_ = false;
   cudaStream_t stream_ = nullptr;
 };
@@ -64,7 +68,7 @@ constexpr int kExl3GemvMaxRows = 16;
 
 // How the launch is cut: number of k-splits for (k, n) and m rows on `num_sms` multiprocessors, aiming
 // at ctas_per_sm CTAs per multiprocessor (half as many for m > 8, see the definition).
-int Exl3GemvSplits(int64_t k, int64_t n, int m, int num_sms, int ctas_per_sm = 2);
+int Exl3GemvSplits(int64_t k, int64_t n, int m, int num_sms, int ctas_per_sm = kExl3GemvCtasPerSm);
 
 // Throws std::runtime_error starting with `who` unless K is 1..8, the codebook is one of the three and
 // k, n are positive multiples of 128 (what every kernel here requires of a linear).

@@ -12,8 +12,6 @@
 //      resets the counter for the next launch. No float atomics: outputs are bitwise reproducible.
 #pragma once
 
-#include <type_traits>
-
 #include "kernels/cuda/exl3_gemv_params.h"
 #include "kernels/cuda/exl3_tile_gemv.cuh"
 
@@ -101,11 +99,7 @@ __global__ void __launch_bounds__(kThreads, 3) Exl3GemvKernel(const GemvParams p
     // threads, v6 in thread 0 around a relaxed atomicAdd; v7 1.78x -> 1.83x geomean side by side).
     __shared__ int s_last;
     __syncthreads();
-    if (tid == 0) {
-      int arrived;
-      asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(arrived) : "l"(p.counters + strip) : "memory");
-      s_last = arrived == p.splits - 1;
-    }
+    if (tid == 0) s_last = ArriveAcqRelGpu(p.counters + strip) == p.splits - 1;
     __syncthreads();
     if (!s_last) return;
     // Few rows and many splits (m1 with 16-32 splits): G thread groups each sum the splits g, g + G, ...
@@ -200,26 +194,10 @@ __global__ void __launch_bounds__(kThreads) Exl3ReconstructKernel(const Reconstr
   }
 }
 
-// Calls fn(std::integral_constant<int, K>{}) for a runtime K in 1..8.
-template <class Fn>
-int DispatchK(int K, Fn&& fn) {
-  switch (K) {
-    case 1: return fn(std::integral_constant<int, 1>{});
-    case 2: return fn(std::integral_constant<int, 2>{});
-    case 3: return fn(std::integral_constant<int, 3>{});
-    case 4: return fn(std::integral_constant<int, 4>{});
-    case 5: return fn(std::integral_constant<int, 5>{});
-    case 6: return fn(std::integral_constant<int, 6>{});
-    case 7: return fn(std::integral_constant<int, 7>{});
-    case 8: return fn(std::integral_constant<int, 8>{});
-    default: return static_cast<int>(cudaErrorInvalidValue);
-  }
-}
-
 // Instantiates K = 1..8 for one codebook and the entry points declared in exl3_gemv_params.h.
 #define DSMESH_EXL3_GEMV_CODEBOOK(CB, NAME)                                                              \
   int LaunchGemv##NAME(int K, const GemvParams& p, int grid_x, int grid_y, void* stream) {              \
-    return DispatchK(K, [&](auto k) {                                                                   \
+    return DispatchK(K, static_cast<int>(cudaErrorInvalidValue), [&](auto k) {                         \
       constexpr int kK = decltype(k)::value;                                                            \
       Exl3GemvKernel<kK, CB><<<dim3(grid_x, grid_y), kThreads, GemvSmemBytes(kK),                        \
                                static_cast<cudaStream_t>(stream)>>>(p);                                 \

@@ -51,13 +51,18 @@ struct Exl3MoeLayer {
 
 constexpr int kExl3MoeMaxRows = 24;
 
+// Gate/up work items per SM the routed-expert k-split aims for by default: one round of the 2
+// resident CTAs per SM (v11 sweep, two runs: 2.42x vs 2.39-2.40x at 3; exl3_moe.cc).
+constexpr int kExl3MoeItemsPerSm = 2;
+
 // Scratch for one stream: control counters (zeroed once here, self-resetting after every launch),
 // gate/up partial sums, the fp16 down inputs and the per-(row, expert) outputs. Bound to the first
 // stream it is used on; using it on another stream throws.
 class Exl3MoeWorkspace {
  public:
-  // The environment variable DSMESH_EXL3_MOE_ITEMS_PER_SM (1..64, default 2) sets how many gate/up
-  // work items per SM the k-split aims for (a tuning knob for the benchmark; read here only).
+  // The environment variable DSMESH_EXL3_MOE_ITEMS_PER_SM (1..64, default kExl3MoeItemsPerSm) sets
+  // how many gate/up work items per SM the k-split aims for (a tuning knob for the benchmark; read
+  // here only).
   Exl3MoeWorkspace(int max_rows, int topk, int hidden, int inter);
   ~Exl3MoeWorkspace();
   Exl3MoeWorkspace(const Exl3MoeWorkspace&) = delete;
@@ -70,7 +75,7 @@ class Exl3MoeWorkspace {
  private:
   friend void Exl3MoeForward(const Exl3MoeLayer&, const uint16_t*, const int32_t*, const float*, int, float*,
                              Exl3MoeWorkspace&, cudaStream_t);
-  int max_rows_, topk_, hidden_, inter_, max_splits_, items_per_sm_ = 2;
+  int max_rows_, topk_, hidden_, inter_, max_splits_, items_per_sm_ = kExl3MoeItemsPerSm;
   int device_ = 0, num_sms_ = 0;
   void* control_ = nullptr;
   float* part_gu_ = nullptr;
@@ -93,7 +98,8 @@ void Exl3MoeForward(const Exl3MoeLayer& layer, const uint16_t* x, const int32_t*
                     float* y, Exl3MoeWorkspace& ws, cudaStream_t stream);
 
 // Number of k-splits of the gate/up projections for m rows (exposed for tests and the benchmark).
-int Exl3MoeSplits(int m, int topk, int num_experts, int hidden, int inter, int num_sms, int items_per_sm = 2);
+int Exl3MoeSplits(int m, int topk, int num_experts, int hidden, int inter, int num_sms,
+                  int items_per_sm = kExl3MoeItemsPerSm);
 
 struct Exl3MoeCounters {
   int64_t launches = 0;  // successful launches

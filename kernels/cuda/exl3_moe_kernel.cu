@@ -61,11 +61,7 @@ __device__ void WaitFor(const int* counter, int target) {
 // sees the final count read what the others published. No per-thread fences (the GEMV's v7 change).
 __device__ int ArriveAndCount(int* counter, MoePlan& plan) {
   __syncthreads();
-  if (threadIdx.x == 0) {
-    int old;
-    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");
-    plan.flag = old;
-  }
+  if (threadIdx.x == 0) plan.flag = ArriveAcqRelGpu(counter);
   __syncthreads();
   const int old = plan.flag;
   __syncthreads();
@@ -395,23 +391,9 @@ __global__ void __launch_bounds__(kThreads, 2) Exl3MoeKernel(const MoeParams p) 
   }
 }
 
-template <int K>
-const void* MoeKernelPtr() {
-  return reinterpret_cast<const void*>(Exl3MoeKernel<K>);
-}
-
 const void* MoeKernelFor(int K) {
-  switch (K) {
-    case 1: return MoeKernelPtr<1>();
-    case 2: return MoeKernelPtr<2>();
-    case 3: return MoeKernelPtr<3>();
-    case 4: return MoeKernelPtr<4>();
-    case 5: return MoeKernelPtr<5>();
-    case 6: return MoeKernelPtr<6>();
-    case 7: return MoeKernelPtr<7>();
-    case 8: return MoeKernelPtr<8>();
-    default: return nullptr;
-  }
+  return DispatchK(K, static_cast<const void*>(nullptr),
+                   [](auto k) { return reinterpret_cast<const void*>(Exl3MoeKernel<decltype(k)::value>); });
 }
 
 }  // namespace

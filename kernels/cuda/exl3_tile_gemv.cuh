@@ -171,23 +171,28 @@ struct TileGemv {
     __syncthreads();  // ring is free for the reduction
   }
 
+  // Writes this warp's accumulators (rows < R) to dst[R][64] fp32: lane holds rows lane / 4 (+ 8) and
+  // columns 2 (lane % 4) + {0, 1} of each n8 half of its 4 tiles (the mma C layout).
+  __device__ static void StoreAccRows(const float acc[kAccTiles][2][4], int R, float* dst, int lane) {
+    const int row = lane >> 2, col = (lane & 3) * 2;
+#pragma unroll
+    for (int t = 0; t < kAccTiles; ++t)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int c = t * 16 + h * 8 + col;
+        if (row < R) *reinterpret_cast<float2*>(dst + row * 64 + c) = make_float2(acc[t][h][0], acc[t][h][1]);
+        if (row + 8 < R)
+          *reinterpret_cast<float2*>(dst + (row + 8) * 64 + c) = make_float2(acc[t][h][2], acc[t][h][3]);
+      }
+  }
+
   // The same sums in one pass: every warp stores its accumulators (rows < R) to red[warp][R][64], one
   // barrier, then each thread adds the WKP k-split values of its outputs in the tree order of Reduce
   // ((j0 + j2) + (j1 + j3) for WKP = 4), so the result is bitwise the same with 2 barriers instead of 5.
   // red: 8 * R * 256 bytes (32 KB at R = 16; the ring). out: [WN][R][128] fp32 shared.
   __device__ static void ReduceOnePass(float acc[kAccTiles][2][4], int R, float* red, float* out) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int row = lane >> 2, col = (lane & 3) * 2;
-    float* mine = red + warp * R * 64;
-#pragma unroll
-    for (int t = 0; t < kAccTiles; ++t)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int c = t * 16 + h * 8 + col;
-        if (row < R) *reinterpret_cast<float2*>(mine + row * 64 + c) = make_float2(acc[t][h][0], acc[t][h][1]);
-        if (row + 8 < R)
-          *reinterpret_cast<float2*>(mine + (row + 8) * 64 + c) = make_float2(acc[t][h][2], acc[t][h][3]);
-      }
+    StoreAccRows(acc, R, red + warp * R * 64, lane);
     __syncthreads();
     // Output (g, r, c4): columns 4 c4 .. 4 c4 + 3 of group g; warp of (g, half h, split j) = g * WK + h * WKP + j.
     for (int i = tid; i < WN * R * 32; i += kThreads) {
@@ -221,16 +226,7 @@ struct TileGemv {
     auto slot = [&](int s) { return red + (((role.g * 2 + role.h) * kSlots + s) * R) * 64; };
     for (int half = WKP / 2; half >= 1; half /= 2) {
       if (role.j >= half && role.j < 2 * half) {
-        float* dst = slot(role.j - half);
-#pragma unroll
-        for (int t = 0; t < kAccTiles; ++t)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int c = t * 16 + h * 8 + col;
-            if (row < R) *reinterpret_cast<float2*>(dst + row * 64 + c) = make_float2(acc[t][h][0], acc[t][h][1]);
-            if (row + 8 < R)
-              *reinterpret_cast<float2*>(dst + (row + 8) * 64 + c) = make_float2(acc[t][h][2], acc[t][h][3]);
-          }
+        StoreAccRows(acc, R, slot(role.j - half), lane);
       }
       __syncthreads();
       if (role.j < half) {

@@ -30,11 +30,11 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "common/flags.h"
 #include "common/program.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/exl3_gemm.h"
@@ -477,6 +477,23 @@ void RunGemm(const nlohmann::json& anchors, int replays, cudaStream_t s, std::ve
   cudaFree(cws);
 }
 
+// run(rows) once with the knob `var` as the environment has it, or, for a sweep, once per value of
+// `var` (read when the workspaces are made) with one summary each; `rows` gets the first value's rows.
+template <class Run>
+void RunSweep(const std::string& kind, const char* var, const std::vector<int32_t>& values, std::vector<Row>& rows,
+              Run&& run) {
+  if (values.empty()) return run(rows);
+  for (size_t i = 0; i < values.size(); ++i) {
+    const std::string v = std::to_string(values[i]);
+    setenv(var, v.c_str(), 1);
+    std::printf("-- %s=%s\n", var, v.c_str());
+    std::vector<Row> swept;
+    run(swept);
+    Summary(kind + "(" + var + "=" + v + ")", swept);
+    if (i == 0) rows = swept;
+  }
+}
+
 void GemmSummary(const std::vector<GemmRow>& rows) {
   for (int m : {32, 64, 128, 256, 512}) {
     double lg = 0, mn = 1e30;
@@ -497,7 +514,7 @@ void GemmSummary(const std::vector<GemmRow>& rows) {
 int Main(int argc, char** argv) {
   std::string anchors_path, only;
   int replays = 15;
-  std::vector<std::string> ctas_per_sm, items_per_sm;
+  std::vector<int32_t> ctas_per_sm, items_per_sm;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -509,13 +526,8 @@ int Main(int argc, char** argv) {
     else if (a == "--replays") replays = std::stoi(value());
     else if (a == "--filter") g_filter = value();
     else if (a == "--warm-weights") g_warm_weights = true;
-    else if (a == "--moe-items-per-sm") {
-      std::stringstream ss(value());
-      for (std::string v; std::getline(ss, v, ',');) items_per_sm.push_back(v);
-    } else if (a == "--gemv-ctas-per-sm") {
-      std::stringstream ss(value());
-      for (std::string v; std::getline(ss, v, ',');) ctas_per_sm.push_back(v);
-    }
+    else if (a == "--moe-items-per-sm") items_per_sm = ParseIntList(a.substr(2), value(), "integer item count");
+    else if (a == "--gemv-ctas-per-sm") ctas_per_sm = ParseIntList(a.substr(2), value(), "integer CTA count");
     else throw std::runtime_error("unknown flag " + a + " (usage: --anchors FILE [--only dense|moe|gemm] [--replays N] [--gemv-ctas-per-sm LIST] [--moe-items-per-sm LIST] [--filter TEXT] [--warm-weights])");
   }
   if (anchors_path.empty()) {
@@ -547,39 +559,12 @@ int Main(int argc, char** argv) {
   PrintHeader();
   std::vector<Row> dense, moe;
   std::vector<GemmRow> gemm;
-  if (only.empty() || only == "dense") {
-    // Sweeps of the GEMV's knobs, read by Exl3GemvWorkspace: one summary per value; the first value's
-    // rows go into the final summary.
-    const char* var = "DSMESH_EXL3_GEMV_CTAS_PER_SM";
-    const std::vector<std::string>& values = ctas_per_sm;
-    if (values.empty()) {
-      RunDense(anchors, bw, intops, replays, s, dense);
-    } else {
-      for (const auto& v : values) {
-        setenv(var, v.c_str(), 1);
-        std::printf("-- %s=%s\n", var, v.c_str());
-        std::vector<Row> rows;
-        RunDense(anchors, bw, intops, replays, s, rows);
-        Summary(std::string("dense(") + var + "=" + v + ")", rows);
-        if (v == values.front()) dense = rows;
-      }
-    }
-  }
-  if (only.empty() || only == "moe") {
-    if (items_per_sm.empty()) {
-      RunMoe(anchors, bw, intops, replays, s, moe);
-    } else {
-      // Sweep of the routed-expert k-split target (DSMESH_EXL3_MOE_ITEMS_PER_SM).
-      for (const auto& v : items_per_sm) {
-        setenv("DSMESH_EXL3_MOE_ITEMS_PER_SM", v.c_str(), 1);
-        std::printf("-- DSMESH_EXL3_MOE_ITEMS_PER_SM=%s\n", v.c_str());
-        std::vector<Row> rows;
-        RunMoe(anchors, bw, intops, replays, s, rows);
-        Summary("moe(items_per_sm=" + v + ")", rows);
-        if (v == items_per_sm.front()) moe = rows;
-      }
-    }
-  }
+  if (only.empty() || only == "dense")
+    RunSweep("dense", "DSMESH_EXL3_GEMV_CTAS_PER_SM", ctas_per_sm, dense,
+             [&](std::vector<Row>& rows) { RunDense(anchors, bw, intops, replays, s, rows); });
+  if (only.empty() || only == "moe")
+    RunSweep("moe", "DSMESH_EXL3_MOE_ITEMS_PER_SM", items_per_sm, moe,
+             [&](std::vector<Row>& rows) { RunMoe(anchors, bw, intops, replays, s, rows); });
   if (only.empty() || only == "gemm") RunGemm(anchors, replays, s, gemm);
   Summary("dense", dense);
   Summary("moe", moe);
