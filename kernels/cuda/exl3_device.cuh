@@ -13,6 +13,9 @@
 namespace dsmesh::exl3cuda {
 
 constexpr int kCb3Inst = 0, kCbMcg = 1, kCbMul1 = 2;
+// The decode core's few-rows form (TileGemv::FewRows): 3INST/MCG weights as the MMA's A operand, unpacked,
+// for at most 8 activation rows.
+__host__ __device__ constexpr bool UsesFewRowsLoop(int cb, int rows) { return cb != kCbMul1 && rows <= 8; }
 
 // ---------------------------------------------------------------------------------------------------
 // Codebooks (§2.5). Two states -> one half2 (low half = first state), which is exactly one B-fragment
@@ -139,6 +142,34 @@ __device__ __forceinline__ void DecodeTileLane(const uint32_t* tile, const LaneT
   frag[2] = DecodePair<CB, false>(s[4], s[5]);
   frag[3] = DecodePair<CB, true>(s[6], s[7]);
 }
+
+// The decode without the final fp16 add: for 3INST and MCG a weight is fp16(lo) + fp16(hi), the two
+// halves of one masked product. DecodeTileLaneUnpacked returns the masked products themselves, one
+// half2 (lo, hi) per weight, for an MMA whose k dimension is doubled: weight k contributes x*lo + x*hi
+// (summed in fp32 by the tensor core, i.e. without the fp16 rounding of lo + hi that Ŵ has). w[t] is
+// the lane's weight t (t = 0..3: column n = lane / 4, k = 2j, 2j + 1, 2j + 8, 2j + 9 with j = lane % 4;
+// t = 4..7: the same k at column n + 8). TileGemv's few-rows loop builds the matching operands.
+template <int K, int CB>
+__device__ __forceinline__ void DecodeTileLaneUnpacked(const uint32_t* tile, const LaneTileGeom& g, uint32_t mulk,
+                                                       uint32_t w[8]) {
+  static_assert(CB == kCb3Inst || CB == kCbMcg, "MUL1 has no (lo, hi) form");
+  const uint32_t w0 = tile[g.i0], w1 = tile[g.i1], w2 = tile[g.i2];
+  const uint32_t a = __funnelshift_l(w1, w0, g.r0);
+  const uint32_t b = __funnelshift_l(w2, w1, g.r0);
+  const uint32_t c = w2 << g.r0;
+  uint32_t s[8];
+  StatesFrom<K, 0, 0>(a, b, c, 0u, mulk, s);
+#pragma unroll
+  for (int t = 0; t < 8; ++t) {
+    const uint32_t p = CB == kCb3Inst ? s[t] * 89226354u + 64248484u : s[t] * 0xCBAC1FEDu;
+    w[t] = Lop3MaskXor(p);
+  }
+}
+
+// (v, v) from the low or high half of a half2: the doubled-k MMA needs each activation in both the
+// lo and the hi slot of its weight.
+__device__ __forceinline__ uint32_t BroadcastLow(uint32_t v) { return __byte_perm(v, v, 0x1010); }
+__device__ __forceinline__ uint32_t BroadcastHigh(uint32_t v) { return __byte_perm(v, v, 0x3232); }
 
 // ---------------------------------------------------------------------------------------------------
 // Tensor-core MMA: C (16x8, fp32) += A (16x16 fp16, row) * B (16x8 fp16, col).

@@ -50,18 +50,21 @@ Exl3GemvWorkspace::~Exl3GemvWorkspace() {
 
 int Exl3GemvSplits(int64_t k, int64_t n, int m, int num_sms, int ctas_per_sm) {
   const int64_t strips = n / 128, nblk = k / 128;
-  // Many rows: the last CTA of a strip reads S x m x 512 bytes of partials, so aim at half as many
-  // CTAs (v11 sweep: m = 16 wq_a -17%, shared_gate -10..13%, the others within +-3%; for m <= 4 the
-  // halving measured mixed, shared_down +7..13%).
-  if (m > 8) ctas_per_sm = std::max(1, ctas_per_sm / 2);
   // Never more CTAs than fit at once (rounding up made e.g. 16 strips x 17 splits = 272 > 264 CTAs,
   // and the 8 CTAs of the second wave cost a whole extra CTA time: 11.3 vs 8.2 us, NOTES.md v2), and
   // at most 8 input blocks per CTA (the activation slice lives in shared memory).
-  const int64_t target = static_cast<int64_t>(ctas_per_sm) * num_sms;
-  int64_t splits = std::max<int64_t>(1, target / strips);
-  splits = std::min(splits, nblk);
-  splits = std::max(splits, (nblk + exl3cuda::kGemvMaxBlocksPerSplit - 1) / exl3cuda::kGemvMaxBlocksPerSplit);
-  return static_cast<int>(splits);
+  auto splits_for = [&](int per_sm) {
+    const int64_t target = static_cast<int64_t>(per_sm) * num_sms;
+    int64_t splits = std::max<int64_t>(1, target / strips);
+    splits = std::min(splits, nblk);
+    return std::max(splits, (nblk + exl3cuda::kGemvMaxBlocksPerSplit - 1) / exl3cuda::kGemvMaxBlocksPerSplit);
+  };
+  // The last CTA of a strip reads S x m x 512 bytes of partials, so aim at half as many CTAs when that
+  // finish outweighs a CTA's decode of more blocks: many rows (v11 sweep: m = 16 wq_a -17%, shared_gate
+  // -10..13%, the others within +-3%), or more than 8 splits (v13 sweep, m <= 8: wq_a 32 -> 16 splits
+  // -1..9%, shared_gate 16 -> 8 -3..9%; at 8 splits halving is worse, shared_down 8 -> 4 +3..15%).
+  if (m > 8 || splits_for(ctas_per_sm) > 8) ctas_per_sm = std::max(1, ctas_per_sm / 2);
+  return static_cast<int>(splits_for(ctas_per_sm));
 }
 
 void CheckExl3LinearShape(const Exl3DeviceLinear& w, const std::string& who) {

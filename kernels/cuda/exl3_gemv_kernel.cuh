@@ -32,7 +32,9 @@ __device__ __forceinline__ void StoreGemvRow(const GemvParams& p, int row, int s
   }
 }
 
-template <int K, int CB>
+// kFew: the decode core's few-rows form (m <= 8, 3INST/MCG; UsesFewRowsLoop), one instantiation each so
+// that each kernel holds one main loop (both in one kernel cost m = 16 2-5%: register allocation).
+template <int K, int CB, bool kFew>
 __global__ void __launch_bounds__(kThreads, 3) Exl3GemvKernel(const GemvParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
   using Core = TileGemv<K, CB, 1>;
@@ -81,7 +83,7 @@ __global__ void __launch_bounds__(kThreads, 3) Exl3GemvKernel(const GemvParams p
 
   float acc[Core::kAccTiles][2][4];
   const __half* a[1] = {act};
-  Core::MainLoop(src, KT, a, kGemvAStride, m, ring, acc, p.one);
+  Core::template Loop<kFew>(src, KT, a, kGemvAStride, m, ring, acc, p.one, false);
   float* out = reinterpret_cast<float*>(act);  // [m][128], the activations are no longer needed
   Core::ReduceOnePass(acc, m, reinterpret_cast<float*>(ring), out);
 
@@ -194,15 +196,48 @@ __global__ void __launch_bounds__(kThreads) Exl3ReconstructKernel(const Reconstr
   }
 }
 
+// Launches the GEMV kernel of (K, CB) for p.m rows: the few-rows form when UsesFewRowsLoop.
+template <int CB>
+int LaunchGemvKernel(int K, const GemvParams& p, int grid_x, int grid_y, void* stream) {
+  return DispatchK(K, static_cast<int>(cudaErrorInvalidValue), [&](auto k) {
+    constexpr int kK = decltype(k)::value;
+    const dim3 grid(grid_x, grid_y);
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    if constexpr (UsesFewRowsLoop(CB, 1)) {
+      if (UsesFewRowsLoop(CB, p.m)) {
+        Exl3GemvKernel<kK, CB, true><<<grid, kThreads, GemvSmemBytes(kK), s>>>(p);
+        return static_cast<int>(cudaGetLastError());
+      }
+    }
+    Exl3GemvKernel<kK, CB, false><<<grid, kThreads, GemvSmemBytes(kK), s>>>(p);
+    return static_cast<int>(cudaGetLastError());
+  });
+}
+
+// Raises the dynamic shared-memory limit of every GEMV kernel of codebook CB (once per process and device).
+template <int CB>
+int PrepareGemvKernels() {
+  for (int K = 1; K <= 8; ++K) {
+    const int e = DispatchK(K, static_cast<int>(cudaErrorInvalidValue), [&](auto k) {
+      constexpr int kK = decltype(k)::value;
+      cudaError_t r = cudaFuncSetAttribute(reinterpret_cast<const void*>(Exl3GemvKernel<kK, CB, false>),
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, GemvSmemBytes(kK));
+      if constexpr (UsesFewRowsLoop(CB, 1)) {
+        if (r == cudaSuccess)
+          r = cudaFuncSetAttribute(reinterpret_cast<const void*>(Exl3GemvKernel<kK, CB, true>),
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, GemvSmemBytes(kK));
+      }
+      return static_cast<int>(r);
+    });
+    if (e != 0) return e;
+  }
+  return 0;
+}
+
 // Instantiates K = 1..8 for one codebook and the entry points declared in exl3_gemv_params.h.
 #define DSMESH_EXL3_GEMV_CODEBOOK(CB, NAME)                                                              \
   int LaunchGemv##NAME(int K, const GemvParams& p, int grid_x, int grid_y, void* stream) {              \
-    return DispatchK(K, static_cast<int>(cudaErrorInvalidValue), [&](auto k) {                         \
-      constexpr int kK = decltype(k)::value;                                                            \
-      Exl3GemvKernel<kK, CB><<<dim3(grid_x, grid_y), kThreads, GemvSmemBytes(kK),                        \
-                               static_cast<cudaStream_t>(stream)>>>(p);                                 \
-      return static_cast<int>(cudaGetLastError());                                                      \
-    });                                                                                                 \
+    return LaunchGemvKernel<CB>(K, p, grid_x, grid_y, stream);                                          \
   }                                                                                                     \
   int LaunchReconstruct##NAME(int K, const ReconstructParams& p, void* stream) {                        \
     const int64_t tiles = (int64_t)(p.k / 16) * (p.n / 16);                                             \
@@ -232,21 +267,6 @@ __global__ void __launch_bounds__(kThreads) Exl3ReconstructKernel(const Reconstr
     }                                                                                                   \
     return static_cast<int>(cudaGetLastError());                                                        \
   }                                                                                                     \
-  int PrepareGemv##NAME() {                                                                             \
-    cudaError_t e = cudaSuccess;                                                                        \
-    auto set = [&](const void* f, int K) {                                                              \
-      if (e == cudaSuccess)                                                                             \
-        e = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, GemvSmemBytes(K));     \
-    };                                                                                                  \
-    set(reinterpret_cast<const void*>(Exl3GemvKernel<1, CB>), 1);                                       \
-    set(reinterpret_cast<const void*>(Exl3GemvKernel<2, CB>), 2);                                       \
-    set(reinterpret_cast<const void*>(Exl3GemvKernel<3, CB>), 3);                                       \
-    set(reinterpret_cast<const void*>(Exl3GemvKernel<4, CB>), 4);                                       \
-    set(reinterpret_cast<const void*>(Exl3GemvKernel<5, CB>), 5);                                       \
-    set(reinterpret_cast<const void*>(Exl3GemvKernel<6, CB>), 6);                                       \
-    set(reinterpret_cast<const void*>(Exl3GemvKernel<7, CB>), 7);                                       \
-    set(reinterpret_cast<const void*>(Exl3GemvKernel<8, CB>), 8);                                       \
-    return static_cast<int>(e);                                                                         \
-  }
+  int PrepareGemv##NAME() { return PrepareGemvKernels<CB>(); }
 
 }  // namespace dsmesh::exl3cuda

@@ -172,7 +172,7 @@ __device__ void GateUpItem(const MoeParams& p, MoePlan& plan, int t, uint8_t* ri
       Core::MainLoop(src, nbc * 8, a, astride, Rs, ring, acc, p.one, c0 != kb0);
     }
     float* out = reinterpret_cast<float*>(act);  // [2][Rs][128]
-    Core::Reduce(acc, Rs, reinterpret_cast<float*>(ring), out);
+    Core::ReduceOnePass(acc, Rs, reinterpret_cast<float*>(ring), out);
     for (int i2 = tid; i2 < 2 * Rs * 32; i2 += kThreads) {
       const int w = i2 / (Rs * 32), r2 = i2 - w * Rs * 32, i = r2 >> 5, q = r2 & 31;
       const int64_t pair = pb + slab0 + i;
@@ -309,7 +309,7 @@ __device__ void DownItem(const MoeParams& p, MoePlan& plan, int t, uint8_t* ring
       Core::MainLoop(src, nbc * 8, a, astride, Rs, ring, acc, p.one, c0 != 0);
     }
     float* out = reinterpret_cast<float*>(act);  // [Rs][128]
-    Core::Reduce(acc, Rs, reinterpret_cast<float*>(ring), out);
+    Core::ReduceOnePass(acc, Rs, reinterpret_cast<float*>(ring), out);
     for (int i = warp; i < Rs; i += kThreads / 32) {
       const float4 o = *reinterpret_cast<const float4*>(out + i * 128 + lane * 4);
       float v[4] = {o.x, o.y, o.z, o.w};

@@ -10,8 +10,9 @@
 // and accumulates in fp32. Rows beyond R cost nothing extra (their A rows repeat row R - 1 and their
 // outputs are dropped): R = 1, 2, 4, 8 or 16 all take one pass over the weights.
 //
-// After the loop the k-split partial sums are reduced in a fixed tree order through shared memory
-// (deterministic), leaving out[g][row][col] (fp32, 128 columns per group) for the caller's epilogue.
+// After the loop the k-split partial sums are reduced in a fixed order through shared memory
+// (deterministic, ReduceOnePass), leaving out[g][row][col] (fp32, 128 columns per group) for the
+// caller's epilogue.
 #pragma once
 
 #include "kernels/cuda/exl3_device.cuh"
@@ -109,13 +110,32 @@ struct TileGemv {
     }
   }
 
-  // acc[t][n8][4]: fp32 C fragments of this warp's 4 tiles (two n8 halves each).
+  // Few rows (R <= 8, 3INST/MCG): the MMA runs transposed, with the decoded weights as its A operand
+  // (16 columns n x 16 k, the same registers as the B fragments in another order) and the activations
+  // as B (k x 8 rows), so one MMA covers a whole tile instead of one n8 half; and unpacked, with the
+  // two fp16 halves (lo, hi) of each weight in two k slots (doubled k, the activation repeated in both)
+  // so no packing instructions are needed: 2 MMAs per tile as before, ~20% fewer instructions. Its
+  // accumulators are acc[t][0] = C of W^T x^T (columns n = lane / 4 and + 8, rows 2 (lane % 4) + {0, 1});
+  // acc[t][1] is unused. StoreAccRows knows both layouts.
+  __device__ static bool FewRows(int R) { return UsesFewRowsLoop(CB, R); }
+
+  // acc[t][n8][4]: fp32 C fragments of this warp's 4 tiles (two n8 halves each; see FewRows). MainLoop
+  // picks the form from R at run time; Loop<kFew> is the same for a caller that knows it at compile time.
   // a[g]: row-major [R][a_stride] fp16 activations of group g, column 0 = first k of the range.
   // KT: number of k-tiles, a multiple of WK. ring: RingBytes(K) of shared memory. With accumulate,
   // adds to acc (a previous k-chunk of the same outputs); otherwise starts from zero.
   // one: the value 1 from a kernel parameter (opaque to the compiler, see DecodeTileLane).
   __device__ static void MainLoop(const Source& src, int KT, const __half* const* a, int a_stride, int R,
                                   uint8_t* ring, float acc[kAccTiles][2][4], uint32_t one, bool accumulate = false) {
+    if constexpr (CB != kCbMul1) {
+      if (FewRows(R)) return Loop<true>(src, KT, a, a_stride, R, ring, acc, one, accumulate);
+    }
+    Loop<false>(src, KT, a, a_stride, R, ring, acc, one, accumulate);
+  }
+
+  template <bool kFew>
+  __device__ static void Loop(const Source& src, int KT, const __half* const* a, int a_stride, int R,
+                              uint8_t* ring, float acc[kAccTiles][2][4], uint32_t one, bool accumulate) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const Role role = RoleOf(warp);
     const int num_stages = KT / WK;
@@ -131,7 +151,8 @@ struct TileGemv {
     const LaneTileGeom geom = MakeLaneTileGeom<K>(lane);
     const uint32_t mulk = one << K;
     // A fragment rows beyond R read row R - 1 instead of zeros: MMA output row r depends only on A row
-    // r, and rows >= R are never stored, so the loads need no branch.
+    // r, and rows >= R are never stored, so the loads need no branch. (Few rows: the same for the B
+    // columns, x row lane / 4.)
     const int arow = lane >> 2, acol = (lane & 3) * 2;
     const __half* a_lo = a[role.g] + min(arow, R - 1) * a_stride + acol;
     const __half* a_hi = a[role.g] + min(arow + 8, R - 1) * a_stride + acol;
@@ -153,17 +174,34 @@ struct TileGemv {
 #pragma unroll
       for (int kk = 0; kk < 2; ++kk) {
         const int kt = st * WK + role.j + kk * WKP;  // k-tile of the activations
-        const uint32_t a0 = *reinterpret_cast<const uint32_t*>(a_lo + kt * 16);
-        const uint32_t a2 = *reinterpret_cast<const uint32_t*>(a_lo + kt * 16 + 8);
-        const uint32_t a1 = *reinterpret_cast<const uint32_t*>(a_hi + kt * 16);
-        const uint32_t a3 = *reinterpret_cast<const uint32_t*>(a_hi + kt * 16 + 8);
         const uint32_t* tiles = reinterpret_cast<const uint32_t*>(stage + kk * kRunBytes);
+        if constexpr (kFew) {
+          // B (doubled k x 8 rows): slots (2j, 2j + 1) of the first MMA hold x[k = 2j] twice, slots
+          // (2j + 8, 2j + 9) x[2j + 1]; the second MMA the same for k + 8. A: weight (n, k = 2j) in
+          // a0, (n + 8, 2j) in a1, (n, 2j + 1) in a2, (n + 8, 2j + 1) in a3 (DecodeTileLaneUnpacked).
+          const uint32_t x01 = *reinterpret_cast<const uint32_t*>(a_lo + kt * 16);
+          const uint32_t x89 = *reinterpret_cast<const uint32_t*>(a_lo + kt * 16 + 8);
+          const uint32_t b0 = BroadcastLow(x01), b1 = BroadcastHigh(x01);
+          const uint32_t b2 = BroadcastLow(x89), b3 = BroadcastHigh(x89);
 #pragma unroll
-        for (int t = 0; t < kAccTiles; ++t) {
-          uint32_t b[4];
-          DecodeTileLane<K, CB>(tiles + t * (kTileBytes / 4), geom, mulk, b);
-          Mma16816(acc[t][0], a0, a1, a2, a3, b[0], b[1]);
-          Mma16816(acc[t][1], a0, a1, a2, a3, b[2], b[3]);
+          for (int t = 0; t < kAccTiles; ++t) {
+            uint32_t w[8];
+            DecodeTileLaneUnpacked<K, CB>(tiles + t * (kTileBytes / 4), geom, mulk, w);
+            Mma16816(acc[t][0], w[0], w[4], w[1], w[5], b0, b1);
+            Mma16816(acc[t][0], w[2], w[6], w[3], w[7], b2, b3);
+          }
+        } else {
+          const uint32_t a0 = *reinterpret_cast<const uint32_t*>(a_lo + kt * 16);
+          const uint32_t a2 = *reinterpret_cast<const uint32_t*>(a_lo + kt * 16 + 8);
+          const uint32_t a1 = *reinterpret_cast<const uint32_t*>(a_hi + kt * 16);
+          const uint32_t a3 = *reinterpret_cast<const uint32_t*>(a_hi + kt * 16 + 8);
+#pragma unroll
+          for (int t = 0; t < kAccTiles; ++t) {
+            uint32_t b[4];
+            DecodeTileLane<K, CB>(tiles + t * (kTileBytes / 4), geom, mulk, b);
+            Mma16816(acc[t][0], a0, a1, a2, a3, b[0], b[1]);
+            Mma16816(acc[t][1], a0, a1, a2, a3, b[2], b[3]);
+          }
         }
       }
     }
@@ -171,9 +209,26 @@ struct TileGemv {
     __syncthreads();  // ring is free for the reduction
   }
 
-  // Writes this warp's accumulators (rows < R) to dst[R][64] fp32: lane holds rows lane / 4 (+ 8) and
-  // columns 2 (lane % 4) + {0, 1} of each n8 half of its 4 tiles (the mma C layout).
+  // Writes this warp's accumulators (rows < R) to dst[R][64] fp32. Packed layout: lane holds rows
+  // lane / 4 (+ 8) and columns 2 (lane % 4) + {0, 1} of each n8 half of its 4 tiles (the mma C layout).
+  // Few rows: columns lane / 4 (+ 8) and rows 2 (lane % 4) + {0, 1} of each tile.
   __device__ static void StoreAccRows(const float acc[kAccTiles][2][4], int R, float* dst, int lane) {
+    if (FewRows(R)) {
+      const int col = lane >> 2, row = (lane & 3) * 2;
+#pragma unroll
+      for (int t = 0; t < kAccTiles; ++t) {
+        const int c = t * 16 + col;
+        if (row < R) {
+          dst[row * 64 + c] = acc[t][0][0];
+          dst[row * 64 + c + 8] = acc[t][0][2];
+        }
+        if (row + 1 < R) {
+          dst[(row + 1) * 64 + c] = acc[t][0][1];
+          dst[(row + 1) * 64 + c + 8] = acc[t][0][3];
+        }
+      }
+      return;
+    }
     const int row = lane >> 2, col = (lane & 3) * 2;
 #pragma unroll
     for (int t = 0; t < kAccTiles; ++t)
@@ -187,8 +242,8 @@ struct TileGemv {
   }
 
   // The same sums in one pass: every warp stores its accumulators (rows < R) to red[warp][R][64], one
-  // barrier, then each thread adds the WKP k-split values of its outputs in the tree order of Reduce
-  // ((j0 + j2) + (j1 + j3) for WKP = 4), so the result is bitwise the same with 2 barriers instead of 5.
+  // barrier, then each thread adds the WKP k-split values of its outputs in a fixed tree order
+  // ((j0 + j2) + (j1 + j3) for WKP = 4; 2 barriers, where a pairwise tree through shared memory took 5).
   // red: 8 * R * 256 bytes (32 KB at R = 16; the ring). out: [WN][R][128] fp32 shared.
   __device__ static void ReduceOnePass(float acc[kAccTiles][2][4], int R, float* red, float* out) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -212,55 +267,6 @@ struct TileGemv {
         sum = v[0];
       }
       *reinterpret_cast<float4*>(out + (g * R + r) * 128 + c4 * 4) = sum;
-    }
-    __syncthreads();
-  }
-
-  // Tree reduction over the WKP k-splits in fixed order; rows < R only. red: shared scratch of at
-  // least WN * 2 * max(WKP / 2, 1) * R * 256 bytes (the ring). out: [WN][R][128] fp32 shared.
-  __device__ static void Reduce(float acc[kAccTiles][2][4], int R, float* red, float* out) {
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const Role role = RoleOf(warp);
-    const int row = lane >> 2, col = (lane & 3) * 2;
-    constexpr int kSlots = WKP / 2 > 0 ? WKP / 2 : 1;
-    auto slot = [&](int s) { return red + (((role.g * 2 + role.h) * kSlots + s) * R) * 64; };
-    for (int half = WKP / 2; half >= 1; half /= 2) {
-      if (role.j >= half && role.j < 2 * half) {
-        StoreAccRows(acc, R, slot(role.j - half), lane);
-      }
-      __syncthreads();
-      if (role.j < half) {
-        const float* srcp = slot(role.j);
-#pragma unroll
-        for (int t = 0; t < kAccTiles; ++t)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int c = t * 16 + h * 8 + col;
-            if (row < R) {
-              const float2 v = *reinterpret_cast<const float2*>(srcp + row * 64 + c);
-              acc[t][h][0] += v.x;
-              acc[t][h][1] += v.y;
-            }
-            if (row + 8 < R) {
-              const float2 v = *reinterpret_cast<const float2*>(srcp + (row + 8) * 64 + c);
-              acc[t][h][2] += v.x;
-              acc[t][h][3] += v.y;
-            }
-          }
-      }
-      __syncthreads();
-    }
-    if (role.j == 0) {
-      float* dst = out + role.g * R * 128 + role.h * 64;
-#pragma unroll
-      for (int t = 0; t < kAccTiles; ++t)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int c = t * 16 + h * 8 + col;
-          if (row < R) *reinterpret_cast<float2*>(dst + row * 128 + c) = make_float2(acc[t][h][0], acc[t][h][1]);
-          if (row + 8 < R)
-            *reinterpret_cast<float2*>(dst + (row + 8) * 128 + c) = make_float2(acc[t][h][2], acc[t][h][3]);
-        }
     }
     __syncthreads();
   }

@@ -59,13 +59,15 @@ std::string g_filter;  // --filter: only cases whose label contains this
 bool g_warm_weights = false;
 
 // Integer-pipe instructions per decoded weight in the GEMV/MoE inner loop (LOP3, SHF, PRMT, IADD3,
-// LEA, ...), counted in the sm_90 SASS of Exl3GemvKernel<K, MCG> by kernels/cuda/sass_loop_ops.py (one
-// main-loop iteration = 8 tiles = 64 weights per lane; v5 code, NOTES.md has the method and the FMA-pipe
-// counts). The integer pipe is the busier of the two (FMA pipe: IMAD, HADD2 ~2.6-2.8 per weight), so
-// its count over the measured LOP3 rate is the decode-op floor.
-double DecodeOpsPerWeight(int K) {
-  static const double kOps[9] = {0, 3.20, 3.25, 3.73, 3.53, 3.70, 3.98, 3.95, 3.64};
-  return kOps[std::clamp(K, 1, 8)];
+// LEA, ...), counted in the sm_90 SASS of Exl3GemvKernel<K, MCG, few> by kernels/cuda/sass_loop_ops.py
+// (one main-loop iteration = 8 tiles = 64 weights per lane; v13 code, NOTES.md has the method and the
+// FMA-pipe counts). `rows` picks the loop: up to 8 rows the few-rows form (unpacked, transposed MMA),
+// more rows the packed one. The integer pipe is the busier of the two (FMA pipe: IMAD ~1.8-2.0 per
+// weight in the few-rows loop), so its count over the measured LOP3 rate is the decode-op floor.
+double DecodeOpsPerWeight(int K, int rows) {
+  static const double kFew[9] = {0, 2.59, 2.59, 2.89, 2.89, 2.92, 3.16, 3.22, 3.02};
+  static const double kPacked[9] = {0, 3.12, 3.16, 3.44, 3.48, 3.45, 3.64, 3.73, 3.66};
+  return (rows <= 8 ? kFew : kPacked)[std::clamp(K, 1, 8)];
 }
 
 struct Event {
@@ -261,7 +263,7 @@ void RunDense(const nlohmann::json& anchors, double bw, double intops, int repla
     r.kind = "dense";
     r.label = dense_label;
     r.byte_floor = bytes / bw * 1e6;
-    r.op_floor = DecodeOpsPerWeight(K) * double(k) * n / intops * 1e6;
+    r.op_floor = DecodeOpsPerWeight(K, m) * double(k) * n / intops * 1e6;
     r.anchor_us = a["us"];
     rows.push_back(r);
     PrintRow(r);
@@ -352,7 +354,8 @@ void RunMoe(const nlohmann::json& anchors, double bw, double intops, int replays
       std::snprintf(label, sizeof label, "K%d I%d m%d (unique %.1f vs %d)", K, I, m, unique, a["unique"].get<int>());
       r.label = label;
       r.byte_floor = unique * 3 * proj_bytes / bw * 1e6;
-      r.op_floor = DecodeOpsPerWeight(K) * unique * 3.0 * d * I / intops * 1e6;
+      // An expert sees about m * topk / unique <= 8 rows here: the few-rows loop.
+      r.op_floor = DecodeOpsPerWeight(K, 1) * unique * 3.0 * d * I / intops * 1e6;
       r.anchor_us = a["us"];
       rows.push_back(r);
       PrintRow(r);

@@ -43,7 +43,7 @@ if [[ $PARTS == *sass* ]]; then
   cuobjdump -arch sm_90 --dump-sass "$B"/lib/libkernels_Scuda_Slibexl3_Ucuda_Ukernels.so 2>&1 | gzip > "$OUT/sass_sm90.txt.gz" || true
   # Instructions per decoded weight in the main loops (the op floor of dsmesh-kernel-bench).
   zcat "$OUT/sass_sm90.txt.gz" > /tmp/sass_sm90.txt
-  python3 "$(dirname "$0")/sass_loop_ops.py" /tmp/sass_sm90.txt Exl3GemvKernel ELi1EEEv | tee "$OUT/sass_loop_ops.txt"
+  python3 "$(dirname "$0")/sass_loop_ops.py" /tmp/sass_sm90.txt Exl3GemvKernel ELi1ELb | tee "$OUT/sass_loop_ops.txt"
   python3 "$(dirname "$0")/sass_loop_ops.py" /tmp/sass_sm90.txt Exl3MoeKernel | tee -a "$OUT/sass_loop_ops.txt"
   ls -la "$OUT"
 fi
