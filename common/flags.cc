@@ -1,5 +1,6 @@
 #include "common/flags.h"
 
+#include <cerrno>
 #include <cstdlib>
 
 namespace dsmesh {
@@ -90,6 +91,18 @@ std::vector<int32_t> ParseIntList(const std::string& flag, const std::string& te
     i = j + 1;
   }
   return out;
+}
+
+int EnvInt(const char* name, int lo, int hi, int otherwise) {
+  const char* v = std::getenv(name);
+  if (!v) return otherwise;
+  char* end = nullptr;
+  errno = 0;
+  const long c = std::strtol(v, &end, 10);
+  if (end == v || *end != 0 || errno == ERANGE || c < lo || c > hi)
+    throw std::runtime_error(std::string(name) + "='" + v + "': expected an integer " + std::to_string(lo) + ".." +
+                             std::to_string(hi));
+  return static_cast<int>(c);
 }
 
 }  // namespace dsmesh

@@ -41,4 +41,9 @@ struct UsageError : std::runtime_error {
 // token id" with what = "integer token id"; an empty value or item is one) or one out of range.
 std::vector<int32_t> ParseIntList(const std::string& flag, const std::string& text, const std::string& what);
 
+// The integer in environment variable `name`, or `otherwise` when it is unset. A value that is not an
+// integer in lo..hi throws std::runtime_error naming the variable, the value and the range (tuning knobs
+// such as DSMESH_EXL3_GEMV_CTAS_PER_SM).
+int EnvInt(const char* name, int lo, int hi, int otherwise);
+
 }  // namespace dsmesh

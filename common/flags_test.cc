@@ -43,5 +43,23 @@ TEST(ParseIntList, BadItemsAreUsageErrorsNamingFlagAndItem) {
   EXPECT_EQ(message("2147483648"), "--tokens: integer token id 2147483648 is out of range");
 }
 
+TEST(EnvInt, UnsetGivesDefaultAndBadValuesNameTheVariable) {
+  unsetenv("DSMESH_TEST_ENV_INT");
+  EXPECT_EQ(7, EnvInt("DSMESH_TEST_ENV_INT", 0, 10, 7));
+  setenv("DSMESH_TEST_ENV_INT", "3", 1);
+  EXPECT_EQ(3, EnvInt("DSMESH_TEST_ENV_INT", 0, 10, 7));
+  for (const char* bad : {"", "x", "3x", "11", "-1", "99999999999999999999"}) {
+    setenv("DSMESH_TEST_ENV_INT", bad, 1);
+    try {
+      EnvInt("DSMESH_TEST_ENV_INT", 0, 10, 7);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("DSMESH_TEST_ENV_INT='"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("0..10"), std::string::npos) << e.what();
+    }
+  }
+  unsetenv("DSMESH_TEST_ENV_INT");
+}
+
 }  // namespace
 }  // namespace dsmesh

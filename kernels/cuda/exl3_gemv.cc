@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <stdexcept>
 
+#include "common/flags.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/exl3_gemv_params.h"
 
@@ -29,13 +30,7 @@ Exl3GemvWorkspace::Exl3GemvWorkspace(size_t partial_bytes) : partial_bytes_(part
   CudaCheck(cudaGetDevice(&device_), "cudaGetDevice");
   CudaCheck(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_), "SM count");
   PrepareKernelsOnce();
-  if (const char* v = std::getenv("DSMESH_EXL3_GEMV_CTAS_PER_SM")) {
-    char* end = nullptr;
-    const long c = std::strtol(v, &end, 10);
-    if (end == v || *end != 0 || c < 1 || c > 16)
-      throw std::runtime_error(std::string("DSMESH_EXL3_GEMV_CTAS_PER_SM='") + v + "': expected an integer 1..16");
-    ctas_per_sm_ = static_cast<int>(c);
-  }
+  ctas_per_sm_ = EnvInt("DSMESH_EXL3_GEMV_CTAS_PER_SM", 1, 16, ctas_per_sm_);
   num_counters_ = 1 << 14;
   CudaCheck(cudaMalloc(&partial_, partial_bytes_), "Exl3GemvWorkspace partial buffer");
   CudaCheck(cudaMalloc(&counters_, num_counters_ * sizeof(int)), "Exl3GemvWorkspace counters");

@@ -54,15 +54,19 @@ constexpr int kExl3MoeMaxRows = 24;
 // Gate/up work items per SM the routed-expert k-split aims for by default: one round of the 2
 // resident CTAs per SM (v11 sweep, two runs: 2.42x vs 2.39-2.40x at 3; exl3_moe.cc).
 constexpr int kExl3MoeItemsPerSm = 2;
+// Down items take 256 output columns instead of 128 when that still gives this many rounds of the
+// resident CTAs (m = 4 and 16 at d = 4096; halves the per-item costs there, NOTES.md v14).
+constexpr int kExl3MoeDownWideRounds = 2;
 
 // Scratch for one stream: control counters (zeroed once here, self-resetting after every launch),
 // gate/up partial sums, the fp16 down inputs and the per-(row, expert) outputs. Bound to the first
 // stream it is used on; using it on another stream throws.
 class Exl3MoeWorkspace {
  public:
-  // The environment variable DSMESH_EXL3_MOE_ITEMS_PER_SM (1..64, default kExl3MoeItemsPerSm) sets
-  // how many gate/up work items per SM the k-split aims for (a tuning knob for the benchmark; read
-  // here only).
+  // Tuning knobs for the benchmark and tests, read here only: DSMESH_EXL3_MOE_ITEMS_PER_SM (1..64,
+  // default kExl3MoeItemsPerSm) sets how many gate/up work items per SM the k-split aims for;
+  // DSMESH_EXL3_MOE_DOWN_WIDE_ROUNDS (0..64, default kExl3MoeDownWideRounds; 0 = always) how many
+  // rounds of the grid the 256-column down items must still give (0: always, whatever I; for tests).
   Exl3MoeWorkspace(int max_rows, int topk, int hidden, int inter);
   ~Exl3MoeWorkspace();
   Exl3MoeWorkspace(const Exl3MoeWorkspace&) = delete;
@@ -76,6 +80,7 @@ class Exl3MoeWorkspace {
   friend void Exl3MoeForward(const Exl3MoeLayer&, const uint16_t*, const int32_t*, const float*, int, float*,
                              Exl3MoeWorkspace&, cudaStream_t);
   int max_rows_, topk_, hidden_, inter_, max_splits_, items_per_sm_ = kExl3MoeItemsPerSm;
+  int down_wide_rounds_ = kExl3MoeDownWideRounds;
   int device_ = 0, num_sms_ = 0;
   void* control_ = nullptr;
   float* part_gu_ = nullptr;

@@ -12,8 +12,9 @@
 //          The last split to finish (arrival counter) sums the splits in fixed order, applies the output
 //          Hadamard and svh, clamped SwiGLU, the down suh and input Hadamard: the down projection's fp16
 //          input for block b. Then it bumps ready[g].
-//       2. down items (group g, 128 output columns c): wait until ready[g] == I/128, decode the down
-//          block, output Hadamard and svh, fp32 to scratch; bump col_done[c].
+//       2. down items (group g, 128 output columns c, or 256 when there are items enough): wait until
+//          ready[g] == I/128, decode the down block, output Hadamard and svh, fp32 to scratch; bump
+//          col_done[c] (and col_done[c + 1]).
 //       3. gather items (128 output columns c): wait until col_done[c] == groups, then
 //          y[r, c] = sum_k w[r, k] * out[pair(r, k), c] in slot order k = 0..topk-1.
 //     A CTA only ever waits for items with smaller tickets, which were taken by CTAs already running and
@@ -261,22 +262,26 @@ __device__ void GateUpItem(const MoeParams& p, MoePlan& plan, int t, uint8_t* ri
   ArriveAndCount(&p.control->ready[g], plan);
 }
 
-template <int K>
+// Down item t: group g, WN adjacent 128-column blocks c .. c + WN - 1 of d. WN = 2 when there are
+// items enough (p.down_wn, chosen on the host): each warp then decodes twice the tiles per
+// item (4 k-splits of 128 columns instead of 8), so the per-item costs (pipeline fill, the down input
+// copy, the waits and barriers of the item boundary) are paid half as often per weight.
+template <int K, int WN>
 __device__ void DownItem(const MoeParams& p, MoePlan& plan, int t, uint8_t* ring, __half* act) {
-  using Core = TileGemv<K, kCbMcg, 1>;
+  using Core = TileGemv<K, kCbMcg, WN>;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int NB = p.inter >> 7, NC = p.d >> 7;
-  const int g = t / NC, c = t - g * NC;
+  const int NB = p.inter >> 7, NCW = (p.d >> 7) / WN;
+  const int g = t / NCW, c = (t - g * NCW) * WN;
   const int e = plan.group_expert[g];
-  // Column block c's down svh, staged in shared memory before the wait (as in GateUpItem).
-  __shared__ uint2 s_dsvh[32];
-  if (warp == kThreads / 32 - 1)
-    s_dsvh[lane] = *reinterpret_cast<const uint2*>(reinterpret_cast<const __half*>(p.down_svh[e]) + c * 128 + lane * 4);
+  // The column blocks' down svh, staged in shared memory before the wait (as in GateUpItem).
+  __shared__ uint2 s_dsvh[WN][32];
+  if (warp >= kThreads / 32 - WN)
+    s_dsvh[warp - (kThreads / 32 - WN)][lane] = *reinterpret_cast<const uint2*>(
+        reinterpret_cast<const __half*>(p.down_svh[e]) + (c + warp - (kThreads / 32 - WN)) * 128 + lane * 4);
   WaitFor(&p.control->ready[g], NB);
   const int R = __popc(plan.mask[e]), pb = plan.pair_base[e];
   const int64_t tiles_d = p.d >> 4;
   const uint8_t* dt = reinterpret_cast<const uint8_t*>(p.down_trellis[e]);
-  const __half* dsvh = reinterpret_cast<const __half*>(s_dsvh + lane);
 
   for (int slab0 = 0; slab0 < R; slab0 += kMaxRowsPerPass) {
     const int Rs = min(kMaxRowsPerPass, R - slab0);
@@ -286,7 +291,8 @@ __device__ void DownItem(const MoeParams& p, MoePlan& plan, int t, uint8_t* ring
       const int nbc = min(cbk, NB - c0), kc = nbc * 128, astride = kc + 8;
       typename Core::Source src;
       src.row_stride = tiles_d * Core::kTileBytes;
-      src.base[0] = dt + ((int64_t)c0 * 8 * tiles_d + c * 8) * Core::kTileBytes;
+#pragma unroll
+      for (int w = 0; w < WN; ++w) src.base[w] = dt + ((int64_t)c0 * 8 * tiles_d + (c + w) * 8) * Core::kTileBytes;
       Core::Prologue(src, nbc * 8, ring);
       const int vecs = kc / 8;
       // 4 loads in flight per thread before the stores (a plain copy loop waits for each load);
@@ -305,21 +311,26 @@ __device__ void DownItem(const MoeParams& p, MoePlan& plan, int t, uint8_t* ring
           if (idx < Rs * vecs) *reinterpret_cast<uint4*>(act + i * astride + q * 8) = v[q2];
         }
       }
-      const __half* a[1] = {act};
+      const __half* a[WN];
+#pragma unroll
+      for (int w = 0; w < WN; ++w) a[w] = act;  // every column group multiplies the same down input
       Core::MainLoop(src, nbc * 8, a, astride, Rs, ring, acc, p.one, c0 != 0);
     }
-    float* out = reinterpret_cast<float*>(act);  // [Rs][128]
+    float* out = reinterpret_cast<float*>(act);  // [WN][Rs][128]
     Core::ReduceOnePass(acc, Rs, reinterpret_cast<float*>(ring), out);
-    for (int i = warp; i < Rs; i += kThreads / 32) {
-      const float4 o = *reinterpret_cast<const float4*>(out + i * 128 + lane * 4);
-      float v[4] = {o.x, o.y, o.z, o.w};
-      OutputHadamard128(v, dsvh, lane);
-      const int64_t pair = pb + slab0 + i;
-      *reinterpret_cast<float4*>(p.down_out + pair * p.d + c * 128 + lane * 4) = make_float4(v[0], v[1], v[2], v[3]);
-    }
+#pragma unroll
+    for (int w = 0; w < WN; ++w)
+      for (int i = warp; i < Rs; i += kThreads / 32) {
+        const float4 o = *reinterpret_cast<const float4*>(out + (w * Rs + i) * 128 + lane * 4);
+        float v[4] = {o.x, o.y, o.z, o.w};
+        OutputHadamard128(v, reinterpret_cast<const __half*>(&s_dsvh[w][lane]), lane);
+        const int64_t pair = pb + slab0 + i;
+        *reinterpret_cast<float4*>(p.down_out + pair * p.d + (c + w) * 128 + lane * 4) = make_float4(v[0], v[1], v[2], v[3]);
+      }
     __syncthreads();
   }
-  ArriveAndCount(&p.control->col_done[c], plan);
+#pragma unroll
+  for (int w = 0; w < WN; ++w) ArriveAndCount(&p.control->col_done[c + w], plan);
 }
 
 __device__ void GatherItem(const MoeParams& p, MoePlan& plan, int num_groups, int c) {
@@ -357,14 +368,16 @@ __device__ void GatherItem(const MoeParams& p, MoePlan& plan, int num_groups, in
   }
 }
 
-template <int K>
+// WND: 128-column blocks per down item (1 or 2, p.down_wn); one instantiation each, so that the
+// narrow kernel keeps its own register allocation (both item shapes in one kernel: m1 +2..5%).
+template <int K, int WND>
 __global__ void __launch_bounds__(kThreads, 2) Exl3MoeKernel(const MoeParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ MoePlan plan;
   uint8_t* ring = smem;
   __half* act = reinterpret_cast<__half*>(smem + RingBytes(K));
   const int U = BuildPlan(p, plan), NB = p.inter >> 7, NC = p.d >> 7;
-  const int T1 = U * NB * p.splits, T2 = U * NC, T = T1 + T2 + NC;
+  const int T1 = U * NB * p.splits, T2 = U * (NC / WND), T = T1 + T2 + NC;
   for (;;) {
     if (threadIdx.x == 0) plan.ticket = atomicAdd(&p.control->ticket, 1);
     __syncthreads();
@@ -374,7 +387,7 @@ __global__ void __launch_bounds__(kThreads, 2) Exl3MoeKernel(const MoeParams p) 
     if (t < T1) {
       GateUpItem<K>(p, plan, t, ring, act);
     } else if (t < T1 + T2) {
-      DownItem<K>(p, plan, t - T1, ring, act);
+      DownItem<K, WND>(p, plan, t - T1, ring, act);
     } else {
       GatherItem(p, plan, U, t - T1 - T2);
     }
@@ -391,15 +404,19 @@ __global__ void __launch_bounds__(kThreads, 2) Exl3MoeKernel(const MoeParams p) 
   }
 }
 
-const void* MoeKernelFor(int K) {
-  return DispatchK(K, static_cast<const void*>(nullptr),
-                   [](auto k) { return reinterpret_cast<const void*>(Exl3MoeKernel<decltype(k)::value>); });
+const void* MoeKernelFor(int K, int down_wn) {
+  return DispatchK(K, static_cast<const void*>(nullptr), [&](auto k) {
+    constexpr int kK = decltype(k)::value;
+    return down_wn == 2 ? reinterpret_cast<const void*>(Exl3MoeKernel<kK, 2>)
+                        : reinterpret_cast<const void*>(Exl3MoeKernel<kK, 1>);
+  });
 }
 
 }  // namespace
 
 int LaunchMoeMcg(int K, const MoeParams& p, int grid, void* stream) {
-  const void* f = MoeKernelFor(K);
+  if (p.down_wn != 1 && p.down_wn != 2) return static_cast<int>(cudaErrorInvalidValue);
+  const void* f = MoeKernelFor(K, p.down_wn);
   if (!f) return static_cast<int>(cudaErrorInvalidValue);
   MoeParams copy = p;
   void* args[] = {&copy};
@@ -408,15 +425,25 @@ int LaunchMoeMcg(int K, const MoeParams& p, int grid, void* stream) {
 }
 
 int PrepareMoeMcg() {
-  for (int K = 1; K <= 8; ++K) {
-    const cudaError_t e = cudaFuncSetAttribute(MoeKernelFor(K), cudaFuncAttributeMaxDynamicSharedMemorySize, MoeSmemBytes(K));
-    if (e != cudaSuccess) return static_cast<int>(e);
-  }
+  for (int K = 1; K <= 8; ++K)
+    for (int wn = 1; wn <= 2; ++wn) {
+      const cudaError_t e =
+          cudaFuncSetAttribute(MoeKernelFor(K, wn), cudaFuncAttributeMaxDynamicSharedMemorySize, MoeSmemBytes(K));
+      if (e != cudaSuccess) return static_cast<int>(e);
+    }
   return 0;
 }
 
 int MoeBlocksPerSm(int K, int* blocks) {
-  return static_cast<int>(cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, MoeKernelFor(K), kThreads, MoeSmemBytes(K)));
+  // The grid is sized once per K: the fewer of the two instantiations' resident CTAs.
+  int b[2] = {0, 0};
+  for (int wn = 1; wn <= 2; ++wn) {
+    const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b[wn - 1], MoeKernelFor(K, wn), kThreads,
+                                                                        MoeSmemBytes(K));
+    if (e != cudaSuccess) return static_cast<int>(e);
+  }
+  *blocks = b[0] < b[1] ? b[0] : b[1];
+  return 0;
 }
 
 }  // namespace dsmesh::exl3cuda

@@ -47,6 +47,7 @@ struct MoeParams {
   float* down_out;          // [pairs, d] expert outputs before routing weights
   int m, topk, num_experts, d, inter;
   int splits;               // gate/up k-splits of d (whole 128-blocks)
+  int down_wn;              // 128-column blocks per down item: 1, or 2 when there are items enough
   float swiglu_limit;       // <= 0: no clamp
   uint32_t one;             // always 1 (see GemvParams::one)
 };

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -182,6 +183,34 @@ TEST(Exl3MoeTest, HotExpertDuplicatesAndEdgeIds) {
       }
     RunAndCheck(ex, ws, 24, kTopK, testing::RandomFp16(24 * 512, rng, 0.1f), r, "six hot experts");
   }
+}
+
+// Down items of 256 columns (taken by the kernel when there are enough of them, m >= 4 at d = 4096)
+// forced on for every launch: every row count, a hot expert and edge ids.
+TEST(Exl3MoeTest, WideDownItemsMatchReference) {
+  DSMESH_REQUIRE_GPU();
+  Experts ex(256, 512, 256, 2, 10.0f, 11);
+  const char* before = std::getenv("DSMESH_EXL3_MOE_DOWN_WIDE_ROUNDS");
+  const std::string saved = before ? before : "";
+  setenv("DSMESH_EXL3_MOE_DOWN_WIDE_ROUNDS", "0", 1);
+  Exl3MoeWorkspace ws(24, kTopK, 512, 256);
+  if (before) {
+    setenv("DSMESH_EXL3_MOE_DOWN_WIDE_ROUNDS", saved.c_str(), 1);
+  } else {
+    unsetenv("DSMESH_EXL3_MOE_DOWN_WIDE_ROUNDS");
+  }
+  std::mt19937 rng(12);
+  for (int m = 1; m <= 24; ++m) {
+    const auto r = RandomRouting(m, kTopK, 256, rng);
+    RunAndCheck(ex, ws, m, kTopK, testing::RandomFp16(m * 512, rng, 0.1f), r, "wide down, unique");
+  }
+  auto r = RandomRouting(24, kTopK, 256, rng);
+  for (int row = 0; row < 24; ++row) {
+    for (int k = 1; k < kTopK; ++k)
+      if (r.ids[row * kTopK + k] == 0 || r.ids[row * kTopK + k] == 255) r.ids[row * kTopK + k] = 9;
+    r.ids[row * kTopK] = row % 2 ? 0 : 255;
+  }
+  RunAndCheck(ex, ws, 24, kTopK, testing::RandomFp16(24 * 512, rng, 0.1f), r, "wide down, hot ids 0 and 255");
 }
 
 TEST(Exl3MoeTest, LargerShapesK3AndActiveClamp) {

@@ -60,14 +60,15 @@ bool g_warm_weights = false;
 
 // Integer-pipe instructions per decoded weight in the GEMV/MoE inner loop (LOP3, SHF, PRMT, IADD3,
 // LEA, ...), counted in the sm_90 SASS of Exl3GemvKernel<K, MCG, few> by kernels/cuda/sass_loop_ops.py
-// (one main-loop iteration = 8 tiles = 64 weights per lane; v13 code, NOTES.md has the method and the
-// FMA-pipe counts). `rows` picks the loop: up to 8 rows the few-rows form (unpacked, transposed MMA),
+// (one main-loop iteration = 8 tiles = 64 weights per lane; v14 code, bench_results/v14_sass_loop_ops.txt;
+// NOTES.md has the method and the FMA-pipe counts). `rows` picks the loop: up to 8 rows the few-rows form (unpacked, transposed MMA),
 // more rows the packed one. The integer pipe is the busier of the two (FMA pipe: IMAD ~1.8-2.0 per
 // weight in the few-rows loop), so its count over the measured LOP3 rate is the decode-op floor.
 double DecodeOpsPerWeight(int K, int rows) {
-  static const double kFew[9] = {0, 2.59, 2.59, 2.89, 2.89, 2.92, 3.16, 3.22, 3.02};
-  static const double kPacked[9] = {0, 3.12, 3.16, 3.44, 3.48, 3.45, 3.64, 3.73, 3.66};
-  return (rows <= 8 ? kFew : kPacked)[std::clamp(K, 1, 8)];
+  static const double kFew[9] = {0, 2.61, 2.66, 2.89, 2.91, 2.95, 3.14, 3.19, 3.05};
+  static const double kPacked[9] = {0, 3.28, 3.31, 3.45, 3.55, 3.55, 4.02, 3.80, 3.73};
+  const int k = K < 1 ? 1 : K > 8 ? 8 : K;
+  return rows <= 8 ? kFew[k] : kPacked[k];
 }
 
 struct Event {
