@@ -15,6 +15,8 @@ echo "cuBLAS from $CUBLAS_DIR"
 # VARIANT_LIB: a folder whose libraries replace the bundle's (A/B runs of kernel variants in one call).
 export LD_LIBRARY_PATH=${VARIANT_LIB:+$VARIANT_LIB:}$B/lib:$CUBLAS_DIR
 export DSMESH_SHARED=$B/shared
+# make_bundle.sh ships the kernel library xz-compressed.
+for z in "$B"/lib/*.so.xz; do [[ -f $z && ! -f ${z%.xz} ]] && xz -dc "$z" > "${z%.xz}"; done
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 if [[ $PARTS == *tests* ]]; then
   timeout 300 "$B/bin/exl3_gemv_test" 2>&1 | tee "$OUT/gemv_test.log" | grep -E "^\[  |FAIL|Failure|rel|Expected|which is" | head -60
