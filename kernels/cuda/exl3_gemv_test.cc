@@ -14,6 +14,7 @@
 
 #include "common/safetensors.h"
 #include "kernels/cuda/exl3_gemv.h"
+#include "kernels/cuda/exl3_gemv_params.h"
 #include "kernels/cuda/gpu_test_util.h"
 #include "kernels/exl3/exl3_linear.h"
 
@@ -297,6 +298,31 @@ TEST(Exl3GemvTest, TwoStreamsAtOnceWithOwnWorkspaces) {
   }
   cudaStreamDestroy(sa);
   cudaStreamDestroy(sb);
+}
+
+// The split-K rule on the DeepSeek-V4-Flash dense shapes (132 SMs, 2 CTAs per SM: the H200 defaults).
+// Host code only: runs without a GPU.
+TEST(Exl3GemvTest, SplitRuleOnTheAnchorShapes) {
+  constexpr int kSms = 132;
+  // m <= 8: the full target (264 CTAs) unless that gives more than 8 splits, then half of it.
+  EXPECT_EQ(16, Exl3GemvSplits(4096, 1024, 1, kSms));    // wq_a: 32 splits at 264 CTAs -> 16
+  EXPECT_EQ(8, Exl3GemvSplits(4096, 2048, 4, kSms));     // shared_gate: 16 -> 8
+  EXPECT_EQ(8, Exl3GemvSplits(2048, 4096, 1, kSms));     // shared_down: 8, kept
+  EXPECT_EQ(32, Exl3GemvSplits(4096, 512, 1, kSms));     // wkv: one block per split either way
+  EXPECT_EQ(1, Exl3GemvSplits(1024, 32768, 1, kSms));    // wq_b: 256 strips fill the GPU
+  EXPECT_EQ(8, Exl3GemvSplits(8192, 4096, 1, kSms));     // wo_b: 8 blocks per split at most
+  // m > 8: always half the target.
+  EXPECT_EQ(16, Exl3GemvSplits(4096, 1024, 16, kSms));
+  EXPECT_EQ(4, Exl3GemvSplits(2048, 4096, 16, kSms));
+  // Never more splits than 128-blocks, never more than 8 blocks per split, at least one.
+  for (const int64_t k : {128, 1024, 4096, 16384})
+    for (const int64_t n : {128, 4096, 65536})
+      for (const int m : {1, 8, 9, 16}) {
+        const int s = Exl3GemvSplits(k, n, m, kSms);
+        EXPECT_GE(s, 1);
+        EXPECT_LE(s, k / 128);
+        EXPECT_LE((k / 128 + s - 1) / s, exl3cuda::kGemvMaxBlocksPerSplit) << k << "x" << n << " m" << m;
+      }
 }
 
 TEST(Exl3GemvTest, BadArgumentsRaiseWithTheLinearsName) {
