@@ -223,7 +223,6 @@ MeshTarget Connect(const Flags& f) {
   return t;
 }
 
-
 const std::set<std::string> kMeshFlags = {"model", "tokens", "threads", "world", "coordinator", "kv-memory",
                                           "coordinator-port", "ready-timeout-s"};
 

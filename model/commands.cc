@@ -23,7 +23,6 @@ double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-
 // `--world N` / `--coordinator HOST:PORT` run the command on a mesh instead of in this process; that path
 // lives in coordinator/mesh_commands.cc, registered as "<command>-mesh", and prints the same output.
 const CommandInfo* MeshVariant(const std::string& command, const std::vector<std::string>& args) {

@@ -13,9 +13,10 @@
 namespace dsmesh::exl3cuda {
 
 constexpr int kCb3Inst = 0, kCbMcg = 1, kCbMul1 = 2;
-// The decode core's few-rows form (TileGemv::FewRows): 3INST/MCG weights as the MMA's A operand, unpacked,
-// for at most 8 activation rows.
-__host__ __device__ constexpr bool UsesFewRowsLoop(int cb, int rows) { return cb != kCbMul1 && rows <= 8; }
+// The decode core's few-rows form (TileGemv::FewRows): 3INST/MCG weights as the MMA's A operand, unpacked
+// (MUL1 has no (lo, hi) halves), for at most 8 activation rows.
+__host__ __device__ constexpr bool HasFewRowsLoop(int cb) { return cb != kCbMul1; }
+__host__ __device__ constexpr bool UsesFewRowsLoop(int cb, int rows) { return HasFewRowsLoop(cb) && rows <= 8; }
 
 // ---------------------------------------------------------------------------------------------------
 // Codebooks (§2.5). Two states -> one half2 (low half = first state), which is exactly one B-fragment

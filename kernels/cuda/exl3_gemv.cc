@@ -1,7 +1,6 @@
 #include "kernels/cuda/exl3_gemv.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <stdexcept>
 
 #include "common/flags.h"

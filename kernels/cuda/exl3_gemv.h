@@ -67,7 +67,8 @@ class Exl3GemvWorkspace {
 constexpr int kExl3GemvMaxRows = 16;
 
 // How the launch is cut: number of k-splits for (k, n) and m rows on `num_sms` multiprocessors, aiming
-// at ctas_per_sm CTAs per multiprocessor (half as many for m > 8, see the definition).
+// at ctas_per_sm CTAs per multiprocessor (half as many for m > 8 or when the full target would give
+// more than 8 splits; the reasons are at the definition).
 int Exl3GemvSplits(int64_t k, int64_t n, int m, int num_sms, int ctas_per_sm = kExl3GemvCtasPerSm);
 
 // Throws std::runtime_error starting with `who` unless K is 1..8, the codebook is one of the three and

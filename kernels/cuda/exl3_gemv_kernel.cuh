@@ -203,7 +203,7 @@ int LaunchGemvKernel(int K, const GemvParams& p, int grid_x, int grid_y, void* s
     constexpr int kK = decltype(k)::value;
     const dim3 grid(grid_x, grid_y);
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
-    if constexpr (UsesFewRowsLoop(CB, 1)) {
+    if constexpr (HasFewRowsLoop(CB)) {
       if (UsesFewRowsLoop(CB, p.m)) {
         Exl3GemvKernel<kK, CB, true><<<grid, kThreads, GemvSmemBytes(kK), s>>>(p);
         return static_cast<int>(cudaGetLastError());
@@ -222,7 +222,7 @@ int PrepareGemvKernels() {
       constexpr int kK = decltype(k)::value;
       cudaError_t r = cudaFuncSetAttribute(reinterpret_cast<const void*>(Exl3GemvKernel<kK, CB, false>),
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, GemvSmemBytes(kK));
-      if constexpr (UsesFewRowsLoop(CB, 1)) {
+      if constexpr (HasFewRowsLoop(CB)) {
         if (r == cudaSuccess)
           r = cudaFuncSetAttribute(reinterpret_cast<const void*>(Exl3GemvKernel<kK, CB, true>),
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, GemvSmemBytes(kK));
@@ -234,38 +234,34 @@ int PrepareGemvKernels() {
   return 0;
 }
 
+// Launches the Ŵ reconstruction of (K, CB), with the prefill input transform in the same launch when p.x
+// is given.
+template <int CB>
+int LaunchReconstructKernel(int K, const ReconstructParams& p, void* stream) {
+  const int64_t tiles = (int64_t)(p.k / 16) * (p.n / 16);
+  const bool four = (p.n / 16) % 4 == 0;  // 4 tiles per warp stay inside one tile row
+  const int64_t tiles_per_cta = four ? 32 : 8;
+  const int input_blocks = p.x ? (int)(((int64_t)p.m * (p.k / 128) + 7) / 8) : 0;
+  const dim3 grid((unsigned)((tiles + tiles_per_cta - 1) / tiles_per_cta + input_blocks)), block(kThreads);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  return DispatchK(K, static_cast<int>(cudaErrorInvalidValue), [&](auto k) {
+    constexpr int kK = decltype(k)::value;
+    if (four) {
+      Exl3ReconstructKernel<kK, CB, 4><<<grid, block, 0, s>>>(p, input_blocks);
+    } else {
+      Exl3ReconstructKernel<kK, CB, 1><<<grid, block, 0, s>>>(p, input_blocks);
+    }
+    return static_cast<int>(cudaGetLastError());
+  });
+}
+
 // Instantiates K = 1..8 for one codebook and the entry points declared in exl3_gemv_params.h.
 #define DSMESH_EXL3_GEMV_CODEBOOK(CB, NAME)                                                              \
   int LaunchGemv##NAME(int K, const GemvParams& p, int grid_x, int grid_y, void* stream) {              \
     return LaunchGemvKernel<CB>(K, p, grid_x, grid_y, stream);                                          \
   }                                                                                                     \
   int LaunchReconstruct##NAME(int K, const ReconstructParams& p, void* stream) {                        \
-    const int64_t tiles = (int64_t)(p.k / 16) * (p.n / 16);                                             \
-    const bool four = (p.n / 16) % 4 == 0; /* 4 tiles per warp stay inside one tile row */              \
-    const int64_t tiles_per_cta = four ? 32 : 8;                                                        \
-    const int input_blocks = p.x ? (int)(((int64_t)p.m * (p.k / 128) + 7) / 8) : 0;                     \
-    const dim3 grid((unsigned)((tiles + tiles_per_cta - 1) / tiles_per_cta + input_blocks)), block(kThreads);\
-    const cudaStream_t s = static_cast<cudaStream_t>(stream);                                           \
-    switch (K * 2 + four) {                                                                             \
-      case 2: Exl3ReconstructKernel<1, CB, 1><<<grid, block, 0, s>>>(p, input_blocks); break;           \
-      case 3: Exl3ReconstructKernel<1, CB, 4><<<grid, block, 0, s>>>(p, input_blocks); break;           \
-      case 4: Exl3ReconstructKernel<2, CB, 1><<<grid, block, 0, s>>>(p, input_blocks); break;           \
-      case 5: Exl3ReconstructKernel<2, CB, 4><<<grid, block, 0, s>>>(p, input_blocks); break;           \
-      case 6: Exl3ReconstructKernel<3, CB, 1><<<grid, block, 0, s>>>(p, input_blocks); break;           \
-      case 7: Exl3ReconstructKernel<3, CB, 4><<<grid, block, 0, s>>>(p, input_blocks); break;           \
-      case 8: Exl3ReconstructKernel<4, CB, 1><<<grid, block, 0, s>>>(p, input_blocks); break;           \
-      case 9: Exl3ReconstructKernel<4, CB, 4><<<grid, block, 0, s>>>(p, input_blocks); break;           \
-      case 10: Exl3ReconstructKernel<5, CB, 1><<<grid, block, 0, s>>>(p, input_blocks); break;          \
-      case 11: Exl3ReconstructKernel<5, CB, 4><<<grid, block, 0, s>>>(p, input_blocks); break;          \
-      case 12: Exl3ReconstructKernel<6, CB, 1><<<grid, block, 0, s>>>(p, input_blocks); break;          \
-      case 13: Exl3ReconstructKernel<6, CB, 4><<<grid, block, 0, s>>>(p, input_blocks); break;          \
-      case 14: Exl3ReconstructKernel<7, CB, 1><<<grid, block, 0, s>>>(p, input_blocks); break;          \
-      case 15: Exl3ReconstructKernel<7, CB, 4><<<grid, block, 0, s>>>(p, input_blocks); break;          \
-      case 16: Exl3ReconstructKernel<8, CB, 1><<<grid, block, 0, s>>>(p, input_blocks); break;          \
-      case 17: Exl3ReconstructKernel<8, CB, 4><<<grid, block, 0, s>>>(p, input_blocks); break;          \
-      default: return static_cast<int>(cudaErrorInvalidValue);                                          \
-    }                                                                                                   \
-    return static_cast<int>(cudaGetLastError());                                                        \
+    return LaunchReconstructKernel<CB>(K, p, stream);                                                   \
   }                                                                                                     \
   int PrepareGemv##NAME() { return PrepareGemvKernels<CB>(); }
 

@@ -182,16 +182,8 @@ TEST(Exl3GemvTest, RandomShapesEveryKCodebookAndRowCount) {
 TEST(Exl3GemvTest, TensorCoreInputTransformForManyRows) {
   DSMESH_REQUIRE_GPU();
   std::mt19937 rng(17);
-  // The workspace reads the knob when it is made; put back whatever the environment had.
-  const char* before = std::getenv("DSMESH_EXL3_GEMV_CTAS_PER_SM");
-  const std::string saved = before ? before : "";
-  setenv("DSMESH_EXL3_GEMV_CTAS_PER_SM", "1", 1);
+  const testing::ScopedEnv one_cta("DSMESH_EXL3_GEMV_CTAS_PER_SM", "1");  // read when the workspace is made
   Exl3GemvWorkspace ws;
-  if (before) {
-    setenv("DSMESH_EXL3_GEMV_CTAS_PER_SM", saved.c_str(), 1);
-  } else {
-    unsetenv("DSMESH_EXL3_GEMV_CTAS_PER_SM");
-  }
   const int64_t k = 1024, n = 128LL * ws.num_sms();
   ASSERT_EQ(1, Exl3GemvSplits(k, n, 1, ws.num_sms(), 1));
   for (const int K : {2, 6}) {

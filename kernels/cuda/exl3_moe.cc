@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
-#include <cstdlib>
 #include <mutex>
 #include <stdexcept>
 
@@ -46,6 +45,16 @@ int Exl3MoeSplits(int m, int topk, int num_experts, int hidden, int inter, int n
   return std::max(1, std::min(s, nblk_d));
 }
 
+bool Exl3MoeWideDownItems(int m, int topk, int num_experts, int hidden, int inter, int grid) {
+  // Wide items when narrow ones would be short (I <= kExl3MoeDownWideMaxInter: at most 8 pipeline
+  // stages per warp, so the per-item costs weigh) and, with the m * topk slots on distinct experts, the
+  // wide ones still give kExl3MoeDownWideRounds rounds of the grid (the actual expert count can only be
+  // smaller; either choice is correct). v14 A/B: m16 I256 -8%, I1024 -1%, I2048 +1% (hence the I limit).
+  const int64_t groups = std::min(num_experts, m * topk), nc = hidden / 128;
+  return nc % 2 == 0 && inter <= kExl3MoeDownWideMaxInter &&
+         groups * (nc / 2) >= static_cast<int64_t>(kExl3MoeDownWideRounds) * grid;
+}
+
 Exl3MoeWorkspace::Exl3MoeWorkspace(int max_rows, int topk, int hidden, int inter)
     : max_rows_(max_rows), topk_(topk), hidden_(hidden), inter_(inter) {
   if (max_rows < 1 || max_rows > kExl3MoeMaxRows)
@@ -61,7 +70,7 @@ Exl3MoeWorkspace::Exl3MoeWorkspace(int max_rows, int topk, int hidden, int inter
   CudaCheck(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_), "SM count");
   PrepareOnce();
   items_per_sm_ = EnvInt("DSMESH_EXL3_MOE_ITEMS_PER_SM", 1, 64, items_per_sm_);
-  down_wide_rounds_ = EnvInt("DSMESH_EXL3_MOE_DOWN_WIDE_ROUNDS", 0, 64, down_wide_rounds_);
+  down_wide_ = EnvInt("DSMESH_EXL3_MOE_DOWN_WIDE", -1, 1, down_wide_);
   max_splits_ = 1;
   for (int m = 1; m <= max_rows; ++m)
     max_splits_ = std::max(max_splits_, Exl3MoeSplits(m, topk, exl3cuda::kMoeMaxExperts, hidden, inter, num_sms_,
@@ -161,16 +170,14 @@ void Exl3MoeForward(const Exl3MoeLayer& l, const uint16_t* x, const int32_t* ids
   const int per_sm = dev < 64 ? g_blocks_per_sm[dev][l.K] : 0;
   if (per_sm < 1) throw std::runtime_error(who + ": kernel does not fit on an SM");
   const int grid = per_sm * ws.num_sms_;
-  // 256-column down items when narrow ones would be short (I <= 1024: at most 8 pipeline stages per
-  // warp, so the per-item costs weigh) and, with the m * topk slots on distinct experts, the wide ones
-  // still give down_wide_rounds rounds of the grid (the actual expert count can only be smaller; either
-  // choice is correct). v14 A/B: m16 I256 -8%, I1024 -1%, I2048 +1% (hence the I limit).
-  const int nc = l.hidden / 128, groups = std::min(l.num_experts, m * ws.topk_);
-  const bool short_items = l.inter <= 1024 || ws.down_wide_rounds_ == 0;
-  p.down_wn = nc % 2 == 0 && short_items &&
-                      static_cast<int64_t>(groups) * (nc / 2) >= static_cast<int64_t>(ws.down_wide_rounds_) * grid
-                  ? 2
-                  : 1;
+  bool wide = Exl3MoeWideDownItems(m, ws.topk_, l.num_experts, l.hidden, l.inter, grid);
+  if (ws.down_wide_ >= 0) {  // forced by DSMESH_EXL3_MOE_DOWN_WIDE
+    wide = ws.down_wide_ == 1;
+    if (wide && (l.hidden / 128) % 2)
+      throw std::runtime_error(who + ": DSMESH_EXL3_MOE_DOWN_WIDE=1 needs hidden / 128 even, hidden = " +
+                               std::to_string(l.hidden));
+  }
+  p.down_wn = wide ? 2 : 1;
   CudaCheck(static_cast<cudaError_t>(exl3cuda::LaunchMoeMcg(l.K, p, grid, stream)), who + " launch");
   ++g_launches;
   g_rows += m;

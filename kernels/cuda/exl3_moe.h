@@ -54,9 +54,13 @@ constexpr int kExl3MoeMaxRows = 24;
 // Gate/up work items per SM the routed-expert k-split aims for by default: one round of the 2
 // resident CTAs per SM (v11 sweep, two runs: 2.42x vs 2.39-2.40x at 3; exl3_moe.cc).
 constexpr int kExl3MoeItemsPerSm = 2;
-// Down items take 256 output columns instead of 128 when that still gives this many rounds of the
-// resident CTAs (m = 4 and 16 at d = 4096; halves the per-item costs there, NOTES.md v14).
+// Down items take 256 output columns instead of 128 (halving the per-item costs, NOTES.md v14) when the
+// 128-column ones would be short, I <= kExl3MoeDownWideMaxInter, and the wide ones still give
+// kExl3MoeDownWideRounds rounds of the resident CTAs (m = 16 at d = 4096): Exl3MoeWideDownItems.
 constexpr int kExl3MoeDownWideRounds = 2;
+constexpr int kExl3MoeDownWideMaxInter = 1024;
+// Whether a launch of m rows takes the 256-column down items (grid: resident CTAs of the launch).
+bool Exl3MoeWideDownItems(int m, int topk, int num_experts, int hidden, int inter, int grid);
 
 // Scratch for one stream: control counters (zeroed once here, self-resetting after every launch),
 // gate/up partial sums, the fp16 down inputs and the per-(row, expert) outputs. Bound to the first
@@ -65,8 +69,8 @@ class Exl3MoeWorkspace {
  public:
   // Tuning knobs for the benchmark and tests, read here only: DSMESH_EXL3_MOE_ITEMS_PER_SM (1..64,
   // default kExl3MoeItemsPerSm) sets how many gate/up work items per SM the k-split aims for;
-  // DSMESH_EXL3_MOE_DOWN_WIDE_ROUNDS (0..64, default kExl3MoeDownWideRounds; 0 = always) how many
-  // rounds of the grid the 256-column down items must still give (0: always, whatever I; for tests).
+  // DSMESH_EXL3_MOE_DOWN_WIDE (-1 = Exl3MoeWideDownItems, the default; 0 = never, 1 = always: tests and
+  // A/B runs) forces the down item shape; forcing wide items on an odd hidden / 128 throws.
   Exl3MoeWorkspace(int max_rows, int topk, int hidden, int inter);
   ~Exl3MoeWorkspace();
   Exl3MoeWorkspace(const Exl3MoeWorkspace&) = delete;
@@ -80,7 +84,7 @@ class Exl3MoeWorkspace {
   friend void Exl3MoeForward(const Exl3MoeLayer&, const uint16_t*, const int32_t*, const float*, int, float*,
                              Exl3MoeWorkspace&, cudaStream_t);
   int max_rows_, topk_, hidden_, inter_, max_splits_, items_per_sm_ = kExl3MoeItemsPerSm;
-  int down_wide_rounds_ = kExl3MoeDownWideRounds;
+  int down_wide_ = -1;
   int device_ = 0, num_sms_ = 0;
   void* control_ = nullptr;
   float* part_gu_ = nullptr;

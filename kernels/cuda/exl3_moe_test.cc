@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -185,20 +184,13 @@ TEST(Exl3MoeTest, HotExpertDuplicatesAndEdgeIds) {
   }
 }
 
-// Down items of 256 columns (taken by the kernel when there are enough of them, m >= 4 at d = 4096)
+// Down items of 256 columns (taken by the kernel at m = 16, d = 4096, I <= 1024: Exl3MoeWideDownItems)
 // forced on for every launch: every row count, a hot expert and edge ids.
 TEST(Exl3MoeTest, WideDownItemsMatchReference) {
   DSMESH_REQUIRE_GPU();
   Experts ex(256, 512, 256, 2, 10.0f, 11);
-  const char* before = std::getenv("DSMESH_EXL3_MOE_DOWN_WIDE_ROUNDS");
-  const std::string saved = before ? before : "";
-  setenv("DSMESH_EXL3_MOE_DOWN_WIDE_ROUNDS", "0", 1);
+  const testing::ScopedEnv wide("DSMESH_EXL3_MOE_DOWN_WIDE", "1");  // read when the workspace is made
   Exl3MoeWorkspace ws(24, kTopK, 512, 256);
-  if (before) {
-    setenv("DSMESH_EXL3_MOE_DOWN_WIDE_ROUNDS", saved.c_str(), 1);
-  } else {
-    unsetenv("DSMESH_EXL3_MOE_DOWN_WIDE_ROUNDS");
-  }
   std::mt19937 rng(12);
   for (int m = 1; m <= 24; ++m) {
     const auto r = RandomRouting(m, kTopK, 256, rng);
@@ -211,6 +203,19 @@ TEST(Exl3MoeTest, WideDownItemsMatchReference) {
     r.ids[row * kTopK] = row % 2 ? 0 : 255;
   }
   RunAndCheck(ex, ws, 24, kTopK, testing::RandomFp16(24 * 512, rng, 0.1f), r, "wide down, hot ids 0 and 255");
+}
+
+// The automatic choice on the DeepSeek-V4-Flash shapes (d = 4096, top-6, 264 resident CTAs on the H200).
+// Host code only: runs without a GPU.
+TEST(Exl3MoeTest, WideDownItemChoice) {
+  for (const int inter : {256, 1024}) {
+    EXPECT_TRUE(Exl3MoeWideDownItems(16, 6, 256, 4096, inter, 264)) << inter;   // 80 x 16 >= 2 x 264
+    EXPECT_FALSE(Exl3MoeWideDownItems(4, 6, 256, 4096, inter, 264)) << inter;   // 24 x 16 < 2 x 264
+    EXPECT_FALSE(Exl3MoeWideDownItems(1, 6, 256, 4096, inter, 264)) << inter;
+  }
+  EXPECT_FALSE(Exl3MoeWideDownItems(16, 6, 256, 4096, 2048, 264));  // long items: 128 columns measured faster
+  EXPECT_FALSE(Exl3MoeWideDownItems(24, 6, 256, 384, 256, 6));      // hidden / 128 odd: no column pairs
+  EXPECT_FALSE(Exl3MoeWideDownItems(16, 6, 8, 4096, 256, 264));     // 8 experts: only 8 x 16 items
 }
 
 TEST(Exl3MoeTest, LargerShapesK3AndActiveClamp) {

@@ -127,7 +127,7 @@ struct TileGemv {
   // one: the value 1 from a kernel parameter (opaque to the compiler, see DecodeTileLane).
   __device__ static void MainLoop(const Source& src, int KT, const __half* const* a, int a_stride, int R,
                                   uint8_t* ring, float acc[kAccTiles][2][4], uint32_t one, bool accumulate = false) {
-    if constexpr (CB != kCbMul1) {
+    if constexpr (HasFewRowsLoop(CB)) {
       if (FewRows(R)) return Loop<true>(src, KT, a, a_stride, R, ring, acc, one, accumulate);
     }
     Loop<false>(src, KT, a, a_stride, R, ring, acc, one, accumulate);

@@ -61,8 +61,8 @@ bool g_warm_weights = false;
 // Integer-pipe instructions per decoded weight in the GEMV/MoE inner loop (LOP3, SHF, PRMT, IADD3,
 // LEA, ...), counted in the sm_90 SASS of Exl3GemvKernel<K, MCG, few> by kernels/cuda/sass_loop_ops.py
 // (one main-loop iteration = 8 tiles = 64 weights per lane; v14 code, bench_results/v14_sass_loop_ops.txt;
-// NOTES.md has the method and the FMA-pipe counts). `rows` picks the loop: up to 8 rows the few-rows form (unpacked, transposed MMA),
-// more rows the packed one. The integer pipe is the busier of the two (FMA pipe: IMAD ~1.8-2.0 per
+// NOTES.md has the method and the FMA-pipe counts). `rows` picks the loop: up to 8 rows the few-rows
+// form (unpacked, transposed MMA), more rows the packed one. The integer pipe is the busier of the two (FMA pipe: IMAD ~1.8-2.0 per
 // weight in the few-rows loop), so its count over the measured LOP3 rate is the decode-op floor.
 double DecodeOpsPerWeight(int K, int rows) {
   static const double kFew[9] = {0, 2.61, 2.66, 2.89, 2.91, 2.95, 3.14, 3.19, 3.05};
@@ -532,7 +532,7 @@ int Main(int argc, char** argv) {
     else if (a == "--warm-weights") g_warm_weights = true;
     else if (a == "--moe-items-per-sm") items_per_sm = ParseIntList(a.substr(2), value(), "integer item count");
     else if (a == "--gemv-ctas-per-sm") ctas_per_sm = ParseIntList(a.substr(2), value(), "integer CTA count");
-    else throw std::runtime_error("unknown flag " + a + " (usage: --anchors FILE [--only dense|moe|gemm] [--replays N] [--gemv-ctas-per-sm LIST] [--moe-items-per-sm LIST] [--filter TEXT] [--warm-weights])");
+    else throw UsageError("unknown flag " + a + " (usage: --anchors FILE [--only dense|moe|gemm] [--replays N] [--gemv-ctas-per-sm LIST] [--moe-items-per-sm LIST] [--filter TEXT] [--warm-weights])");
   }
   if (anchors_path.empty()) {
     const char* shared = std::getenv("DSMESH_SHARED");

@@ -11,7 +11,7 @@ rm -rf .bundle/cuda
   bazel-bin/kernels/cuda/exl3_moe_test bazel-bin/kernels/cuda/exl3_gemm_test bazel-bin/kernels/cuda/dsmesh-kernel-bench
 # cuBLAS (~700 MB with cublasLt) does not travel: the GPU machine has it (run_gpu.sh finds it).
 rm -f .bundle/cuda/lib/libcublas*
-# The kernel library (~34 MB, two architectures) travels xz-compressed (~3.5 MB) so that the carried tree
+# The kernel library (~43 MB, two architectures) travels xz-compressed (~6 MB) so that the carried tree
 # stays under the device's 64 MiB; run_gpu.sh unpacks it.
 kernels=.bundle/cuda/lib/libkernels_Scuda_Slibexl3_Ucuda_Ukernels.so
 xz -T0 -c "$kernels" > "$kernels.xz" && rm "$kernels"
