@@ -42,6 +42,11 @@ int Exl3MoeSplits(int m, int topk, int num_experts, int hidden, int inter, int n
   const int target = items_per_sm * num_sms;
   const int per = groups * nb;
   int s = (target + per - 1) / per;
+  // With few experts (their down items cannot fill the target, e.g. the 6 of m = 1), the gate/up items
+  // are the whole critical path: one split fewer when the last one would only add a short partial round
+  // (under a quarter of the target), whose items start when the first round ends and hold back their
+  // groups' down items. v15 A/B: m1 I1024 6 -> 5 splits -7..9%, m1 I2048 3 -> 2 K2 -2.5%, K3 +2%.
+  if (s > 1 && groups * nblk_d < target && per * s > target && (per * s - target) * 4 < target) --s;
   return std::max(1, std::min(s, nblk_d));
 }
 
@@ -71,7 +76,8 @@ Exl3MoeWorkspace::Exl3MoeWorkspace(int max_rows, int topk, int hidden, int inter
   PrepareOnce();
   items_per_sm_ = EnvInt("DSMESH_EXL3_MOE_ITEMS_PER_SM", 1, 64, items_per_sm_);
   down_wide_ = EnvInt("DSMESH_EXL3_MOE_DOWN_WIDE", -1, 1, down_wide_);
-  max_splits_ = 1;
+  forced_splits_ = std::min(EnvInt("DSMESH_EXL3_MOE_SPLITS", 0, exl3cuda::kMoeMaxHiddenBlocks, 0), hidden / 128);
+  max_splits_ = std::max(1, forced_splits_);
   for (int m = 1; m <= max_rows; ++m)
     max_splits_ = std::max(max_splits_, Exl3MoeSplits(m, topk, exl3cuda::kMoeMaxExperts, hidden, inter, num_sms_,
                                                       items_per_sm_));
@@ -163,7 +169,9 @@ void Exl3MoeForward(const Exl3MoeLayer& l, const uint16_t* x, const int32_t* ids
   p.num_experts = l.num_experts;
   p.d = l.hidden;
   p.inter = l.inter;
-  p.splits = Exl3MoeSplits(m, ws.topk_, l.num_experts, l.hidden, l.inter, ws.num_sms_, ws.items_per_sm_);
+  p.splits = ws.forced_splits_ > 0
+                 ? ws.forced_splits_
+                 : Exl3MoeSplits(m, ws.topk_, l.num_experts, l.hidden, l.inter, ws.num_sms_, ws.items_per_sm_);
   if (p.splits > ws.max_splits_) p.splits = ws.max_splits_;  // workspace sized for its max
   p.swiglu_limit = l.swiglu_limit;
   p.one = 1;

@@ -70,7 +70,9 @@ class Exl3MoeWorkspace {
   // Tuning knobs for the benchmark and tests, read here only: DSMESH_EXL3_MOE_ITEMS_PER_SM (1..64,
   // default kExl3MoeItemsPerSm) sets how many gate/up work items per SM the k-split aims for;
   // DSMESH_EXL3_MOE_DOWN_WIDE (-1 = Exl3MoeWideDownItems, the default; 0 = never, 1 = always: tests and
-  // A/B runs) forces the down item shape; forcing wide items on an odd hidden / 128 throws.
+  // A/B runs) forces the down item shape; forcing wide items on an odd hidden / 128 throws;
+  // DSMESH_EXL3_MOE_SPLITS (0 = Exl3MoeSplits, the default; else the gate/up k-split for every m,
+  // clamped to hidden / 128: split sweeps) overrides the k-split.
   Exl3MoeWorkspace(int max_rows, int topk, int hidden, int inter);
   ~Exl3MoeWorkspace();
   Exl3MoeWorkspace(const Exl3MoeWorkspace&) = delete;
@@ -92,6 +94,7 @@ class Exl3MoeWorkspace {
   float* down_out_ = nullptr;
   bool bound_ = false;
   cudaStream_t stream_ = nullptr;
+  int forced_splits_ = 0;  // DSMESH_EXL3_MOE_SPLITS (0: Exl3MoeSplits)
 };
 
 // Empty string when the kernel can run this layer at m rows and top-k, else the reason.

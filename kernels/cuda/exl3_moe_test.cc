@@ -218,6 +218,25 @@ TEST(Exl3MoeTest, WideDownItemChoice) {
   EXPECT_FALSE(Exl3MoeWideDownItems(16, 6, 8, 4096, 256, 264));     // 8 experts: only 8 x 16 items
 }
 
+// The gate/up k-split on the anchor shapes (d = 4096, top-6 of 256, 132 SMs x 2 items): enough items for
+// the target, one split fewer where m = 1 would leave a short trailing round, and always 1..d / 128.
+TEST(Exl3MoeTest, GateUpSplitChoice) {
+  EXPECT_EQ(5, Exl3MoeSplits(1, 6, 256, 4096, 1024, 132, 2));   // 6 x 8 x 6 = 288 > 264 by 24: 240 items
+  EXPECT_EQ(2, Exl3MoeSplits(1, 6, 256, 4096, 2048, 132, 2));   // 6 x 16 x 3 = 288: 192 items
+  EXPECT_EQ(22, Exl3MoeSplits(1, 6, 256, 4096, 256, 132, 2));   // 6 x 2 x 22 = 264: exactly the target
+  EXPECT_EQ(6, Exl3MoeSplits(4, 6, 256, 4096, 256, 132, 2));    // 24 experts: their down items fill the GPU
+  EXPECT_EQ(2, Exl3MoeSplits(4, 6, 256, 4096, 1024, 132, 2));
+  EXPECT_EQ(1, Exl3MoeSplits(16, 6, 256, 4096, 2048, 132, 2));
+  EXPECT_EQ(2, Exl3MoeSplits(16, 6, 256, 4096, 256, 132, 2));
+  for (int m = 1; m <= 24; ++m)
+    for (const int inter : {128, 256, 1024, 4096})
+      for (const int hidden : {256, 4096, 8192}) {
+        const int s = Exl3MoeSplits(m, 6, 256, hidden, inter, 132, 2);
+        EXPECT_GE(s, 1);
+        EXPECT_LE(s, hidden / 128) << m << " " << inter << " " << hidden;
+      }
+}
+
 TEST(Exl3MoeTest, LargerShapesK3AndActiveClamp) {
   DSMESH_REQUIRE_GPU();
   // I = 1024 (8 blocks), d = 1024; a small limit makes the SwiGLU clamp bite on many elements.
