@@ -14,9 +14,9 @@
 //          input for block b. Then it bumps ready[g].
 //       2. down items (group g, 128 output columns c, or 256 when there are items enough): wait until
 //          ready[g] == I/128, decode the down block, output Hadamard and svh, fp32 to scratch; bump
-//          col_done[c] (and col_done[c + 1]).
-//       3. gather items (128 output columns c): wait until col_done[c] == groups, then
-//          y[r, c] = sum_k w[r, k] * out[pair(r, k), c] in slot order k = 0..topk-1.
+//          col_done[c] (and col_done[c + 1]). The item that completes a column (the last group to
+//          arrive) gathers it: y[r, c] = sum_k w[r, k] * out[pair(r, k), c] in slot order k = 0..topk-1.
+//          (Only a launch without any valid expert has separate gather items, writing zeros.)
 //     A CTA only ever waits for items with smaller tickets, which were taken by CTAs already running and
 //     which wait only on smaller tickets still: the launch cannot deadlock, whatever the grid size and
 //     whatever else runs on the GPU (two launches on two streams with two scratches are independent).
@@ -262,12 +262,50 @@ __device__ void GateUpItem(const MoeParams& p, MoePlan& plan, int t, uint8_t* ri
   ArriveAndCount(&p.control->ready[g], plan);
 }
 
+// y[r, c-block] = sum_k w[r, k] * out[pair(r, k), c-block] for every row, in slot order k = 0..topk-1. Run
+// by the CTA whose down item completed column block c (the last of the groups to arrive), so nobody
+// waits for it and the sum starts as soon as its inputs exist.
+__device__ void GatherColumn(const MoeParams& p, const MoePlan& plan, int c) {
+  for (int idx = threadIdx.x; idx < p.m * 32; idx += kThreads) {
+    const int r = idx >> 5, q = idx & 31;
+    // All slots' ids, weights and expert outputs are loaded before the first multiply-add (a loop that
+    // adds slot k before loading slot k + 1 waits for 6 x 2 dependent round trips); the adds stay in
+    // slot order.
+    int64_t pair[kMoeMaxTopK];
+    float w[kMoeMaxTopK];
+#pragma unroll
+    for (int k = 0; k < kMoeMaxTopK; ++k) {
+      pair[k] = -1;
+      w[k] = 0.f;
+      if (k < p.topk) {
+        const int e = p.ids[r * p.topk + k];
+        w[k] = p.weights[r * p.topk + k];
+        if (e >= 0 && e < p.num_experts) pair[k] = plan.pair_base[e] + __popc(plan.mask[e] & ((1u << r) - 1u));
+      }
+    }
+    float4 v[kMoeMaxTopK];
+#pragma unroll
+    for (int k = 0; k < kMoeMaxTopK; ++k)  // unconditional loads (see StridedSum); pair 0 always exists
+      v[k] = __ldcg(reinterpret_cast<const float4*>(p.down_out + max(pair[k], int64_t{0}) * p.d + c * 128 + q * 4));
+    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int k = 0; k < kMoeMaxTopK; ++k) {
+      if (pair[k] < 0) continue;
+      sum.x = fmaf(w[k], v[k].x, sum.x);
+      sum.y = fmaf(w[k], v[k].y, sum.y);
+      sum.z = fmaf(w[k], v[k].z, sum.z);
+      sum.w = fmaf(w[k], v[k].w, sum.w);
+    }
+    *reinterpret_cast<float4*>(p.y + (int64_t)r * p.d + c * 128 + q * 4) = sum;
+  }
+}
+
 // Down item t: group g, WN adjacent 128-column blocks c .. c + WN - 1 of d. WN = 2 when there are
 // items enough (p.down_wn, chosen on the host): each warp then decodes twice the tiles per
 // item (4 k-splits of 128 columns instead of 8), so the per-item costs (pipeline fill, the down input
 // copy, the waits and barriers of the item boundary) are paid half as often per weight.
 template <int K, int WN>
-__device__ void DownItem(const MoeParams& p, MoePlan& plan, int t, uint8_t* ring, __half* act) {
+__device__ void DownItem(const MoeParams& p, MoePlan& plan, int num_groups, int t, uint8_t* ring, __half* act) {
   using Core = TileGemv<K, kCbMcg, WN>;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int NB = p.inter >> 7, NCW = (p.d >> 7) / WN;
@@ -330,42 +368,8 @@ __device__ void DownItem(const MoeParams& p, MoePlan& plan, int t, uint8_t* ring
     __syncthreads();
   }
 #pragma unroll
-  for (int w = 0; w < WN; ++w) ArriveAndCount(&p.control->col_done[c + w], plan);
-}
-
-__device__ void GatherItem(const MoeParams& p, MoePlan& plan, int num_groups, int c) {
-  WaitFor(&p.control->col_done[c], num_groups);
-  for (int idx = threadIdx.x; idx < p.m * 32; idx += kThreads) {
-    const int r = idx >> 5, q = idx & 31;
-    // All slots' ids, weights and expert outputs are loaded before the first multiply-add (a loop that
-    // adds slot k before loading slot k + 1 waits for 6 x 2 dependent round trips); the adds stay in
-    // slot order.
-    int64_t pair[kMoeMaxTopK];
-    float w[kMoeMaxTopK];
-#pragma unroll
-    for (int k = 0; k < kMoeMaxTopK; ++k) {
-      pair[k] = -1;
-      if (k < p.topk) {
-        const int e = p.ids[r * p.topk + k];
-        w[k] = p.weights[r * p.topk + k];
-        if (e >= 0 && e < p.num_experts) pair[k] = plan.pair_base[e] + __popc(plan.mask[e] & ((1u << r) - 1u));
-      }
-    }
-    float4 v[kMoeMaxTopK];
-#pragma unroll
-    for (int k = 0; k < kMoeMaxTopK; ++k)  // unconditional loads (see StridedSum); pair 0 always exists
-      v[k] = __ldcg(reinterpret_cast<const float4*>(p.down_out + max(pair[k], int64_t{0}) * p.d + c * 128 + q * 4));
-    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int k = 0; k < kMoeMaxTopK; ++k) {
-      if (pair[k] < 0) continue;
-      sum.x = fmaf(w[k], v[k].x, sum.x);
-      sum.y = fmaf(w[k], v[k].y, sum.y);
-      sum.z = fmaf(w[k], v[k].z, sum.z);
-      sum.w = fmaf(w[k], v[k].w, sum.w);
-    }
-    *reinterpret_cast<float4*>(p.y + (int64_t)r * p.d + c * 128 + q * 4) = sum;
-  }
+  for (int w = 0; w < WN; ++w)
+    if (ArriveAndCount(&p.control->col_done[c + w], plan) == num_groups - 1) GatherColumn(p, plan, c + w);
 }
 
 // WND: 128-column blocks per down item (1 or 2, p.down_wn); one instantiation each, so that the
@@ -377,7 +381,9 @@ __global__ void __launch_bounds__(kThreads, 2) Exl3MoeKernel(const MoeParams p) 
   uint8_t* ring = smem;
   __half* act = reinterpret_cast<__half*>(smem + RingBytes(K));
   const int U = BuildPlan(p, plan), NB = p.inter >> 7, NC = p.d >> 7;
-  const int T1 = U * NB * p.splits, T2 = U * (NC / WND), T = T1 + T2 + NC;
+  // Without any valid expert (U = 0) there are no down items to finish the columns: NC plain gather
+  // items write the zero outputs instead.
+  const int T1 = U * NB * p.splits, T2 = U * (NC / WND), T = T1 + T2 + (U == 0 ? NC : 0);
   for (;;) {
     if (threadIdx.x == 0) plan.ticket = atomicAdd(&p.control->ticket, 1);
     __syncthreads();
@@ -387,9 +393,9 @@ __global__ void __launch_bounds__(kThreads, 2) Exl3MoeKernel(const MoeParams p) 
     if (t < T1) {
       GateUpItem<K>(p, plan, t, ring, act);
     } else if (t < T1 + T2) {
-      DownItem<K, WND>(p, plan, t - T1, ring, act);
+      DownItem<K, WND>(p, plan, U, t - T1, ring, act);
     } else {
-      GatherItem(p, plan, U, t - T1 - T2);
+      GatherColumn(p, plan, t - T1 - T2);
     }
     __syncthreads();
   }

@@ -396,6 +396,13 @@ TEST(Exl3MoeTest, StrictModeCountersAndBadIds) {
   EXPECT_TRUE(ws.TakeBadIdFlag());
   EXPECT_FALSE(ws.TakeBadIdFlag());
   EXPECT_TRUE(testing::AllFinite(dy.Download()));
+  // No valid id at all: no expert work, and the NaN-poisoned outputs are overwritten with zeros.
+  for (int i = 0; i < 2 * kTopK; ++i) r.ids[i] = i % 2 ? 300 : -1;
+  dids.Upload(r.ids);
+  DeviceBuffer<float> dy2(std::vector<float>(2 * 512, std::nanf("")));
+  Exl3MoeForward(ex.layer(), dx.get(), dids.get(), dw.get(), 2, dy2.get(), ws, nullptr);
+  EXPECT_TRUE(ws.TakeBadIdFlag());
+  for (float v : dy2.Download()) ASSERT_EQ(v, 0.f);
 }
 
 }  // namespace
