@@ -120,7 +120,9 @@ const cases = [
           up = await query('up{job="dsmesh-gateway"}');
           gen = await query(`vllm:generation_tokens_total{model_name="${MODEL}"}`);
           ttftCount = await query(`vllm:time_to_first_token_seconds_count{model_name="${MODEL}"}`);
-          if (gen.length && ttftCount.length && Number(gen[0].value[1]) > 0) break;
+          // All three from one poll: a failed scrape between the up query and the others (a loaded machine)
+          // must not end the loop with a stale up = 0.
+          if (up.length && up[0].value[1] === '1' && gen.length && ttftCount.length && Number(gen[0].value[1]) > 0) break;
         } catch (e) { /* not up yet */ }
         await new Promise((r) => setTimeout(r, 250));
       }
