@@ -21,6 +21,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -527,13 +528,20 @@ int Main(int argc, char** argv) {
     };
     if (a == "--anchors") anchors_path = value();
     else if (a == "--only") only = value();
-    else if (a == "--replays") replays = std::stoi(value());
+    else if (a == "--replays") {
+      const std::string v = value();
+      const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), replays);
+      if (ec != std::errc() || end != v.data() + v.size() || replays < 1)
+        throw UsageError("--replays: \"" + v + "\" is not a count of at least 1");
+    }
     else if (a == "--filter") g_filter = value();
     else if (a == "--warm-weights") g_warm_weights = true;
     else if (a == "--moe-items-per-sm") items_per_sm = ParseIntList(a.substr(2), value(), "integer item count");
     else if (a == "--gemv-ctas-per-sm") ctas_per_sm = ParseIntList(a.substr(2), value(), "integer CTA count");
     else throw UsageError("unknown flag " + a + " (usage: --anchors FILE [--only dense|moe|gemm] [--replays N] [--gemv-ctas-per-sm LIST] [--moe-items-per-sm LIST] [--filter TEXT] [--warm-weights])");
   }
+  if (!only.empty() && only != "dense" && only != "moe" && only != "gemm")
+    throw UsageError("--only: \"" + only + "\" is not one of dense, moe, gemm");
   if (anchors_path.empty()) {
     const char* shared = std::getenv("DSMESH_SHARED");
     if (!shared) throw std::runtime_error("--anchors not given and DSMESH_SHARED unset");
