@@ -45,7 +45,7 @@ int Exl3MoeSplits(int m, int topk, int num_experts, int hidden, int inter, int n
   // With few experts (their down items cannot fill the target, e.g. the 6 of m = 1), the gate/up items
   // are the whole critical path: one split fewer when the last one would only add a short partial round
   // (under a quarter of the target), whose items start when the first round ends and hold back their
-  // groups' down items. v15 A/B: m1 I1024 6 -> 5 splits -7..9%, m1 I2048 3 -> 2 K2 -2.5%, K3 +2%.
+  // groups' down items. v16 A/B: m1 I1024 6 -> 5 splits -7..9%, m1 I2048 3 -> 2 K2 -2.5%, K3 +2%.
   if (s > 1 && groups * nblk_d < target && per * s > target && (per * s - target) * 4 < target) --s;
   return std::max(1, std::min(s, nblk_d));
 }

@@ -86,7 +86,8 @@ class Exl3MoeWorkspace {
   friend void Exl3MoeForward(const Exl3MoeLayer&, const uint16_t*, const int32_t*, const float*, int, float*,
                              Exl3MoeWorkspace&, cudaStream_t);
   int max_rows_, topk_, hidden_, inter_, max_splits_, items_per_sm_ = kExl3MoeItemsPerSm;
-  int down_wide_ = -1;
+  int down_wide_ = -1;     // DSMESH_EXL3_MOE_DOWN_WIDE (-1: Exl3MoeWideDownItems)
+  int forced_splits_ = 0;  // DSMESH_EXL3_MOE_SPLITS (0: Exl3MoeSplits)
   int device_ = 0, num_sms_ = 0;
   void* control_ = nullptr;
   float* part_gu_ = nullptr;
@@ -94,7 +95,6 @@ class Exl3MoeWorkspace {
   float* down_out_ = nullptr;
   bool bound_ = false;
   cudaStream_t stream_ = nullptr;
-  int forced_splits_ = 0;  // DSMESH_EXL3_MOE_SPLITS (0: Exl3MoeSplits)
 };
 
 // Empty string when the kernel can run this layer at m rows and top-k, else the reason.
