@@ -360,14 +360,16 @@ __device__ __forceinline__ void InputHadamard128F32(float v[4], const __half* su
 }
 
 // Output side (exllamav3 had_ff): fp32 in, Hadamard, scale, times float(svh), fp32 out, in place.
-__device__ __forceinline__ void OutputHadamard128(float v[4], const __half* svh4, int lane) {
+__device__ __forceinline__ void OutputHadamard128Regs(float v[4], uint2 sr, int lane) {
   Hadamard128Warp(v, lane);
-  const uint2 sr = *reinterpret_cast<const uint2*>(svh4);
   const half2 s0 = *reinterpret_cast<const half2*>(&sr.x), s1 = *reinterpret_cast<const half2*>(&sr.y);
   v[0] = v[0] * kHadScale * __low2float(s0);
   v[1] = v[1] * kHadScale * __high2float(s0);
   v[2] = v[2] * kHadScale * __low2float(s1);
   v[3] = v[3] * kHadScale * __high2float(s1);
+}
+__device__ __forceinline__ void OutputHadamard128(float v[4], const __half* svh4, int lane) {
+  OutputHadamard128Regs(v, *reinterpret_cast<const uint2*>(svh4), lane);
 }
 
 // The input side for up to 16 rows of one 128-block at once, on tensor cores: x' = (x * suh) H128 / sqrt(128)

@@ -60,6 +60,24 @@ bool Exl3MoeWideDownItems(int m, int topk, int num_experts, int hidden, int inte
          groups * (nc / 2) >= static_cast<int64_t>(kExl3MoeDownWideRounds) * grid;
 }
 
+int Exl3MoeFusedSplits(int m, int topk, int num_experts, int hidden, int inter, int num_sms, int items_per_sm) {
+  // Every down item of a fused launch sums all S partials of its group (repeated 32 times per expert at
+  // d = 4096) and each gate/up item's duration is on the critical path: equal items (S divides d / 128)
+  // and no more than one round of the target. v17, same call: I256 m1 S = 16 18.8 us vs the plain
+  // rule's 22 (items of 1 or 2 blocks) 20.1-20.3 us, S = 8 21.8, S = 32 22.1; I1024 m1 S = 4 vs 5 mixed.
+  const int groups = std::max(1, std::min(num_experts, m * topk));
+  const int nb = inter / 128, nblk_d = hidden / 128, target = items_per_sm * num_sms;
+  int best = 1;
+  for (int s = 1; s <= nblk_d; ++s)
+    if (nblk_d % s == 0 && groups * nb * s <= target) best = s;
+  return best;
+}
+
+bool Exl3MoeFusedFinish(int m, int topk, int num_experts, int hidden, int grid) {
+  const int64_t groups = std::max(1, std::min(num_experts, m * topk));
+  return groups * (hidden / 128) < grid;
+}
+
 Exl3MoeWorkspace::Exl3MoeWorkspace(int max_rows, int topk, int hidden, int inter)
     : max_rows_(max_rows), topk_(topk), hidden_(hidden), inter_(inter) {
   if (max_rows < 1 || max_rows > kExl3MoeMaxRows)
@@ -76,11 +94,14 @@ Exl3MoeWorkspace::Exl3MoeWorkspace(int max_rows, int topk, int hidden, int inter
   PrepareOnce();
   items_per_sm_ = EnvInt("DSMESH_EXL3_MOE_ITEMS_PER_SM", 1, 64, items_per_sm_);
   down_wide_ = EnvInt("DSMESH_EXL3_MOE_DOWN_WIDE", -1, 1, down_wide_);
+  fused_finish_ = EnvInt("DSMESH_EXL3_MOE_FUSED_FINISH", -1, 1, fused_finish_);
   forced_splits_ = std::min(EnvInt("DSMESH_EXL3_MOE_SPLITS", 0, exl3cuda::kMoeMaxHiddenBlocks, 0), hidden / 128);
   max_splits_ = std::max(1, forced_splits_);
   for (int m = 1; m <= max_rows; ++m)
-    max_splits_ = std::max(max_splits_, Exl3MoeSplits(m, topk, exl3cuda::kMoeMaxExperts, hidden, inter, num_sms_,
-                                                      items_per_sm_));
+    max_splits_ = std::max({max_splits_,
+                            Exl3MoeSplits(m, topk, exl3cuda::kMoeMaxExperts, hidden, inter, num_sms_, items_per_sm_),
+                            Exl3MoeFusedSplits(m, topk, exl3cuda::kMoeMaxExperts, hidden, inter, num_sms_,
+                                               items_per_sm_)});
   const size_t pairs = static_cast<size_t>(max_rows) * topk;
   CudaCheck(cudaMalloc(&control_, sizeof(exl3cuda::MoeControl)), "Exl3MoeWorkspace control");
   CudaCheck(cudaMemset(control_, 0, sizeof(exl3cuda::MoeControl)), "Exl3MoeWorkspace control");
@@ -186,6 +207,11 @@ void Exl3MoeForward(const Exl3MoeLayer& l, const uint16_t* x, const int32_t* ids
                                std::to_string(l.hidden));
   }
   p.down_wn = wide ? 2 : 1;
+  p.fused_finish = ws.fused_finish_ >= 0 ? ws.fused_finish_
+                                         : Exl3MoeFusedFinish(m, ws.topk_, l.num_experts, l.hidden, grid);
+  if (p.fused_finish && ws.forced_splits_ == 0)
+    p.splits = std::min(ws.max_splits_, Exl3MoeFusedSplits(m, ws.topk_, l.num_experts, l.hidden, l.inter,
+                                                            ws.num_sms_, ws.items_per_sm_));
   CudaCheck(static_cast<cudaError_t>(exl3cuda::LaunchMoeMcg(l.K, p, grid, stream)), who + " launch");
   ++g_launches;
   g_rows += m;

@@ -62,6 +62,12 @@ constexpr int kExl3MoeDownWideMaxInter = 1024;
 // Whether a launch of m rows takes the 256-column down items (grid: resident CTAs of the launch).
 bool Exl3MoeWideDownItems(int m, int topk, int num_experts, int hidden, int inter, int grid);
 
+// Whether a launch of m rows lets its down items finish the gate/up sums themselves (fused finish):
+// when the experts are too few for their 128-column down items to fill the grid (m = 1: 6 x 32 < 264),
+// so the finish is on the critical path and the repeated partial-sum reads are cheap (v17, H200: m1
+// -1..-8%, MoE geomean 2.92x vs 2.88-2.89x; at m4/m16 the re-reads cost more than they save).
+bool Exl3MoeFusedFinish(int m, int topk, int num_experts, int hidden, int grid);
+
 // Scratch for one stream: control counters (zeroed once here, self-resetting after every launch),
 // gate/up partial sums, the fp16 down inputs and the per-(row, expert) outputs. Bound to the first
 // stream it is used on; using it on another stream throws.
@@ -72,7 +78,8 @@ class Exl3MoeWorkspace {
   // DSMESH_EXL3_MOE_DOWN_WIDE (-1 = Exl3MoeWideDownItems, the default; 0 = never, 1 = always: tests and
   // A/B runs) forces the down item shape; forcing wide items on an odd hidden / 128 throws;
   // DSMESH_EXL3_MOE_SPLITS (0 = Exl3MoeSplits, the default; else the gate/up k-split for every m,
-  // clamped to hidden / 128: split sweeps) overrides the k-split.
+  // clamped to hidden / 128: split sweeps) overrides the k-split; DSMESH_EXL3_MOE_FUSED_FINISH (-1 =
+  // Exl3MoeFusedFinish, the default; 0 = never, 1 = always) forces where the gate/up sums are finished.
   Exl3MoeWorkspace(int max_rows, int topk, int hidden, int inter);
   ~Exl3MoeWorkspace();
   Exl3MoeWorkspace(const Exl3MoeWorkspace&) = delete;
@@ -88,6 +95,7 @@ class Exl3MoeWorkspace {
   int max_rows_, topk_, hidden_, inter_, max_splits_, items_per_sm_ = kExl3MoeItemsPerSm;
   int down_wide_ = -1;     // DSMESH_EXL3_MOE_DOWN_WIDE (-1: Exl3MoeWideDownItems)
   int forced_splits_ = 0;  // DSMESH_EXL3_MOE_SPLITS (0: Exl3MoeSplits)
+  int fused_finish_ = -1;  // DSMESH_EXL3_MOE_FUSED_FINISH (-1: Exl3MoeFusedFinish)
   int device_ = 0, num_sms_ = 0;
   void* control_ = nullptr;
   float* part_gu_ = nullptr;
@@ -112,6 +120,10 @@ void Exl3MoeForward(const Exl3MoeLayer& layer, const uint16_t* x, const int32_t*
 // Number of k-splits of the gate/up projections for m rows (exposed for tests and the benchmark).
 int Exl3MoeSplits(int m, int topk, int num_experts, int hidden, int inter, int num_sms,
                   int items_per_sm = kExl3MoeItemsPerSm);
+// The k-split of a fused-finish launch (Exl3MoeFusedFinish): the largest divisor of hidden / 128 that
+// keeps the gate/up items within one round of the target.
+int Exl3MoeFusedSplits(int m, int topk, int num_experts, int hidden, int inter, int num_sms,
+                       int items_per_sm = kExl3MoeItemsPerSm);
 
 struct Exl3MoeCounters {
   int64_t launches = 0;  // successful launches

@@ -17,6 +17,11 @@
 //          col_done[c] (and col_done[c + 1]). The item that completes a column (the last group to
 //          arrive) gathers it: y[r, c] = sum_k w[r, k] * out[pair(r, k), c] in slot order k = 0..topk-1.
 //          (Only a launch without any valid expert has separate gather items, writing zeros.)
+//     With few experts (m = 1: 6 experts, fewer down items than CTAs) the launch takes the fused-finish
+//     kernel instead: gate/up items only store their partials and bump ready[g]; each down item issues
+//     its first trellis stages, waits for all S x I/128 gate/up items of its group and builds its own
+//     down input from the partials in shared memory (FinishIntoSharedAct), taking the finishing item,
+//     its arrival and the down input's global round trip off the critical path (m1: -1..-8%).
 //     A CTA only ever waits for items with smaller tickets, which were taken by CTAs already running and
 //     which wait only on smaller tickets still: the launch cannot deadlock, whatever the grid size and
 //     whatever else runs on the GPU (two launches on two streams with two scratches are independent).
@@ -123,7 +128,59 @@ __device__ __forceinline__ int ChunkBlocks(int rows, int copies) {
   return blocks < 1 ? 1 : blocks;
 }
 
-template <int K>
+// The gate/up outputs of one row and 128-block (the lane's 4 columns, splits summed) to the down
+// projection's input: output Hadamards with gate and up svh, clamped SwiGLU in fp32, down suh, input
+// Hadamard; the lane's 4 fp16 values.
+__device__ __forceinline__ uint2 DownInputFromGateUp(float gv[4], float uv[4], uint2 gsvh, uint2 usvh, uint2 dsuh,
+                                                     float L, int lane) {
+  OutputHadamard128Regs(gv, gsvh, lane);
+  OutputHadamard128Regs(uv, usvh, lane);
+  const half2 s0 = *reinterpret_cast<const half2*>(&dsuh.x), s1 = *reinterpret_cast<const half2*>(&dsuh.y);
+  const float su[4] = {__low2float(s0), __high2float(s0), __low2float(s1), __high2float(s1)};
+  float v[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    float gj = gv[j], uj = uv[j];
+    if (L > 0.f) {
+      gj = fminf(gj, L);
+      uj = fminf(fmaxf(uj, -L), L);
+    }
+    const float a = gj / (1.f + expf(-gj)) * uj;  // clamped SwiGLU in fp32
+    v[j] = a * su[j];
+  }
+  Hadamard128Warp(v, lane);
+  const half2 o0 = __floats2half2_rn(v[0] * kHadScale, v[1] * kHadScale);
+  const half2 o1 = __floats2half2_rn(v[2] * kHadScale, v[3] * kHadScale);
+  uint2 o;
+  o.x = *reinterpret_cast<const uint32_t*>(&o0);
+  o.y = *reinterpret_cast<const uint32_t*>(&o1);
+  return o;
+}
+
+struct GateUpSums {
+  float4 g, u;
+};
+
+// Sums splits first, first + stride, ... < S of one row's gate/up partials (this lane's 4 columns of one
+// 128-block; part points at split 0's gate values), in that order.
+__device__ __forceinline__ GateUpSums SumSplits(const float* part, int64_t inter, int first, int stride, int S) {
+  GateUpSums acc{make_float4(0.f, 0.f, 0.f, 0.f), make_float4(0.f, 0.f, 0.f, 0.f)};
+  StridedSum<GateUpSums, 4>(
+      first, stride, S,
+      [&](int s2) {
+        return GateUpSums{__ldcg(reinterpret_cast<const float4*>(part + (int64_t)(s2 * 2 + 0) * inter)),
+                          __ldcg(reinterpret_cast<const float4*>(part + (int64_t)(s2 * 2 + 1) * inter))};
+      },
+      [&](const GateUpSums& v) {
+        AddTo(acc.g, v.g);
+        AddTo(acc.u, v.u);
+      });
+  return acc;
+}
+
+// kFused: the group's down items finish the gate/up sums themselves (FinishIntoSharedAct), so the item
+// only stores its partials and counts itself in ready[g].
+template <int K, bool kFused>
 __device__ void GateUpItem(const MoeParams& p, MoePlan& plan, int t, uint8_t* ring, __half* act) {
   using Core = TileGemv<K, kCbMcg, 2>;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -143,7 +200,7 @@ __device__ void GateUpItem(const MoeParams& p, MoePlan& plan, int t, uint8_t* ri
   // shared memory now (published by the main loop's first barrier), so the finish does not wait for
   // an L2 round trip after the split sums.
   __shared__ uint2 s_scales[3][32];
-  if (warp == kThreads / 32 - 1) {
+  if (!kFused && warp == kThreads / 32 - 1) {
     s_scales[0][lane] = *reinterpret_cast<const uint2*>(reinterpret_cast<const __half*>(p.gate_svh[e]) + b * 128 + lane * 4);
     s_scales[1][lane] = *reinterpret_cast<const uint2*>(reinterpret_cast<const __half*>(p.up_svh[e]) + b * 128 + lane * 4);
     s_scales[2][lane] = *reinterpret_cast<const uint2*>(reinterpret_cast<const __half*>(p.down_suh[e]) + b * 128 + lane * 4);
@@ -183,40 +240,20 @@ __device__ void GateUpItem(const MoeParams& p, MoePlan& plan, int t, uint8_t* ri
     __syncthreads();
   }
 
+  if constexpr (kFused) {
+    ArriveAndCount(&p.control->ready[g], plan);
+    return;
+  }
   if (ArriveAndCount(&p.control->gu_done[g * NB + b], plan) != S - 1) return;
 
   // Last split of (g, b): finish the gate/up outputs of block b and build the down input.
-  const __half* gsvh = reinterpret_cast<const __half*>(&s_scales[0][lane]);
-  const __half* usvh = reinterpret_cast<const __half*>(&s_scales[1][lane]);
-  const __half* dsuh = reinterpret_cast<const __half*>(&s_scales[2][lane]);
   const float L = p.swiglu_limit;
   // Gate/up sums of the S splits, fixed order. With few rows, G warps share a row, each summing the
   // interleaved splits grp, grp + G, ...; the G partial sums are then added in group order.
   auto finish = [&](int i, float gv[4], float uv[4]) {
     const int64_t pair = pb + i;
-    OutputHadamard128(gv, gsvh, lane);
-    OutputHadamard128(uv, usvh, lane);
-    const uint2 sr = *reinterpret_cast<const uint2*>(dsuh);
-    const half2 s0 = *reinterpret_cast<const half2*>(&sr.x), s1 = *reinterpret_cast<const half2*>(&sr.y);
-    const float su[4] = {__low2float(s0), __high2float(s0), __low2float(s1), __high2float(s1)};
-    float v[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      float gj = gv[j], uj = uv[j];
-      if (L > 0.f) {
-        gj = fminf(gj, L);
-        uj = fminf(fmaxf(uj, -L), L);
-      }
-      const float a = gj / (1.f + expf(-gj)) * uj;  // clamped SwiGLU in fp32
-      v[j] = a * su[j];
-    }
-    Hadamard128Warp(v, lane);
-    const half2 o0 = __floats2half2_rn(v[0] * kHadScale, v[1] * kHadScale);
-    const half2 o1 = __floats2half2_rn(v[2] * kHadScale, v[3] * kHadScale);
-    uint2 o;
-    o.x = *reinterpret_cast<const uint32_t*>(&o0);
-    o.y = *reinterpret_cast<const uint32_t*>(&o1);
-    *reinterpret_cast<uint2*>(p.act + pair * p.inter + b * 128 + lane * 4) = o;
+    *reinterpret_cast<uint2*>(p.act + pair * p.inter + b * 128 + lane * 4) =
+        DownInputFromGateUp(gv, uv, s_scales[0][lane], s_scales[1][lane], s_scales[2][lane], L, lane);
   };
   constexpr int kWarps = kThreads / 32;
   const int G = R >= kWarps ? 1 : kWarps / R;
@@ -224,21 +261,8 @@ __device__ void GateUpItem(const MoeParams& p, MoePlan& plan, int t, uint8_t* ri
   for (int task = warp; task < R * G; task += kWarps) {
     const int i = task / G, grp = task - i * G;
     const int64_t pair = pb + i;
-    float4 gs = make_float4(0.f, 0.f, 0.f, 0.f), us = gs;
-    struct GateUp {
-      float4 g, u;
-    };
-    const float* part = p.part_gu + pair * S * 2 * p.inter + b * 128 + lane * 4;
-    StridedSum<GateUp, 4>(
-        grp, G, S,
-        [&](int s2) {
-          return GateUp{__ldcg(reinterpret_cast<const float4*>(part + (int64_t)(s2 * 2 + 0) * p.inter)),
-                        __ldcg(reinterpret_cast<const float4*>(part + (int64_t)(s2 * 2 + 1) * p.inter))};
-        },
-        [&](const GateUp& v) {
-          AddTo(gs, v.g);
-          AddTo(us, v.u);
-        });
+    const GateUpSums sum = SumSplits(p.part_gu + pair * S * 2 * p.inter + b * 128 + lane * 4, p.inter, grp, G, S);
+    const float4 gs = sum.g, us = sum.u;
     float gv[4] = {gs.x, gs.y, gs.z, gs.w}, uv[4] = {us.x, us.y, us.z, us.w};
     if (G == 1) {
       finish(i, gv, uv);
@@ -305,7 +329,55 @@ __device__ void GatherColumn(const MoeParams& p, const MoePlan& plan, int c) {
 // items enough (p.down_wn, chosen on the host): each warp then decodes twice the tiles per
 // item (4 k-splits of 128 columns instead of 8), so the per-item costs (pipeline fill, the down input
 // copy, the waits and barriers of the item boundary) are paid half as often per weight.
-template <int K, int WN>
+// Fused finish (few experts, p.fused_finish): a down item builds its own input chunk. For rows pair0 ..
+// pair0 + Rs - 1 and I-blocks c0 .. c0 + nbc - 1: the gate/up partials summed over the S splits in a
+// fixed order, then DownInputFromGateUp, as fp16 into act[i * astride + bb * 128 + column]. Every down
+// item of the group repeats this (a few KB of L2 reads); in exchange nothing waits for a finishing
+// gate/up item, its arrival, a global store and reload of the down input. With fewer (row, block) tasks
+// than warps, G warps share a task, each summing splits grp, grp + G, ..., added in group order through
+// the end of the activation region (the chunk itself is small then).
+__device__ void FinishIntoSharedAct(const MoeParams& p, int e, int64_t pair0, int Rs, int c0, int nbc, int astride,
+                                    __half* act) {
+  constexpr int kWarps = kThreads / 32;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int S = p.splits, N = Rs * nbc, G = N >= kWarps ? 1 : kWarps / N;
+  const float L = p.swiglu_limit;
+  const uint2* gsvh = reinterpret_cast<const uint2*>(p.gate_svh[e]);
+  const uint2* usvh = reinterpret_cast<const uint2*>(p.up_svh[e]);
+  const uint2* dsuh = reinterpret_cast<const uint2*>(p.down_suh[e]);
+  float4* esum = reinterpret_cast<float4*>(reinterpret_cast<uint8_t*>(act) + kMoeActBytes) - kWarps * 2 * 32;
+  auto finish = [&](int task, float gv[4], float uv[4]) {
+    const int i = task / nbc, bb = task - i * nbc, q = (c0 + bb) * 32 + lane;
+    *reinterpret_cast<uint2*>(act + i * astride + bb * 128 + lane * 4) =
+        DownInputFromGateUp(gv, uv, __ldg(gsvh + q), __ldg(usvh + q), __ldg(dsuh + q), L, lane);
+  };
+  for (int tg = warp; tg < N * G; tg += kWarps) {
+    const int task = tg / G, grp = tg - task * G, i = task / nbc, bb = task - i * nbc;
+    const GateUpSums sum = SumSplits(p.part_gu + (pair0 + i) * S * 2 * p.inter + (c0 + bb) * 128 + lane * 4, p.inter,
+                                     grp, G, S);
+    if (G == 1) {
+      float gv[4] = {sum.g.x, sum.g.y, sum.g.z, sum.g.w}, uv[4] = {sum.u.x, sum.u.y, sum.u.z, sum.u.w};
+      finish(task, gv, uv);
+    } else {
+      esum[(tg * 2 + 0) * 32 + lane] = sum.g;
+      esum[(tg * 2 + 1) * 32 + lane] = sum.u;
+    }
+  }
+  if (G > 1) {
+    __syncthreads();
+    for (int task = warp; task < N; task += kWarps) {
+      float gv[4] = {0.f, 0.f, 0.f, 0.f}, uv[4] = {0.f, 0.f, 0.f, 0.f};
+      for (int grp = 0; grp < G; ++grp) {
+        const float4 a0 = esum[((task * G + grp) * 2 + 0) * 32 + lane], a1 = esum[((task * G + grp) * 2 + 1) * 32 + lane];
+        gv[0] += a0.x; gv[1] += a0.y; gv[2] += a0.z; gv[3] += a0.w;
+        uv[0] += a1.x; uv[1] += a1.y; uv[2] += a1.z; uv[3] += a1.w;
+      }
+      finish(task, gv, uv);
+    }
+  }
+}
+
+template <int K, int WN, bool kFused>
 __device__ void DownItem(const MoeParams& p, MoePlan& plan, int num_groups, int t, uint8_t* ring, __half* act) {
   using Core = TileGemv<K, kCbMcg, WN>;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -317,7 +389,7 @@ __device__ void DownItem(const MoeParams& p, MoePlan& plan, int num_groups, int 
   if (warp >= kThreads / 32 - WN)
     s_dsvh[warp - (kThreads / 32 - WN)][lane] = *reinterpret_cast<const uint2*>(
         reinterpret_cast<const __half*>(p.down_svh[e]) + (c + warp - (kThreads / 32 - WN)) * 128 + lane * 4);
-  WaitFor(&p.control->ready[g], NB);
+  if (!kFused) WaitFor(&p.control->ready[g], NB);
   const int R = __popc(plan.mask[e]), pb = plan.pair_base[e];
   const int64_t tiles_d = p.d >> 4;
   const uint8_t* dt = reinterpret_cast<const uint8_t*>(p.down_trellis[e]);
@@ -333,21 +405,28 @@ __device__ void DownItem(const MoeParams& p, MoePlan& plan, int num_groups, int 
 #pragma unroll
       for (int w = 0; w < WN; ++w) src.base[w] = dt + ((int64_t)c0 * 8 * tiles_d + (c + w) * 8) * Core::kTileBytes;
       Core::Prologue(src, nbc * 8, ring);
-      const int vecs = kc / 8;
-      // 4 loads in flight per thread before the stores (a plain copy loop waits for each load);
-      // unconditional loads, see StridedSum.
-      constexpr int kBatch = 4;
-      for (int idx0 = tid; idx0 < Rs * vecs; idx0 += kBatch * kThreads) {
-        uint4 v[kBatch];
+      if constexpr (kFused) {
+        // The weights do not depend on the gate/up results: the first chunk's trellis is in flight
+        // before the wait for all S x NB gate/up items of the group.
+        if (slab0 == 0 && c0 == 0) WaitFor(&p.control->ready[g], NB * p.splits);
+        FinishIntoSharedAct(p, e, pb + slab0, Rs, c0, nbc, astride, act);
+      } else {
+        const int vecs = kc / 8;
+        // 4 loads in flight per thread before the stores (a plain copy loop waits for each load);
+        // unconditional loads, see StridedSum.
+        constexpr int kBatch = 4;
+        for (int idx0 = tid; idx0 < Rs * vecs; idx0 += kBatch * kThreads) {
+          uint4 v[kBatch];
 #pragma unroll
-        for (int q2 = 0; q2 < kBatch; ++q2) {
-          const int idx = min(idx0 + q2 * kThreads, Rs * vecs - 1), i = idx / vecs, q = idx - i * vecs;
-          v[q2] = __ldcg(reinterpret_cast<const uint4*>(p.act + (pb + slab0 + i) * p.inter + c0 * 128 + q * 8));
-        }
+          for (int q2 = 0; q2 < kBatch; ++q2) {
+            const int idx = min(idx0 + q2 * kThreads, Rs * vecs - 1), i = idx / vecs, q = idx - i * vecs;
+            v[q2] = __ldcg(reinterpret_cast<const uint4*>(p.act + (pb + slab0 + i) * p.inter + c0 * 128 + q * 8));
+          }
 #pragma unroll
-        for (int q2 = 0; q2 < kBatch; ++q2) {
-          const int idx = idx0 + q2 * kThreads, i = idx / vecs, q = idx - i * vecs;
-          if (idx < Rs * vecs) *reinterpret_cast<uint4*>(act + i * astride + q * 8) = v[q2];
+          for (int q2 = 0; q2 < kBatch; ++q2) {
+            const int idx = idx0 + q2 * kThreads, i = idx / vecs, q = idx - i * vecs;
+            if (idx < Rs * vecs) *reinterpret_cast<uint4*>(act + i * astride + q * 8) = v[q2];
+          }
         }
       }
       const __half* a[WN];
@@ -375,7 +454,7 @@ __device__ void DownItem(const MoeParams& p, MoePlan& plan, int num_groups, int 
 
 // WND: 128-column blocks per down item (1 or 2, p.down_wn); one instantiation each, so that the
 // narrow kernel keeps its own register allocation (both item shapes in one kernel: m1 +2..5%).
-template <int K, int WND>
+template <int K, int WND, bool kFused>
 __global__ void __launch_bounds__(kThreads, 2) Exl3MoeKernel(const MoeParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ MoePlan plan;
@@ -392,9 +471,9 @@ __global__ void __launch_bounds__(kThreads, 2) Exl3MoeKernel(const MoeParams p) 
     __syncthreads();
     if (t >= T) break;
     if (t < T1) {
-      GateUpItem<K>(p, plan, t, ring, act);
+      GateUpItem<K, kFused>(p, plan, t, ring, act);
     } else if (t < T1 + T2) {
-      DownItem<K, WND>(p, plan, U, t - T1, ring, act);
+      DownItem<K, WND, kFused>(p, plan, U, t - T1, ring, act);
     } else {
       GatherColumn(p, plan, t - T1 - T2);
     }
@@ -411,11 +490,16 @@ __global__ void __launch_bounds__(kThreads, 2) Exl3MoeKernel(const MoeParams p) 
   }
 }
 
-const void* MoeKernelFor(int K, int down_wn) {
+// One instantiation per (K, down item width, fused finish), so that each keeps its own register
+// allocation.
+const void* MoeKernelFor(int K, int down_wn, bool fused) {
   return DispatchK(K, static_cast<const void*>(nullptr), [&](auto k) {
     constexpr int kK = decltype(k)::value;
-    return down_wn == 2 ? reinterpret_cast<const void*>(Exl3MoeKernel<kK, 2>)
-                        : reinterpret_cast<const void*>(Exl3MoeKernel<kK, 1>);
+    if (fused)
+      return down_wn == 2 ? reinterpret_cast<const void*>(Exl3MoeKernel<kK, 2, true>)
+                          : reinterpret_cast<const void*>(Exl3MoeKernel<kK, 1, true>);
+    return down_wn == 2 ? reinterpret_cast<const void*>(Exl3MoeKernel<kK, 2, false>)
+                        : reinterpret_cast<const void*>(Exl3MoeKernel<kK, 1, false>);
   });
 }
 
@@ -423,7 +507,7 @@ const void* MoeKernelFor(int K, int down_wn) {
 
 int LaunchMoeMcg(int K, const MoeParams& p, int grid, void* stream) {
   if (p.down_wn != 1 && p.down_wn != 2) return static_cast<int>(cudaErrorInvalidValue);
-  const void* f = MoeKernelFor(K, p.down_wn);
+  const void* f = MoeKernelFor(K, p.down_wn, p.fused_finish != 0);
   if (!f) return static_cast<int>(cudaErrorInvalidValue);
   MoeParams copy = p;
   void* args[] = {&copy};
@@ -433,23 +517,25 @@ int LaunchMoeMcg(int K, const MoeParams& p, int grid, void* stream) {
 
 int PrepareMoeMcg() {
   for (int K = 1; K <= 8; ++K)
-    for (int wn = 1; wn <= 2; ++wn) {
-      const cudaError_t e =
-          cudaFuncSetAttribute(MoeKernelFor(K, wn), cudaFuncAttributeMaxDynamicSharedMemorySize, MoeSmemBytes(K));
+    for (int v = 0; v < 4; ++v) {
+      const cudaError_t e = cudaFuncSetAttribute(MoeKernelFor(K, 1 + (v & 1), v >= 2),
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, MoeSmemBytes(K));
       if (e != cudaSuccess) return static_cast<int>(e);
     }
   return 0;
 }
 
 int MoeBlocksPerSm(int K, int* blocks) {
-  // The grid is sized once per K: the fewer of the two instantiations' resident CTAs.
-  int b[2] = {0, 0};
-  for (int wn = 1; wn <= 2; ++wn) {
-    const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b[wn - 1], MoeKernelFor(K, wn), kThreads,
-                                                                        MoeSmemBytes(K));
+  // The grid is sized once per K: the fewest resident CTAs of its instantiations.
+  int fewest = 1 << 30;
+  for (int v = 0; v < 4; ++v) {
+    int b = 0;
+    const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, MoeKernelFor(K, 1 + (v & 1), v >= 2),
+                                                                        kThreads, MoeSmemBytes(K));
     if (e != cudaSuccess) return static_cast<int>(e);
+    fewest = b < fewest ? b : fewest;
   }
-  *blocks = b[0] < b[1] ? b[0] : b[1];
+  *blocks = fewest;
   return 0;
 }
 

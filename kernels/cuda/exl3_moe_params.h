@@ -21,7 +21,8 @@ struct MoeControl {
   int error;                                    // 1: an expert id was out of range (ids ignored)
   int pad;
   int gu_done[kMoeMaxExperts * kMoeMaxInterBlocks];  // gate/up k-splits finished per (group, I-block)
-  int ready[kMoeMaxExperts];                    // I-blocks whose activation is ready, per group
+  int ready[kMoeMaxExperts];                    // per group: I-blocks whose down input is ready, or
+                                                // with fused_finish, gate/up items done
   int col_done[kMoeMaxHiddenBlocks];            // groups whose down output is written, per 128 columns
 };
 
@@ -48,6 +49,7 @@ struct MoeParams {
   int m, topk, num_experts, d, inter;
   int splits;               // gate/up k-splits of d (whole 128-blocks)
   int down_wn;              // 128-column blocks per down item: 1, or 2 when there are items enough
+  int fused_finish;         // 1: the down items finish the gate/up sums themselves (few experts)
   float swiglu_limit;       // <= 0: no clamp
   uint32_t one;             // always 1 (see GemvParams::one)
 };

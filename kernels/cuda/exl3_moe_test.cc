@@ -205,6 +205,76 @@ TEST(Exl3MoeTest, WideDownItemsMatchReference) {
   RunAndCheck(ex, ws, 24, kTopK, testing::RandomFp16(24 * 512, rng, 0.1f), r, "wide down, hot ids 0 and 255");
 }
 
+// Down items that finish the gate/up sums themselves (taken by the kernel when the experts are few:
+// Exl3MoeFusedFinish) forced on for every launch: every row count, a hot expert over two 16-row passes,
+// ids 0 and 255, a duplicate within a row, narrow and wide down items; then I = 2048 (the down input in
+// two chunks at 16 rows, one warp per (row, block) task) with the clamp active.
+TEST(Exl3MoeTest, FusedFinishMatchesReference) {
+  DSMESH_REQUIRE_GPU();
+  const testing::ScopedEnv fused("DSMESH_EXL3_MOE_FUSED_FINISH", "1");  // read when the workspace is made
+  {
+    Experts ex(256, 512, 256, 2, 10.0f, 13);
+    for (const char* wide : {"0", "1"}) {
+      const testing::ScopedEnv down("DSMESH_EXL3_MOE_DOWN_WIDE", wide);
+      Exl3MoeWorkspace ws(24, kTopK, 512, 256);
+      std::mt19937 rng(14);
+      const std::string what = std::string("fused finish, wide ") + wide;
+      for (int m = 1; m <= 24; ++m) {
+        const auto r = RandomRouting(m, kTopK, 256, rng);
+        RunAndCheck(ex, ws, m, kTopK, testing::RandomFp16(m * 512, rng, 0.1f), r, what + ", unique");
+      }
+      auto r = RandomRouting(24, kTopK, 256, rng);
+      for (int row = 0; row < 24; ++row) {
+        for (int k = 1; k < kTopK; ++k)
+          if (r.ids[row * kTopK + k] == 0 || r.ids[row * kTopK + k] == 255) r.ids[row * kTopK + k] = 9;
+        r.ids[row * kTopK] = row % 2 ? 0 : 255;
+      }
+      r.ids[3 * kTopK + 4] = r.ids[3 * kTopK + 5] = 77;  // duplicate within a row
+      RunAndCheck(ex, ws, 24, kTopK, testing::RandomFp16(24 * 512, rng, 0.1f), r, what + ", hot ids 0 and 255");
+    }
+  }
+  {
+    Experts ex(32, 256, 2048, 3, 1.0f, 15);
+    Exl3MoeWorkspace ws(24, kTopK, 256, 2048);
+    std::mt19937 rng(16);
+    for (int m : {1, 3}) {
+      const auto r = RandomRouting(m, kTopK, 32, rng);
+      RunAndCheck(ex, ws, m, kTopK, testing::RandomFp16(m * 256, rng, 0.2f), r, "fused finish, I=2048");
+    }
+    auto r = RandomRouting(16, kTopK, 32, rng);
+    for (int row = 0; row < 16; ++row) {
+      for (int k = 1; k < kTopK; ++k)
+        if (r.ids[row * kTopK + k] == 31) r.ids[row * kTopK + k] = 30;
+      r.ids[row * kTopK] = 31;
+    }
+    RunAndCheck(ex, ws, 16, kTopK, testing::RandomFp16(16 * 256, rng, 0.2f), r, "fused finish, I=2048 hot");
+  }
+  {
+    // d = 2048, I = 1024, 8 experts: the k-split rule of fused launches on another shape.
+    Experts ex(8, 2048, 1024, 2, 10.0f, 17);
+    Exl3MoeWorkspace ws(24, kTopK, 2048, 1024);
+    std::mt19937 rng(18);
+    for (int m : {1, 2, 5}) {
+      const auto r = RandomRouting(m, kTopK, 8, rng);
+      RunAndCheck(ex, ws, m, kTopK, testing::RandomFp16(m * 2048, rng, 0.1f), r, "fused finish, d=2048 I=1024");
+    }
+  }
+}
+
+// When the down items finish the gate/up sums: only while the experts' 128-column down items cannot fill
+// the grid (d = 4096, top-6 of 256, 264 resident CTAs). Host code only: runs without a GPU.
+TEST(Exl3MoeTest, FusedFinishChoice) {
+  EXPECT_TRUE(Exl3MoeFusedFinish(1, 6, 256, 4096, 264));    // 6 x 32 = 192 < 264
+  EXPECT_FALSE(Exl3MoeFusedFinish(2, 6, 256, 4096, 264));   // 12 x 32 = 384
+  EXPECT_FALSE(Exl3MoeFusedFinish(16, 6, 256, 4096, 264));
+  EXPECT_TRUE(Exl3MoeFusedFinish(16, 6, 4, 4096, 264));    // 4 experts: 4 x 32 = 128
+  // Its k-split: the largest divisor of 32 with 6 experts x NB x S <= 264.
+  EXPECT_EQ(16, Exl3MoeFusedSplits(1, 6, 256, 4096, 256, 132, 2));   // 12 x 16 = 192
+  EXPECT_EQ(4, Exl3MoeFusedSplits(1, 6, 256, 4096, 1024, 132, 2));   // 48 x 4 = 192 (5 would not divide)
+  EXPECT_EQ(2, Exl3MoeFusedSplits(1, 6, 256, 4096, 2048, 132, 2));   // 96 x 2 = 192
+  EXPECT_EQ(1, Exl3MoeFusedSplits(1, 6, 256, 4096, 4096, 132, 2));   // 192 x 2 > 264
+}
+
 // The automatic choice on the DeepSeek-V4-Flash shapes (d = 4096, top-6, 264 resident CTAs on the H200).
 // Host code only: runs without a GPU.
 TEST(Exl3MoeTest, WideDownItemChoice) {
