@@ -278,19 +278,25 @@ __device__ __forceinline__ void Hadamard128Warp(float v[4], int lane) {
   }
 }
 
-// Input side: fp16 x * fp16 suh (one __hmul2 rounding), Hadamard in fp32, scale, round to fp16.
-// Writes 4 fp16 values (8 bytes) to dst (8-byte aligned).
-__device__ __forceinline__ void InputHadamard128Regs(uint2 xr, uint2 sr, __half* dst4, int lane) {
-  const half2 p0 = __hmul2(*reinterpret_cast<const half2*>(&xr.x), *reinterpret_cast<const half2*>(&sr.x));
-  const half2 p1 = __hmul2(*reinterpret_cast<const half2*>(&xr.y), *reinterpret_cast<const half2*>(&sr.y));
-  float v[4] = {__low2float(p0), __high2float(p0), __low2float(p1), __high2float(p1)};
+// Hadamard of the warp's 128 values (4 per lane) in fp32, scaled by 1/sqrt(128), rounded to fp16: the
+// lane's 4 halves packed in a uint2.
+__device__ __forceinline__ uint2 Hadamard128ToHalf4(float v[4], int lane) {
   Hadamard128Warp(v, lane);
   const half2 o0 = __floats2half2_rn(v[0] * kHadScale, v[1] * kHadScale);
   const half2 o1 = __floats2half2_rn(v[2] * kHadScale, v[3] * kHadScale);
   uint2 out;
   out.x = *reinterpret_cast<const uint32_t*>(&o0);
   out.y = *reinterpret_cast<const uint32_t*>(&o1);
-  *reinterpret_cast<uint2*>(dst4) = out;
+  return out;
+}
+
+// Input side: fp16 x * fp16 suh (one __hmul2 rounding), Hadamard in fp32, scale, round to fp16.
+// Writes 4 fp16 values (8 bytes) to dst (8-byte aligned).
+__device__ __forceinline__ void InputHadamard128Regs(uint2 xr, uint2 sr, __half* dst4, int lane) {
+  const half2 p0 = __hmul2(*reinterpret_cast<const half2*>(&xr.x), *reinterpret_cast<const half2*>(&sr.x));
+  const half2 p1 = __hmul2(*reinterpret_cast<const half2*>(&xr.y), *reinterpret_cast<const half2*>(&sr.y));
+  float v[4] = {__low2float(p0), __high2float(p0), __low2float(p1), __high2float(p1)};
+  *reinterpret_cast<uint2*>(dst4) = Hadamard128ToHalf4(v, lane);
 }
 __device__ __forceinline__ void InputHadamard128(const __half* x4, const __half* suh4, __half* dst4, int lane) {
   InputHadamard128Regs(*reinterpret_cast<const uint2*>(x4), *reinterpret_cast<const uint2*>(suh4), dst4, lane);
@@ -350,13 +356,7 @@ __device__ __forceinline__ void InputHadamard128F32(float v[4], const __half* su
   const half2 a0 = __floats2half2_rn(v[0], v[1]), a1 = __floats2half2_rn(v[2], v[3]);
   const half2 p0 = __hmul2(a0, s0), p1 = __hmul2(a1, s1);
   float w[4] = {__low2float(p0), __high2float(p0), __low2float(p1), __high2float(p1)};
-  Hadamard128Warp(w, lane);
-  const half2 o0 = __floats2half2_rn(w[0] * kHadScale, w[1] * kHadScale);
-  const half2 o1 = __floats2half2_rn(w[2] * kHadScale, w[3] * kHadScale);
-  uint2 out;
-  out.x = *reinterpret_cast<const uint32_t*>(&o0);
-  out.y = *reinterpret_cast<const uint32_t*>(&o1);
-  *reinterpret_cast<uint2*>(dst4) = out;
+  *reinterpret_cast<uint2*>(dst4) = Hadamard128ToHalf4(w, lane);
 }
 
 // Output side (exllamav3 had_ff): fp32 in, Hadamard, scale, times float(svh), fp32 out, in place.

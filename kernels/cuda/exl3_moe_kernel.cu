@@ -148,18 +148,24 @@ __device__ __forceinline__ uint2 DownInputFromGateUp(float gv[4], float uv[4], u
     const float a = gj / (1.f + expf(-gj)) * uj;  // clamped SwiGLU in fp32
     v[j] = a * su[j];
   }
-  Hadamard128Warp(v, lane);
-  const half2 o0 = __floats2half2_rn(v[0] * kHadScale, v[1] * kHadScale);
-  const half2 o1 = __floats2half2_rn(v[2] * kHadScale, v[3] * kHadScale);
-  uint2 o;
-  o.x = *reinterpret_cast<const uint32_t*>(&o0);
-  o.y = *reinterpret_cast<const uint32_t*>(&o1);
-  return o;
+  return Hadamard128ToHalf4(v, lane);
 }
 
 struct GateUpSums {
   float4 g, u;
 };
+
+// The G group sums of one task, written by G warps to esum[(task * G + grp) * 2 + {0 gate, 1 up}][lane],
+// added in group order into gv and uv (zeroed here).
+__device__ __forceinline__ void AddGroupSums(const float4* esum, int task, int G, int lane, float gv[4], float uv[4]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) gv[j] = uv[j] = 0.f;
+  for (int grp = 0; grp < G; ++grp) {
+    const float4 a0 = esum[((task * G + grp) * 2 + 0) * 32 + lane], a1 = esum[((task * G + grp) * 2 + 1) * 32 + lane];
+    gv[0] += a0.x; gv[1] += a0.y; gv[2] += a0.z; gv[3] += a0.w;
+    uv[0] += a1.x; uv[1] += a1.y; uv[2] += a1.z; uv[3] += a1.w;
+  }
+}
 
 // Sums splits first, first + stride, ... < S of one row's gate/up partials (this lane's 4 columns of one
 // 128-block; part points at split 0's gate values), in that order.
@@ -274,12 +280,8 @@ __device__ void GateUpItem(const MoeParams& p, MoePlan& plan, int t, uint8_t* ri
   if (G > 1) {
     __syncthreads();
     for (int i = warp; i < R; i += kWarps) {
-      float gv[4] = {0.f, 0.f, 0.f, 0.f}, uv[4] = {0.f, 0.f, 0.f, 0.f};
-      for (int grp = 0; grp < G; ++grp) {
-        const float4 a0 = esum[((i * G + grp) * 2 + 0) * 32 + lane], a1 = esum[((i * G + grp) * 2 + 1) * 32 + lane];
-        gv[0] += a0.x; gv[1] += a0.y; gv[2] += a0.z; gv[3] += a0.w;
-        uv[0] += a1.x; uv[1] += a1.y; uv[2] += a1.z; uv[3] += a1.w;
-      }
+      float gv[4], uv[4];
+      AddGroupSums(esum, i, G, lane, gv, uv);
       finish(i, gv, uv);
     }
   }
@@ -366,12 +368,8 @@ __device__ void FinishIntoSharedAct(const MoeParams& p, int e, int64_t pair0, in
   if (G > 1) {
     __syncthreads();
     for (int task = warp; task < N; task += kWarps) {
-      float gv[4] = {0.f, 0.f, 0.f, 0.f}, uv[4] = {0.f, 0.f, 0.f, 0.f};
-      for (int grp = 0; grp < G; ++grp) {
-        const float4 a0 = esum[((task * G + grp) * 2 + 0) * 32 + lane], a1 = esum[((task * G + grp) * 2 + 1) * 32 + lane];
-        gv[0] += a0.x; gv[1] += a0.y; gv[2] += a0.z; gv[3] += a0.w;
-        uv[0] += a1.x; uv[1] += a1.y; uv[2] += a1.z; uv[3] += a1.w;
-      }
+      float gv[4], uv[4];
+      AddGroupSums(esum, task, G, lane, gv, uv);
       finish(task, gv, uv);
     }
   }

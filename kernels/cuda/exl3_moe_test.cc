@@ -131,6 +131,16 @@ void RunAndCheck(Experts& ex, Exl3MoeWorkspace& ws, int m, int topk, const std::
 
 constexpr int kTopK = 6;
 
+// Slot 0 of rows 0 .. rows - 1 goes to `expert` (a hot expert with R_e = rows); other slots that picked it
+// take `spare` instead, so that no row lists it twice.
+void RouteEveryRowTo(Routing& r, int rows, int expert, int spare) {
+  for (int row = 0; row < rows; ++row) {
+    for (int k = 1; k < kTopK; ++k)
+      if (r.ids[row * kTopK + k] == expert) r.ids[row * kTopK + k] = spare;
+    r.ids[row * kTopK] = expert;
+  }
+}
+
 TEST(Exl3MoeTest, EveryRowCountFrom1To24WithUniqueExperts) {
   DSMESH_REQUIRE_GPU();
   Experts ex(256, 512, 256, 2, 10.0f, 1);
@@ -150,11 +160,7 @@ TEST(Exl3MoeTest, HotExpertDuplicatesAndEdgeIds) {
   // One hot expert: every row of 24 routes slot 0 to expert 7 (R_e = 24, two 16-row passes).
   {
     auto r = RandomRouting(24, kTopK, 256, rng);
-    for (int row = 0; row < 24; ++row) {
-      for (int k = 1; k < kTopK; ++k)
-        if (r.ids[row * kTopK + k] == 7) r.ids[row * kTopK + k] = 8;
-      r.ids[row * kTopK] = 7;
-    }
+    RouteEveryRowTo(r, 24, 7, 8);
     RunAndCheck(ex, ws, 24, kTopK, testing::RandomFp16(24 * 512, rng, 0.1f), r, "hot expert");
   }
   // R_e = 16 exactly, ids 0 and 255, and duplicates within a row (same expert in two slots).
@@ -242,11 +248,7 @@ TEST(Exl3MoeTest, FusedFinishMatchesReference) {
       RunAndCheck(ex, ws, m, kTopK, testing::RandomFp16(m * 256, rng, 0.2f), r, "fused finish, I=2048");
     }
     auto r = RandomRouting(16, kTopK, 32, rng);
-    for (int row = 0; row < 16; ++row) {
-      for (int k = 1; k < kTopK; ++k)
-        if (r.ids[row * kTopK + k] == 31) r.ids[row * kTopK + k] = 30;
-      r.ids[row * kTopK] = 31;
-    }
+    RouteEveryRowTo(r, 16, 31, 30);
     RunAndCheck(ex, ws, 16, kTopK, testing::RandomFp16(16 * 256, rng, 0.2f), r, "fused finish, I=2048 hot");
   }
   {
@@ -319,11 +321,7 @@ TEST(Exl3MoeTest, LargerShapesK3AndActiveClamp) {
   }
   // 16 rows on one expert: 16-row activations need several chunks in the gate/up items.
   auto r = RandomRouting(16, kTopK, 256, rng);
-  for (int row = 0; row < 16; ++row) {
-    for (int k = 1; k < kTopK; ++k)
-      if (r.ids[row * kTopK + k] == 11) r.ids[row * kTopK + k] = 12;
-    r.ids[row * kTopK] = 11;
-  }
+  RouteEveryRowTo(r, 16, 11, 12);
   RunAndCheck(ex, ws, 16, kTopK, testing::RandomFp16(16 * 1024, rng, 0.2f), r, "I=1024 hot");
 }
 
