@@ -31,13 +31,16 @@ void PrepareOnce() {
 
 bool Aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
 
+// The launch-shape rules assume the m * topk slots hit distinct experts (the common case at decode
+// sizes; the actual count can only be smaller, and every rule stays correct then, only less tuned).
+int ExpectedGroups(int m, int topk, int num_experts) { return std::max(1, std::min(num_experts, m * topk)); }
+
 }  // namespace
 
 int Exl3MoeSplits(int m, int topk, int num_experts, int hidden, int inter, int num_sms, int items_per_sm) {
   // Enough gate/up items for items_per_sm per SM (kExl3MoeItemsPerSm = 2 by default; at 3 the v11 sweep
-  // measured 2.39-2.40x vs 2.42x, min 1.56x vs 1.69x, K3 I1024 m1 8% faster the one exception),
-  // assuming the m * topk slots hit distinct experts (the common case at decode sizes).
-  const int groups = std::max(1, std::min(num_experts, m * topk));
+  // measured 2.39-2.40x vs 2.42x, min 1.56x vs 1.69x, K3 I1024 m1 8% faster the one exception).
+  const int groups = ExpectedGroups(m, topk, num_experts);
   const int nb = inter / 128, nblk_d = hidden / 128;
   const int target = items_per_sm * num_sms;
   const int per = groups * nb;
@@ -52,10 +55,9 @@ int Exl3MoeSplits(int m, int topk, int num_experts, int hidden, int inter, int n
 
 bool Exl3MoeWideDownItems(int m, int topk, int num_experts, int hidden, int inter, int grid) {
   // Wide items when narrow ones would be short (I <= kExl3MoeDownWideMaxInter: at most 8 pipeline
-  // stages per warp, so the per-item costs weigh) and, with the m * topk slots on distinct experts, the
-  // wide ones still give kExl3MoeDownWideRounds rounds of the grid (the actual expert count can only be
-  // smaller; either choice is correct). v14 A/B: m16 I256 -8%, I1024 -1%, I2048 +1% (hence the I limit).
-  const int64_t groups = std::min(num_experts, m * topk), nc = hidden / 128;
+  // stages per warp, so the per-item costs weigh) and the wide ones still give kExl3MoeDownWideRounds
+  // rounds of the grid. v14 A/B: m16 I256 -8%, I1024 -1%, I2048 +1% (hence the I limit).
+  const int64_t groups = ExpectedGroups(m, topk, num_experts), nc = hidden / 128;
   return nc % 2 == 0 && inter <= kExl3MoeDownWideMaxInter &&
          groups * (nc / 2) >= static_cast<int64_t>(kExl3MoeDownWideRounds) * grid;
 }
@@ -65,7 +67,7 @@ int Exl3MoeFusedSplits(int m, int topk, int num_experts, int hidden, int inter, 
   // d = 4096) and each gate/up item's duration is on the critical path: equal items (S divides d / 128)
   // and no more than one round of the target. v17, same call: I256 m1 S = 16 18.8 us vs the plain
   // rule's 22 (items of 1 or 2 blocks) 20.1-20.3 us, S = 8 21.8, S = 32 22.1; I1024 m1 S = 4 vs 5 mixed.
-  const int groups = std::max(1, std::min(num_experts, m * topk));
+  const int groups = ExpectedGroups(m, topk, num_experts);
   const int nb = inter / 128, nblk_d = hidden / 128, target = items_per_sm * num_sms;
   int best = 1;
   for (int s = 1; s <= nblk_d; ++s)
@@ -74,8 +76,7 @@ int Exl3MoeFusedSplits(int m, int topk, int num_experts, int hidden, int inter, 
 }
 
 bool Exl3MoeFusedFinish(int m, int topk, int num_experts, int hidden, int grid) {
-  const int64_t groups = std::max(1, std::min(num_experts, m * topk));
-  return groups * (hidden / 128) < grid;
+  return static_cast<int64_t>(ExpectedGroups(m, topk, num_experts)) * (hidden / 128) < grid;
 }
 
 Exl3MoeWorkspace::Exl3MoeWorkspace(int max_rows, int topk, int hidden, int inter)
@@ -190,15 +191,21 @@ void Exl3MoeForward(const Exl3MoeLayer& l, const uint16_t* x, const int32_t* ids
   p.num_experts = l.num_experts;
   p.d = l.hidden;
   p.inter = l.inter;
-  p.splits = ws.forced_splits_ > 0
-                 ? ws.forced_splits_
-                 : Exl3MoeSplits(m, ws.topk_, l.num_experts, l.hidden, l.inter, ws.num_sms_, ws.items_per_sm_);
-  if (p.splits > ws.max_splits_) p.splits = ws.max_splits_;  // workspace sized for its max
   p.swiglu_limit = l.swiglu_limit;
   p.one = 1;
   const int per_sm = dev < 64 ? g_blocks_per_sm[dev][l.K] : 0;
   if (per_sm < 1) throw std::runtime_error(who + ": kernel does not fit on an SM");
   const int grid = per_sm * ws.num_sms_;
+  p.fused_finish = ws.fused_finish_ >= 0 ? ws.fused_finish_
+                                         : Exl3MoeFusedFinish(m, ws.topk_, l.num_experts, l.hidden, grid);
+  if (ws.forced_splits_ > 0) {
+    p.splits = ws.forced_splits_;
+  } else if (p.fused_finish) {
+    p.splits = Exl3MoeFusedSplits(m, ws.topk_, l.num_experts, l.hidden, l.inter, ws.num_sms_, ws.items_per_sm_);
+  } else {
+    p.splits = Exl3MoeSplits(m, ws.topk_, l.num_experts, l.hidden, l.inter, ws.num_sms_, ws.items_per_sm_);
+  }
+  if (p.splits > ws.max_splits_) p.splits = ws.max_splits_;  // workspace sized for its max
   bool wide = Exl3MoeWideDownItems(m, ws.topk_, l.num_experts, l.hidden, l.inter, grid);
   if (ws.down_wide_ >= 0) {  // forced by DSMESH_EXL3_MOE_DOWN_WIDE
     wide = ws.down_wide_ == 1;
@@ -207,11 +214,6 @@ void Exl3MoeForward(const Exl3MoeLayer& l, const uint16_t* x, const int32_t* ids
                                std::to_string(l.hidden));
   }
   p.down_wn = wide ? 2 : 1;
-  p.fused_finish = ws.fused_finish_ >= 0 ? ws.fused_finish_
-                                         : Exl3MoeFusedFinish(m, ws.topk_, l.num_experts, l.hidden, grid);
-  if (p.fused_finish && ws.forced_splits_ == 0)
-    p.splits = std::min(ws.max_splits_, Exl3MoeFusedSplits(m, ws.topk_, l.num_experts, l.hidden, l.inter,
-                                                            ws.num_sms_, ws.items_per_sm_));
   CudaCheck(static_cast<cudaError_t>(exl3cuda::LaunchMoeMcg(l.K, p, grid, stream)), who + " launch");
   ++g_launches;
   g_rows += m;

@@ -296,8 +296,8 @@ __device__ void GatherColumn(const MoeParams& p, const MoePlan& plan, int c) {
     const int r = idx >> 5, q = idx & 31;
     // All slots' ids, weights and expert outputs are loaded before the first multiply-add (a loop that
     // adds slot k before loading slot k + 1 waits for 6 x 2 dependent round trips); the adds stay in
-    // slot order. (w[k] of unused slots is zeroed although never read: without it ptxas put 56-96 B of spill stores
-    // in the down kernels this is inlined into.)
+    // slot order. (w[k] of unused slots is zeroed although never read: without it ptxas put 56-96 B of
+    // spill stores in the down kernels this is inlined into.)
     int64_t pair[kMoeMaxTopK];
     float w[kMoeMaxTopK];
 #pragma unroll
@@ -327,10 +327,6 @@ __device__ void GatherColumn(const MoeParams& p, const MoePlan& plan, int c) {
   }
 }
 
-// Down item t: group g, WN adjacent 128-column blocks c .. c + WN - 1 of d. WN = 2 when there are
-// items enough (p.down_wn, chosen on the host): each warp then decodes twice the tiles per
-// item (4 k-splits of 128 columns instead of 8), so the per-item costs (pipeline fill, the down input
-// copy, the waits and barriers of the item boundary) are paid half as often per weight.
 // Fused finish (few experts, p.fused_finish): a down item builds its own input chunk. For rows pair0 ..
 // pair0 + Rs - 1 and I-blocks c0 .. c0 + nbc - 1: the gate/up partials summed over the S splits in a
 // fixed order, then DownInputFromGateUp, as fp16 into act[i * astride + bb * 128 + column]. Every down
@@ -375,6 +371,12 @@ __device__ void FinishIntoSharedAct(const MoeParams& p, int e, int64_t pair0, in
   }
 }
 
+// Down item t: group g, WN adjacent 128-column blocks c .. c + WN - 1 of d. WN = 2 when there are
+// items enough (p.down_wn, chosen on the host): each warp then decodes twice the tiles per
+// item (4 k-splits of 128 columns instead of 8), so the per-item costs (pipeline fill, the down input
+// copy, the waits and barriers of the item boundary) are paid half as often per weight.
+// kFused: the item finishes its group's gate/up sums itself (FinishIntoSharedAct) instead of copying
+// the down input that a finishing gate/up item stored.
 template <int K, int WN, bool kFused>
 __device__ void DownItem(const MoeParams& p, MoePlan& plan, int num_groups, int t, uint8_t* ring, __half* act) {
   using Core = TileGemv<K, kCbMcg, WN>;
@@ -501,6 +503,17 @@ const void* MoeKernelFor(int K, int down_wn, bool fused) {
   });
 }
 
+// fn(kernel) for every instantiation of K; stops at the first CUDA error and returns it.
+template <class Fn>
+int ForEachMoeKernel(int K, Fn&& fn) {
+  for (const int down_wn : {1, 2})
+    for (const bool fused : {false, true}) {
+      const cudaError_t e = fn(MoeKernelFor(K, down_wn, fused));
+      if (e != cudaSuccess) return static_cast<int>(e);
+    }
+  return 0;
+}
+
 }  // namespace
 
 int LaunchMoeMcg(int K, const MoeParams& p, int grid, void* stream) {
@@ -514,25 +527,25 @@ int LaunchMoeMcg(int K, const MoeParams& p, int grid, void* stream) {
 }
 
 int PrepareMoeMcg() {
-  for (int K = 1; K <= 8; ++K)
-    for (int v = 0; v < 4; ++v) {
-      const cudaError_t e = cudaFuncSetAttribute(MoeKernelFor(K, 1 + (v & 1), v >= 2),
-                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, MoeSmemBytes(K));
-      if (e != cudaSuccess) return static_cast<int>(e);
-    }
+  for (int K = 1; K <= 8; ++K) {
+    const int e = ForEachMoeKernel(K, [&](const void* f) {
+      return cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, MoeSmemBytes(K));
+    });
+    if (e != 0) return e;
+  }
   return 0;
 }
 
 int MoeBlocksPerSm(int K, int* blocks) {
   // The grid is sized once per K: the fewest resident CTAs of its instantiations.
   int fewest = 1 << 30;
-  for (int v = 0; v < 4; ++v) {
+  const int e = ForEachMoeKernel(K, [&](const void* f) {
     int b = 0;
-    const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, MoeKernelFor(K, 1 + (v & 1), v >= 2),
-                                                                        kThreads, MoeSmemBytes(K));
-    if (e != cudaSuccess) return static_cast<int>(e);
+    const cudaError_t r = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, f, kThreads, MoeSmemBytes(K));
     fewest = b < fewest ? b : fewest;
-  }
+    return r;
+  });
+  if (e != 0) return e;
   *blocks = fewest;
   return 0;
 }

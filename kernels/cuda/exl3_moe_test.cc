@@ -141,6 +141,16 @@ void RouteEveryRowTo(Routing& r, int rows, int expert, int spare) {
   }
 }
 
+// Slot 0 of rows 0 .. rows - 1 alternates between the edge ids 255 and 0 (two hot experts, R_e = rows / 2
+// each); other slots that picked either take 9 instead.
+void RouteSlot0ToEdgeIds(Routing& r, int rows) {
+  for (int row = 0; row < rows; ++row) {
+    for (int k = 1; k < kTopK; ++k)
+      if (r.ids[row * kTopK + k] == 0 || r.ids[row * kTopK + k] == 255) r.ids[row * kTopK + k] = 9;
+    r.ids[row * kTopK] = row % 2 ? 0 : 255;
+  }
+}
+
 TEST(Exl3MoeTest, EveryRowCountFrom1To24WithUniqueExperts) {
   DSMESH_REQUIRE_GPU();
   Experts ex(256, 512, 256, 2, 10.0f, 1);
@@ -203,11 +213,7 @@ TEST(Exl3MoeTest, WideDownItemsMatchReference) {
     RunAndCheck(ex, ws, m, kTopK, testing::RandomFp16(m * 512, rng, 0.1f), r, "wide down, unique");
   }
   auto r = RandomRouting(24, kTopK, 256, rng);
-  for (int row = 0; row < 24; ++row) {
-    for (int k = 1; k < kTopK; ++k)
-      if (r.ids[row * kTopK + k] == 0 || r.ids[row * kTopK + k] == 255) r.ids[row * kTopK + k] = 9;
-    r.ids[row * kTopK] = row % 2 ? 0 : 255;
-  }
+  RouteSlot0ToEdgeIds(r, 24);
   RunAndCheck(ex, ws, 24, kTopK, testing::RandomFp16(24 * 512, rng, 0.1f), r, "wide down, hot ids 0 and 255");
 }
 
@@ -230,11 +236,7 @@ TEST(Exl3MoeTest, FusedFinishMatchesReference) {
         RunAndCheck(ex, ws, m, kTopK, testing::RandomFp16(m * 512, rng, 0.1f), r, what + ", unique");
       }
       auto r = RandomRouting(24, kTopK, 256, rng);
-      for (int row = 0; row < 24; ++row) {
-        for (int k = 1; k < kTopK; ++k)
-          if (r.ids[row * kTopK + k] == 0 || r.ids[row * kTopK + k] == 255) r.ids[row * kTopK + k] = 9;
-        r.ids[row * kTopK] = row % 2 ? 0 : 255;
-      }
+      RouteSlot0ToEdgeIds(r, 24);
       r.ids[3 * kTopK + 4] = r.ids[3 * kTopK + 5] = 77;  // duplicate within a row
       RunAndCheck(ex, ws, 24, kTopK, testing::RandomFp16(24 * 512, rng, 0.1f), r, what + ", hot ids 0 and 255");
     }
