@@ -95,6 +95,20 @@ __device__ __forceinline__ LaneTileGeom MakeLaneTileGeom(int lane) {
   return g;
 }
 
+// Whether some lane's 7K + 16 bits reach into its third word w[i2] (K >= 5). For K <= 4 every lane's
+// bits end within w[i0], w[i1] (r0 + 7K + 16 <= 64), so LaneStates does not load w[i2] at all.
+template <int K>
+__host__ __device__ constexpr bool LaneNeedsThirdWord() {
+  for (int lane = 0; lane < 32; ++lane) {
+    const int b0 = (8 * lane * K + K - 16 + 256 * K) % (256 * K);
+    if ((b0 & 31) + 7 * K + 16 > 64) return true;
+  }
+  return false;
+}
+static_assert(!LaneNeedsThirdWord<1>() && !LaneNeedsThirdWord<2>() && !LaneNeedsThirdWord<3>() &&
+                  !LaneNeedsThirdWord<4>() && LaneNeedsThirdWord<5>() && LaneNeedsThirdWord<8>(),
+              "lane geometry (NOTES.md v18): two words up to K = 4");
+
 // The 32-bit word holding stream bits [B, B + 32) of the normalized stream A:B:C (B compile-time).
 template <int B>
 __device__ __forceinline__ uint32_t WordAt(uint32_t a, uint32_t b, uint32_t c) {
@@ -110,19 +124,46 @@ __device__ __forceinline__ uint32_t WordAt(uint32_t a, uint32_t b, uint32_t c) {
 // as a chain of multiplications by mulk = 2^K. The multiplier is opaque to the compiler (it comes from
 // a kernel parameter), so the shift runs as an IMAD on the FMA pipe and only the >> 16 uses the integer
 // pipe: one integer op per state for extraction instead of shift + mask.
-template <int K, int T, int B>
-__device__ __forceinline__ void StatesFrom(uint32_t a, uint32_t b, uint32_t c, uint32_t w, uint32_t mulk, uint32_t s[8]) {
+// word_at(integral_constant<O>) returns the 32-bit word of the lane's stream starting at offset O.
+template <int K, int T, int B, class WordFn>
+__device__ __forceinline__ void StatesFrom(WordFn&& word_at, uint32_t w, uint32_t mulk, uint32_t s[8]) {
   if constexpr (T < 8) {
     constexpr int O = T * K;
     if constexpr (T == 0 || O - B > 16) {
-      const uint32_t nw = WordAt<O>(a, b, c);
+      const uint32_t nw = word_at(std::integral_constant<int, O>{});
       s[T] = nw >> 16;
-      StatesFrom<K, T + 1, O>(a, b, c, nw, mulk, s);
+      StatesFrom<K, T + 1, O>(word_at, nw, mulk, s);
     } else {
       const uint32_t nw = w * mulk;
       s[T] = nw >> 16;
-      StatesFrom<K, T + 1, B>(a, b, c, nw, mulk, s);
+      StatesFrom<K, T + 1, B>(word_at, nw, mulk, s);
     }
+  }
+}
+
+// The lane's 8 states of one tile. With two words (K <= 4) the first segment's word is w0:w1 shifted
+// left by r0 and every later segment's word the high half of that pair shifted by r0 + O: one 64-bit
+// funnel shift (SHF.L.U64.HI) each, straight from the loaded words, instead of aligning the second word
+// first (the bits past the lane's last state may be anything). Otherwise the three words are aligned
+// once (a, b, c) and segment words are funnel shifts of those.
+template <int K>
+__device__ __forceinline__ void LaneStates(const uint32_t* tile, const LaneTileGeom& g, uint32_t mulk, uint32_t s[8]) {
+  const uint32_t w0 = tile[g.i0], w1 = tile[g.i1];
+  if constexpr (!LaneNeedsThirdWord<K>()) {
+    const uint64_t pair = (uint64_t)w0 << 32 | w1;
+    StatesFrom<K, 0, 0>(
+        [&](auto o) {
+          constexpr int O = decltype(o)::value;
+          if constexpr (O == 0) return __funnelshift_l(w1, w0, g.r0);
+          else return (uint32_t)((pair << (g.r0 + O)) >> 32);
+        },
+        0u, mulk, s);
+  } else {
+    const uint32_t w2 = tile[g.i2];
+    const uint32_t a = __funnelshift_l(w1, w0, g.r0);
+    const uint32_t b = __funnelshift_l(w2, w1, g.r0);
+    const uint32_t c = w2 << g.r0;  // only needed for K >= 7
+    StatesFrom<K, 0, 0>([&](auto o) { return WordAt<decltype(o)::value>(a, b, c); }, 0u, mulk, s);
   }
 }
 
@@ -132,12 +173,8 @@ __device__ __forceinline__ void StatesFrom(uint32_t a, uint32_t b, uint32_t c, u
 template <int K, int CB>
 __device__ __forceinline__ void DecodeTileLane(const uint32_t* tile, const LaneTileGeom& g, uint32_t mulk,
                                                uint32_t frag[4]) {
-  const uint32_t w0 = tile[g.i0], w1 = tile[g.i1], w2 = tile[g.i2];
-  const uint32_t a = __funnelshift_l(w1, w0, g.r0);
-  const uint32_t b = __funnelshift_l(w2, w1, g.r0);
-  const uint32_t c = w2 << g.r0;  // only needed for K >= 7
   uint32_t s[8];
-  StatesFrom<K, 0, 0>(a, b, c, 0u, mulk, s);
+  LaneStates<K>(tile, g, mulk, s);
   frag[0] = DecodePair<CB, false>(s[0], s[1]);
   frag[1] = DecodePair<CB, true>(s[2], s[3]);
   frag[2] = DecodePair<CB, false>(s[4], s[5]);
@@ -154,12 +191,8 @@ template <int K, int CB>
 __device__ __forceinline__ void DecodeTileLaneUnpacked(const uint32_t* tile, const LaneTileGeom& g, uint32_t mulk,
                                                        uint32_t w[8]) {
   static_assert(CB == kCb3Inst || CB == kCbMcg, "MUL1 has no (lo, hi) form");
-  const uint32_t w0 = tile[g.i0], w1 = tile[g.i1], w2 = tile[g.i2];
-  const uint32_t a = __funnelshift_l(w1, w0, g.r0);
-  const uint32_t b = __funnelshift_l(w2, w1, g.r0);
-  const uint32_t c = w2 << g.r0;
   uint32_t s[8];
-  StatesFrom<K, 0, 0>(a, b, c, 0u, mulk, s);
+  LaneStates<K>(tile, g, mulk, s);
 #pragma unroll
   for (int t = 0; t < 8; ++t) {
     const uint32_t p = CB == kCb3Inst ? s[t] * 89226354u + 64248484u : s[t] * 0xCBAC1FEDu;
@@ -247,6 +280,14 @@ __device__ __forceinline__ void AddTo(float4& a, const float4& b) {
 __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
   const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+// The same copy issued only where `pred` holds, by a predicated cp.async (an `if` around CpAsync16
+// inside the decode loops measured 2-5% slower at K = 3, the one anchor K with a partial copy round).
+__device__ __forceinline__ void CpAsync16If(bool pred, void* smem, const void* gmem) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n @p cp.async.cg.shared.global [%0], [%1], 16;\n}\n" ::"r"(s),
+      "l"(gmem), "r"((int)pred));
 }
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>

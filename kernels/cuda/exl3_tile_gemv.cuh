@@ -90,9 +90,12 @@ struct TileGemv {
   // Copies the next stage into `slot` (this warp's part of the ring) and advances.
   __device__ static void Load(LaneLoads& l, uint8_t* slot, int lane) {
 #pragma unroll
-    for (int i = 0; i < kLoads; ++i)
-      if (kChunks % 32 == 0 || i + 1 < kLoads || lane + 32 * i < kChunks)
+    for (int i = 0; i < kLoads; ++i) {
+      if (kChunks % 32 == 0 || i + 1 < kLoads)
         CpAsync16(slot + (lane + 32 * i) * 16, l.next + l.src_off[i]);
+      else  // the last, partial round of copies (odd K): one predicated copy instead of an `if`
+        CpAsync16If(lane + 32 * i < kChunks, slot + (lane + 32 * i) * 16, l.next + l.src_off[i]);
+    }
     l.next += l.stage_stride;
   }
 
@@ -161,52 +164,67 @@ struct TileGemv {
     // The prologue issued stages 0 .. kStages - 2; rebuild the lane's copy list past them.
     LaneLoads l = LaneLoadsOf(src, role, lane);
     l.next += (kStages - 1) * l.stage_stride;
-    int load_slot = kStages - 1, use_slot = 0;
+    // Stage st sits in slot st % kStages; the copy issued while it is decoded (stage st + kStages - 1)
+    // goes into the slot of stage st - 1, which this warp has finished: one slot counter, and the
+    // stages that still copy run in a loop of their own, so neither loop tests per stage whether to copy.
+    int use_slot = 0, free_slot = kStages - 1;
     __syncthreads();  // the activations written by other warps are visible
-    for (int st = 0; st < num_stages; ++st) {
-      CpAsyncWait<kStages - 2>();
-      __syncwarp();  // this warp's stage st has landed for all its lanes; the slot of st - 1 is free
-      if (st + kStages - 1 < num_stages) Load(l, mine + load_slot * kWarpStageBytes, lane);
-      CpAsyncCommit();
-      load_slot = load_slot + 1 == kStages ? 0 : load_slot + 1;
-      const uint8_t* stage = mine + use_slot * kWarpStageBytes;
-      use_slot = use_slot + 1 == kStages ? 0 : use_slot + 1;
+    const int copying = num_stages - (kStages - 1);
+    int st = 0;
+    for (; st < copying; ++st)
+      Stage<kFew, true>(st, l, mine, use_slot, free_slot, a_lo, a_hi, role, geom, mulk, lane, acc);
+    for (; st < num_stages; ++st)
+      Stage<kFew, false>(st, l, mine, use_slot, free_slot, a_lo, a_hi, role, geom, mulk, lane, acc);
+    CpAsyncWait<0>();
+    __syncthreads();  // ring is free for the reduction
+  }
+
+  // One stage of Loop: wait for stage st, optionally issue the copy of stage st + kStages - 1, decode.
+  template <bool kFew, bool kCopy>
+  __device__ static __forceinline__ void Stage(int st, LaneLoads& l, uint8_t* mine, int& use_slot, int& free_slot,
+                                               const __half* a_lo, const __half* a_hi, const Role& role,
+                                               const LaneTileGeom& geom, uint32_t mulk, int lane,
+                                               float acc[kAccTiles][2][4]) {
+    CpAsyncWait<kStages - 2>();
+    __syncwarp();  // this warp's stage st has landed for all its lanes; the slot of st - 1 is free
+    if constexpr (kCopy) Load(l, mine + free_slot * kWarpStageBytes, lane);
+    CpAsyncCommit();
+    const uint8_t* stage = mine + use_slot * kWarpStageBytes;
+    free_slot = use_slot;
+    use_slot = use_slot + 1 == kStages ? 0 : use_slot + 1;
 #pragma unroll
-      for (int kk = 0; kk < 2; ++kk) {
-        const int kt = st * WK + role.j + kk * WKP;  // k-tile of the activations
-        const uint32_t* tiles = reinterpret_cast<const uint32_t*>(stage + kk * kRunBytes);
-        if constexpr (kFew) {
-          // B (doubled k x 8 rows): slots (2j, 2j + 1) of the first MMA hold x[k = 2j] twice, slots
-          // (2j + 8, 2j + 9) x[2j + 1]; the second MMA the same for k + 8. A: weight (n, k = 2j) in
-          // a0, (n + 8, 2j) in a1, (n, 2j + 1) in a2, (n + 8, 2j + 1) in a3 (DecodeTileLaneUnpacked).
-          const uint32_t x01 = *reinterpret_cast<const uint32_t*>(a_lo + kt * 16);
-          const uint32_t x89 = *reinterpret_cast<const uint32_t*>(a_lo + kt * 16 + 8);
-          const uint32_t b0 = BroadcastLow(x01), b1 = BroadcastHigh(x01);
-          const uint32_t b2 = BroadcastLow(x89), b3 = BroadcastHigh(x89);
+    for (int kk = 0; kk < 2; ++kk) {
+      const int kt = st * WK + role.j + kk * WKP;  // k-tile of the activations
+      const uint32_t* tiles = reinterpret_cast<const uint32_t*>(stage + kk * kRunBytes);
+      if constexpr (kFew) {
+        // B (doubled k x 8 rows): slots (2j, 2j + 1) of the first MMA hold x[k = 2j] twice, slots
+        // (2j + 8, 2j + 9) x[2j + 1]; the second MMA the same for k + 8. A: weight (n, k = 2j) in
+        // a0, (n + 8, 2j) in a1, (n, 2j + 1) in a2, (n + 8, 2j + 1) in a3 (DecodeTileLaneUnpacked).
+        const uint32_t x01 = *reinterpret_cast<const uint32_t*>(a_lo + kt * 16);
+        const uint32_t x89 = *reinterpret_cast<const uint32_t*>(a_lo + kt * 16 + 8);
+        const uint32_t b0 = BroadcastLow(x01), b1 = BroadcastHigh(x01);
+        const uint32_t b2 = BroadcastLow(x89), b3 = BroadcastHigh(x89);
 #pragma unroll
-          for (int t = 0; t < kAccTiles; ++t) {
-            uint32_t w[8];
-            DecodeTileLaneUnpacked<K, CB>(tiles + t * (kTileBytes / 4), geom, mulk, w);
-            Mma16816(acc[t][0], w[0], w[4], w[1], w[5], b0, b1);
-            Mma16816(acc[t][0], w[2], w[6], w[3], w[7], b2, b3);
-          }
-        } else {
-          const uint32_t a0 = *reinterpret_cast<const uint32_t*>(a_lo + kt * 16);
-          const uint32_t a2 = *reinterpret_cast<const uint32_t*>(a_lo + kt * 16 + 8);
-          const uint32_t a1 = *reinterpret_cast<const uint32_t*>(a_hi + kt * 16);
-          const uint32_t a3 = *reinterpret_cast<const uint32_t*>(a_hi + kt * 16 + 8);
+        for (int t = 0; t < kAccTiles; ++t) {
+          uint32_t w[8];
+          DecodeTileLaneUnpacked<K, CB>(tiles + t * (kTileBytes / 4), geom, mulk, w);
+          Mma16816(acc[t][0], w[0], w[4], w[1], w[5], b0, b1);
+          Mma16816(acc[t][0], w[2], w[6], w[3], w[7], b2, b3);
+        }
+      } else {
+        const uint32_t a0 = *reinterpret_cast<const uint32_t*>(a_lo + kt * 16);
+        const uint32_t a2 = *reinterpret_cast<const uint32_t*>(a_lo + kt * 16 + 8);
+        const uint32_t a1 = *reinterpret_cast<const uint32_t*>(a_hi + kt * 16);
+        const uint32_t a3 = *reinterpret_cast<const uint32_t*>(a_hi + kt * 16 + 8);
 #pragma unroll
-          for (int t = 0; t < kAccTiles; ++t) {
-            uint32_t b[4];
-            DecodeTileLane<K, CB>(tiles + t * (kTileBytes / 4), geom, mulk, b);
-            Mma16816(acc[t][0], a0, a1, a2, a3, b[0], b[1]);
-            Mma16816(acc[t][1], a0, a1, a2, a3, b[2], b[3]);
-          }
+        for (int t = 0; t < kAccTiles; ++t) {
+          uint32_t b[4];
+          DecodeTileLane<K, CB>(tiles + t * (kTileBytes / 4), geom, mulk, b);
+          Mma16816(acc[t][0], a0, a1, a2, a3, b[0], b[1]);
+          Mma16816(acc[t][1], a0, a1, a2, a3, b[2], b[3]);
         }
       }
     }
-    CpAsyncWait<0>();
-    __syncthreads();  // ring is free for the reduction
   }
 
   // Writes this warp's accumulators (rows < R) to dst[R][64] fp32. Packed layout: lane holds rows
