@@ -184,6 +184,36 @@ __device__ __forceinline__ GateUpSums SumSplits(const float* part, int64_t inter
   return acc;
 }
 
+// The gate/up sums of N (row, 128-block) tasks, each over the S splits in a fixed order, handed to
+// finish(task, gv, uv); part_of(task) points at the task's split-0 gate values (this lane's 4 columns).
+// With fewer tasks than warps, G warps share a task, each summing splits grp, grp + G, ...; the G sums
+// then meet in esum ([N * G][2][32] float4, shared) and are added in group order (AddGroupSums).
+template <class PartOf, class Finish>
+__device__ __forceinline__ void SumSplitsPerTask(int N, int S, int64_t inter, float4* esum, PartOf&& part_of,
+                                                 Finish&& finish) {
+  constexpr int kWarps = kThreads / 32;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, G = N >= kWarps ? 1 : kWarps / N;
+  for (int tg = warp; tg < N * G; tg += kWarps) {
+    const int task = tg / G, grp = tg - task * G;
+    const GateUpSums sum = SumSplits(part_of(task), inter, grp, G, S);
+    if (G == 1) {
+      float gv[4] = {sum.g.x, sum.g.y, sum.g.z, sum.g.w}, uv[4] = {sum.u.x, sum.u.y, sum.u.z, sum.u.w};
+      finish(task, gv, uv);
+    } else {
+      esum[(tg * 2 + 0) * 32 + lane] = sum.g;
+      esum[(tg * 2 + 1) * 32 + lane] = sum.u;
+    }
+  }
+  if (G > 1) {
+    __syncthreads();
+    for (int task = warp; task < N; task += kWarps) {
+      float gv[4], uv[4];
+      AddGroupSums(esum, task, G, lane, gv, uv);
+      finish(task, gv, uv);
+    }
+  }
+}
+
 // kFused: the group's down items finish the gate/up sums themselves (FinishIntoSharedAct), so the item
 // only stores its partials and counts itself in ready[g].
 template <int K, bool kFused>
@@ -254,37 +284,14 @@ __device__ void GateUpItem(const MoeParams& p, MoePlan& plan, int t, uint8_t* ri
 
   // Last split of (g, b): finish the gate/up outputs of block b and build the down input.
   const float L = p.swiglu_limit;
-  // Gate/up sums of the S splits, fixed order. With few rows, G warps share a row, each summing the
-  // interleaved splits grp, grp + G, ...; the G partial sums are then added in group order.
-  auto finish = [&](int i, float gv[4], float uv[4]) {
-    const int64_t pair = pb + i;
-    *reinterpret_cast<uint2*>(p.act + pair * p.inter + b * 128 + lane * 4) =
-        DownInputFromGateUp(gv, uv, s_scales[0][lane], s_scales[1][lane], s_scales[2][lane], L, lane);
-  };
-  constexpr int kWarps = kThreads / 32;
-  const int G = R >= kWarps ? 1 : kWarps / R;
-  float4* esum = reinterpret_cast<float4*>(ring);  // [R * G][2][32] when G > 1 (8 KB)
-  for (int task = warp; task < R * G; task += kWarps) {
-    const int i = task / G, grp = task - i * G;
-    const int64_t pair = pb + i;
-    const GateUpSums sum = SumSplits(p.part_gu + pair * S * 2 * p.inter + b * 128 + lane * 4, p.inter, grp, G, S);
-    const float4 gs = sum.g, us = sum.u;
-    float gv[4] = {gs.x, gs.y, gs.z, gs.w}, uv[4] = {us.x, us.y, us.z, us.w};
-    if (G == 1) {
-      finish(i, gv, uv);
-    } else {
-      esum[(task * 2 + 0) * 32 + lane] = make_float4(gv[0], gv[1], gv[2], gv[3]);
-      esum[(task * 2 + 1) * 32 + lane] = make_float4(uv[0], uv[1], uv[2], uv[3]);
-    }
-  }
-  if (G > 1) {
-    __syncthreads();
-    for (int i = warp; i < R; i += kWarps) {
-      float gv[4], uv[4];
-      AddGroupSums(esum, i, G, lane, gv, uv);
-      finish(i, gv, uv);
-    }
-  }
+  // One task per row: its S splits summed in fixed order, then the down input of block b.
+  SumSplitsPerTask(
+      R, S, p.inter, reinterpret_cast<float4*>(ring),  // esum: 8 KB of the ring
+      [&](int i) { return p.part_gu + (pb + i) * S * 2 * p.inter + b * 128 + lane * 4; },
+      [&](int i, float gv[4], float uv[4]) {
+        *reinterpret_cast<uint2*>(p.act + (int64_t)(pb + i) * p.inter + b * 128 + lane * 4) =
+            DownInputFromGateUp(gv, uv, s_scales[0][lane], s_scales[1][lane], s_scales[2][lane], L, lane);
+      });
   ArriveAndCount(&p.control->ready[g], plan);
 }
 
@@ -337,38 +344,23 @@ __device__ void GatherColumn(const MoeParams& p, const MoePlan& plan, int c) {
 __device__ void FinishIntoSharedAct(const MoeParams& p, int e, int64_t pair0, int Rs, int c0, int nbc, int astride,
                                     __half* act) {
   constexpr int kWarps = kThreads / 32;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int S = p.splits, N = Rs * nbc, G = N >= kWarps ? 1 : kWarps / N;
+  const int lane = threadIdx.x & 31, S = p.splits;
   const float L = p.swiglu_limit;
   const uint2* gsvh = reinterpret_cast<const uint2*>(p.gate_svh[e]);
   const uint2* usvh = reinterpret_cast<const uint2*>(p.up_svh[e]);
   const uint2* dsuh = reinterpret_cast<const uint2*>(p.down_suh[e]);
   float4* esum = reinterpret_cast<float4*>(reinterpret_cast<uint8_t*>(act) + kMoeActBytes) - kWarps * 2 * 32;
-  auto finish = [&](int task, float gv[4], float uv[4]) {
-    const int i = task / nbc, bb = task - i * nbc, q = (c0 + bb) * 32 + lane;
-    *reinterpret_cast<uint2*>(act + i * astride + bb * 128 + lane * 4) =
-        DownInputFromGateUp(gv, uv, __ldg(gsvh + q), __ldg(usvh + q), __ldg(dsuh + q), L, lane);
-  };
-  for (int tg = warp; tg < N * G; tg += kWarps) {
-    const int task = tg / G, grp = tg - task * G, i = task / nbc, bb = task - i * nbc;
-    const GateUpSums sum = SumSplits(p.part_gu + (pair0 + i) * S * 2 * p.inter + (c0 + bb) * 128 + lane * 4, p.inter,
-                                     grp, G, S);
-    if (G == 1) {
-      float gv[4] = {sum.g.x, sum.g.y, sum.g.z, sum.g.w}, uv[4] = {sum.u.x, sum.u.y, sum.u.z, sum.u.w};
-      finish(task, gv, uv);
-    } else {
-      esum[(tg * 2 + 0) * 32 + lane] = sum.g;
-      esum[(tg * 2 + 1) * 32 + lane] = sum.u;
-    }
-  }
-  if (G > 1) {
-    __syncthreads();
-    for (int task = warp; task < N; task += kWarps) {
-      float gv[4], uv[4];
-      AddGroupSums(esum, task, G, lane, gv, uv);
-      finish(task, gv, uv);
-    }
-  }
+  SumSplitsPerTask(
+      Rs * nbc, S, p.inter, esum,
+      [&](int task) {
+        const int i = task / nbc, bb = task - i * nbc;
+        return p.part_gu + (pair0 + i) * S * 2 * p.inter + (c0 + bb) * 128 + lane * 4;
+      },
+      [&](int task, float gv[4], float uv[4]) {
+        const int i = task / nbc, bb = task - i * nbc, q = (c0 + bb) * 32 + lane;
+        *reinterpret_cast<uint2*>(act + i * astride + bb * 128 + lane * 4) =
+            DownInputFromGateUp(gv, uv, __ldg(gsvh + q), __ldg(usvh + q), __ldg(dsuh + q), L, lane);
+      });
 }
 
 // Down item t: group g, WN adjacent 128-column blocks c .. c + WN - 1 of d. WN = 2 when there are
