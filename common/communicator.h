@@ -13,6 +13,8 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int world() const = 0;
+  // Whether the buffers are device memory (NCCL) rather than host memory (Gloo, local).
+  virtual bool device_buffers() const { return false; }
   // In-place sum over all ranks of n floats.
   virtual void AllReduceSum(float* data, size_t n) = 0;
   // Each rank contributes n floats; out receives world*n floats ordered by rank.

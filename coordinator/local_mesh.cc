@@ -82,7 +82,7 @@ pid_t LocalMesh::Spawn(const std::string& name, const std::vector<std::string>& 
 
 std::vector<std::string> LocalMesh::WorkerArgv(int rank) const {
   return {opt_.worker_bin, "--rank", std::to_string(rank), "--world", std::to_string(opt_.world),
-          "--coordinator", coordinator_address(), "--model", opt_.model_dir, "--device", "cpu",
+          "--coordinator", coordinator_address(), "--model", opt_.model_dir, "--device", opt_.device,
           "--kv-memory", opt_.kv_memory, "--threads", std::to_string(opt_.threads_per_worker)};
 }
 

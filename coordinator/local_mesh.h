@@ -17,6 +17,7 @@ struct LocalMeshOptions {
   int coordinator_port = 0;     // 0: pick a free port
   int gateway_port = 8000;
   std::string kv_memory = "256M";
+  std::string device = "cpu";   // every worker's --device (cpu, cuda or cuda:N; several workers may share a GPU)
   int threads_per_worker = 1;
   std::vector<std::string> coordinator_args;  // extra flags, e.g. {"--max-num-seqs", "8"}
   std::vector<std::string> gateway_args;      // extra flags, e.g. {"--api-key", "k", "--max-queued", "64"}

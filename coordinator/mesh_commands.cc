@@ -82,6 +82,7 @@ LocalMeshOptions OptionsFromFlags(const Flags& f, const std::string& model, int 
   o.model_dir = model;
   o.world = world;
   o.kv_memory = f.Get("kv-memory", "1G");
+  o.device = f.Get("device", "cpu");
   // Default: the machine's cores shared out among the workers.
   const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
   o.threads_per_worker = static_cast<int>(f.GetInt("threads", std::max(1L, cores / world)));
@@ -104,7 +105,7 @@ std::string DescribeStatus(int status) {
 }
 
 int RunUp(const std::vector<std::string>& args) {
-  Flags f(args, {"model", "world", "port", "coordinator-port", "kv-memory", "threads", "max-num-seqs",
+  Flags f(args, {"model", "world", "port", "coordinator-port", "kv-memory", "threads", "device", "max-num-seqs",
                  "max-batched-tokens", "max-model-len", "enable-prefix-caching", "ready-timeout-s", "no-gateway",
                  "served-model-name", "api-key", "api-key-file", "max-queued"},
           {"no-gateway"});
@@ -139,8 +140,8 @@ int RunUp(const std::vector<std::string>& args) {
 
   LocalMesh mesh(o);
   mesh.Start();
-  std::fprintf(stderr, "dsmesh up: model %s, %d CPU worker(s); coordinator (gRPC Generate) on %s\n", model.c_str(),
-               world, mesh.coordinator_address().c_str());
+  std::fprintf(stderr, "dsmesh up: model %s, %d worker(s) on %s; coordinator (gRPC Generate) on %s\n", model.c_str(),
+               world, o.device.c_str(), mesh.coordinator_address().c_str());
   MeshClient client(mesh.coordinator_address());
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(f.GetInt("ready-timeout-s", 300));
   bool ready = false;
@@ -223,7 +224,7 @@ MeshTarget Connect(const Flags& f) {
   return t;
 }
 
-const std::set<std::string> kMeshFlags = {"model", "tokens", "threads", "world", "coordinator", "kv-memory",
+const std::set<std::string> kMeshFlags = {"model", "tokens", "threads", "device", "world", "coordinator", "kv-memory",
                                           "coordinator-port", "ready-timeout-s"};
 
 int RunLogitsMesh(const std::vector<std::string>& args) {

@@ -13,6 +13,7 @@
 #include "common/safetensors.h"
 #include "kernels/cpu/argmax.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "model/model.h"
 #include "model/tiny_model.h"
 
@@ -36,15 +37,23 @@ const CommandInfo* MeshVariant(const std::string& command, const std::vector<std
   return nullptr;
 }
 
+// `--device cpu|cuda[:N]` picks the backend (default cpu).
 std::unique_ptr<Model> LoadForCli(const Flags& f) {
   std::string dir = f.Require("model");
   int threads = static_cast<int>(f.GetInt("threads", 0));
-  return LoadModel(dir, ShardSpec{0, 1}, MakeCpuBackend(threads));
+  int device = -1;
+  try {
+    device = ParseDeviceFlag(f.Get("device", "cpu"));
+  } catch (const std::exception& e) {
+    throw UsageError(e.what());
+  }
+  if (device >= 0) RequireCudaDevice(device, "--device " + f.Get("device", "cpu"));
+  return LoadModel(dir, ShardSpec{0, 1}, device >= 0 ? MakeCudaBackend(device) : MakeCpuBackend(threads));
 }
 
 int RunLogits(const std::vector<std::string>& args) {
   if (const CommandInfo* mesh = MeshVariant("logits", args)) return mesh->run(args);
-  Flags f(args, {"model", "tokens", "out", "threads"});
+  Flags f(args, {"model", "tokens", "out", "threads", "device"});
   std::vector<int32_t> tokens = ParseIntList("tokens", f.Require("tokens"), "integer token id");
   std::string out_path = f.Require("out");
   auto model = LoadForCli(f);
@@ -58,7 +67,7 @@ int RunLogits(const std::vector<std::string>& args) {
 
 int RunGenerate(const std::vector<std::string>& args) {
   if (const CommandInfo* mesh = MeshVariant("generate", args)) return mesh->run(args);
-  Flags f(args, {"model", "tokens", "max-new-tokens", "threads", "ignore-eos"}, {"ignore-eos"});
+  Flags f(args, {"model", "tokens", "max-new-tokens", "threads", "ignore-eos", "device"}, {"ignore-eos"});
   std::vector<int32_t> prompt = ParseIntList("tokens", f.Require("tokens"), "integer token id");
   long long max_new = f.GetInt("max-new-tokens", 16);
   if (max_new < 0) throw UsageError("--max-new-tokens must be >= 0");

@@ -7,6 +7,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "model/model_impl.h"
 
@@ -31,7 +32,16 @@ void ModelImpl::Validate(const std::vector<SequenceStep>& batch) const {
 }
 
 void ModelImpl::AllReduce(Tensor* t) {
-  if (comm_->world() > 1) comm_->AllReduceSum(static_cast<float*>(t->data), static_cast<size_t>(t->numel()));
+  if (comm_->world() == 1) return;
+  if (backend_->host_memory() == !comm_->device_buffers()) {
+    comm_->AllReduceSum(static_cast<float*>(t->data), static_cast<size_t>(t->numel()));
+    return;
+  }
+  // Device tensors with a host communicator (Gloo; several ranks sharing one GPU): stage through the host.
+  std::vector<float> host(static_cast<size_t>(t->numel()));
+  backend_->ToHost(*t, host.data());
+  comm_->AllReduceSum(host.data(), host.size());
+  backend_->FromHost(host.data(), t);
 }
 
 void ModelImpl::RunCompressor(const CompressorWeights& w, const Tensor& x, int layer, bool indexer,

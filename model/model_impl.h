@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "common/communicator.h"
-#include "model/backend.h"
+#include "kernels/backend.h"
 #include "model/config.h"
 #include "model/model.h"
 #include "model/sequence_state.h"

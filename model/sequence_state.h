@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "common/tensor.h"
-#include "model/backend.h"
+#include "kernels/backend.h"
 
 namespace dsmesh {
 

@@ -8,7 +8,7 @@
 
 #include "common/safetensors.h"
 #include "common/tensor.h"
-#include "model/backend.h"
+#include "kernels/backend.h"
 #include "model/config.h"
 #include "model/model.h"
 

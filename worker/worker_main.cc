@@ -24,12 +24,14 @@
 #include <mutex>
 #include <thread>
 
+#include <cuda_runtime.h>
 #include <grpcpp/grpcpp.h>
 
 #include "common/flags.h"
 #include "common/program.h"
 #include "common/systemd_notify.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "model/model.h"
 #include "proto/mesh.grpc.pb.h"
 #include "worker/gloo_communicator.h"
@@ -101,11 +103,20 @@ class Worker {
         comm_(rank_, world_) {
     if (world_ < 1) throw UsageError("--world must be >= 1");
     if (rank_ < 0 || rank_ >= world_) throw UsageError("--rank must be in [0, world)");
-    if (device_ != "cpu" && device_.rfind("cuda:", 0) != 0) throw UsageError("--device must be cpu or cuda:I");
-    if (device_ != "cpu")
-      throw std::runtime_error("--device " + device_ + ": this build has no CUDA model backend yet (the NCCL "
-                               "communicator is built; the CUDA backend comes with the CUDA issue)");
+    try {
+      cuda_device_ = ParseDeviceFlag(device_);
+    } catch (const std::exception& e) {
+      throw UsageError(e.what());
+    }
+    if (cuda_device_ >= 0) {
+      RequireCudaDevice(cuda_device_, "dsmesh-worker --device " + device_);
+      device_ = "cuda:" + std::to_string(cuda_device_);
+    }
+    gpu_memory_utilization_ = f.GetDouble("gpu-memory-utilization", 0.9);
+    if (!(gpu_memory_utilization_ > 0 && gpu_memory_utilization_ <= 1))
+      throw UsageError("--gpu-memory-utilization must be in (0, 1]");
     if (f.Has("kv-memory") && f.Has("kv-memory-fraction")) throw UsageError("give --kv-memory or --kv-memory-fraction, not both");
+    kv_budget_explicit_ = f.Has("kv-memory") || cuda_device_ < 0;
     kv_budget_ = f.Has("kv-memory") ? ParseBytes(f.Get("kv-memory"))
                                     : static_cast<int64_t>(f.GetDouble("kv-memory-fraction", 0.1) * MemAvailableBytes());
     data_host_ = f.Has("data-host") ? f.Get("data-host") : LocalAddressToward(coordinator_);
@@ -274,7 +285,10 @@ class Worker {
       GrpcStore store(stub_, form.store_prefix());
       comm_.Attach(std::make_unique<GlooCommunicator>(rank_, world_, store, data_host_, collective_timeout_));
       if (!model_) {
-        model_ = LoadModel(model_dir_, ShardSpec{rank_, world_}, MakeCpuBackend(threads_), &comm_);
+        std::shared_ptr<Backend> backend =
+            cuda_device_ >= 0 ? MakeCudaBackend(cuda_device_) : MakeCpuBackend(threads_);
+        model_ = LoadModel(model_dir_, ShardSpec{rank_, world_}, backend, &comm_);
+        if (!kv_budget_explicit_) kv_budget_ = GpuKvBudget();
         executor_ = std::make_unique<StepExecutor>(model_.get(), &comm_);
         const auto& c = model_->config();
         const int64_t per_token = model_->StateBytesPerToken();
@@ -336,7 +350,24 @@ class Worker {
   }
 
   int rank_, world_;
+  // The GPU's KV budget without --kv-memory: what --gpu-memory-utilization of the device leaves after
+  // everything already resident (this worker's weights, other processes on the same GPU).
+  int64_t GpuKvBudget() const {
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) throw std::runtime_error("cudaMemGetInfo failed");
+    const double allowed = gpu_memory_utilization_ * static_cast<double>(total_b);
+    const double used = static_cast<double>(total_b - free_b);
+    if (allowed <= used)
+      throw std::runtime_error("--gpu-memory-utilization " + std::to_string(gpu_memory_utilization_) + " of " +
+                               std::to_string(total_b >> 20) + " MiB leaves no KV memory: " +
+                               std::to_string(static_cast<int64_t>(used) >> 20) + " MiB are already in use");
+    return static_cast<int64_t>(allowed - used);
+  }
+
   std::string coordinator_, model_dir_, device_, data_host_;
+  int cuda_device_ = -1;
+  double gpu_memory_utilization_ = 0.9;
+  bool kv_budget_explicit_ = true;
   int threads_;
   std::chrono::milliseconds collective_timeout_;
   int64_t kv_budget_ = 0;
@@ -362,10 +393,10 @@ int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
   return dsmesh::RunProgram(
       "dsmesh-worker",
-      "dsmesh-worker --rank R --world N --coordinator HOST:PORT --model DIR --device cpu|cuda:I "
+      "dsmesh-worker --rank R --world N --coordinator HOST:PORT --model DIR --device cpu|cuda[:I] [--gpu-memory-utilization F] "
       "[--kv-memory BYTES | --kv-memory-fraction F] [--threads T]",
       [&] {
-        dsmesh::Flags flags(args, {"rank", "world", "coordinator", "model", "device", "kv-memory", "kv-memory-fraction",
+        dsmesh::Flags flags(args, {"rank", "world", "coordinator", "model", "device", "kv-memory", "kv-memory-fraction", "gpu-memory-utilization",
                                    "threads", "data-host", "collective-timeout-ms"});
         if (!flags.Has("rank") || !flags.Has("world")) throw dsmesh::UsageError("--rank and --world are required");
         dsmesh::Worker worker(flags);

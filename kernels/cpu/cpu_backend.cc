@@ -53,6 +53,7 @@ class CpuBackend final : public Backend {
   Tensor Alloc(DType dtype, std::vector<int64_t> shape) override { return AllocateTensor(dtype, std::move(shape)); }
   Tensor Upload(const Tensor& host) override { return host; }
   void ToHost(const Tensor& src, void* dst) override { std::memcpy(dst, src.data, src.nbytes()); }
+  void FromHost(const void* src, Tensor* dst) override { std::memcpy(dst->data, src, dst->nbytes()); }
 
   void CopyRows(const Tensor& src, int64_t src_row, Tensor* dst, int64_t dst_row, int64_t rows) override {
     if (rows <= 0) return;

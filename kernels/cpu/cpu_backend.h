@@ -5,7 +5,7 @@
 
 #include <memory>
 
-#include "model/backend.h"
+#include "kernels/backend.h"
 
 namespace dsmesh {
 

@@ -9,6 +9,8 @@
 //     (the CPU backend keeps the view: zero-copy). Linear weights may be dense (bf16/fp16/f32 [out, in]) or
 //     EXL3 (an opaque handle built by the backend).
 //   - Small per-token metadata (token ids, positions) is passed as host arrays; a device backend copies it.
+//   - host_memory() says whether backend tensors are host memory; when not, collectives and host reads
+//     stage through ToHost/FromHost.
 //   - `out` may alias an input only where a comment says so.
 #pragma once
 
@@ -57,6 +59,8 @@ class Backend {
   virtual Tensor Alloc(DType dtype, std::vector<int64_t> shape) = 0;  // zero-filled
   virtual Tensor Upload(const Tensor& host) = 0;  // weights; CPU returns the same view
   virtual void ToHost(const Tensor& src, void* dst) = 0;  // src.nbytes() bytes
+  virtual void FromHost(const void* src, Tensor* dst) = 0;  // dst->nbytes() bytes
+  virtual bool host_memory() const { return true; }
   // Copies `rows` rows (row = product of shape[1:]) from src starting at src_row into dst at dst_row.
   virtual void CopyRows(const Tensor& src, int64_t src_row, Tensor* dst, int64_t dst_row, int64_t rows) = 0;
   // Prepares an EXL3 linear from the checkpoint tensors `<prefix>.trellis/.suh/.svh[/.mcg|.mul1][/.bias]`

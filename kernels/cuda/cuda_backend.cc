@@ -1,0 +1,660 @@
+// The CUDA backend (cuda_backend.h): the Backend seam on one device. Small ops are the kernels of
+// model_ops.h; EXL3 linears go through exl3_gemv.h (m <= 16) and exl3_gemm.h (larger m); routed
+// experts through exl3_moe.h when every expert of the layer suits it and m <= 24, else per expert.
+//
+// Memory: activations come from the stream-ordered pool (cudaMallocAsync on the backend's stream, freed
+// the same way when the last Tensor view drops), weights from cudaMalloc. Host metadata the seam passes
+// (token ids, positions, rope tables) is copied to the device per call; rope tables and hash-routing
+// tables are uploaded once and cached by their host address.
+#include "kernels/cuda/cuda_backend.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "common/half.h"
+#include "common/safetensors.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/exl3_device_weights.h"
+#include "kernels/cuda/exl3_gemm.h"
+#include "kernels/cuda/exl3_gemv.h"
+#include "kernels/cuda/exl3_moe.h"
+#include "kernels/cuda/model_ops.h"
+#include "kernels/exl3/exl3_linear.h"
+
+namespace dsmesh {
+namespace {
+
+std::atomic<int64_t> g_fused_moe{0}, g_per_expert_moe{0};
+
+int64_t RowWidth(const Tensor& t) { return t.shape.empty() || t.shape[0] == 0 ? 0 : t.numel() / t.shape[0]; }
+float* F(const Tensor& t) { return static_cast<float*>(t.data); }
+const int32_t* I32(const Tensor& t) { return static_cast<const int32_t*>(t.data); }
+
+void Require(bool ok, const char* op, const std::string& what) {
+  if (!ok) throw std::runtime_error(std::string("cuda backend ") + op + ": " + what);
+}
+
+cuda_ops::WType WTypeOf(DType t, const std::string& what) {
+  switch (t) {
+    case DType::kF32: return cuda_ops::WType::kF32;
+    case DType::kBF16: return cuda_ops::WType::kBF16;
+    case DType::kF16: return cuda_ops::WType::kF16;
+    default: throw std::runtime_error("cuda backend: " + what + " has dtype " + DTypeName(t) + ", expected f32/bf16/f16");
+  }
+}
+
+// The stream every op of one backend runs on; shared with the deleters of the tensors it allocated so
+// that a tensor outliving the backend still frees on a live stream.
+struct StreamContext {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  explicit StreamContext(int d) : device(d) {
+    CudaCheck(cudaSetDevice(d), "cudaSetDevice(" + std::to_string(d) + ")");
+    CudaCheck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  }
+  ~StreamContext() {
+    cudaSetDevice(device);
+    cudaStreamSynchronize(stream);
+    cudaStreamDestroy(stream);
+  }
+};
+
+// A slice of an EXL3 linear as its own device linear: the Hadamard blocks the slice touches
+// ([k0, k1) x [n0, n1), multiples of 128), with the slice's offsets inside them.
+struct Exl3Part {
+  std::unique_ptr<Exl3DeviceLinearBuffers> buffers;
+  int64_t x_col0 = 0, kin = 0;   // input columns of the slice inside the block range
+  int64_t y_col0 = 0, nout = 0;  // output columns of the slice inside the block range
+  Tensor bias;                   // f32 [nout] device, or empty
+};
+
+// The checkpoint's EXL3 tensors (host views) and the slice this rank uses; device parts are built on
+// first use (the MoE kernel uploads experts itself, so experts it runs never get per-linear copies).
+struct CudaExl3Linear {
+  Exl3Weight weight;
+  Exl3Slice slice;
+  std::mutex mu;
+  std::unique_ptr<Exl3Part> whole;
+  std::map<int64_t, std::unique_ptr<Exl3Part>> groups;  // GroupedLinear: out_begin -> part
+};
+
+// Host copy of the [k0, k1) x [n0, n1) block range of w as an Exl3Weight of its own.
+Exl3Weight SubWeight(const Exl3Weight& w, int64_t k0, int64_t k1, int64_t n0, int64_t n1) {
+  if (k0 == 0 && n0 == 0 && k1 == w.k_padded() && n1 == w.n_padded()) {
+    Exl3Weight v = w;
+    v.in_features = w.k_padded();
+    v.out_features = w.n_padded();
+    return v;
+  }
+  Exl3Weight s;
+  s.K = w.K;
+  s.codebook = w.codebook;
+  s.name = w.name;
+  s.in_features = k1 - k0;
+  s.out_features = n1 - n0;
+  const int64_t tile = 16 * w.K, tiles_n = w.n_padded() / 16, sub_tiles_n = (n1 - n0) / 16;
+  s.trellis = AllocateTensor(DType::kI16, {(k1 - k0) / 16, sub_tiles_n, tile});
+  const uint16_t* src = w.trellis.as<uint16_t>();
+  uint16_t* dst = static_cast<uint16_t*>(s.trellis.data);
+  for (int64_t i = 0; i < (k1 - k0) / 16; ++i)
+    std::memcpy(dst + i * sub_tiles_n * tile, src + ((k0 / 16 + i) * tiles_n + n0 / 16) * tile,
+                static_cast<size_t>(sub_tiles_n * tile) * 2);
+  s.suh = AllocateTensor(DType::kF16, {k1 - k0});
+  std::memcpy(s.suh.data, w.suh.as<uint16_t>() + k0, static_cast<size_t>(k1 - k0) * 2);
+  s.svh = AllocateTensor(DType::kF16, {n1 - n0});
+  std::memcpy(s.svh.data, w.svh.as<uint16_t>() + n0, static_cast<size_t>(n1 - n0) * 2);
+  return s;
+}
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) : ctx_(std::make_shared<StreamContext>(device)) {
+    cudaDeviceProp prop{};
+    CudaCheck(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+    name_ = "cuda:" + std::to_string(device) + " (" + prop.name + ")";
+  }
+
+  ~CudaBackend() override {
+    Use();
+    cudaStreamSynchronize(ctx_->stream);
+    for (auto& [k, p] : host_cache_) cudaFree(p);
+  }
+
+  std::string name() const override { return name_; }
+  bool host_memory() const override { return false; }
+
+  // ---- memory ----
+  Tensor Alloc(DType dtype, std::vector<int64_t> shape) override {
+    Use();
+    Tensor t;
+    t.dtype = dtype;
+    t.shape = std::move(shape);
+    const size_t bytes = std::max<size_t>(t.nbytes(), 16);
+    void* p = nullptr;
+    CudaCheck(cudaMallocAsync(&p, bytes, ctx_->stream), "cudaMallocAsync of " + std::to_string(bytes) + " bytes");
+    CudaCheck(cudaMemsetAsync(p, 0, bytes, ctx_->stream), "cudaMemsetAsync");
+    auto ctx = ctx_;
+    t.data = p;
+    t.owner = std::shared_ptr<void>(p, [ctx](void* q) {
+      cudaSetDevice(ctx->device);
+      cudaFreeAsync(q, ctx->stream);
+    });
+    return t;
+  }
+
+  Tensor Upload(const Tensor& host) override {
+    Use();
+    Tensor t = host;
+    const size_t bytes = std::max<size_t>(host.nbytes(), 16);
+    void* p = nullptr;
+    CudaCheck(cudaMalloc(&p, bytes), "cudaMalloc of " + std::to_string(bytes) + " bytes for a weight " +
+                                         host.ShapeString());
+    if (host.nbytes() > 0) CudaCheck(cudaMemcpy(p, host.data, host.nbytes(), cudaMemcpyHostToDevice), "weight upload");
+    const int device = ctx_->device;
+    t.data = p;
+    t.owner = std::shared_ptr<void>(p, [device](void* q) {
+      cudaSetDevice(device);
+      cudaFree(q);
+    });
+    return t;
+  }
+
+  void ToHost(const Tensor& src, void* dst) override {
+    Use();
+    if (src.nbytes() > 0)
+      CudaCheck(cudaMemcpyAsync(dst, src.data, src.nbytes(), cudaMemcpyDeviceToHost, ctx_->stream), "ToHost copy");
+    CudaCheck(cudaStreamSynchronize(ctx_->stream), "ToHost (an earlier kernel of this step failed)");
+  }
+
+  void FromHost(const void* src, Tensor* dst) override {
+    Use();
+    if (dst->nbytes() > 0)
+      CudaCheck(cudaMemcpyAsync(dst->data, src, dst->nbytes(), cudaMemcpyHostToDevice, ctx_->stream), "FromHost copy");
+    CudaCheck(cudaStreamSynchronize(ctx_->stream), "FromHost");
+  }
+
+  void CopyRows(const Tensor& src, int64_t src_row, Tensor* dst, int64_t dst_row, int64_t rows) override {
+    if (rows <= 0) return;
+    Use();
+    const int64_t row_bytes = RowWidth(src) * static_cast<int64_t>(DTypeSize(src.dtype));
+    Require(row_bytes == RowWidth(*dst) * static_cast<int64_t>(DTypeSize(dst->dtype)), "CopyRows", "row sizes differ");
+    Require(src_row + rows <= src.shape[0] && dst_row + rows <= dst->shape[0], "CopyRows", "rows out of range");
+    cuda_ops::CopyRows(src.data, src_row, dst->data, dst_row, rows, row_bytes, ctx_->stream);
+    Launched("CopyRows");
+  }
+
+  LinearWeight LoadExl3Linear(const Checkpoint& ckpt, const std::string& prefix, int64_t out_features,
+                              int64_t in_features, int64_t out_begin, int64_t out_end, int64_t in_begin,
+                              int64_t in_end) override {
+    auto e = std::make_shared<CudaExl3Linear>();
+    e->weight = LoadExl3Weight(ckpt, prefix, in_features, out_features);
+    e->slice.in_begin = in_begin;
+    e->slice.in_end = in_end;
+    e->slice.out_begin = out_begin;
+    e->slice.out_end = out_end;
+    e->slice.add_bias = in_begin == 0;  // input-sliced ranks: only the first adds the bias
+    const int64_t k = (in_end + 127) / 128 * 128 - in_begin / 128 * 128;
+    const int64_t n = (out_end + 127) / 128 * 128 - out_begin / 128 * 128;
+    max_k_ = std::max(max_k_, k);
+    max_n_ = std::max(max_n_, n);
+    max_weights_ = std::max(max_weights_, k * n);
+    LinearWeight lw;
+    lw.name = prefix;
+    lw.out = out_end - out_begin;
+    lw.in = in_end - in_begin;
+    lw.exl3 = e;
+    return lw;
+  }
+
+  // ---- elementwise and normalisation ----
+  void Embedding(const Tensor& table, const int32_t* tokens, int64_t n, Tensor* out) override {
+    const int64_t D = table.shape[1];
+    Require(out->shape[0] == n && RowWidth(*out) == D, "Embedding", "output shape");
+    for (int64_t i = 0; i < n; ++i)
+      Require(tokens[i] >= 0 && tokens[i] < table.shape[0], "Embedding", "token id out of range");
+    Tensor ids = Staged(tokens, n);
+    cuda_ops::Embedding(table.data, WTypeOf(table.dtype, "the embedding"), D, I32(ids), n, F(*out), ctx_->stream);
+    Launched("Embedding");
+  }
+
+  void RmsNorm(const Tensor& x, int64_t dim, const Tensor* weight, float eps, Tensor* out) override {
+    const int64_t groups = x.numel() / dim;
+    Require(groups * dim == x.numel() && out->numel() == x.numel(), "RmsNorm", "shape");
+    Use();
+    cuda_ops::RmsNorm(F(x), groups, dim, weight ? F(*weight) : nullptr, eps, F(*out), ctx_->stream);
+    Launched("RmsNorm");
+  }
+
+  void Add(const Tensor& a, Tensor* acc) override {
+    Require(a.numel() == acc->numel(), "Add", "sizes differ");
+    Use();
+    cuda_ops::Add(F(a), a.numel(), F(*acc), ctx_->stream);
+    Launched("Add");
+  }
+
+  void Scale(Tensor* x, float s) override {
+    Use();
+    cuda_ops::Scale(F(*x), x->numel(), s, ctx_->stream);
+    Launched("Scale");
+  }
+
+  // ---- linear ----
+  void Linear(const Tensor& x, const LinearWeight& w, Tensor* out) override {
+    const int64_t m = x.shape[0];
+    Require(RowWidth(x) == w.in, "Linear", w.name + ": input width " + std::to_string(RowWidth(x)) + " != " + std::to_string(w.in));
+    Require(RowWidth(*out) == w.out && out->shape[0] == m, "Linear", w.name + ": output shape");
+    Use();
+    if (w.is_exl3()) {
+      auto& e = *static_cast<CudaExl3Linear*>(w.exl3.get());
+      Exl3Apply(PartFor(e, e.slice.out_begin, e.slice.out_end), F(x), w.in, m, F(*out), w.out, false);
+      return;
+    }
+    cuda_ops::DenseLinear(F(x), w.in, m, w.dense.data, WTypeOf(w.dense.dtype, w.name), w.in, w.out, w.in,
+                          w.bias.data ? F(w.bias) : nullptr, F(*out), w.out, ctx_->stream);
+    Launched("Linear");
+  }
+
+  void GroupedLinear(const Tensor& x, const LinearWeight& w, int groups, Tensor* out) override {
+    const int64_t m = x.shape[0], out_g = w.out / groups;
+    Require(RowWidth(x) == groups * w.in && RowWidth(*out) == w.out && w.out % groups == 0, "GroupedLinear",
+            w.name + ": shape");
+    Use();
+    for (int g = 0; g < groups; ++g) {
+      if (w.is_exl3()) {
+        auto& e = *static_cast<CudaExl3Linear*>(w.exl3.get());
+        const int64_t o0 = e.slice.out_begin + g * out_g;
+        Exl3Apply(PartFor(e, o0, o0 + out_g), F(x) + g * w.in, groups * w.in, m, F(*out) + g * out_g, w.out, false);
+        continue;
+      }
+      const size_t es = DTypeSize(w.dense.dtype);
+      const void* wg = static_cast<const char*>(w.dense.data) + static_cast<size_t>(g) * out_g * w.in * es;
+      cuda_ops::DenseLinear(F(x) + g * w.in, groups * w.in, m, wg, WTypeOf(w.dense.dtype, w.name), w.in, out_g, w.in,
+                            nullptr, F(*out) + g * out_g, w.out, ctx_->stream);
+      Launched("GroupedLinear");
+    }
+  }
+
+  // ---- rope ----
+  void Rope(Tensor* x, int64_t heads, int64_t head_dim, int64_t rope_dim, const int64_t* positions,
+            const std::vector<float>& inv_freq, bool inverse) override {
+    const int64_t n = x->shape[0];
+    Require(RowWidth(*x) == heads * head_dim && static_cast<int64_t>(inv_freq.size()) == rope_dim / 2, "Rope", "shape");
+    Tensor pos = Staged(positions, n);
+    cuda_ops::Rope(F(*x), n, heads, head_dim, rope_dim, static_cast<const int64_t*>(pos.data), Cached(inv_freq),
+                   inverse, ctx_->stream);
+    Launched("Rope");
+  }
+
+  // ---- hyper-connections ----
+  void HcPre(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale, int hc, int iters, float eps,
+             float norm_eps, Tensor* y, Tensor* post, Tensor* comb) override {
+    Require(hc <= 16, "HcPre", "hc_mult above 16");
+    const int64_t n = X.shape[0], D = RowWidth(X) / hc;
+    Require(fn.shape.size() == 2 && fn.shape[0] == (2 + hc) * hc && fn.shape[1] == hc * D, "HcPre", "fn shape");
+    Use();
+    cuda_ops::HcPre(F(X), n, D, hc, F(fn), F(base), F(scale), iters, eps, norm_eps, F(*y), F(*post), F(*comb),
+                    ctx_->stream);
+    Launched("HcPre");
+  }
+
+  void HcExpand(const Tensor& h, int hc, Tensor* X) override {
+    Use();
+    cuda_ops::HcExpand(F(h), h.shape[0], RowWidth(h), hc, F(*X), ctx_->stream);
+    Launched("HcExpand");
+  }
+
+  void HcPost(const Tensor& X, const Tensor& f, const Tensor& post, const Tensor& comb, int hc, Tensor* out) override {
+    Use();
+    cuda_ops::HcPost(F(X), F(f), F(post), F(comb), X.shape[0], RowWidth(f), hc, F(*out), ctx_->stream);
+    Launched("HcPost");
+  }
+
+  void HcHead(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale, int hc, float eps,
+              float norm_eps, Tensor* y) override {
+    Require(hc <= 16, "HcHead", "hc_mult above 16");
+    const int64_t n = X.shape[0], D = RowWidth(X) / hc;
+    Require(fn.shape.size() == 2 && fn.shape[0] == hc && fn.shape[1] == hc * D, "HcHead", "fn shape");
+    Use();
+    cuda_ops::HcHead(F(X), n, D, hc, F(fn), F(base), F(scale), eps, norm_eps, F(*y), ctx_->stream);
+    Launched("HcHead");
+  }
+
+  // ---- compressor ----
+  void AddPositionBias(Tensor* score, const Tensor& ape, int64_t first_pos, int ratio) override {
+    const int64_t w = RowWidth(*score);
+    Require(RowWidth(ape) == w && ape.shape[0] == ratio, "AddPositionBias", "ape shape");
+    Use();
+    cuda_ops::AddPositionBias(F(*score), score->shape[0], w, F(ape), first_pos, ratio, ctx_->stream);
+    Launched("AddPositionBias");
+  }
+
+  void CompressorPool(const Tensor& kv, const Tensor& score, int64_t base_pos, int64_t first_window,
+                      int64_t num_windows, int ratio, bool overlap, int64_t d, Tensor* out) override {
+    const int64_t width = RowWidth(kv), rows = kv.shape[0];
+    Require(width == (overlap ? 2 : 1) * d && RowWidth(*out) == d, "CompressorPool", "shape");
+    const int64_t first_row = (overlap && first_window >= 1 ? first_window - 1 : first_window) * ratio - base_pos;
+    const int64_t last_row = (first_window + num_windows) * ratio - 1 - base_pos;
+    Require(num_windows <= 0 || (first_row >= 0 && last_row < rows), "CompressorPool", "window rows not provided");
+    Use();
+    cuda_ops::CompressorPool(F(kv), F(score), width, base_pos, first_window, num_windows, ratio, overlap, d, F(*out),
+                             ctx_->stream);
+    Launched("CompressorPool");
+  }
+
+  // ---- indexer ----
+  void IndexerTopK(const Tensor& q, const Tensor& weights, const Tensor& keys, int64_t num_keys, int64_t heads,
+                   int64_t dim, const int64_t* positions, int ratio, int top_k, Tensor* out) override {
+    const int64_t n = q.shape[0];
+    Require(RowWidth(*out) == top_k && out->dtype == DType::kI32, "IndexerTopK", "output shape");
+    Tensor pos = Staged(positions, n);
+    Tensor scratch = Alloc(DType::kF32, {cuda_ops::IndexerScratchFloats(n, num_keys)});
+    cuda_ops::IndexerTopK(F(q), F(weights), num_keys > 0 ? F(keys) : nullptr, num_keys, heads, dim,
+                          static_cast<const int64_t*>(pos.data), n, ratio, top_k, F(scratch),
+                          static_cast<int32_t*>(out->data), ctx_->stream);
+    Launched("IndexerTopK");
+  }
+
+  // ---- attention ----
+  void Attention(const Tensor& q, int64_t heads, int64_t d, int64_t start, const Tensor& ring, const Tensor& new_kv,
+                 int window, const Tensor* entries, int64_t num_entries, int ratio, const Tensor* topk,
+                 const Tensor& sinks, float softmax_scale, Tensor* out) override {
+    Require(RowWidth(q) == heads * d && RowWidth(*out) == heads * d, "Attention", "shape");
+    Use();
+    cuda_ops::Attention(F(q), q.shape[0], heads, d, start, F(ring), F(new_kv), window,
+                        entries && entries->data ? F(*entries) : nullptr, num_entries, ratio,
+                        topk ? I32(*topk) : nullptr, topk ? RowWidth(*topk) : 0, F(sinks), softmax_scale, F(*out),
+                        ctx_->stream);
+    Launched("Attention");
+  }
+
+  void UpdateRing(const Tensor& new_kv, int64_t start, int window, Tensor* ring) override {
+    Use();
+    cuda_ops::UpdateRing(F(new_kv), new_kv.shape[0], RowWidth(new_kv), start, window, F(*ring), ctx_->stream);
+    Launched("UpdateRing");
+  }
+
+  // ---- MoE ----
+  void MoeRoute(const Tensor& logits, const int32_t* tokens, const RouterParams& p, Tensor* idx,
+                Tensor* weight) override {
+    const int64_t n = logits.shape[0], E = RowWidth(logits);
+    Require(RowWidth(*idx) == p.top_k && RowWidth(*weight) == p.top_k, "MoeRoute", "output shape");
+    Tensor toks;
+    const int32_t* table = nullptr;
+    if (p.hash) {
+      Require(p.tid2eid && p.tid2eid->data, "MoeRoute", "hash layer without tid2eid");
+      toks = Staged(tokens, n);
+      table = CachedTable(*p.tid2eid);
+    }
+    Use();
+    cuda_ops::MoeRoute(F(logits), n, E, p.hash ? I32(toks) : nullptr, table,
+                       !p.hash && p.bias && p.bias->data ? F(*p.bias) : nullptr, p.top_k, p.normalize, p.routed_scale,
+                       static_cast<int32_t*>(idx->data), F(*weight), ctx_->stream);
+    Launched("MoeRoute");
+  }
+
+  void MoeExperts(const Tensor& x, const Tensor& idx, const Tensor& weight, const std::vector<ExpertWeights>& experts,
+                  float limit, Tensor* out) override {
+    const int64_t n = x.shape[0], k = RowWidth(idx);
+    Use();
+    if (FusedMoe* fused = FusedFor(experts, limit, static_cast<int>(k)); fused && n <= kExl3MoeMaxRows) {
+      const int64_t D = RowWidth(x);
+      Tensor xh = Alloc(DType::kF16, {n, D});
+      cuda_ops::ToHalfPadded(F(x), n, D, D, static_cast<uint16_t*>(xh.data), D, 0, ctx_->stream);
+      Tensor y = Alloc(DType::kF32, {n, D});
+      Exl3MoeForward(fused->layer->layer(), static_cast<const uint16_t*>(xh.data), I32(idx), F(weight),
+                     static_cast<int>(n), F(y), *fused->workspace, ctx_->stream);
+      cuda_ops::Add(F(y), n * D, F(*out), ctx_->stream);
+      Launched("MoeExperts (fused)");
+      ++g_fused_moe;
+      return;
+    }
+    ++g_per_expert_moe;
+    // Per expert: the routing leaves the device once (a sync), rows are grouped on the host.
+    std::vector<int32_t> ix(n * k);
+    std::vector<float> wt(n * k);
+    ToHost(idx, ix.data());
+    ToHost(weight, wt.data());
+    std::vector<std::vector<int32_t>> rows(experts.size());
+    std::vector<std::vector<float>> wts(experts.size());
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t i = 0; i < k; ++i) {
+        const int32_t e = ix[r * k + i];
+        Require(e >= 0 && e < static_cast<int32_t>(experts.size()), "MoeExperts", "expert id out of range");
+        rows[e].push_back(static_cast<int32_t>(r));
+        wts[e].push_back(wt[r * k + i]);
+      }
+    for (size_t e = 0; e < experts.size(); ++e)
+      if (!rows[e].empty()) RunExpert(x, rows[e], wts[e], experts[e], limit, out);
+  }
+
+  void SharedExpert(const Tensor& x, const ExpertWeights& expert, float limit, Tensor* out) override {
+    const int64_t m = x.shape[0], D = RowWidth(x), I = expert.w1.out;
+    Tensor g = Alloc(DType::kF32, {m, I}), u = Alloc(DType::kF32, {m, I}), y = Alloc(DType::kF32, {m, D});
+    Linear(x, expert.w1, &g);
+    Linear(x, expert.w3, &u);
+    cuda_ops::SwiGlu(F(g), F(u), m * I, limit, ctx_->stream);
+    Linear(g, expert.w2, &y);
+    cuda_ops::Add(F(y), m * D, F(*out), ctx_->stream);
+    Launched("SharedExpert");
+  }
+
+ private:
+  struct FusedMoe {
+    std::unique_ptr<Exl3DeviceMoeLayer> layer;
+    std::unique_ptr<Exl3MoeWorkspace> workspace;
+    int topk = 0;
+  };
+
+  void Use() const { CudaCheck(cudaSetDevice(ctx_->device), "cudaSetDevice"); }
+
+  void Launched(const char* op) const {
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) throw std::runtime_error(std::string("cuda backend ") + op + ": launch failed: " +
+                                                   cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+  }
+
+  // A device copy of a small host array, valid for this step.
+  template <class T>
+  Tensor Staged(const T* host, int64_t n) {
+    Tensor t = Alloc(sizeof(T) == 8 ? DType::kI64 : DType::kI32, {std::max<int64_t>(n, 1)});
+    if (n > 0)
+      CudaCheck(cudaMemcpyAsync(t.data, host, static_cast<size_t>(n) * sizeof(T), cudaMemcpyHostToDevice, ctx_->stream),
+                "metadata upload");
+    return t;
+  }
+
+  // Device copy of a host table that lives as long as the model (rope frequencies, tid2eid).
+  const void* CachedBytes(const void* host, size_t bytes) {
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    auto key = std::make_pair(host, bytes);
+    auto it = host_cache_.find(key);
+    if (it != host_cache_.end()) return it->second;
+    void* d = nullptr;
+    CudaCheck(cudaMalloc(&d, std::max<size_t>(bytes, 16)), "cudaMalloc for a cached table");
+    CudaCheck(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice), "table upload");
+    host_cache_[key] = d;
+    return d;
+  }
+  const float* Cached(const std::vector<float>& v) {
+    return static_cast<const float*>(CachedBytes(v.data(), v.size() * sizeof(float)));
+  }
+  // tid2eid arrives as a host tensor (the loader keeps routing tables on the host) or already on device.
+  const int32_t* CachedTable(const Tensor& t) {
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, t.data) == cudaSuccess && a.type == cudaMemoryTypeDevice) return I32(t);
+    cudaGetLastError();
+    return static_cast<const int32_t*>(CachedBytes(t.data, t.nbytes()));
+  }
+
+  Exl3Part& PartFor(CudaExl3Linear& e, int64_t out_begin, int64_t out_end) {
+    std::lock_guard<std::mutex> lock(e.mu);
+    const bool whole = out_begin == e.slice.out_begin && out_end == e.slice.out_end;
+    std::unique_ptr<Exl3Part>& slot = whole ? e.whole : e.groups[out_begin];
+    if (slot) return *slot;
+    const Exl3Weight& w = e.weight;
+    const int64_t in_begin = e.slice.in_begin, in_end = e.slice.in_end < 0 ? w.in_features : e.slice.in_end;
+    const int64_t k0 = in_begin / 128 * 128, k1 = (in_end + 127) / 128 * 128;
+    const int64_t n0 = out_begin / 128 * 128, n1 = (out_end + 127) / 128 * 128;
+    auto part = std::make_unique<Exl3Part>();
+    part->buffers = std::make_unique<Exl3DeviceLinearBuffers>(SubWeight(w, k0, k1, n0, n1));
+    part->x_col0 = in_begin - k0;
+    part->kin = in_end - in_begin;
+    part->y_col0 = out_begin - n0;
+    part->nout = out_end - out_begin;
+    if (w.bias && e.slice.add_bias) {
+      std::vector<float> b = ToFloatVector(*w.bias);
+      Tensor hb = AllocateTensor(DType::kF32, {part->nout});
+      std::memcpy(hb.data, b.data() + out_begin, static_cast<size_t>(part->nout) * sizeof(float));
+      part->bias = Upload(hb);
+    }
+    slot = std::move(part);
+    return *slot;
+  }
+
+  // out[m, nout] (row stride ldo; += when accumulate) = x[m, kin] (row stride ldx) W_part.
+  void Exl3Apply(const Exl3Part& part, const float* x, int64_t ldx, int64_t m, float* out, int64_t ldo,
+                 bool accumulate) {
+    const Exl3DeviceLinear& lin = part.buffers->linear();
+    Tensor xh = Alloc(DType::kF16, {m, lin.k});
+    Tensor y = Alloc(DType::kF32, {m, lin.n});
+    cuda_ops::ToHalfPadded(x, m, part.kin, ldx, static_cast<uint16_t*>(xh.data), lin.k, part.x_col0, ctx_->stream);
+    const uint16_t* xp = static_cast<const uint16_t*>(xh.data);
+    if (m <= kExl3GemvMaxRows) {
+      if (!gemv_ws_) gemv_ws_ = std::make_unique<Exl3GemvWorkspace>(size_t{256} << 20);
+      Exl3Gemv(lin, xp, static_cast<int>(m), y.data, Exl3Out::kF32, *gemv_ws_, ctx_->stream);
+    } else {
+      constexpr int kChunk = 512;
+      if (!gemm_ws_) gemm_ws_ = std::make_unique<Exl3GemmWorkspace>(kChunk, max_k_, max_n_, max_weights_);
+      for (int64_t r0 = 0; r0 < m; r0 += kChunk) {
+        const int rows = static_cast<int>(std::min<int64_t>(kChunk, m - r0));
+        Exl3Gemm(lin, xp + r0 * lin.k, rows, F(y) + r0 * lin.n, Exl3Out::kF32, *gemm_ws_, ctx_->stream);
+      }
+    }
+    cuda_ops::TakeColumns(F(y), m, lin.n, part.y_col0, part.nout, part.bias.data ? F(part.bias) : nullptr, out, ldo,
+                          accumulate, ctx_->stream);
+    Launched("EXL3 linear");
+  }
+
+  // The single-launch kernel for this layer's experts, or null (with the reason logged once) when the
+  // experts are not all full-width MCG EXL3 of one K.
+  FusedMoe* FusedFor(const std::vector<ExpertWeights>& experts, float limit, int topk) {
+    std::lock_guard<std::mutex> lock(moe_mu_);
+    auto it = fused_.find(&experts);
+    if (it != fused_.end()) return it->second.get();
+    std::unique_ptr<FusedMoe> f;
+    std::string why;
+    std::vector<Exl3Weight> subs;
+    std::vector<Exl3DeviceMoeLayer::Expert> views;
+    const std::string name = experts.empty() ? "experts" : experts[0].w1.name;
+    for (const ExpertWeights& e : experts) {
+      for (const LinearWeight* lw : {&e.w1, &e.w3, &e.w2}) {
+        if (!lw->is_exl3()) {
+          why = "dense experts";
+          break;
+        }
+        const auto& c = *static_cast<const CudaExl3Linear*>(lw->exl3.get());
+        const int64_t in_end = c.slice.in_end < 0 ? c.weight.in_features : c.slice.in_end;
+        const int64_t out_end = c.slice.out_end < 0 ? c.weight.out_features : c.slice.out_end;
+        if (c.slice.in_begin % 128 || in_end % 128 || c.slice.out_begin % 128 || out_end % 128) {
+          why = "expert slices not multiples of 128";
+          break;
+        }
+        if (c.weight.bias) {
+          why = "expert biases";
+          break;
+        }
+        subs.push_back(SubWeight(c.weight, c.slice.in_begin, in_end, c.slice.out_begin, out_end));
+      }
+      if (!why.empty()) break;
+    }
+    if (why.empty()) {
+      for (size_t i = 0; i + 2 < subs.size(); i += 3) views.push_back({&subs[i], &subs[i + 1], &subs[i + 2]});
+      try {
+        f = std::make_unique<FusedMoe>();
+        f->layer = std::make_unique<Exl3DeviceMoeLayer>(name, views, limit);
+        const Exl3MoeLayer& l = f->layer->layer();
+        f->topk = topk;
+        f->workspace = std::make_unique<Exl3MoeWorkspace>(kExl3MoeMaxRows, f->topk, l.hidden, l.inter);
+        why = Exl3MoeUnsupportedReason(l, 1, f->topk);
+      } catch (const std::exception& ex) {
+        why = ex.what();
+      }
+      if (!why.empty()) f.reset();
+    }
+    if (!why.empty()) std::fprintf(stderr, "[cuda] %s: routed experts run per expert (%s)\n", name.c_str(), why.c_str());
+    FusedMoe* raw = f.get();
+    fused_[&experts] = std::move(f);
+    return raw;
+  }
+
+  void RunExpert(const Tensor& x, const std::vector<int32_t>& rows, const std::vector<float>& wts,
+                 const ExpertWeights& e, float limit, Tensor* out) {
+    const int64_t m = rows.size(), D = RowWidth(x), I = e.w1.out;
+    Tensor ri = Staged(rows.data(), m);
+    Tensor wv = Alloc(DType::kF32, {m});
+    CudaCheck(cudaMemcpyAsync(wv.data, wts.data(), m * sizeof(float), cudaMemcpyHostToDevice, ctx_->stream),
+              "expert weights upload");
+    Tensor xs = Alloc(DType::kF32, {m, D});
+    cuda_ops::GatherRows(F(x), I32(ri), m, D, F(xs), ctx_->stream);
+    Tensor g = Alloc(DType::kF32, {m, I}), u = Alloc(DType::kF32, {m, I}), y = Alloc(DType::kF32, {m, D});
+    Linear(xs, e.w1, &g);
+    Linear(xs, e.w3, &u);
+    cuda_ops::SwiGlu(F(g), F(u), m * I, limit, ctx_->stream);
+    Linear(g, e.w2, &y);
+    cuda_ops::ScatterAddRows(F(y), I32(ri), F(wv), m, D, F(*out), ctx_->stream);
+    Launched("MoeExperts (per expert)");
+  }
+
+  std::shared_ptr<StreamContext> ctx_;
+  std::string name_;
+  int64_t max_k_ = 128, max_n_ = 128, max_weights_ = 128 * 128;
+  std::unique_ptr<Exl3GemvWorkspace> gemv_ws_;
+  std::unique_ptr<Exl3GemmWorkspace> gemm_ws_;
+  std::mutex cache_mu_, moe_mu_;
+  std::map<std::pair<const void*, size_t>, void*> host_cache_;
+  std::map<const void*, std::unique_ptr<FusedMoe>> fused_;
+};
+
+}  // namespace
+
+void RequireCudaDevice(int device, const std::string& who) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    throw std::runtime_error(who + ": no CUDA GPU is visible (cudaGetDeviceCount: " +
+                             std::string(e == cudaSuccess ? "0 devices" : cudaGetErrorName(e)) +
+                             "); check `nvidia-smi` and CUDA_VISIBLE_DEVICES");
+  }
+  if (device < 0 || device >= n)
+    throw std::runtime_error(who + ": CUDA device " + std::to_string(device) + " does not exist (" + std::to_string(n) +
+                             " visible; check `nvidia-smi` and CUDA_VISIBLE_DEVICES)");
+}
+
+int ParseDeviceFlag(const std::string& value, const std::string& flag) {
+  if (value == "cpu") return -1;
+  if (value == "cuda") return 0;
+  if (value.rfind("cuda:", 0) == 0) {
+    const std::string n = value.substr(5);
+    if (!n.empty() && n.size() < 4 && n.find_first_not_of("0123456789") == std::string::npos) return std::stoi(n);
+  }
+  throw std::runtime_error(flag + " " + value + ": expected cpu, cuda or cuda:N");
+}
+
+std::shared_ptr<Backend> MakeCudaBackend(int device) {
+  RequireCudaDevice(device, "cuda backend");
+  return std::make_shared<CudaBackend>(device);
+}
+
+CudaMoePathCounts CudaMoePathCallCounts() { return {g_fused_moe.load(), g_per_expert_moe.load()}; }
+
+}  // namespace dsmesh

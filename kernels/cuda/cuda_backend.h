@@ -1,0 +1,32 @@
+// The CUDA backend of the model forward: every Backend op (kernels/backend.h) on one CUDA device, f32
+// activations in device memory, dense weights kept in their checkpoint dtype, EXL3 linears through the
+// GEMV (m <= 16) and GEMM (prefill) kernels, routed experts through the single-launch MoE kernel when the
+// layer and row count allow it. All work is enqueued on the backend's own stream; only ToHost waits.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kernels/backend.h"
+
+namespace dsmesh {
+
+// Throws std::runtime_error when no CUDA GPU is visible or `device` does not exist; the message says so
+// in those words and names nvidia-smi as the next thing to check.
+void RequireCudaDevice(int device, const std::string& who);
+
+// Parses "cuda" (device 0) or "cuda:N"; returns -1 for "cpu"; throws naming `flag` on anything else.
+int ParseDeviceFlag(const std::string& value, const std::string& flag = "--device");
+
+std::shared_ptr<Backend> MakeCudaBackend(int device);
+
+// How often the routed-expert layers took the single-launch MoE kernel and how often they ran the
+// per-expert path (with the reason logged once per layer), for tests and the worker's log.
+struct CudaMoePathCounts {
+  int64_t fused_launches = 0;
+  int64_t per_expert_launches = 0;
+};
+CudaMoePathCounts CudaMoePathCallCounts();
+
+}  // namespace dsmesh

@@ -1,0 +1,725 @@
+// The CUDA backend against the CPU backend (the fp32 reference): every op of kernels/backend.h on the
+// same random inputs, awkward sizes and the edge cases the forward meets (ring wrap-around, -1 padding,
+// ties, tensor-parallel slices, both MoE paths). f32 ops must agree to ~1e-5 relative L2; EXL3 linears to
+// 2e-3 (the GPU feeds fp16 activations to the EXL3 kernels); copies, index outputs and single adds must
+// be identical. Without a GPU every test skips.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "common/half.h"
+#include "common/safetensors.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/gpu_test_util.h"
+#include "kernels/exl3/exl3_linear.h"
+
+namespace dsmesh {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr double kF32Tol = 1e-5;   // rel L2 of f32 ops (summation order, expf/sinf ulps)
+constexpr double kExl3Tol = 2e-3;  // rel L2 of EXL3 linears (fp16 activations on the GPU)
+
+// One tensor on both backends: c in CPU (host) memory, g in CUDA memory, same values.
+struct Pair {
+  Tensor c, g;
+};
+struct LinPair {
+  LinearWeight c, g;
+};
+struct ExpertSet {
+  std::vector<ExpertWeights> c, g;
+};
+
+void FillHost(Tensor* t, const std::function<float()>& draw) {
+  for (int64_t i = 0; i < t->numel(); ++i) {
+    const float v = draw();
+    switch (t->dtype) {
+      case DType::kF32: t->as<float>()[i] = v; break;
+      case DType::kBF16: t->as<uint16_t>()[i] = FloatToBf16(v); break;
+      case DType::kF16: t->as<uint16_t>()[i] = FloatToFp16(v); break;
+      case DType::kI32: t->as<int32_t>()[i] = static_cast<int32_t>(v); break;
+      default: throw std::runtime_error("FillHost: dtype");
+    }
+  }
+}
+
+// Random EXL3 linears written as a one-shard checkpoint, the form LoadExl3Linear reads them in.
+class Exl3Checkpoint {
+ public:
+  explicit Exl3Checkpoint(uint32_t seed) : rng_(seed) {}
+  void Add(const std::string& prefix, int64_t k, int64_t n, int K, Exl3Codebook cb, bool bias) {
+    const Exl3Weight w = testing::RandomExl3Weight(k, n, K, cb, rng_);
+    writer_.Add(prefix + ".trellis", w.trellis);
+    writer_.Add(prefix + ".suh", w.suh);
+    writer_.Add(prefix + ".svh", w.svh);
+    if (cb == Exl3Codebook::kMcg) {
+      Tensor m = AllocateTensor(DType::kI32, {});
+      *m.as<uint32_t>() = kExl3McgMultiplier;
+      writer_.Add(prefix + ".mcg", m);
+    }
+    if (bias) {
+      Tensor b = AllocateTensor(DType::kF16, {n});
+      std::normal_distribution<float> nd(0.0f, 0.5f);
+      FillHost(&b, [&] { return nd(rng_); });
+      writer_.Add(prefix + ".bias", b);
+    }
+  }
+  Checkpoint Write() {
+    const fs::path dir = fs::path(::testing::TempDir()) /
+                         (std::string("cuda_backend_test_") +
+                          ::testing::UnitTest::GetInstance()->current_test_info()->name() + "_" +
+                          std::to_string(written++));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    writer_.Write((dir / "model.safetensors").string());
+    return Checkpoint::Open(dir.string());
+  }
+
+ private:
+  std::mt19937 rng_;
+  SafetensorsWriter writer_;
+  static inline int written = 0;  // one directory per checkpoint: earlier ones stay mapped
+};
+
+class CudaBackendTest : public ::testing::Test {
+ protected:
+  // Made on first use, after DSMESH_REQUIRE_GPU: MakeCudaBackend throws without a GPU. A fresh backend
+  // per test keeps its host-address caches (rope tables, tid2eid, fused MoE layers) from seeing another
+  // test's freed buffers.
+  Backend& gpu() {
+    if (!gpu_) gpu_ = MakeCudaBackend(0);
+    return *gpu_;
+  }
+
+  Tensor HostRand(DType dt, std::vector<int64_t> shape, float scale = 1.0f, bool fp16_exact = false) {
+    Tensor t = AllocateTensor(dt, std::move(shape));
+    std::normal_distribution<float> nd(0.0f, scale);
+    FillHost(&t, [&] { return fp16_exact ? Fp16ToFloat(FloatToFp16(nd(rng_))) : nd(rng_); });
+    return t;
+  }
+  // CPU Upload returns the same host view, so c is the host tensor itself and CPU ops write into it.
+  Pair Both(const Tensor& host) { return {cpu_->Upload(host), gpu().Upload(host)}; }
+  Pair Rand(std::vector<int64_t> shape, float scale = 1.0f, bool fp16_exact = false) {
+    return Both(HostRand(DType::kF32, std::move(shape), scale, fp16_exact));
+  }
+  // Values step * {-levels..levels}: dot products of these are exact in f32 whatever the summation order,
+  // so rankings built on them must agree exactly (and tie often).
+  Pair Grid(std::vector<int64_t> shape, int levels, float step) {
+    Tensor t = AllocateTensor(DType::kF32, std::move(shape));
+    std::uniform_int_distribution<int> ud(-levels, levels);
+    FillHost(&t, [&] { return step * ud(rng_); });
+    return Both(t);
+  }
+  Pair Ints(std::vector<int64_t> shape, int lo, int hi) {
+    Tensor t = AllocateTensor(DType::kI32, std::move(shape));
+    std::uniform_int_distribution<int> ud(lo, hi);
+    FillHost(&t, [&] { return static_cast<float>(ud(rng_)); });
+    return Both(t);
+  }
+  Pair Zeros(DType dt, std::vector<int64_t> shape) { return {cpu_->Alloc(dt, shape), gpu().Alloc(dt, shape)}; }
+  // A separate copy of p.c on both backends (the "before" of an in-place op).
+  Pair Copy(const Pair& p) {
+    Tensor h = AllocateTensor(p.c.dtype, p.c.shape);
+    std::memcpy(h.data, p.c.data, p.c.nbytes());
+    return Both(h);
+  }
+
+  std::vector<uint8_t> GpuBytes(const Tensor& g) {
+    std::vector<uint8_t> b(g.nbytes());
+    gpu().ToHost(g, b.data());
+    return b;
+  }
+
+  // rel L2 <= tol and the largest elementwise error <= 10 * tol of the reference's largest magnitude;
+  // with `base`, both sides have base subtracted first (to judge what an accumulating op added).
+  void ExpectClose(const Pair& p, double tol, const std::string& what, const Pair* base = nullptr) {
+    ASSERT_EQ(p.c.dtype, DType::kF32) << what;
+    ASSERT_EQ(p.c.numel(), p.g.numel()) << what;
+    const std::vector<uint8_t> gb = GpuBytes(p.g);
+    const float* g = reinterpret_cast<const float*>(gb.data());
+    const float* c = p.c.as<float>();
+    const float* b = base ? base->c.as<float>() : nullptr;
+    double num = 0, den = 0, max_err = 0, max_ref = 0;
+    int64_t worst = 0;
+    for (int64_t i = 0; i < p.c.numel(); ++i) {
+      const double r = static_cast<double>(c[i]) - (b ? b[i] : 0.0), x = static_cast<double>(g[i]) - (b ? b[i] : 0.0);
+      const double e = std::fabs(x - r);
+      if (!(e <= max_err)) max_err = e, worst = i;  // also catches NaN
+      num += e * e;
+      den += r * r;
+      max_ref = std::max(max_ref, std::fabs(r));
+    }
+    const double rel = std::sqrt(num / std::max(den, 1e-300));
+    EXPECT_LE(rel, tol) << what << ": rel L2 (numel " << p.c.numel() << ")";
+    EXPECT_LE(max_err, 10 * tol * std::max(max_ref, 1e-30))
+        << what << ": worst element " << worst << " cpu " << c[worst] << " cuda " << g[worst];
+  }
+
+  void ExpectSame(const Pair& p, const std::string& what) {
+    ASSERT_EQ(p.c.nbytes(), p.g.nbytes()) << what;
+    const std::vector<uint8_t> gb = GpuBytes(p.g);
+    if (std::memcmp(gb.data(), p.c.data, gb.size()) == 0) return;
+    const size_t es = DTypeSize(p.c.dtype);
+    for (size_t i = 0; i < gb.size(); i += es)
+      if (std::memcmp(gb.data() + i, static_cast<const char*>(p.c.data) + i, es) != 0) {
+        if (p.c.dtype == DType::kI32) {
+          int32_t gv;
+          std::memcpy(&gv, gb.data() + i, 4);
+          ADD_FAILURE() << what << ": first difference at element " << i / es << " (row width "
+                        << p.c.numel() / std::max<int64_t>(p.c.shape[0], 1) << "): cpu "
+                        << p.c.as<int32_t>()[i / es] << " cuda " << gv;
+        } else {
+          ADD_FAILURE() << what << ": first difference at element " << i / es;
+        }
+        return;
+      }
+  }
+
+  LinPair Dense(int64_t out, int64_t in, DType dt, bool bias, float scale = 0.2f) {
+    const Tensor w = HostRand(dt, {out, in}, scale);
+    LinPair l;
+    for (LinearWeight* lw : {&l.c, &l.g}) lw->name = "dense", lw->in = in, lw->out = out;
+    l.c.dense = w;
+    l.g.dense = gpu().Upload(w);
+    if (bias) {
+      const Tensor b = HostRand(DType::kF32, {out});
+      l.c.bias = b;
+      l.g.bias = gpu().Upload(b);
+    }
+    return l;
+  }
+  LinPair Exl3(const Checkpoint& ck, const std::string& prefix, int64_t out, int64_t in, int64_t o0, int64_t o1,
+               int64_t i0, int64_t i1) {
+    return {cpu_->LoadExl3Linear(ck, prefix, out, in, o0, o1, i0, i1),
+            gpu().LoadExl3Linear(ck, prefix, out, in, o0, o1, i0, i1)};
+  }
+  ExpertSet DenseExperts(int E, int64_t D, int64_t I, DType dt) {
+    ExpertSet s;
+    for (int e = 0; e < E; ++e) {
+      LinPair w1 = Dense(I, D, dt, false), w3 = Dense(I, D, dt, false), w2 = Dense(D, I, dt, false, 0.1f);
+      s.c.push_back({w1.c, w3.c, w2.c});
+      s.g.push_back({w1.g, w3.g, w2.g});
+    }
+    return s;
+  }
+  ExpertSet Exl3Experts(int E, int64_t D, int64_t I, int K, Exl3Codebook cb) {
+    Exl3Checkpoint w(static_cast<uint32_t>(rng_()));
+    auto p = [](int e, const char* part) { return "experts." + std::to_string(e) + "." + part; };
+    for (int e = 0; e < E; ++e) {
+      w.Add(p(e, "w1"), D, I, K, cb, false);
+      w.Add(p(e, "w3"), D, I, K, cb, false);
+      w.Add(p(e, "w2"), I, D, K, cb, false);
+    }
+    const Checkpoint ck = w.Write();
+    ExpertSet s;
+    for (int e = 0; e < E; ++e) {
+      LinPair w1 = Exl3(ck, p(e, "w1"), I, D, 0, I, 0, D), w3 = Exl3(ck, p(e, "w3"), I, D, 0, I, 0, D),
+              w2 = Exl3(ck, p(e, "w2"), D, I, 0, D, 0, I);
+      s.c.push_back({w1.c, w3.c, w2.c});
+      s.g.push_back({w1.g, w3.g, w2.g});
+    }
+    return s;
+  }
+  // Routing of n rows to k distinct experts of E with weights in [0.1, 1].
+  std::pair<Pair, Pair> Routing(int64_t n, int k, int E) {
+    Tensor idx = AllocateTensor(DType::kI32, {n, k}), wt = AllocateTensor(DType::kF32, {n, k});
+    std::uniform_real_distribution<float> ud(0.1f, 1.0f);
+    std::vector<int32_t> all(E);
+    for (int64_t r = 0; r < n; ++r) {
+      std::iota(all.begin(), all.end(), 0);
+      std::shuffle(all.begin(), all.end(), rng_);
+      for (int i = 0; i < k; ++i) idx.as<int32_t>()[r * k + i] = all[i], wt.as<float>()[r * k + i] = ud(rng_);
+    }
+    return {Both(idx), Both(wt)};
+  }
+
+  std::shared_ptr<Backend> cpu_ = MakeCpuBackend();
+  std::shared_ptr<Backend> gpu_;
+  std::mt19937 rng_{20240611};
+};
+
+TEST_F(CudaBackendTest, MemoryAllocCopyRowsAndTransfers) {
+  DSMESH_REQUIRE_GPU();
+  Tensor z = gpu().Alloc(DType::kF32, {7, 9});
+  std::vector<float> zh(63, 1.0f);
+  gpu().ToHost(z, zh.data());
+  for (float v : zh) ASSERT_EQ(v, 0.0f) << "Alloc must zero-fill";
+
+  Pair a = Rand({12, 33});
+  std::vector<float> back(a.c.numel());
+  gpu().ToHost(a.g, back.data());
+  EXPECT_EQ(0, std::memcmp(back.data(), a.c.data, a.c.nbytes())) << "Upload/ToHost";
+  Tensor h = HostRand(DType::kF32, {12, 33});
+  gpu().FromHost(h.data, &a.g);
+  std::memcpy(a.c.data, h.data, h.nbytes());
+  ExpectSame(a, "FromHost");
+
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kI32}) {
+    Pair src = Both(HostRand(dt, {10, 17}, 5.0f)), dst = Both(HostRand(dt, {8, 17}, 5.0f));
+    cpu_->CopyRows(src.c, 3, &dst.c, 2, 5);
+    gpu().CopyRows(src.g, 3, &dst.g, 2, 5);
+    ExpectSame(dst, std::string("CopyRows ") + DTypeName(dt));
+    // Overlapping rows of one tensor (memmove semantics), both directions.
+    cpu_->CopyRows(src.c, 1, &src.c, 3, 6);
+    gpu().CopyRows(src.g, 1, &src.g, 3, 6);
+    cpu_->CopyRows(src.c, 4, &src.c, 2, 5);
+    gpu().CopyRows(src.g, 4, &src.g, 2, 5);
+    ExpectSame(src, std::string("CopyRows overlapping ") + DTypeName(dt));
+  }
+}
+
+TEST_F(CudaBackendTest, Embedding) {
+  DSMESH_REQUIRE_GPU();
+  const std::vector<int32_t> tokens = {0, 999, 17, 17, 500, 3, 998};
+  for (DType dt : {DType::kBF16, DType::kF16, DType::kF32}) {
+    Pair table = Both(HostRand(dt, {1000, 100}));
+    Pair out = Zeros(DType::kF32, {7, 100});
+    cpu_->Embedding(table.c, tokens.data(), 7, &out.c);
+    gpu().Embedding(table.g, tokens.data(), 7, &out.g);
+    ExpectSame(out, std::string("Embedding ") + DTypeName(dt));
+  }
+}
+
+TEST_F(CudaBackendTest, RmsNormAddScale) {
+  DSMESH_REQUIRE_GPU();
+  for (int64_t dim : {64, 37, 1024}) {
+    Pair x = Rand({5, 3 * dim}, 2.0f), w = Rand({dim}), out = Zeros(DType::kF32, {5, 3 * dim});
+    for (bool weighted : {true, false}) {
+      cpu_->RmsNorm(x.c, dim, weighted ? &w.c : nullptr, 1e-6f, &out.c);
+      gpu().RmsNorm(x.g, dim, weighted ? &w.g : nullptr, 1e-6f, &out.g);
+      ExpectClose(out, kF32Tol, "RmsNorm dim " + std::to_string(dim) + (weighted ? " weighted" : " unweighted"));
+    }
+    cpu_->RmsNorm(x.c, dim, &w.c, 1e-6f, &x.c);  // in place
+    gpu().RmsNorm(x.g, dim, &w.g, 1e-6f, &x.g);
+    ExpectClose(x, kF32Tol, "RmsNorm in place dim " + std::to_string(dim));
+  }
+  Pair a = Rand({9, 301}), acc = Rand({9, 301});
+  cpu_->Add(a.c, &acc.c);
+  gpu().Add(a.g, &acc.g);
+  ExpectSame(acc, "Add");
+  cpu_->Scale(&acc.c, -0.37f);
+  gpu().Scale(&acc.g, -0.37f);
+  ExpectSame(acc, "Scale");
+}
+
+TEST_F(CudaBackendTest, DenseLinear) {
+  DSMESH_REQUIRE_GPU();
+  for (DType dt : {DType::kBF16, DType::kF16, DType::kF32})
+    for (auto [out, in] : {std::pair<int64_t, int64_t>{100, 37}, {256, 512}, {7, 1}})
+      for (bool bias : {true, false}) {
+        const LinPair w = Dense(out, in, dt, bias);
+        for (int64_t m : {1, 5, 8, 9, 70}) {
+          Pair x = Rand({m, in}), y = Zeros(DType::kF32, {m, out});
+          cpu_->Linear(x.c, w.c, &y.c);
+          gpu().Linear(x.g, w.g, &y.g);
+          ExpectClose(y, kF32Tol, std::string("Linear ") + DTypeName(dt) + " " + std::to_string(out) + "x" +
+                                      std::to_string(in) + (bias ? " bias" : "") + " m=" + std::to_string(m));
+        }
+      }
+}
+
+TEST_F(CudaBackendTest, DenseGroupedLinear) {
+  DSMESH_REQUIRE_GPU();
+  for (DType dt : {DType::kBF16, DType::kF32})
+    for (auto [groups, in, out] : {std::tuple<int, int64_t, int64_t>{4, 37, 100}, {8, 128, 1024}}) {
+      const LinPair w = Dense(out, in, dt, false);
+      for (int64_t m : {1, 5, 9, 70}) {
+        Pair x = Rand({m, groups * in}), y = Zeros(DType::kF32, {m, out});
+        cpu_->GroupedLinear(x.c, w.c, groups, &y.c);
+        gpu().GroupedLinear(x.g, w.g, groups, &y.g);
+        ExpectClose(y, kF32Tol, std::string("GroupedLinear ") + DTypeName(dt) + " groups " + std::to_string(groups) +
+                                    " m=" + std::to_string(m));
+      }
+    }
+}
+
+TEST_F(CudaBackendTest, RopeForwardAndInverse) {
+  DSMESH_REQUIRE_GPU();
+  const std::vector<int64_t> positions = {0, 1, 7, 4095, 65537, 300000, 1048575};
+  const int64_t n = positions.size(), heads = 4, head_dim = 96, rope_dim = 64;
+  std::vector<float> inv_freq(rope_dim / 2);
+  for (int64_t i = 0; i < rope_dim / 2; ++i) inv_freq[i] = std::pow(10000.0f, -2.0f * i / rope_dim);
+  for (bool inverse : {false, true}) {
+    Pair x = Rand({n, heads * head_dim});
+    cpu_->Rope(&x.c, heads, head_dim, rope_dim, positions.data(), inv_freq, inverse);
+    gpu().Rope(&x.g, heads, head_dim, rope_dim, positions.data(), inv_freq, inverse);
+    ExpectClose(x, kF32Tol, inverse ? "Rope inverse" : "Rope");
+  }
+}
+
+TEST_F(CudaBackendTest, HyperConnections) {
+  DSMESH_REQUIRE_GPU();
+  const int hc = 4, iters = 20;
+  const int64_t n = 5, D = 160;
+  const float eps = 1e-6f, norm_eps = 1e-6f;
+  Pair X = Rand({n, hc * D});
+  Pair fn = Rand({(2 + hc) * hc, hc * D}, 0.05f), base = Rand({(2 + hc) * hc}, 0.5f);
+  Pair scale = Rand({3});
+  Pair y = Zeros(DType::kF32, {n, D}), post = Zeros(DType::kF32, {n, hc}), comb = Zeros(DType::kF32, {n, hc * hc});
+  cpu_->HcPre(X.c, fn.c, base.c, scale.c, hc, iters, eps, norm_eps, &y.c, &post.c, &comb.c);
+  gpu().HcPre(X.g, fn.g, base.g, scale.g, hc, iters, eps, norm_eps, &y.g, &post.g, &comb.g);
+  ExpectClose(y, kF32Tol, "HcPre y");
+  ExpectClose(post, kF32Tol, "HcPre post");
+  ExpectClose(comb, kF32Tol, "HcPre comb");
+
+  Pair h = Rand({n, D}), Xe = Zeros(DType::kF32, {n, hc * D});
+  cpu_->HcExpand(h.c, hc, &Xe.c);
+  gpu().HcExpand(h.g, hc, &Xe.g);
+  ExpectSame(Xe, "HcExpand");
+
+  // HcPost on the CPU's post/comb (the same values on both sides).
+  Pair post_in = Copy(post), comb_in = Copy(comb), f = Rand({n, D}), out = Zeros(DType::kF32, {n, hc * D});
+  cpu_->HcPost(X.c, f.c, post_in.c, comb_in.c, hc, &out.c);
+  gpu().HcPost(X.g, f.g, post_in.g, comb_in.g, hc, &out.g);
+  ExpectClose(out, kF32Tol, "HcPost");
+
+  Pair hfn = Rand({hc, hc * D}, 0.05f), hbase = Rand({hc}, 0.5f), hscale = Rand({1});
+  Pair hy = Zeros(DType::kF32, {n, D});
+  cpu_->HcHead(X.c, hfn.c, hbase.c, hscale.c, hc, eps, norm_eps, &hy.c);
+  gpu().HcHead(X.g, hfn.g, hbase.g, hscale.g, hc, eps, norm_eps, &hy.g);
+  ExpectClose(hy, kF32Tol, "HcHead");
+}
+
+TEST_F(CudaBackendTest, CompressorPositionBiasAndPool) {
+  DSMESH_REQUIRE_GPU();
+  for (auto [ratio, first_pos, n, width] : {std::tuple<int, int64_t, int64_t, int64_t>{4, 6, 9, 64}, {128, 300, 5, 48}}) {
+    Pair score = Rand({n, width}), ape = Rand({ratio, width});
+    cpu_->AddPositionBias(&score.c, ape.c, first_pos, ratio);
+    gpu().AddPositionBias(&score.g, ape.g, first_pos, ratio);
+    ExpectSame(score, "AddPositionBias ratio " + std::to_string(ratio));
+  }
+  struct Case {
+    int ratio;
+    bool overlap;
+    int64_t d, base_pos, first_window, num_windows;
+  };
+  for (const Case& k : {Case{4, true, 32, 8, 3, 4}, Case{4, true, 32, 0, 0, 5}, Case{4, true, 512, 0, 1, 2},
+                        Case{128, false, 48, 200, 2, 3}, Case{128, false, 48, 0, 0, 1}}) {
+    const int64_t width = (k.overlap ? 2 : 1) * k.d;
+    const int64_t rows = (k.first_window + k.num_windows) * k.ratio - k.base_pos + 3;  // a few spare rows
+    Pair kv = Rand({rows, width}), score = Rand({rows, width}, 2.0f), out = Zeros(DType::kF32, {k.num_windows, k.d});
+    cpu_->CompressorPool(kv.c, score.c, k.base_pos, k.first_window, k.num_windows, k.ratio, k.overlap, k.d, &out.c);
+    gpu().CompressorPool(kv.g, score.g, k.base_pos, k.first_window, k.num_windows, k.ratio, k.overlap, k.d, &out.g);
+    ExpectClose(out, kF32Tol, "CompressorPool ratio " + std::to_string(k.ratio) + (k.overlap ? " overlap" : "") +
+                                  " first_window " + std::to_string(k.first_window) + " base_pos " +
+                                  std::to_string(k.base_pos));
+  }
+}
+
+TEST_F(CudaBackendTest, IndexerTopK) {
+  DSMESH_REQUIRE_GPU();
+  struct Case {
+    const char* what;
+    int64_t num_keys;
+    int top_k;
+    std::vector<int64_t> positions;
+    int distinct_keys;  // keys repeat with this period (0 = all random): exact duplicate scores
+  };
+  const int64_t heads = 8, dim = 64;
+  const int ratio = 4;
+  for (const Case& k : {Case{"fewer keys than top_k", 5, 16, {2, 9, 100}, 0},
+                        Case{"20000 keys, partly visible", 20000, 512, {80003, 79999, 40000, 2047, 1000, 3}, 0},
+                        Case{"duplicate keys (ties)", 3000, 100, {12003, 12003, 5000, 401}, 40}}) {
+    const int64_t n = k.positions.size();
+    Pair q = Grid({n, heads * dim}, 4, 0.25f), w = Grid({n, heads}, 8, 0.125f);
+    Pair keys = Grid({k.num_keys, dim}, 4, 0.25f);
+    if (k.distinct_keys > 0) {
+      float* kc = keys.c.as<float>();
+      for (int64_t i = k.distinct_keys; i < k.num_keys; ++i)
+        std::memcpy(kc + i * dim, kc + (i % k.distinct_keys) * dim, dim * sizeof(float));
+      keys.g = gpu().Upload(keys.c);
+    }
+    Pair out = Zeros(DType::kI32, {n, k.top_k});
+    cpu_->IndexerTopK(q.c, w.c, keys.c, k.num_keys, heads, dim, k.positions.data(), ratio, k.top_k, &out.c);
+    gpu().IndexerTopK(q.g, w.g, keys.g, k.num_keys, heads, dim, k.positions.data(), ratio, k.top_k, &out.g);
+    ExpectSame(out, std::string("IndexerTopK ") + k.what);
+    if (k.num_keys == 5) {
+      EXPECT_EQ(out.c.as<int32_t>()[0], -1) << "position 2 sees no key";
+    }
+  }
+}
+
+TEST_F(CudaBackendTest, Attention) {
+  DSMESH_REQUIRE_GPU();
+  struct Case {
+    const char* what;
+    int64_t n, start;
+    int window;
+    int ratio;
+    int64_t num_entries;
+    int topk_cols;  // 0 = all visible entries
+  };
+  const int64_t heads = 4, d = 64;
+  const float softmax_scale = 1.0f / std::sqrt(static_cast<float>(d));
+  for (const Case& k : {Case{"sliding, from 0", 7, 0, 16, 0, 0, 0}, Case{"sliding, one row", 1, 5, 16, 0, 0, 0},
+                        Case{"sliding, ring wraps", 7, 37, 16, 0, 0, 0}, Case{"sliding, ring wraps n=1", 1, 100, 16, 0, 0, 0},
+                        Case{"all compressed entries", 7, 37, 16, 4, 11, 0},
+                        Case{"all compressed entries, long", 3, 20100, 128, 4, 5025, 0},
+                        Case{"topk with -1 and future entries", 7, 37, 16, 4, 12, 8},
+                        Case{"topk n=1", 1, 300, 128, 128, 3, 4}}) {
+    Pair q = Rand({k.n, heads * d}), ring = Rand({k.window, d}), new_kv = Rand({k.n, d}), sinks = Rand({heads});
+    Pair entries = Rand({std::max<int64_t>(k.num_entries, 1), d});
+    // Listed entries run from -1 to past the last visible one, so some are absent and some not yet visible.
+    Pair topk = Ints({k.n, std::max(k.topk_cols, 1)}, -1, static_cast<int>(k.num_entries) + 2);
+    Pair out = Zeros(DType::kF32, {k.n, heads * d});
+    const bool comp = k.ratio > 0;
+    cpu_->Attention(q.c, heads, d, k.start, ring.c, new_kv.c, k.window, comp ? &entries.c : nullptr, k.num_entries,
+                    k.ratio, k.topk_cols ? &topk.c : nullptr, sinks.c, softmax_scale, &out.c);
+    gpu().Attention(q.g, heads, d, k.start, ring.g, new_kv.g, k.window, comp ? &entries.g : nullptr, k.num_entries,
+                    k.ratio, k.topk_cols ? &topk.g : nullptr, sinks.g, softmax_scale, &out.g);
+    ExpectClose(out, kF32Tol, std::string("Attention ") + k.what);
+  }
+}
+
+TEST_F(CudaBackendTest, UpdateRing) {
+  DSMESH_REQUIRE_GPU();
+  for (auto [n, start] : {std::pair<int64_t, int64_t>{5, 13}, {40, 7}, {16, 32}, {1, 0}}) {
+    Pair ring = Rand({16, 32}), new_kv = Rand({n, 32});
+    cpu_->UpdateRing(new_kv.c, start, 16, &ring.c);
+    gpu().UpdateRing(new_kv.g, start, 16, &ring.g);
+    ExpectSame(ring, "UpdateRing n=" + std::to_string(n) + " start=" + std::to_string(start));
+  }
+}
+
+TEST_F(CudaBackendTest, MoeRoute) {
+  DSMESH_REQUIRE_GPU();
+  const int64_t n = 9, E = 64, vocab = 100;
+  const int k = 6;
+  const std::vector<int32_t> tokens = {0, 99, 5, 5, 42, 17, 63, 1, 98};
+
+  // Hash routing, tid2eid as a host tensor (how the loader keeps it) and as a device tensor.
+  Tensor tid2eid = AllocateTensor(DType::kI32, {vocab, k});
+  std::uniform_int_distribution<int> ed(0, E - 1);
+  FillHost(&tid2eid, [&] { return static_cast<float>(ed(rng_)); });
+  const Tensor tid2eid_dev = gpu().Upload(tid2eid);
+  for (bool on_device : {false, true}) {
+    Pair logits = Rand({n, E}, 2.0f), idx = Zeros(DType::kI32, {n, k}), wt = Zeros(DType::kF32, {n, k});
+    RouterParams p;
+    p.top_k = k;
+    p.hash = true;
+    p.normalize = true;
+    p.routed_scale = 1.5f;
+    p.tid2eid = &tid2eid;
+    cpu_->MoeRoute(logits.c, tokens.data(), p, &idx.c, &wt.c);
+    if (on_device) p.tid2eid = &tid2eid_dev;
+    gpu().MoeRoute(logits.g, tokens.data(), p, &idx.g, &wt.g);
+    ExpectSame(idx, on_device ? "MoeRoute hash ids (device tid2eid)" : "MoeRoute hash ids");
+    ExpectClose(wt, kF32Tol, "MoeRoute hash weights");
+  }
+
+  // Biased top-k. Rows are redrawn until the top k+1 biased scores are 1e-4 apart: a few ulps of
+  // sqrt/log1p/exp between the backends must not decide the ranking.
+  Pair bias = Rand({E}, 0.1f);
+  Tensor lh = AllocateTensor(DType::kF32, {n, E});
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  for (int64_t r = 0; r < n; ++r) {
+    for (bool ok = false; !ok;) {
+      std::vector<double> s(E);
+      for (int64_t e = 0; e < E; ++e) {
+        lh.as<float>()[r * E + e] = nd(rng_);
+        s[e] = std::sqrt(std::log1p(std::exp(static_cast<double>(lh.as<float>()[r * E + e])))) + bias.c.as<float>()[e];
+      }
+      std::sort(s.rbegin(), s.rend());
+      ok = true;
+      for (int i = 0; i < k; ++i) ok &= s[i] - s[i + 1] > 1e-4;
+    }
+  }
+  for (bool normalize : {true, false}) {
+    Pair logits = Both(lh), idx = Zeros(DType::kI32, {n, k}), wt = Zeros(DType::kF32, {n, k});
+    RouterParams p;
+    p.top_k = k;
+    p.normalize = normalize;
+    p.routed_scale = 2.5f;
+    p.bias = &bias.c;
+    cpu_->MoeRoute(logits.c, tokens.data(), p, &idx.c, &wt.c);
+    p.bias = &bias.g;
+    gpu().MoeRoute(logits.g, tokens.data(), p, &idx.g, &wt.g);
+    ExpectSame(idx, normalize ? "MoeRoute biased ids (normalized)" : "MoeRoute biased ids");
+    ExpectClose(wt, kF32Tol, "MoeRoute biased weights");
+  }
+
+  // Exact ties (logits from four values, no bias): equal scores go to the lower expert id.
+  {
+    Tensor th = AllocateTensor(DType::kF32, {n, E});
+    std::uniform_int_distribution<int> vd(-1, 2);
+    FillHost(&th, [&] { return static_cast<float>(vd(rng_)); });
+    Pair logits = Both(th), idx = Zeros(DType::kI32, {n, k}), wt = Zeros(DType::kF32, {n, k});
+    RouterParams p;
+    p.top_k = k;
+    p.routed_scale = 1.0f;
+    cpu_->MoeRoute(logits.c, tokens.data(), p, &idx.c, &wt.c);
+    gpu().MoeRoute(logits.g, tokens.data(), p, &idx.g, &wt.g);
+    ExpectSame(idx, "MoeRoute tied ids");
+    ExpectClose(wt, kF32Tol, "MoeRoute tied weights");
+  }
+}
+
+TEST_F(CudaBackendTest, DenseExpertsAndSharedExpert) {
+  DSMESH_REQUIRE_GPU();
+  const int E = 8, k = 3;
+  const int64_t D = 128, I = 96;
+  const ExpertSet ex = DenseExperts(E, D, I, DType::kBF16);
+  for (float limit : {10.0f, 0.0f}) {
+    for (int64_t n : {1, 5, 30}) {
+      auto [idx, wt] = Routing(n, k, E);
+      Pair x = Rand({n, D}), out = Rand({n, D}), before = Copy(out);
+      const CudaMoePathCounts c0 = CudaMoePathCallCounts();
+      cpu_->MoeExperts(x.c, idx.c, wt.c, ex.c, limit, &out.c);
+      gpu().MoeExperts(x.g, idx.g, wt.g, ex.g, limit, &out.g);
+      ExpectClose(out, kF32Tol, "MoeExperts dense n=" + std::to_string(n), &before);
+      EXPECT_EQ(CudaMoePathCallCounts().per_expert_launches, c0.per_expert_launches + 1) << "dense experts run per expert";
+
+      Pair sout = Rand({n, D}), sbefore = Copy(sout);
+      cpu_->SharedExpert(x.c, ex.c[2], limit, &sout.c);
+      gpu().SharedExpert(x.g, ex.g[2], limit, &sout.g);
+      ExpectClose(sout, kF32Tol, "SharedExpert dense n=" + std::to_string(n), &sbefore);
+    }
+  }
+}
+
+TEST_F(CudaBackendTest, Exl3ExpertsMcgFusedAndPerExpert) {
+  DSMESH_REQUIRE_GPU();
+  const int E = 16, k = 6;
+  const int64_t D = 256, I = 256;
+  const float limit = 10.0f;
+  const ExpertSet ex = Exl3Experts(E, D, I, 2, Exl3Codebook::kMcg);
+  // n <= 24 takes the single-launch kernel; more rows go per expert (GEMV per expert's rows).
+  for (int64_t n : {1, 5, 24, 30}) {
+    auto [idx, wt] = Routing(n, k, E);
+    Pair x = Rand({n, D}, 0.5f, true), out = Rand({n, D}), before = Copy(out);
+    const CudaMoePathCounts c0 = CudaMoePathCallCounts();
+    cpu_->MoeExperts(x.c, idx.c, wt.c, ex.c, limit, &out.c);
+    gpu().MoeExperts(x.g, idx.g, wt.g, ex.g, limit, &out.g);
+    ExpectClose(out, kExl3Tol, "MoeExperts EXL3 MCG n=" + std::to_string(n), &before);
+    const CudaMoePathCounts c1 = CudaMoePathCallCounts();
+    if (n <= 24) {
+      EXPECT_EQ(c1.fused_launches, c0.fused_launches + 1) << "n=" << n << " should take the fused kernel";
+      EXPECT_EQ(c1.per_expert_launches, c0.per_expert_launches);
+    } else {
+      EXPECT_EQ(c1.per_expert_launches, c0.per_expert_launches + 1) << "n=" << n << " should run per expert";
+    }
+  }
+  // The shared expert through the EXL3 linears: GEMV (m <= 16) and GEMM (m > 16).
+  for (int64_t n : {1, 5, 20}) {
+    Pair x = Rand({n, D}, 0.5f, true), out = Rand({n, D}), before = Copy(out);
+    cpu_->SharedExpert(x.c, ex.c[0], limit, &out.c);
+    gpu().SharedExpert(x.g, ex.g[0], limit, &out.g);
+    ExpectClose(out, kExl3Tol, "SharedExpert EXL3 n=" + std::to_string(n), &before);
+  }
+}
+
+TEST_F(CudaBackendTest, Exl3Experts3InstPerExpert) {
+  DSMESH_REQUIRE_GPU();
+  const int E = 8, k = 4;
+  const int64_t D = 256, I = 256;
+  const ExpertSet ex = Exl3Experts(E, D, I, 3, Exl3Codebook::k3Inst);
+  for (int64_t n : {1, 7}) {
+    auto [idx, wt] = Routing(n, k, E);
+    Pair x = Rand({n, D}, 0.5f, true), out = Rand({n, D}), before = Copy(out);
+    const CudaMoePathCounts c0 = CudaMoePathCallCounts();
+    cpu_->MoeExperts(x.c, idx.c, wt.c, ex.c, 10.0f, &out.c);
+    gpu().MoeExperts(x.g, idx.g, wt.g, ex.g, 10.0f, &out.g);
+    ExpectClose(out, kExl3Tol, "MoeExperts EXL3 3INST n=" + std::to_string(n), &before);
+    const CudaMoePathCounts c1 = CudaMoePathCallCounts();
+    EXPECT_EQ(c1.per_expert_launches, c0.per_expert_launches + 1) << "3INST experts run per expert";
+    EXPECT_EQ(c1.fused_launches, c0.fused_launches);
+  }
+}
+
+TEST_F(CudaBackendTest, Exl3LinearSlicesAndGrouped) {
+  DSMESH_REQUIRE_GPU();
+  Exl3Checkpoint w(7);
+  w.Add("lin", 256, 384, 4, Exl3Codebook::kMcg, true);
+  w.Add("lin3", 256, 256, 3, Exl3Codebook::k3Inst, false);
+  w.Add("grp", 256, 384, 3, Exl3Codebook::kMcg, true);
+  const Checkpoint ck = w.Write();
+  struct Case {
+    const char* what;
+    const char* prefix;
+    int64_t out, in, o0, o1, i0, i1;
+  };
+  // Every weight is loaded before the first run: the backend sizes its GEMM workspace from what is loaded.
+  const std::vector<Case> cases = {
+      {"full, bias", "lin", 384, 256, 0, 384, 0, 256},
+      {"out slice [128, 256)", "lin", 384, 256, 128, 256, 0, 256},
+      {"out slice [100, 300)", "lin", 384, 256, 100, 300, 0, 256},
+      {"in slice [128, 256) (no bias)", "lin", 384, 256, 0, 384, 128, 256},
+      {"in slice [64, 200), out slice [128, 256)", "lin", 384, 256, 128, 256, 64, 200},
+      {"3INST full", "lin3", 256, 256, 0, 256, 0, 256},
+  };
+  std::vector<LinPair> lins;
+  for (const Case& c : cases) lins.push_back(Exl3(ck, c.prefix, c.out, c.in, c.o0, c.o1, c.i0, c.i1));
+  const int groups = 4;  // 96 outputs per group: groups straddle the 128-blocks
+  const LinPair grp = Exl3(ck, "grp", 384, 256, 0, 384, 0, 256);
+  ASSERT_EQ(grp.c.in, 256);
+
+  for (size_t i = 0; i < cases.size(); ++i)
+    for (int64_t m : {1, 5, 16, 20}) {
+      const LinPair& l = lins[i];
+      Pair x = Rand({m, l.c.in}, 1.0f, true), y = Zeros(DType::kF32, {m, l.c.out});
+      cpu_->Linear(x.c, l.c, &y.c);
+      gpu().Linear(x.g, l.g, &y.g);
+      ExpectClose(y, kExl3Tol, std::string("EXL3 Linear ") + cases[i].what + " m=" + std::to_string(m));
+    }
+  for (int64_t m : {1, 5, 20}) {
+    Pair x = Rand({m, groups * grp.c.in}, 1.0f, true), y = Zeros(DType::kF32, {m, grp.c.out});
+    cpu_->GroupedLinear(x.c, grp.c, groups, &y.c);
+    gpu().GroupedLinear(x.g, grp.g, groups, &y.g);
+    ExpectClose(y, kExl3Tol, "EXL3 GroupedLinear m=" + std::to_string(m));
+  }
+}
+
+TEST_F(CudaBackendTest, ErrorsSurfaceAsExceptions) {
+  DSMESH_REQUIRE_GPU();
+  Pair table = Rand({10, 8});
+  Tensor out = gpu().Alloc(DType::kF32, {2, 8});
+  const std::vector<int32_t> bad = {3, 10}, negative = {-1, 0};
+  EXPECT_THROW(gpu().Embedding(table.g, bad.data(), 2, &out), std::runtime_error);
+  EXPECT_THROW(gpu().Embedding(table.g, negative.data(), 2, &out), std::runtime_error);
+
+  // Limits of the kernels: the launchers refuse rather than run out of shared memory.
+  const std::vector<int64_t> pos = {100};
+  Pair q = Rand({1, 64}), w = Rand({1, 1}), keys = Rand({10, 64});
+  Tensor topk = gpu().Alloc(DType::kI32, {1, 4096});
+  EXPECT_THROW(gpu().IndexerTopK(q.g, w.g, keys.g, 10, 1, 64, pos.data(), 4, 4096, &topk), std::runtime_error);
+  Tensor ring = gpu().Alloc(DType::kF32, {50000, 64}), kv = gpu().Alloc(DType::kF32, {1, 64});
+  Tensor sinks = gpu().Alloc(DType::kF32, {1}), ao = gpu().Alloc(DType::kF32, {1, 64});
+  EXPECT_THROW(gpu().Attention(q.g, 1, 64, 60000, ring, kv, 50000, nullptr, 0, 0, nullptr, sinks, 0.125f, &ao),
+               std::runtime_error);
+  Pair kvp = Rand({4, 8}), score = Rand({4, 8});
+  Tensor pool = gpu().Alloc(DType::kF32, {2, 8});
+  EXPECT_THROW(gpu().CompressorPool(kvp.g, score.g, 0, 0, 2, 4, false, 8, &pool), std::runtime_error);
+
+  // An expert id past the layer's experts (the per-expert path reads the routing back and checks it).
+  const ExpertSet ex = DenseExperts(2, 16, 16, DType::kBF16);
+  Tensor ids = AllocateTensor(DType::kI32, {1, 1}), wts = AllocateTensor(DType::kF32, {1, 1});
+  ids.as<int32_t>()[0] = 5;
+  wts.as<float>()[0] = 1.0f;
+  Pair x = Rand({1, 16});
+  Tensor mo = gpu().Alloc(DType::kF32, {1, 16});
+  EXPECT_THROW(gpu().MoeExperts(x.g, gpu().Upload(ids), gpu().Upload(wts), ex.g, 0.0f, &mo), std::runtime_error);
+
+  // The backend stays usable after refusing.
+  Pair a = Rand({3, 5}), acc = Rand({3, 5});
+  cpu_->Add(a.c, &acc.c);
+  gpu().Add(a.g, &acc.g);
+  ExpectSame(acc, "Add after errors");
+}
+
+}  // namespace
+}  // namespace dsmesh

@@ -1,0 +1,85 @@
+// CUDA kernels of the DeepSeek-V4 forward's small ops: one launcher per op of the Backend seam
+// (kernels/backend.h), each the device twin of the CPU op of the same name in kernels/cpu/cpu_backend.cc
+// and tested against it (kernels/cuda/cuda_backend_test.cc). All pointers are device pointers, all
+// activations f32 row-major; every launcher enqueues on `stream`, allocates nothing and never
+// synchronizes, so it can run inside a CUDA graph capture. The heavy linears (EXL3) live in exl3_*.h.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace dsmesh::cuda_ops {
+
+// Weight/table element types the dense kernels read (the order of the template instantiations).
+enum class WType { kF32, kBF16, kF16 };
+
+// ---- elementwise and normalisation ----
+void Embedding(const void* table, WType type, int64_t dim, const int32_t* tokens, int64_t n, float* out,
+               cudaStream_t s);
+// groups rows of `dim` values; weight may be null.
+void RmsNorm(const float* x, int64_t groups, int64_t dim, const float* weight, float eps, float* out, cudaStream_t s);
+void Add(const float* a, int64_t n, float* acc, cudaStream_t s);
+void Scale(float* x, int64_t n, float v, cudaStream_t s);
+// Interleaved rope on the last rope_dim values of each head; positions int64 [n], inv_freq [rope_dim/2].
+void Rope(float* x, int64_t n, int64_t heads, int64_t head_dim, int64_t rope_dim, const int64_t* positions,
+          const float* inv_freq, bool inverse, cudaStream_t s);
+// f32 [rows, cols] -> fp16 [rows, ld_out] at column offset col0 (other columns zero).
+void ToHalfPadded(const float* x, int64_t rows, int64_t cols, int64_t ld_in, uint16_t* out, int64_t ld_out,
+                  int64_t col0, cudaStream_t s);
+// out[r, c] (= or +=) y[r, col0 + c] + bias[c] for c < cols; y row stride ld_y, out row stride ld_out.
+void TakeColumns(const float* y, int64_t rows, int64_t ld_y, int64_t col0, int64_t cols, const float* bias,
+                 float* out, int64_t ld_out, bool accumulate, cudaStream_t s);
+// dst[i, :] = src[rows[i], :]   (width floats per row)
+void GatherRows(const float* src, const int32_t* rows, int64_t n, int64_t width, float* dst, cudaStream_t s);
+// dst[rows[i], :] += w[i] * src[i, :]  (rows of one call are distinct)
+void ScatterAddRows(const float* src, const int32_t* rows, const float* w, int64_t n, int64_t width, float* dst,
+                    cudaStream_t s);
+// g = silu(min(g, limit)) * clamp(u, -limit, limit) (no clamp for limit <= 0), in place in g.
+void SwiGlu(float* g, const float* u, int64_t n, float limit, cudaStream_t s);
+// dst rows [dst_row, +rows) = src rows [src_row, +rows), row_bytes each (overlapping ranges allowed).
+void CopyRows(const void* src, int64_t src_row, void* dst, int64_t dst_row, int64_t rows, int64_t row_bytes,
+              cudaStream_t s);
+
+// ---- hyper-connections ----
+void HcPre(const float* X, int64_t n, int64_t D, int hc, const float* fn, const float* base, const float* scale,
+           int iters, float eps, float norm_eps, float* y, float* post, float* comb, cudaStream_t s);
+void HcExpand(const float* h, int64_t n, int64_t D, int hc, float* X, cudaStream_t s);
+void HcPost(const float* X, const float* f, const float* post, const float* comb, int64_t n, int64_t D, int hc,
+            float* out, cudaStream_t s);
+void HcHead(const float* X, int64_t n, int64_t D, int hc, const float* fn, const float* base, const float* scale,
+            float eps, float norm_eps, float* y, cudaStream_t s);
+
+// ---- dense linear: out[m, n] = x[m, k] W^T (+ bias), W [n, k] row-major with row stride ldw ----
+void DenseLinear(const float* x, int64_t ldx, int64_t m, const void* w, WType type, int64_t ldw, int64_t n,
+                 int64_t k, const float* bias, float* out, int64_t ldo, cudaStream_t s);
+
+// ---- compressor ----
+void AddPositionBias(float* score, int64_t n, int64_t width, const float* ape, int64_t first_pos, int ratio,
+                     cudaStream_t s);
+void CompressorPool(const float* kv, const float* score, int64_t width, int64_t base_pos, int64_t first_window,
+                    int64_t num_windows, int ratio, bool overlap, int64_t d, float* out, cudaStream_t s);
+
+// ---- lightning indexer ----
+// Scratch floats IndexerTopK needs for n rows over num_keys keys.
+int64_t IndexerScratchFloats(int64_t n, int64_t num_keys);
+void IndexerTopK(const float* q, const float* weights, const float* keys, int64_t num_keys, int64_t heads,
+                 int64_t dim, const int64_t* positions, int64_t n, int ratio, int top_k, float* scratch,
+                 int32_t* out, cudaStream_t s);
+
+// ---- attention (one sequence; see Backend::Attention) ----
+// Largest number of keys one query row may see (shared memory of the kernel).
+int64_t AttentionMaxKeys();
+void Attention(const float* q, int64_t n, int64_t heads, int64_t d, int64_t start, const float* ring,
+               const float* new_kv, int window, const float* entries, int64_t num_entries, int ratio,
+               const int32_t* topk, int64_t topk_cols, const float* sinks, float softmax_scale, float* out,
+               cudaStream_t s);
+void UpdateRing(const float* new_kv, int64_t n, int64_t d, int64_t start, int window, float* ring, cudaStream_t s);
+
+// ---- MoE router ----
+// tid2eid int32 [vocab, k] for hash layers (tokens then required), else bias f32 [E] (may be null).
+void MoeRoute(const float* logits, int64_t n, int64_t E, const int32_t* tokens, const int32_t* tid2eid,
+              const float* bias, int k, bool normalize, float routed_scale, int32_t* idx, float* weight,
+              cudaStream_t s);
+
+}  // namespace dsmesh::cuda_ops

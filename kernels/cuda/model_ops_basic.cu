@@ -1,0 +1,319 @@
+// Elementwise, normalisation, rope, hyper-connection and row-movement kernels of the model forward
+// (model_ops.h). Each mirrors the CPU op of the same name in kernels/cpu/cpu_backend.cc.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "kernels/cuda/model_ops.h"
+
+namespace dsmesh::cuda_ops {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxHc = 16;  // hyper-connection streams the fused hc kernels hold in registers/shared memory
+
+inline unsigned Blocks(int64_t n, int threads = kThreads) {
+  int64_t b = (n + threads - 1) / threads;
+  return static_cast<unsigned>(b < 1 ? 1 : (b > 1048576 ? 1048576 : b));
+}
+
+template <class T>
+__device__ __forceinline__ float Load(const T* p, int64_t i);
+template <>
+__device__ __forceinline__ float Load<float>(const float* p, int64_t i) { return p[i]; }
+template <>
+__device__ __forceinline__ float Load<__nv_bfloat16>(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
+template <>
+__device__ __forceinline__ float Load<__half>(const __half* p, int64_t i) { return __half2float(p[i]); }
+
+__device__ __forceinline__ float WarpSum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
+__device__ float BlockSum(float v) {
+  __shared__ float part[32];
+  __shared__ float total;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = WarpSum(v);
+  __syncthreads();  // part[] may still be read by a previous call
+  if (lane == 0) part[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    float t = lane < static_cast<int>(blockDim.x >> 5) ? part[lane] : 0.0f;
+    t = WarpSum(t);
+    if (lane == 0) total = t;
+  }
+  __syncthreads();
+  return total;
+}
+
+__device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+template <class T>
+__global__ void EmbeddingKernel(const T* table, int64_t dim, const int32_t* tokens, float* out) {
+  const int64_t r = blockIdx.x;
+  const T* row = table + static_cast<int64_t>(tokens[r]) * dim;
+  for (int64_t k = threadIdx.x; k < dim; k += blockDim.x) out[r * dim + k] = Load(row, k);
+}
+
+__global__ void RmsNormKernel(const float* x, int64_t dim, const float* w, float eps, float* out) {
+  const float* xi = x + blockIdx.x * dim;
+  float* o = out + blockIdx.x * dim;
+  float ss = 0.0f;
+  for (int64_t k = threadIdx.x; k < dim; k += blockDim.x) ss += xi[k] * xi[k];
+  const float r = 1.0f / sqrtf(BlockSum(ss) / static_cast<float>(dim) + eps);
+  for (int64_t k = threadIdx.x; k < dim; k += blockDim.x) o[k] = w ? w[k] * (xi[k] * r) : xi[k] * r;
+}
+
+__global__ void AddKernel(const float* a, int64_t n, float* acc) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    acc[i] += a[i];
+}
+
+__global__ void ScaleKernel(float* x, int64_t n, float v) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    x[i] *= v;
+}
+
+// One block per row; pairs (head, i) spread over the threads.
+__global__ void RopeKernel(float* x, int64_t heads, int64_t head_dim, int64_t rope_dim, const int64_t* positions,
+                           const float* inv_freq, bool inverse) {
+  const int64_t r = blockIdx.x, half = rope_dim / 2;
+  const float pos = static_cast<float>(positions[r]);
+  for (int64_t t = threadIdx.x; t < heads * half; t += blockDim.x) {
+    const int64_t h = t / half, i = t % half;
+    const float angle = pos * inv_freq[i];
+    const float cs = cosf(angle), sn = inverse ? -sinf(angle) : sinf(angle);
+    float* p = x + (r * heads + h) * head_dim + (head_dim - rope_dim);
+    const float a = p[2 * i], b = p[2 * i + 1];
+    p[2 * i] = a * cs - b * sn;
+    p[2 * i + 1] = b * cs + a * sn;
+  }
+}
+
+__global__ void ToHalfPaddedKernel(const float* x, int64_t cols, int64_t ld_in, uint16_t* out, int64_t ld_out,
+                                   int64_t col0) {
+  const int64_t r = blockIdx.x;
+  for (int64_t c = threadIdx.x; c < ld_out; c += blockDim.x) {
+    const int64_t src = c - col0;
+    const float v = src >= 0 && src < cols ? x[r * ld_in + src] : 0.0f;
+    out[r * ld_out + c] = __half_as_ushort(__float2half_rn(v));
+  }
+}
+
+__global__ void TakeColumnsKernel(const float* y, int64_t ld_y, int64_t col0, int64_t cols, const float* bias,
+                                  float* out, int64_t ld_out, bool accumulate) {
+  const int64_t r = blockIdx.x;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float v = y[r * ld_y + col0 + c] + (bias ? bias[c] : 0.0f);
+    out[r * ld_out + c] = accumulate ? out[r * ld_out + c] + v : v;
+  }
+}
+
+__global__ void GatherRowsKernel(const float* src, const int32_t* rows, int64_t width, float* dst) {
+  const int64_t i = blockIdx.x;
+  const float* s = src + static_cast<int64_t>(rows[i]) * width;
+  for (int64_t c = threadIdx.x; c < width; c += blockDim.x) dst[i * width + c] = s[c];
+}
+
+__global__ void ScatterAddRowsKernel(const float* src, const int32_t* rows, const float* w, int64_t width,
+                                     float* dst) {
+  const int64_t i = blockIdx.x;
+  float* d = dst + static_cast<int64_t>(rows[i]) * width;
+  const float wi = w ? w[i] : 1.0f;
+  for (int64_t c = threadIdx.x; c < width; c += blockDim.x) d[c] += wi * src[i * width + c];
+}
+
+__global__ void SwiGluKernel(float* g, const float* u, int64_t n, float limit) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    float gv = g[i], uv = u[i];
+    if (limit > 0) {
+      gv = fminf(gv, limit);
+      uv = fminf(fmaxf(uv, -limit), limit);
+    }
+    g[i] = gv / (1.0f + expf(-gv)) * uv;
+  }
+}
+
+// mixes[k] = rsqrt(mean(X^2) + eps) * (fn[k] . X) for k < K, for the block's row, into shared memory.
+__device__ void RowMixes(const float* x, int64_t w, const float* fn, int K, float norm_eps, float* mixes) {
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < w; i += blockDim.x) ss += x[i] * x[i];
+  const float rs = 1.0f / sqrtf(BlockSum(ss) / static_cast<float>(w) + norm_eps);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  for (int k = warp; k < K; k += warps) {
+    float dot = 0.0f;
+    for (int64_t i = lane; i < w; i += 32) dot += fn[k * w + i] * x[i];
+    dot = WarpSum(dot);
+    if (lane == 0) mixes[k] = rs * dot;
+  }
+  __syncthreads();
+}
+
+__global__ void HcPreKernel(const float* X, int64_t D, int hc, const float* fn, const float* base,
+                            const float* scale, int iters, float eps, float norm_eps, float* y, float* post,
+                            float* comb) {
+  __shared__ float mixes[(2 + kMaxHc) * kMaxHc];
+  __shared__ float pre[kMaxHc];
+  __shared__ float c[kMaxHc * kMaxHc];
+  const int64_t r = blockIdx.x;
+  const float* x = X + r * hc * D;
+  const int K = (2 + hc) * hc;
+  RowMixes(x, hc * D, fn, K, norm_eps, mixes);
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < hc; ++i) pre[i] = Sigmoid(mixes[i] * scale[0] + base[i]) + eps;
+    for (int i = 0; i < hc; ++i) post[r * hc + i] = 2.0f * Sigmoid(mixes[hc + i] * scale[1] + base[hc + i]);
+    for (int i = 0; i < hc; ++i) {  // softmax over the last axis, + eps
+      float mx = -INFINITY;
+      for (int j = 0; j < hc; ++j) {
+        c[i * hc + j] = mixes[2 * hc + i * hc + j] * scale[2] + base[2 * hc + i * hc + j];
+        mx = fmaxf(mx, c[i * hc + j]);
+      }
+      float sum = 0.0f;
+      for (int j = 0; j < hc; ++j) sum += (c[i * hc + j] = expf(c[i * hc + j] - mx));
+      for (int j = 0; j < hc; ++j) c[i * hc + j] = c[i * hc + j] / sum + eps;
+    }
+    for (int t = 0; t < (iters > 0 ? iters : 1); ++t) {
+      if (t > 0) {  // rows, then columns again (the first pass normalises columns only)
+        for (int i = 0; i < hc; ++i) {
+          float sum = 0.0f;
+          for (int j = 0; j < hc; ++j) sum += c[i * hc + j];
+          for (int j = 0; j < hc; ++j) c[i * hc + j] /= sum + eps;
+        }
+      }
+      for (int j = 0; j < hc; ++j) {
+        float sum = 0.0f;
+        for (int i = 0; i < hc; ++i) sum += c[i * hc + j];
+        for (int i = 0; i < hc; ++i) c[i * hc + j] /= sum + eps;
+      }
+    }
+    for (int i = 0; i < hc * hc; ++i) comb[r * hc * hc + i] = c[i];
+  }
+  __syncthreads();
+  for (int64_t k = threadIdx.x; k < D; k += blockDim.x) {
+    float acc = 0.0f;
+    for (int i = 0; i < hc; ++i) acc += pre[i] * x[i * D + k];
+    y[r * D + k] = acc;
+  }
+}
+
+__global__ void HcHeadKernel(const float* X, int64_t D, int hc, const float* fn, const float* base,
+                             const float* scale, float eps, float norm_eps, float* y) {
+  __shared__ float mixes[kMaxHc];
+  __shared__ float pre[kMaxHc];
+  const int64_t r = blockIdx.x;
+  const float* x = X + r * hc * D;
+  RowMixes(x, hc * D, fn, hc, norm_eps, mixes);
+  if (threadIdx.x < hc) pre[threadIdx.x] = Sigmoid(mixes[threadIdx.x] * scale[0] + base[threadIdx.x]) + eps;
+  __syncthreads();
+  for (int64_t k = threadIdx.x; k < D; k += blockDim.x) {
+    float acc = 0.0f;
+    for (int i = 0; i < hc; ++i) acc += pre[i] * x[i * D + k];
+    y[r * D + k] = acc;
+  }
+}
+
+__global__ void HcExpandKernel(const float* h, int64_t D, int hc, float* X) {
+  const int64_t r = blockIdx.x;
+  for (int64_t k = threadIdx.x; k < D; k += blockDim.x) {
+    const float v = h[r * D + k];
+    for (int i = 0; i < hc; ++i) X[(r * hc + i) * D + k] = v;
+  }
+}
+
+// out[j] = post[j] * f + sum_i comb[i][j] * X[i], accumulated in the CPU op's order.
+__global__ void HcPostKernel(const float* X, const float* f, const float* post, const float* comb, int64_t D, int hc,
+                             float* out) {
+  const int64_t r = blockIdx.x;
+  for (int64_t k = threadIdx.x; k < D; k += blockDim.x) {
+    const float fr = f[r * D + k];
+    for (int j = 0; j < hc; ++j) {
+      float o = post[r * hc + j] * fr;
+      for (int i = 0; i < hc; ++i) o += comb[r * hc * hc + i * hc + j] * X[(r * hc + i) * D + k];
+      out[(r * hc + j) * D + k] = o;
+    }
+  }
+}
+
+}  // namespace
+
+void Embedding(const void* table, WType type, int64_t dim, const int32_t* tokens, int64_t n, float* out,
+               cudaStream_t s) {
+  if (n <= 0) return;
+  switch (type) {
+    case WType::kF32: EmbeddingKernel<<<n, kThreads, 0, s>>>(static_cast<const float*>(table), dim, tokens, out); break;
+    case WType::kBF16:
+      EmbeddingKernel<<<n, kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(table), dim, tokens, out);
+      break;
+    case WType::kF16: EmbeddingKernel<<<n, kThreads, 0, s>>>(static_cast<const __half*>(table), dim, tokens, out); break;
+  }
+}
+
+void RmsNorm(const float* x, int64_t groups, int64_t dim, const float* weight, float eps, float* out, cudaStream_t s) {
+  if (groups > 0) RmsNormKernel<<<groups, dim >= 1024 ? 512 : 128, 0, s>>>(x, dim, weight, eps, out);
+}
+
+void Add(const float* a, int64_t n, float* acc, cudaStream_t s) {
+  if (n > 0) AddKernel<<<Blocks(n), kThreads, 0, s>>>(a, n, acc);
+}
+
+void Scale(float* x, int64_t n, float v, cudaStream_t s) {
+  if (n > 0) ScaleKernel<<<Blocks(n), kThreads, 0, s>>>(x, n, v);
+}
+
+void Rope(float* x, int64_t n, int64_t heads, int64_t head_dim, int64_t rope_dim, const int64_t* positions,
+          const float* inv_freq, bool inverse, cudaStream_t s) {
+  if (n > 0) RopeKernel<<<n, 128, 0, s>>>(x, heads, head_dim, rope_dim, positions, inv_freq, inverse);
+}
+
+void ToHalfPadded(const float* x, int64_t rows, int64_t cols, int64_t ld_in, uint16_t* out, int64_t ld_out,
+                  int64_t col0, cudaStream_t s) {
+  if (rows > 0) ToHalfPaddedKernel<<<rows, kThreads, 0, s>>>(x, cols, ld_in, out, ld_out, col0);
+}
+
+void TakeColumns(const float* y, int64_t rows, int64_t ld_y, int64_t col0, int64_t cols, const float* bias,
+                 float* out, int64_t ld_out, bool accumulate, cudaStream_t s) {
+  if (rows > 0) TakeColumnsKernel<<<rows, kThreads, 0, s>>>(y, ld_y, col0, cols, bias, out, ld_out, accumulate);
+}
+
+void GatherRows(const float* src, const int32_t* rows, int64_t n, int64_t width, float* dst, cudaStream_t s) {
+  if (n > 0) GatherRowsKernel<<<n, kThreads, 0, s>>>(src, rows, width, dst);
+}
+
+void ScatterAddRows(const float* src, const int32_t* rows, const float* w, int64_t n, int64_t width, float* dst,
+                    cudaStream_t s) {
+  if (n > 0) ScatterAddRowsKernel<<<n, kThreads, 0, s>>>(src, rows, w, width, dst);
+}
+
+void SwiGlu(float* g, const float* u, int64_t n, float limit, cudaStream_t s) {
+  if (n > 0) SwiGluKernel<<<Blocks(n), kThreads, 0, s>>>(g, u, n, limit);
+}
+
+void CopyRows(const void* src, int64_t src_row, void* dst, int64_t dst_row, int64_t rows, int64_t row_bytes,
+              cudaStream_t s) {
+  if (rows <= 0) return;
+  cudaMemcpyAsync(static_cast<char*>(dst) + dst_row * row_bytes, static_cast<const char*>(src) + src_row * row_bytes,
+                  rows * row_bytes, cudaMemcpyDeviceToDevice, s);
+}
+
+void HcPre(const float* X, int64_t n, int64_t D, int hc, const float* fn, const float* base, const float* scale,
+           int iters, float eps, float norm_eps, float* y, float* post, float* comb, cudaStream_t s) {
+  if (n > 0) HcPreKernel<<<n, kThreads, 0, s>>>(X, D, hc, fn, base, scale, iters, eps, norm_eps, y, post, comb);
+}
+
+void HcExpand(const float* h, int64_t n, int64_t D, int hc, float* X, cudaStream_t s) {
+  if (n > 0) HcExpandKernel<<<n, kThreads, 0, s>>>(h, D, hc, X);
+}
+
+void HcPost(const float* X, const float* f, const float* post, const float* comb, int64_t n, int64_t D, int hc,
+            float* out, cudaStream_t s) {
+  if (n > 0) HcPostKernel<<<n, kThreads, 0, s>>>(X, f, post, comb, D, hc, out);
+}
+
+void HcHead(const float* X, int64_t n, int64_t D, int hc, const float* fn, const float* base, const float* scale,
+            float eps, float norm_eps, float* y, cudaStream_t s) {
+  if (n > 0) HcHeadKernel<<<n, kThreads, 0, s>>>(X, D, hc, fn, base, scale, eps, norm_eps, y);
+}
+
+}  // namespace dsmesh::cuda_ops

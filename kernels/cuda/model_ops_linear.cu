@@ -1,0 +1,168 @@
+// Dense linears (f32 activations against f32/bf16/fp16 weights, f32 accumulation) and the MoE router
+// (model_ops.h). CPU twins: cpu::DenseLinear (kernels/cpu/dense_linear.cc) and CpuBackend::MoeRoute.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "kernels/cuda/model_ops.h"
+
+namespace dsmesh::cuda_ops {
+namespace {
+
+template <class T>
+__device__ __forceinline__ float Load(const T* p, int64_t i);
+template <>
+__device__ __forceinline__ float Load<float>(const float* p, int64_t i) { return p[i]; }
+template <>
+__device__ __forceinline__ float Load<__nv_bfloat16>(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
+template <>
+__device__ __forceinline__ float Load<__half>(const __half* p, int64_t i) { return __half2float(p[i]); }
+
+constexpr int kGemvMaxRows = 8;
+
+// Few rows: one warp per output column reads its weight row once for all m rows.
+template <class T>
+__global__ void DenseGemvKernel(const float* x, int64_t ldx, int m, const T* w, int64_t ldw, int64_t n, int64_t k,
+                                const float* bias, float* out, int64_t ldo) {
+  const int lane = threadIdx.x & 31;
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
+  if (col >= n) return;
+  float acc[kGemvMaxRows] = {};
+  const T* wr = w + col * ldw;
+  for (int64_t c = lane; c < k; c += 32) {
+    const float wv = Load(wr, c);
+#pragma unroll
+    for (int r = 0; r < kGemvMaxRows; ++r)
+      if (r < m) acc[r] += x[r * ldx + c] * wv;
+  }
+#pragma unroll
+  for (int r = 0; r < kGemvMaxRows; ++r) {
+    if (r >= m) break;
+    float v = acc[r];
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0) out[r * ldo + col] = v + (bias ? bias[col] : 0.0f);
+  }
+}
+
+// Many rows: 64 x 64 output tiles, 16-deep k slabs in shared memory, 4 x 4 outputs per thread.
+constexpr int kTile = 64, kSlab = 16;
+
+template <class T>
+__global__ void DenseGemmKernel(const float* x, int64_t ldx, int64_t m, const T* w, int64_t ldw, int64_t n, int64_t k,
+                                const float* bias, float* out, int64_t ldo) {
+  __shared__ float xs[kSlab][kTile + 1];
+  __shared__ float ws[kSlab][kTile + 1];
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kTile, col0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  float acc[4][4] = {};
+  for (int64_t k0 = 0; k0 < k; k0 += kSlab) {
+    for (int i = threadIdx.x; i < kSlab * kTile; i += blockDim.x) {
+      const int kk = i % kSlab, rr = i / kSlab;
+      const int64_t gr = row0 + rr, gc = col0 + rr, gk = k0 + kk;
+      xs[kk][rr] = gr < m && gk < k ? x[gr * ldx + gk] : 0.0f;
+      ws[kk][rr] = gc < n && gk < k ? Load(w, gc * ldw + gk) : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kSlab; ++kk) {
+      float a[4], b[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a[i] = xs[kk][ty * 4 + i];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) b[j] = ws[kk][tx * 4 + j];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] += a[i] * b[j];
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t r = row0 + ty * 4 + i;
+    if (r >= m) continue;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t c = col0 + tx * 4 + j;
+      if (c < n) out[r * ldo + c] = acc[i][j] + (bias ? bias[c] : 0.0f);
+    }
+  }
+}
+
+template <class T>
+void LaunchDense(const float* x, int64_t ldx, int64_t m, const T* w, int64_t ldw, int64_t n, int64_t k,
+                 const float* bias, float* out, int64_t ldo, cudaStream_t s) {
+  for (int64_t r0 = 0; r0 < m;) {
+    if (m - r0 <= kGemvMaxRows) {
+      const int warps = 8;
+      DenseGemvKernel<T><<<static_cast<unsigned>((n + warps - 1) / warps), warps * 32, 0, s>>>(
+          x + r0 * ldx, ldx, static_cast<int>(m - r0), w, ldw, n, k, bias, out + r0 * ldo, ldo);
+      return;
+    }
+    const int64_t rows = std::min<int64_t>(m - r0, 65535LL * kTile);
+    dim3 grid(static_cast<unsigned>((n + kTile - 1) / kTile), static_cast<unsigned>((rows + kTile - 1) / kTile));
+    DenseGemmKernel<T><<<grid, 256, 0, s>>>(x + r0 * ldx, ldx, rows, w, ldw, n, k, bias, out + r0 * ldo, ldo);
+    r0 += rows;
+  }
+}
+
+// torch.nn.functional.softplus (beta 1, threshold 20).
+__device__ __forceinline__ float Softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+// One thread per row: scores = sqrt(softplus(logits)); experts from tid2eid (hash) or the top-k of
+// score + bias (ties: lower id); weights = score (/ sum) * routed_scale.
+__global__ void MoeRouteKernel(const float* logits, int64_t n, int64_t E, const int32_t* tokens,
+                               const int32_t* tid2eid, const float* bias, int k, bool normalize, float routed_scale,
+                               int32_t* idx, float* weight) {
+  const int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (r >= n) return;
+  const float* lg = logits + r * E;
+  int32_t* ix = idx + r * k;
+  if (tid2eid) {
+    for (int i = 0; i < k; ++i) ix[i] = tid2eid[static_cast<int64_t>(tokens[r]) * k + i];
+  } else {
+    for (int i = 0; i < k; ++i) {
+      int best = -1;
+      float best_v = 0.0f;
+      for (int64_t e = 0; e < E; ++e) {
+        bool used = false;
+        for (int t = 0; t < i; ++t) used |= ix[t] == e;
+        if (used) continue;
+        const float v = sqrtf(Softplus(lg[e])) + (bias ? bias[e] : 0.0f);
+        if (best < 0 || v > best_v) {
+          best = static_cast<int>(e);
+          best_v = v;
+        }
+      }
+      ix[i] = best;
+    }
+  }
+  float sum = 0.0f;
+  for (int i = 0; i < k; ++i) sum += sqrtf(Softplus(lg[ix[i]]));
+  for (int i = 0; i < k; ++i) {
+    float w = sqrtf(Softplus(lg[ix[i]]));
+    if (normalize) w /= sum + 1e-20f;
+    weight[r * k + i] = w * routed_scale;
+  }
+}
+
+}  // namespace
+
+void DenseLinear(const float* x, int64_t ldx, int64_t m, const void* w, WType type, int64_t ldw, int64_t n,
+                 int64_t k, const float* bias, float* out, int64_t ldo, cudaStream_t s) {
+  if (m <= 0 || n <= 0) return;
+  switch (type) {
+    case WType::kF32: LaunchDense(x, ldx, m, static_cast<const float*>(w), ldw, n, k, bias, out, ldo, s); break;
+    case WType::kBF16: LaunchDense(x, ldx, m, static_cast<const __nv_bfloat16*>(w), ldw, n, k, bias, out, ldo, s); break;
+    case WType::kF16: LaunchDense(x, ldx, m, static_cast<const __half*>(w), ldw, n, k, bias, out, ldo, s); break;
+  }
+}
+
+void MoeRoute(const float* logits, int64_t n, int64_t E, const int32_t* tokens, const int32_t* tid2eid,
+              const float* bias, int k, bool normalize, float routed_scale, int32_t* idx, float* weight,
+              cudaStream_t s) {
+  if (n <= 0) return;
+  MoeRouteKernel<<<static_cast<unsigned>((n + 63) / 64), 64, 0, s>>>(logits, n, E, tokens, tid2eid, bias, k,
+                                                                     normalize, routed_scale, idx, weight);
+}
+
+}  // namespace dsmesh::cuda_ops

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Builds the model-on-GPU binaries and tests and gathers them, with the shared libraries they need, into
+# .bundle/gpu (ignored by git) for the GPU machine; tests/gpu/run_gpu.sh runs them there.
+#   usage (repository root, on the build machine): tests/gpu/make_bundle.sh
+# The bundling tool lives outside the repository (../shared/tools/gpu-bundle.sh, or DSMESH_GPU_TOOLS).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+TOOLS=${DSMESH_GPU_TOOLS:-$(cd .. && pwd)/shared/tools}
+[[ -x $TOOLS/gpu-bundle.sh ]] || { echo "make_bundle.sh: no $TOOLS/gpu-bundle.sh (set DSMESH_GPU_TOOLS)" >&2; exit 2; }
+bins=(cli/dsmesh worker/dsmesh-worker coordinator/dsmesh-coordinator gateway/dsmesh-gateway
+      model/gpu_forward_test kernels/cuda/cuda_backend_test)
+echo "building ${bins[*]}" >&2
+targets=()
+for b in "${bins[@]}"; do targets+=("//${b%/*}:${b##*/}"); done
+bazel build --noshow_progress "${targets[@]}" >&2
+rm -rf .bundle/gpu
+"$TOOLS/gpu-bundle.sh" .bundle/gpu "${bins[@]/#/bazel-bin/}"
+# cuBLAS (~700 MB) does not travel: the GPU machine has it (run_gpu.sh finds it).
+rm -f .bundle/gpu/lib/libcublas*
+# The binaries and kernel libraries carry fat binaries for two architectures; they travel xz-compressed
+# so that the carried tree stays under the device's 64 MiB, and run_gpu.sh unpacks them.
+find .bundle/gpu -type f -size +2M -print0 | xargs -0 -r -n1 -P2 xz -T1 -6
+du -sh .bundle/gpu

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# The model forward on the GPU machine, from a bundle made by tests/gpu/make_bundle.sh: the GPU tests
+# (a skip is a failure here), compute-sanitizer on a full forward, the CLI on the GPU (golden logits and
+# greedy tokens with 1 and 2 worker processes on one GPU), and `dsmesh up --device cuda` serving the
+# OpenAI API (chat, streaming, a client disconnect) checked with curl. Logs go to $OUT (or /tmp/out).
+#   usage (repository root on the GPU machine): tests/gpu/run_gpu.sh [parts]
+#   parts: any of tests,sanitize,cli,serve (default: all)
+set -uo pipefail
+B=.bundle/gpu
+PARTS=${1:-tests,sanitize,cli,serve}
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+fail=0
+step() { echo; echo "=== $*"; }
+check() { if "$@"; then echo "PASS: $*"; else echo "FAIL: $*"; fail=1; fi; }
+for z in $(find "$B" -name '*.xz'); do xz -dc "$z" > "${z%.xz}" && chmod +x "${z%.xz}" && rm "$z"; done
+CUBLAS_DIR=$(dirname "$(ls /usr/local/cuda/lib64/libcublas.so.13 2>/dev/null ||
+  find "$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null)" /usr -name 'libcublas.so.13' 2>/dev/null | head -1)")
+export LD_LIBRARY_PATH=$B/lib:$CUBLAS_DIR
+export DSMESH_ROOT=$PWD DSMESH_REQUIRE_GPU_TESTS=1
+# `dsmesh up` finds its siblings as bazel-bin lays them out (cli/, worker/, coordinator/, gateway/).
+for p in cli/dsmesh worker/dsmesh-worker coordinator/dsmesh-coordinator gateway/dsmesh-gateway; do
+  mkdir -p "$B/tree/${p%/*}" && cp -f "$B/bin/${p##*/}" "$B/tree/$p"
+done
+DS=$B/tree/cli/dsmesh
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
+GOLDEN=tests/golden/tiny_v4
+
+if [[ $PARTS == *tests* ]]; then
+  step "GPU tests (DSMESH_REQUIRE_GPU_TESTS=1: a missing GPU fails)"
+  for t in cuda_backend_test gpu_forward_test; do
+    timeout 400 "$B/bin/$t" 2>&1 | tee "$OUT/$t.log" | grep -E "^\[  |FAIL|Failure|rel L2|ms/step|Expected|which is|SKIPPED" | head -80
+    check grep -q "^\[  PASSED  \]" "$OUT/$t.log"
+    check test "$(grep -c 'SKIPPED' "$OUT/$t.log")" = 0
+  done
+fi
+
+if [[ $PARTS == *sanitize* ]]; then
+  step "compute-sanitizer on a full forward (prefill + 8 decode steps, batch of 4)"
+  for tool in memcheck racecheck; do
+    timeout 300 /usr/local/cuda/bin/compute-sanitizer --tool $tool --error-exitcode 9 "$B/bin/gpu_forward_test" \
+      --gtest_filter='*SanitizerWorkload*' > "$OUT/sanitizer_$tool.log" 2>&1
+    rc=$?
+    echo "compute-sanitizer $tool: exit $rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tr '\n' ' ')"
+    check test $rc = 0
+  done
+fi
+
+if [[ $PARTS == *cli* ]]; then
+  step "CLI on the GPU: golden logits and greedy tokens, 1 process and 2 worker processes on one GPU"
+  ids=$(python3 -c "from safetensors.numpy import load_file; print(','.join(str(int(v)) for v in load_file('$GOLDEN/golden.safetensors')['input_ids'].reshape(-1)))")
+  want=$(python3 -c "from safetensors.numpy import load_file; print(','.join(str(int(v)) for v in load_file('$GOLDEN/golden.safetensors')['greedy_tokens'].reshape(-1)))")
+  n=$(echo "$want" | tr ',' '\n' | wc -l)
+  for mode in "" "--world 2"; do
+    tag=${mode:+tp2}; tag=${tag:-tp1}
+    timeout 120 $DS logits --model $GOLDEN --tokens "$ids" --out /tmp/logits_$tag.safetensors --device cuda $mode 2>"$OUT/logits_$tag.log"
+    check python3 tests/gpu/compare_logits.py $GOLDEN/golden.safetensors logits /tmp/logits_$tag.safetensors 1e-3
+    got=$(timeout 120 $DS generate --model $GOLDEN --tokens "$ids" --max-new-tokens "$n" --ignore-eos --device cuda $mode 2>"$OUT/generate_$tag.log" |
+          python3 -c "import json,sys; print(','.join(map(str, json.load(sys.stdin)['tokens'])))")
+    echo "greedy ($tag): $got"
+    check test "$got" = "$want"
+    tail -2 "$OUT/generate_$tag.log"
+  done
+  step "dsmesh generate on the embedded tiny model: GPU and CPU, 64 tokens"
+  timeout 200 $DS make-tiny --out /tmp/tiny >/dev/null 2>&1
+  prompt=0,128803,1024,77,2048,9000,128804
+  g=$(timeout 120 $DS generate --model /tmp/tiny --tokens $prompt --max-new-tokens 64 --ignore-eos --device cuda 2>"$OUT/tiny_gpu.log")
+  c=$(timeout 300 $DS generate --model /tmp/tiny --tokens $prompt --max-new-tokens 64 --ignore-eos 2>"$OUT/tiny_cpu.log")
+  tail -1 "$OUT/tiny_gpu.log"; tail -1 "$OUT/tiny_cpu.log"
+  check test "$g" = "$c"
+  step "no GPU visible: a clear error"
+  CUDA_VISIBLE_DEVICES= $DS generate --model /tmp/tiny --tokens 1,2 --device cuda 2>&1 | tail -1 | tee "$OUT/nogpu.txt"
+  check grep -q "no CUDA GPU is visible" "$OUT/nogpu.txt"
+fi
+
+if [[ $PARTS == *serve* ]]; then
+  for world in 1 2; do
+    step "dsmesh up --device cuda --world $world: chat, streaming, disconnect (curl)"
+    port=$((8100 + world))
+    $DS up --device cuda --world $world --port $port --kv-memory 2G > "$OUT/up_w$world.log" 2>&1 &
+    up=$!
+    for _ in $(seq 1 240); do
+      curl -sf localhost:$port/health >/dev/null && break
+      sleep 0.5
+    done
+    body='{"model":"tiny-model","messages":[{"role":"user","content":"Hello"}],"max_tokens":24}'
+    curl -s localhost:$port/v1/chat/completions -H 'content-type: application/json' -d "$body" > "$OUT/chat_w$world.json"
+    head -c 400 "$OUT/chat_w$world.json"; echo
+    check python3 -c "import json; r=json.load(open('$OUT/chat_w$world.json')); assert r['choices'][0]['finish_reason'] and r['usage']['completion_tokens'] > 0"
+    sbody='{"model":"tiny-model","messages":[{"role":"user","content":"Tell me a story"}],"max_tokens":40,"stream":true}'
+    curl -sN localhost:$port/v1/chat/completions -H 'content-type: application/json' -d "$sbody" > "$OUT/stream_w$world.txt"
+    check grep -q "data: \[DONE\]" "$OUT/stream_w$world.txt"
+    echo "stream chunks: $(grep -c '^data: ' "$OUT/stream_w$world.txt")"
+    # A client that goes away mid-stream: the request is cancelled and the server serves the next one.
+    lbody='{"model":"tiny-model","messages":[{"role":"user","content":"Go on forever"}],"max_tokens":4000,"stream":true,"ignore_eos":true}'
+    timeout 1 curl -sN localhost:$port/v1/chat/completions -H 'content-type: application/json' -d "$lbody" > /dev/null
+    sleep 1
+    curl -s localhost:$port/metrics | grep -E '^vllm:num_requests_running|^vllm:num_requests_waiting' | tee "$OUT/metrics_w$world.txt"
+    check grep -qE '^vllm:num_requests_running(\{[^}]*\})? 0' "$OUT/metrics_w$world.txt"
+    curl -s localhost:$port/v1/chat/completions -H 'content-type: application/json' -d "$body" > "$OUT/chat2_w$world.json"
+    check python3 -c "import json; r=json.load(open('$OUT/chat2_w$world.json')); assert r['usage']['completion_tokens'] > 0"
+    grep -E "backend|holds" "$OUT/up_w$world.log" | head -4
+    kill -INT $up; wait $up
+  done
+fi
+echo
+[[ $fail == 0 ]] && echo "ALL GPU CHECKS PASSED" || echo "SOME GPU CHECKS FAILED"
+exit $fail
