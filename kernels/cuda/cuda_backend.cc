@@ -18,6 +18,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/half.h"
@@ -126,7 +127,7 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     Use();
     cudaStreamSynchronize(ctx_->stream);
-    for (auto& [k, p] : host_cache_) cudaFree(p);
+    for (auto& [k, c] : host_cache_) cudaFree(c.device);
   }
 
   std::string name() const override { return name_; }
@@ -472,27 +473,37 @@ class CudaBackend final : public Backend {
     return t;
   }
 
-  // Device copy of a host table that lives as long as the model (rope frequencies, tid2eid).
-  const void* CachedBytes(const void* host, size_t bytes) {
-    std::lock_guard<std::mutex> lock(cache_mu_);
-    auto key = std::make_pair(host, bytes);
-    auto it = host_cache_.find(key);
-    if (it != host_cache_.end()) return it->second;
-    void* d = nullptr;
-    CudaCheck(cudaMalloc(&d, std::max<size_t>(bytes, 16)), "cudaMalloc for a cached table");
-    CudaCheck(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice), "table upload");
-    host_cache_[key] = d;
-    return d;
-  }
+  // Device copies of host tables that live as long as the model (rope frequencies, tid2eid), keyed by
+  // host address. Each entry keeps what makes the key safe: a copy of a small table's values (compared
+  // on every hit) or a reference to a tensor's host buffer (so its address cannot be reused).
+  struct CachedCopy {
+    void* device = nullptr;
+    std::vector<char> values;
+    std::shared_ptr<void> keep_alive;
+  };
   const float* Cached(const std::vector<float>& v) {
-    return static_cast<const float*>(CachedBytes(v.data(), v.size() * sizeof(float)));
+    const size_t bytes = v.size() * sizeof(float);
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    CachedCopy& c = host_cache_[{v.data(), bytes}];
+    if (c.device && std::memcmp(c.values.data(), v.data(), bytes) == 0) return static_cast<const float*>(c.device);
+    if (!c.device) CudaCheck(cudaMalloc(&c.device, std::max<size_t>(bytes, 16)), "cudaMalloc for a rope table");
+    c.values.assign(reinterpret_cast<const char*>(v.data()), reinterpret_cast<const char*>(v.data()) + bytes);
+    CudaCheck(cudaMemcpy(c.device, v.data(), bytes, cudaMemcpyHostToDevice), "rope table upload");
+    return static_cast<const float*>(c.device);
   }
   // tid2eid arrives as a host tensor (the loader keeps routing tables on the host) or already on device.
   const int32_t* CachedTable(const Tensor& t) {
     cudaPointerAttributes a{};
     if (cudaPointerGetAttributes(&a, t.data) == cudaSuccess && a.type == cudaMemoryTypeDevice) return I32(t);
     cudaGetLastError();
-    return static_cast<const int32_t*>(CachedBytes(t.data, t.nbytes()));
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    CachedCopy& c = host_cache_[{t.data, t.nbytes()}];
+    if (!c.device) {
+      CudaCheck(cudaMalloc(&c.device, std::max<size_t>(t.nbytes(), 16)), "cudaMalloc for a routing table");
+      CudaCheck(cudaMemcpy(c.device, t.data, t.nbytes(), cudaMemcpyHostToDevice), "routing table upload");
+      c.keep_alive = t.owner;
+    }
+    return static_cast<const int32_t*>(c.device);
   }
 
   Exl3Part& PartFor(CudaExl3Linear& e, int64_t out_begin, int64_t out_end) {
@@ -533,7 +544,14 @@ class CudaBackend final : public Backend {
       Exl3Gemv(lin, xp, static_cast<int>(m), y.data, Exl3Out::kF32, *gemv_ws_, ctx_->stream);
     } else {
       constexpr int kChunk = 512;
-      if (!gemm_ws_) gemm_ws_ = std::make_unique<Exl3GemmWorkspace>(kChunk, max_k_, max_n_, max_weights_);
+      // Sized for the largest linear loaded so far; a larger one loaded later gets a new workspace.
+      if (!gemm_ws_ || lin.k > gemm_ws_k_ || lin.n > gemm_ws_n_ || lin.k * lin.n > gemm_ws_weights_) {
+        gemm_ws_k_ = std::max(max_k_, lin.k);
+        gemm_ws_n_ = std::max(max_n_, lin.n);
+        gemm_ws_weights_ = std::max(max_weights_, lin.k * lin.n);
+        gemm_ws_.reset();
+        gemm_ws_ = std::make_unique<Exl3GemmWorkspace>(kChunk, gemm_ws_k_, gemm_ws_n_, gemm_ws_weights_);
+      }
       for (int64_t r0 = 0; r0 < m; r0 += kChunk) {
         const int rows = static_cast<int>(std::min<int64_t>(kChunk, m - r0));
         Exl3Gemm(lin, xp + r0 * lin.k, rows, F(y) + r0 * lin.n, Exl3Out::kF32, *gemm_ws_, ctx_->stream);
@@ -548,7 +566,8 @@ class CudaBackend final : public Backend {
   // experts are not all full-width MCG EXL3 of one K.
   FusedMoe* FusedFor(const std::vector<ExpertWeights>& experts, float limit, int topk) {
     std::lock_guard<std::mutex> lock(moe_mu_);
-    auto it = fused_.find(&experts);
+    const auto key = std::make_tuple(static_cast<const void*>(&experts), topk, limit);
+    auto it = fused_.find(key);
     if (it != fused_.end()) return it->second.get();
     std::unique_ptr<FusedMoe> f;
     std::string why;
@@ -592,7 +611,7 @@ class CudaBackend final : public Backend {
     }
     if (!why.empty()) std::fprintf(stderr, "[cuda] %s: routed experts run per expert (%s)\n", name.c_str(), why.c_str());
     FusedMoe* raw = f.get();
-    fused_[&experts] = std::move(f);
+    fused_[key] = std::move(f);
     return raw;
   }
 
@@ -619,9 +638,11 @@ class CudaBackend final : public Backend {
   int64_t max_k_ = 128, max_n_ = 128, max_weights_ = 128 * 128;
   std::unique_ptr<Exl3GemvWorkspace> gemv_ws_;
   std::unique_ptr<Exl3GemmWorkspace> gemm_ws_;
+  int64_t gemm_ws_k_ = 0, gemm_ws_n_ = 0, gemm_ws_weights_ = 0;
   std::mutex cache_mu_, moe_mu_;
-  std::map<std::pair<const void*, size_t>, void*> host_cache_;
-  std::map<const void*, std::unique_ptr<FusedMoe>> fused_;
+  std::map<std::pair<const void*, size_t>, CachedCopy> host_cache_;
+  // Keyed by the experts vector (it lives as long as the model's weights), top-k and clamp limit.
+  std::map<std::tuple<const void*, int, float>, std::unique_ptr<FusedMoe>> fused_;
 };
 
 }  // namespace
