@@ -6,6 +6,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "model/kv_layout.h"
 #include "model/model_impl.h"
 #include "model/rope.h"
 
@@ -51,28 +52,13 @@ std::unique_ptr<SequenceState> ModelImpl::NewState() const {
   return std::make_unique<SequenceState>(std::move(d));
 }
 
+// The forward stores its state in f32 (model/kv_layout.h has the other layouts' costs).
 double ModelImpl::StateBytesPerToken() const {
-  double per = 0;
-  for (int l = 0; l < config_.num_layers; ++l) {
-    int r = config_.compress_ratio(l);
-    if (r == 0) continue;
-    per += 4.0 * config_.head_dim / r;
-    if (config_.attention_kind(l) == AttentionKind::kCompressedSparse) per += 4.0 * config_.index_head_dim / r;
-  }
-  return per;
+  return ComputeKvLayout(config_, KvCacheDtype::kF32, /*with_mtp=*/false).BytesPerToken();
 }
 
 size_t ModelImpl::StateFixedBytes() const {
-  size_t fixed = 0;
-  for (int l = 0; l < config_.num_layers; ++l) {
-    fixed += 4ull * config_.sliding_window * config_.head_dim;
-    int r = config_.compress_ratio(l);
-    AttentionKind k = config_.attention_kind(l);
-    if (k == AttentionKind::kHeavilyCompressed) fixed += 2ull * 4 * r * config_.head_dim;
-    if (k == AttentionKind::kCompressedSparse)
-      fixed += 2ull * 4 * (2 * r) * (2 * config_.head_dim) + 2ull * 4 * (2 * r) * (2 * config_.index_head_dim);
-  }
-  return fixed;
+  return static_cast<size_t>(ComputeKvLayout(config_, KvCacheDtype::kF32, /*with_mtp=*/false).FixedBytesPerSequence());
 }
 
 // ---- Model ----
