@@ -69,6 +69,11 @@ class Backend {
   virtual LinearWeight LoadExl3Linear(const Checkpoint& ckpt, const std::string& prefix, int64_t out_features,
                                       int64_t in_features, int64_t out_begin, int64_t out_end, int64_t in_begin,
                                       int64_t in_end) = 0;
+  // The same slice of a synthetic MCG EXL3 linear of K bits (kernels/exl3/synthetic_exl3.h: random valid
+  // trellises from `seed`), generated where the backend keeps weights; both backends give the same bits.
+  virtual LinearWeight SyntheticExl3Linear(const std::string& name, int64_t out_features, int64_t in_features,
+                                           int64_t out_begin, int64_t out_end, int64_t in_begin, int64_t in_end,
+                                           int K, uint64_t seed) = 0;
 
   // ---- elementwise and normalisation ----
   // out[i, :] = table[tokens[i], :] as f32.  table [vocab, D] any float dtype.

@@ -9,6 +9,7 @@
 #include "model/kv_layout.h"
 #include "model/model_impl.h"
 #include "model/rope.h"
+#include "model/synthetic.h"
 
 namespace dsmesh {
 
@@ -26,6 +27,10 @@ ModelImpl::ModelImpl(ModelConfig config, ShardSpec shard, std::shared_ptr<Backen
 void ModelImpl::Load(const std::string& dir) {
   Checkpoint ckpt = Checkpoint::Open(dir);
   weights_ = LoadWeights(ckpt, config_, layout_, *backend_);
+}
+
+void ModelImpl::LoadSynthetic(const SyntheticSpec& spec) {
+  weights_ = LoadSyntheticWeights(spec, config_, layout_, *backend_);
 }
 
 std::unique_ptr<SequenceState> ModelImpl::NewState() const {
@@ -76,6 +81,13 @@ size_t Model::WeightBytes() const { return impl_->weights().bytes; }
 
 std::unique_ptr<Model> LoadModel(const std::string& dir, const ShardSpec& shard, std::shared_ptr<Backend> backend,
                                  Communicator* comm) {
+  if (!backend) throw std::runtime_error("LoadModel: no backend given");
+  if (IsSyntheticSource(dir)) {
+    const SyntheticSpec spec = ParseSyntheticSource(dir);
+    auto impl = std::make_unique<ModelImpl>(SyntheticConfig(spec), shard, std::move(backend), comm);
+    impl->LoadSynthetic(spec);
+    return std::make_unique<Model>(std::move(impl));
+  }
   struct stat st;
   if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
     throw std::runtime_error(dir + ": model directory does not exist");

@@ -10,6 +10,7 @@
 #include "model/config.h"
 #include "model/model.h"
 #include "model/sequence_state.h"
+#include "model/synthetic.h"
 #include "model/weights.h"
 
 namespace dsmesh {
@@ -19,6 +20,7 @@ class ModelImpl {
   ModelImpl(ModelConfig config, ShardSpec shard, std::shared_ptr<Backend> backend, Communicator* comm);
 
   void Load(const std::string& dir);
+  void LoadSynthetic(const SyntheticSpec& spec);
 
   const ModelConfig& config() const { return config_; }
   const ShardSpec& shard() const { return shard_; }

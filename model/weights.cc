@@ -1,9 +1,16 @@
 #include "model/weights.h"
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
+#include <thread>
 
 #include "common/half.h"
+#include "kernels/exl3/synthetic_hash.h"
+#include "model/synthetic.h"
 #include "model/tensor_names.h"
 
 namespace dsmesh {
@@ -43,10 +50,76 @@ Tensor Matrix(const Tensor& t, int64_t index) {
   return v;
 }
 
+// Uniform values of standard deviation `stddev` (a synthetic tensor's values; uniform keeps them bounded).
+float SyntheticUniform(uint64_t seed, int64_t i, float stddev) {
+  const double u = static_cast<double>(SyntheticMix(seed ^ (static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull)) >> 11) *
+                   (1.0 / 9007199254740992.0);
+  return static_cast<float>((2.0 * u - 1.0) * 1.7320508075688772 * stddev);
+}
+
+// A synthetic dense tensor: matrices in bf16 (filled on all cores), small parameters in f32, by what the
+// name says the tensor is: norms and hc scales 1, hc mixing weights small, biases, sinks and hc bases 0.
+Tensor SyntheticDense(const SyntheticSpec& spec, const std::string& name, const std::vector<int64_t>& shape) {
+  const uint64_t seed = SyntheticSeed(spec, name);
+  auto ends = [&](const char* suffix) {
+    const size_t n = std::strlen(suffix);
+    return name.size() >= n && name.compare(name.size() - n, n, suffix) == 0;
+  };
+  if (shape.size() == 2 && ends(".weight") && !ends("norm.weight")) {
+    Tensor t = AllocateTensor(DType::kBF16, shape);
+    const int64_t rows = shape[0], cols = shape[1];
+    const float stddev = name.find("embed") != std::string::npos ? 1.0f : 1.0f / std::sqrt(static_cast<float>(cols));
+    uint16_t* out = static_cast<uint16_t*>(t.data);
+    const int threads = std::max(1u, std::min(32u, std::thread::hardware_concurrency()));
+    std::vector<std::thread> pool;
+    for (int w = 0; w < threads; ++w)
+      pool.emplace_back([&, w] {
+        for (int64_t r = w; r < rows; r += threads)
+          for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = FloatToBf16(SyntheticUniform(seed, r * cols + c, stddev));
+      });
+    for (auto& th : pool) th.join();
+    return t;
+  }
+  Tensor t = AllocateTensor(DType::kF32, shape);
+  float* out = t.as<float>();
+  float value = 0.0f, stddev = 0.0f;
+  if (ends("norm.weight") || ends("scale")) value = 1.0f;
+  else if (ends("fn")) stddev = 0.01f;
+  else if (ends("ape")) stddev = 0.1f;
+  for (int64_t i = 0; i < t.numel(); ++i) out[i] = stddev > 0 ? SyntheticUniform(seed, i, stddev) : value;
+  return t;
+}
+
+// tid2eid [vocab, k]: k distinct experts per token.
+Tensor SyntheticTid2eid(const SyntheticSpec& spec, const std::string& name, int64_t vocab, int k, int experts) {
+  Tensor t = AllocateTensor(DType::kI32, {vocab, k});
+  int32_t* out = t.as<int32_t>();
+  const uint64_t seed = SyntheticSeed(spec, name);
+  for (int64_t v = 0; v < vocab; ++v)
+    for (int i = 0; i < k; ++i) {
+      uint64_t draw = SyntheticMix(seed ^ (static_cast<uint64_t>(v) * k + i));
+      int32_t e = static_cast<int32_t>(draw % experts);
+      for (bool clash = true; clash;) {  // distinct within the row
+        clash = false;
+        for (int j = 0; j < i; ++j) clash |= out[v * k + j] == e;
+        if (clash) e = (e + 1) % experts;
+      }
+      out[v * k + i] = e;
+    }
+  return t;
+}
+
 class WeightLoader {
  public:
-  WeightLoader(const Checkpoint& ckpt, const ModelConfig& c, const ShardLayout& l, Backend& be)
-      : ckpt_(ckpt), c_(c), l_(l), be_(be) {}
+  WeightLoader(const Checkpoint& ckpt, const ModelConfig& c, const ShardLayout& l, Backend& be,
+               const SyntheticSpec* synth = nullptr)
+      : ckpt_(ckpt), c_(c), l_(l), be_(be), synth_(synth) {}
+
+  // A whole dense tensor: the checkpoint's (shape checked by the caller), or the synthetic one.
+  Tensor Fetch(const std::string& ds, const std::vector<int64_t>& shape) const {
+    if (synth_) return SyntheticDense(*synth_, ds, shape);
+    return Raw(ds);
+  }
 
   size_t bytes() const { return bytes_; }
 
@@ -65,7 +138,7 @@ class WeightLoader {
     }
     return "";
   }
-  bool Has(const std::string& ds) const { return !Find(ds).empty(); }
+  bool Has(const std::string& ds) const { return synth_ || !Find(ds).empty(); }
 
   Tensor Raw(const std::string& ds) const {
     std::string name = Find(ds);
@@ -85,7 +158,7 @@ class WeightLoader {
 
   // A small parameter (norm weight, hc, sink, bias, ape) as f32 in backend memory; [b, e) of dim 0.
   Tensor F32(const std::string& ds, const std::vector<int64_t>& shape, int64_t b = 0, int64_t e = -1) {
-    Tensor t = Raw(ds);
+    Tensor t = Fetch(ds, shape);
     CheckShape(t, shape, ds);
     if (!IsDenseFloat(t.dtype))
       throw std::runtime_error(ckpt_.dir() + ": tensor \"" + ds + "\" has dtype " + DTypeName(t.dtype) +
@@ -102,7 +175,8 @@ class WeightLoader {
   }
 
   Tensor Int32(const std::string& ds, const std::vector<int64_t>& shape) {
-    Tensor t = Raw(ds);
+    Tensor t = synth_ ? SyntheticTid2eid(*synth_, ds, shape[0], static_cast<int>(shape[1]), c_.n_routed_experts)
+                      : Raw(ds);
     CheckShape(t, shape, ds);
     Tensor out = AllocateTensor(DType::kI32, shape);
     int32_t* o = out.as<int32_t>();
@@ -143,6 +217,14 @@ class WeightLoader {
     if (r1 < 0) r1 = out;
     if (c1 < 0) c1 = in;
     std::string ds = prefix + ".weight";
+    if (synth_) {
+      const Exl3TensorPlan plan = PlanExl3Tensor(ds, synth_->bits);
+      if (plan.cls == Exl3TensorClass::kKeep) return DenseLinear(ds, SyntheticDense(*synth_, ds, {out, in}), r0, r1, c0, c1);
+      LinearWeight lw = be_.SyntheticExl3Linear(prefix, out, in, r0, r1, c0, c1, plan.K, SyntheticSeed(*synth_, ds));
+      const int64_t k = (c1 + 127) / 128 * 128 - c0 / 128 * 128, n = (r1 + 127) / 128 * 128 - r0 / 128 * 128;
+      bytes_ += static_cast<size_t>(k * n * plan.K / 8 + 2 * (k + n));
+      return lw;
+    }
     if (!Has(ds)) {
       // EXL3 packs keep DeepSeek names, possibly under a "model." prefix.
       for (const std::string& p : {prefix, "model." + prefix}) {
@@ -277,6 +359,7 @@ class WeightLoader {
   const ModelConfig& c_;
   const ShardLayout& l_;
   Backend& be_;
+  const SyntheticSpec* synth_;
   size_t bytes_ = 0;
 };
 
@@ -301,11 +384,20 @@ ShardLayout MakeShardLayout(const ModelConfig& c, const ShardSpec& s) {
   return l;
 }
 
-ModelWeights LoadWeights(const Checkpoint& ckpt, const ModelConfig& c, const ShardLayout& l, Backend& be) {
-  WeightLoader ld(ckpt, c, l, be);
+namespace {
+
+// Loads every tensor through `ld` (checkpoint or synthetic); `progress` prints a line per layer.
+ModelWeights LoadAll(WeightLoader& ld, const Checkpoint& ckpt, const ModelConfig& c, const ShardLayout& l,
+                     Backend& be, bool progress) {
   ModelWeights w;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto report = [&](const std::string& what) {
+    if (!progress) return;
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::fprintf(stderr, "[load] %s (%.1f GiB so far, %.1f s)\n", what.c_str(), ld.bytes() / 1073741824.0, s);
+  };
   const int64_t D = c.hidden_size, V = c.vocab_size;
-  Tensor embed = ld.Raw("embed.weight");
+  Tensor embed = ld.Fetch("embed.weight", {V, D});
   ld.CheckShape(embed, {V, D}, "embed.weight");
   if (!IsDenseFloat(embed.dtype))
     throw std::runtime_error(ckpt.dir() + ": tensor \"embed.weight\" has dtype " + std::string(DTypeName(embed.dtype)) +
@@ -324,7 +416,11 @@ ModelWeights LoadWeights(const Checkpoint& ckpt, const ModelConfig& c, const Sha
   }
   w.norm = ld.F32("norm.weight", {D});
   w.hc_head = ld.Hc("hc_head_", c.hc_mult);
-  for (int i = 0; i < c.num_layers; ++i) w.layers.push_back(ld.Block(i, "layers." + std::to_string(i) + "."));
+  report("embedding, head, norms");
+  for (int i = 0; i < c.num_layers; ++i) {
+    w.layers.push_back(ld.Block(i, "layers." + std::to_string(i) + "."));
+    report("layer " + std::to_string(i + 1) + "/" + std::to_string(c.num_layers));
+  }
   // MTP blocks: kept for speculative decoding when the checkpoint ships them (transformers drops them).
   for (int m = 0; m < c.num_mtp_layers; ++m) {
     std::string p = "mtp." + std::to_string(m) + ".";
@@ -340,7 +436,21 @@ ModelWeights LoadWeights(const Checkpoint& ckpt, const ModelConfig& c, const Sha
     w.mtp.push_back(std::move(mw));
   }
   w.bytes = ld.bytes() + embed.nbytes();
+  report("done");
   return w;
+}
+
+}  // namespace
+
+ModelWeights LoadWeights(const Checkpoint& ckpt, const ModelConfig& c, const ShardLayout& l, Backend& be) {
+  WeightLoader ld(ckpt, c, l, be);
+  return LoadAll(ld, ckpt, c, l, be, /*progress=*/false);
+}
+
+ModelWeights LoadSyntheticWeights(const SyntheticSpec& spec, const ModelConfig& c, const ShardLayout& l, Backend& be) {
+  static const Checkpoint kNoFiles;
+  WeightLoader ld(kNoFiles, c, l, be, &spec);
+  return LoadAll(ld, kNoFiles, c, l, be, /*progress=*/true);
 }
 
 }  // namespace dsmesh

@@ -88,4 +88,9 @@ ShardLayout MakeShardLayout(const ModelConfig& config, const ShardSpec& shard);
 ModelWeights LoadWeights(const Checkpoint& ckpt, const ModelConfig& config, const ShardLayout& layout,
                          Backend& backend);
 
+struct SyntheticSpec;  // model/synthetic.h
+// The same weights built from a seed (model/synthetic.h), printing progress per layer on stderr.
+ModelWeights LoadSyntheticWeights(const SyntheticSpec& spec, const ModelConfig& config, const ShardLayout& layout,
+                                  Backend& backend);
+
 }  // namespace dsmesh

@@ -17,6 +17,7 @@
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cpu/vec.h"
 #include "kernels/exl3/exl3_linear.h"
+#include "kernels/exl3/synthetic_exl3.h"
 
 namespace dsmesh {
 namespace {
@@ -76,6 +77,20 @@ class CpuBackend final : public Backend {
     e->slice.add_bias = in_begin == 0;  // input-sliced ranks: only the first adds the bias
     LinearWeight lw;
     lw.name = prefix;
+    lw.out = out_end - out_begin;
+    lw.in = in_end - in_begin;
+    lw.exl3 = e;
+    return lw;
+  }
+
+  LinearWeight SyntheticExl3Linear(const std::string& name, int64_t out_features, int64_t in_features,
+                                   int64_t out_begin, int64_t out_end, int64_t in_begin, int64_t in_end, int K,
+                                   uint64_t seed) override {
+    auto e = std::make_shared<Exl3Linear>();
+    e->weight = SyntheticExl3Weight(name, in_features, out_features, K, seed);
+    e->slice = {in_begin, in_end, out_begin, out_end, in_begin == 0};
+    LinearWeight lw;
+    lw.name = name;
     lw.out = out_end - out_begin;
     lw.in = in_end - in_begin;
     lw.exl3 = e;

@@ -78,11 +78,14 @@ struct Exl3Part {
   Tensor bias;                   // f32 [nout] device, or empty
 };
 
-// The checkpoint's EXL3 tensors (host views) and the slice this rank uses; device parts are built on
-// first use (the MoE kernel uploads experts itself, so experts it runs never get per-linear copies).
+// The checkpoint's EXL3 tensors (host views) or a synthetic linear's seed, and the slice this rank uses;
+// device parts are built on first use and are the only device copy (the MoE kernel's pointer tables
+// point into them).
 struct CudaExl3Linear {
-  Exl3Weight weight;
+  Exl3Weight weight;  // synthetic: sizes, K, codebook and name only (no host tensors)
   Exl3Slice slice;
+  bool synthetic = false;
+  uint64_t seed = 0;
   std::mutex mu;
   std::unique_ptr<Exl3Part> whole;
   std::map<int64_t, std::unique_ptr<Exl3Part>> groups;  // GroupedLinear: out_begin -> part
@@ -213,6 +216,33 @@ class CudaBackend final : public Backend {
     lw.out = out_end - out_begin;
     lw.in = in_end - in_begin;
     lw.exl3 = e;
+    return lw;
+  }
+
+  LinearWeight SyntheticExl3Linear(const std::string& name, int64_t out_features, int64_t in_features,
+                                   int64_t out_begin, int64_t out_end, int64_t in_begin, int64_t in_end, int K,
+                                   uint64_t seed) override {
+    auto e = std::make_shared<CudaExl3Linear>();
+    e->synthetic = true;
+    e->seed = seed;
+    e->weight.name = name;
+    e->weight.K = K;
+    e->weight.codebook = Exl3Codebook::kMcg;
+    e->weight.in_features = in_features;
+    e->weight.out_features = out_features;
+    e->slice = {in_begin, in_end, out_begin, out_end, in_begin == 0};
+    Use();
+    PartFor(*e, out_begin, out_end);  // generate now: loading is where the time and memory go
+    LinearWeight lw;
+    lw.name = name;
+    lw.out = out_end - out_begin;
+    lw.in = in_end - in_begin;
+    lw.exl3 = e;
+    const int64_t k = (in_end + 127) / 128 * 128 - in_begin / 128 * 128;
+    const int64_t n = (out_end + 127) / 128 * 128 - out_begin / 128 * 128;
+    max_k_ = std::max(max_k_, k);
+    max_n_ = std::max(max_n_, n);
+    max_weights_ = std::max(max_weights_, k * n);
     return lw;
   }
 
@@ -516,7 +546,12 @@ class CudaBackend final : public Backend {
     const int64_t k0 = in_begin / 128 * 128, k1 = (in_end + 127) / 128 * 128;
     const int64_t n0 = out_begin / 128 * 128, n1 = (out_end + 127) / 128 * 128;
     auto part = std::make_unique<Exl3Part>();
-    part->buffers = std::make_unique<Exl3DeviceLinearBuffers>(SubWeight(w, k0, k1, n0, n1));
+    if (e.synthetic) {
+      const int64_t full_k = (w.in_features + 127) / 128 * 128, full_n = (w.out_features + 127) / 128 * 128;
+      part->buffers = std::make_unique<Exl3DeviceLinearBuffers>(w.name, k0, k1, n0, n1, full_k, full_n, w.K, e.seed);
+    } else {
+      part->buffers = std::make_unique<Exl3DeviceLinearBuffers>(SubWeight(w, k0, k1, n0, n1));
+    }
     part->x_col0 = in_begin - k0;
     part->kin = in_end - in_begin;
     part->y_col0 = out_begin - n0;
@@ -571,39 +606,44 @@ class CudaBackend final : public Backend {
     if (it != fused_.end()) return it->second.get();
     std::unique_ptr<FusedMoe> f;
     std::string why;
-    std::vector<Exl3Weight> subs;
-    std::vector<Exl3DeviceMoeLayer::Expert> views;
+    std::vector<Exl3DeviceMoeLayer::DeviceExpert> views;
     const std::string name = experts.empty() ? "experts" : experts[0].w1.name;
     for (const ExpertWeights& e : experts) {
+      const Exl3DeviceLinear* l[3] = {};
+      int p = 0;
       for (const LinearWeight* lw : {&e.w1, &e.w3, &e.w2}) {
         if (!lw->is_exl3()) {
           why = "dense experts";
           break;
         }
-        const auto& c = *static_cast<const CudaExl3Linear*>(lw->exl3.get());
-        const int64_t in_end = c.slice.in_end < 0 ? c.weight.in_features : c.slice.in_end;
-        const int64_t out_end = c.slice.out_end < 0 ? c.weight.out_features : c.slice.out_end;
-        if (c.slice.in_begin % 128 || in_end % 128 || c.slice.out_begin % 128 || out_end % 128) {
-          why = "expert slices not multiples of 128";
+        auto& c = *static_cast<CudaExl3Linear*>(lw->exl3.get());
+        if (c.weight.codebook != Exl3Codebook::kMcg) {
+          why = std::string("codebook ") + Exl3CodebookName(c.weight.codebook);
           break;
         }
         if (c.weight.bias) {
           why = "expert biases";
           break;
         }
-        subs.push_back(SubWeight(c.weight, c.slice.in_begin, in_end, c.slice.out_begin, out_end));
+        const Exl3Part& part = PartFor(c, c.slice.out_begin, c.slice.out_end);
+        const Exl3DeviceLinear& lin = part.buffers->linear();
+        if (part.x_col0 != 0 || part.kin != lin.k || part.y_col0 != 0 || part.nout != lin.n) {
+          why = "expert slices not multiples of 128";
+          break;
+        }
+        l[p++] = &lin;
       }
       if (!why.empty()) break;
+      views.push_back({l[0], l[1], l[2]});
     }
     if (why.empty()) {
-      for (size_t i = 0; i + 2 < subs.size(); i += 3) views.push_back({&subs[i], &subs[i + 1], &subs[i + 2]});
       try {
         f = std::make_unique<FusedMoe>();
         f->layer = std::make_unique<Exl3DeviceMoeLayer>(name, views, limit);
-        const Exl3MoeLayer& l = f->layer->layer();
+        const Exl3MoeLayer& ml = f->layer->layer();
         f->topk = topk;
-        f->workspace = std::make_unique<Exl3MoeWorkspace>(kExl3MoeMaxRows, f->topk, l.hidden, l.inter);
-        why = Exl3MoeUnsupportedReason(l, 1, f->topk);
+        f->workspace = std::make_unique<Exl3MoeWorkspace>(kExl3MoeMaxRows, f->topk, ml.hidden, ml.inter);
+        why = Exl3MoeUnsupportedReason(ml, 1, f->topk);
       } catch (const std::exception& ex) {
         why = ex.what();
       }

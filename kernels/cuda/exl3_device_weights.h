@@ -17,6 +17,10 @@ namespace dsmesh {
 class Exl3DeviceLinearBuffers {
  public:
   explicit Exl3DeviceLinearBuffers(const Exl3Weight& w);
+  // The [k0, k1) x [n0, n1) block (multiples of 128) of a synthetic full_k x full_n MCG linear of K bits,
+  // generated on the device (kernels/exl3/synthetic_exl3.h has the host twin).
+  Exl3DeviceLinearBuffers(const std::string& name, int64_t k0, int64_t k1, int64_t n0, int64_t n1, int64_t full_k,
+                          int64_t full_n, int K, uint64_t seed);
   ~Exl3DeviceLinearBuffers();
   Exl3DeviceLinearBuffers(const Exl3DeviceLinearBuffers&) = delete;
   Exl3DeviceLinearBuffers& operator=(const Exl3DeviceLinearBuffers&) = delete;
@@ -41,6 +45,14 @@ class Exl3DeviceMoeLayer {
     const Exl3Weight* down;
   };
   Exl3DeviceMoeLayer(const std::string& name, const std::vector<Expert>& experts, float swiglu_limit);
+  // Over linears already in device memory, owned by the caller and outliving the layer: experts[e] =
+  // {gate, up, down}.
+  struct DeviceExpert {
+    const Exl3DeviceLinear* gate;
+    const Exl3DeviceLinear* up;
+    const Exl3DeviceLinear* down;
+  };
+  Exl3DeviceMoeLayer(const std::string& name, const std::vector<DeviceExpert>& experts, float swiglu_limit);
   ~Exl3DeviceMoeLayer();
   Exl3DeviceMoeLayer(const Exl3DeviceMoeLayer&) = delete;
   Exl3DeviceMoeLayer& operator=(const Exl3DeviceMoeLayer&) = delete;
@@ -48,6 +60,8 @@ class Exl3DeviceMoeLayer {
   const Exl3MoeLayer& layer() const { return layer_; }
 
  private:
+  void Build(const std::string& name, const std::vector<DeviceExpert>& experts, float swiglu_limit);
+
   std::vector<std::unique_ptr<Exl3DeviceLinearBuffers>> linears_;
   const uint16_t** tables_[9] = {};
   Exl3MoeLayer layer_;

@@ -4,10 +4,10 @@
 # greedy tokens with 1 and 2 worker processes on one GPU), and `dsmesh up --device cuda` serving the
 # OpenAI API (chat, streaming, a client disconnect) checked with curl. Logs go to $OUT (or /tmp/out).
 #   usage (repository root on the GPU machine): tests/gpu/run_gpu.sh [parts]
-#   parts: any of tests,sanitize,cli,serve (default: all)
+#   parts: any of tests,sanitize,cli,serve,flash (default: all)
 set -uo pipefail
 B=.bundle/gpu
-PARTS=${1:-tests,sanitize,cli,serve}
+PARTS=${1:-tests,sanitize,cli,serve,flash}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 fail=0
@@ -71,6 +71,17 @@ if [[ $PARTS == *cli* ]]; then
   step "no GPU visible: a clear error"
   CUDA_VISIBLE_DEVICES= $DS generate --model /tmp/tiny --tokens 1,2 --device cuda 2>&1 | tail -1 | tee "$OUT/nogpu.txt"
   check grep -q "no CUDA GPU is visible" "$OUT/nogpu.txt"
+fi
+
+if [[ $PARTS == *flash* ]]; then
+  step "full-size DeepSeek-V4-Flash, synthetic EXL3 pack (experts K2, dense K6) generated on the GPU: one stream, eager"
+  prompt=$(python3 -c "print(','.join(str((i * 7919) % 120000 + 1000) for i in range(${FLASH_PROMPT:-16})))")
+  timeout 500 $DS generate --model synthetic:v4-flash:seed=1 --device cuda --tokens "$prompt" \
+    --max-new-tokens ${FLASH_TOKENS:-24} --ignore-eos > "$OUT/flash_tokens.json" 2> "$OUT/flash.log"
+  check test $? = 0
+  grep -E "\[load\] (layer 43|done)|routed experts|prefill|error" "$OUT/flash.log" | head -8
+  head -c 300 "$OUT/flash_tokens.json"; echo
+  nvidia-smi --query-gpu=memory.used --format=csv
 fi
 
 if [[ $PARTS == *serve* ]]; then
