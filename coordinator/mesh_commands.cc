@@ -8,7 +8,6 @@
 //   `dsmesh generate` (model/commands.cc hands those flags over here); same output as the single-process path.
 #include <signal.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
