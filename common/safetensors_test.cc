@@ -15,6 +15,7 @@
 #include <set>
 
 #include "common/half.h"
+#include "common/repo_file.h"
 
 namespace dsmesh {
 namespace {
@@ -305,11 +306,8 @@ TEST(Checkpoint, DirectoryWithoutIndex) {
 
 // Files written by exllamav3 through torch/safetensors (not by this project) must read back correctly.
 TEST(Safetensors, ReadsFilesWrittenByExllamav3) {
-  const char* shared = std::getenv("DSMESH_SHARED");
-  ASSERT_NE(shared, nullptr) << "DSMESH_SHARED must point at the shared directory (testdata/exl3)";
-  std::string base = std::string(shared) + "/testdata/exl3/";
-
-  auto codebooks = SafetensorsFile::Open(base + "exl3_codebooks.safetensors");
+  const std::string base = "kernels/exl3/testdata/";
+  auto codebooks = SafetensorsFile::Open(RepoFile(base + "exl3_codebooks.safetensors"));
   EXPECT_EQ(codebooks->names(), (std::vector<std::string>{"codebook.3inst", "codebook.mcg", "codebook.mul1"}));
   Tensor mcg = codebooks->Get("codebook.mcg");
   EXPECT_EQ(mcg.dtype, DType::kF16);
@@ -322,7 +320,7 @@ TEST(Safetensors, ReadsFilesWrittenByExllamav3) {
   }
   EXPECT_GT(sum_squares, 0.0);  // a real codebook, not zeros
 
-  auto linear = SafetensorsFile::Open(base + "exl3_linear.safetensors");
+  auto linear = SafetensorsFile::Open(RepoFile(base + "exl3_linear.safetensors"));
   std::map<DType, int> counts;
   for (const std::string& name : linear->names()) counts[linear->Get(name).dtype]++;
   EXPECT_EQ(linear->names().size(), 50u);
@@ -336,7 +334,7 @@ TEST(Safetensors, ReadsFilesWrittenByExllamav3) {
   EXPECT_EQ(trellis.dtype, DType::kI16);
   EXPECT_EQ(trellis.shape, (std::vector<int64_t>{64, 32, 96}));
 
-  auto reconstruct = SafetensorsFile::Open(base + "exl3_reconstruct.safetensors");
+  auto reconstruct = SafetensorsFile::Open(RepoFile(base + "exl3_reconstruct.safetensors"));
   EXPECT_EQ(reconstruct->names().size(), 64u);
   Tensor what = reconstruct->Get("K1.256x384.mcg.what");
   EXPECT_EQ(what.dtype, DType::kF16);

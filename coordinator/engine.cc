@@ -279,6 +279,7 @@ StatsResponse Engine::Stats() {
   s.set_not_ready_reason(ready_ ? "" : not_ready_reason_);
   s.set_world(mesh_->world());
   s.set_mesh_epoch(mesh_->epoch());
+  s.set_worker_restarts(mesh_->worker_restarts());
   s.set_max_num_seqs(config_.scheduler.max_num_seqs);
   s.set_max_model_len(config_.scheduler.max_model_len);
   if (scheduler_) {

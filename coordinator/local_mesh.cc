@@ -62,7 +62,7 @@ pid_t LocalMesh::Spawn(const std::string& name, const std::vector<std::string>& 
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
     if (!opt_.log_dir.empty()) {
-      std::string log = opt_.log_dir + "/" + name + ".log";
+      std::string log = log_path(name);
       int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
       if (fd >= 0) {
         dup2(fd, 2);
@@ -189,10 +189,35 @@ void LocalMesh::KillWorker(int rank, int sig) {
   }
 }
 
-void LocalMesh::StartWorker(int rank) {
-  Child& ch = children_.at(1 + rank);
+void LocalMesh::StartWorker(int rank) { StartChild(children_.at(1 + rank).name); }
+
+Child& LocalMesh::Find(const std::string& name) {
+  for (auto& ch : children_)
+    if (ch.name == name) return ch;
+  throw std::runtime_error("no child named " + name);
+}
+
+void LocalMesh::StartChild(const std::string& name) {
+  Child& ch = Find(name);
   if (ch.pid > 0) throw std::runtime_error(ch.name + " is still running");
   ch.pid = Spawn(ch.name, ch.argv);
+}
+
+pid_t LocalMesh::pid(const std::string& name) const {
+  for (const auto& ch : children_)
+    if (ch.name == name) return ch.pid;
+  return -1;
+}
+
+std::vector<std::string> LocalMesh::ChildNames() const {
+  std::vector<std::string> names = {"coordinator"};
+  for (int r = 0; r < opt_.world; ++r) names.push_back("worker" + std::to_string(r));
+  if (!opt_.gateway_bin.empty()) names.push_back("gateway");
+  return names;
+}
+
+std::string LocalMesh::log_path(const std::string& name) const {
+  return opt_.log_dir.empty() ? "" : opt_.log_dir + "/" + name + ".log";
 }
 
 int LocalMesh::WaitExit(const std::string& name, int timeout_s) {

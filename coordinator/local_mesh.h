@@ -1,6 +1,8 @@
 // Starts a coordinator and N CPU workers (and optionally the gateway) on this machine as child processes,
 // for `dsmesh up`, `dsmesh logits/generate --world N` and the end-to-end tests. Children get SIGTERM if
 // this process dies (PR_SET_PDEATHSIG), so nothing is orphaned; Stop() terminates them in order.
+// StartChild() starts one again with the same flags (the coordinator keeps its port); `dsmesh up`'s
+// Supervisor decides when.
 #pragma once
 
 #include <sys/types.h>
@@ -21,7 +23,7 @@ struct LocalMeshOptions {
   int threads_per_worker = 1;
   std::vector<std::string> coordinator_args;  // extra flags, e.g. {"--max-num-seqs", "8"}
   std::vector<std::string> gateway_args;      // extra flags, e.g. {"--api-key", "k", "--max-queued", "64"}
-  std::string log_dir;          // empty: children inherit stderr
+  std::string log_dir;          // empty: children inherit stderr; else they append to LOG_DIR/NAME.log
 };
 
 struct Child {
@@ -47,6 +49,14 @@ class LocalMesh {
   void KillWorker(int rank, int sig);
   void StartWorker(int rank);
   pid_t worker_pid(int rank) const;
+  // Starts the named child again (after it exited and was reaped); throws if it is still running.
+  void StartChild(const std::string& name);
+  // The named child's pid, or -1 while it is not running.
+  pid_t pid(const std::string& name) const;
+  // "coordinator", "worker0".."worker<N-1>", then "gateway" when there is one; known before Start().
+  std::vector<std::string> ChildNames() const;
+  // Where the named child's output goes (LOG_DIR/NAME.log), or "" without a log_dir.
+  std::string log_path(const std::string& name) const;
   // Waits up to timeout_s for the named child ("coordinator", "worker1", "gateway") to exit; returns its
   // wait status, or -1 on timeout / unknown child.
   int WaitExit(const std::string& name, int timeout_s);
@@ -60,6 +70,7 @@ class LocalMesh {
  private:
   pid_t Spawn(const std::string& name, const std::vector<std::string>& argv);
   std::vector<std::string> WorkerArgv(int rank) const;
+  Child& Find(const std::string& name);
 
   LocalMeshOptions opt_;
   std::vector<Child> children_;  // [0] coordinator, [1..world] workers, [world+1] gateway

@@ -10,6 +10,10 @@ namespace dsmesh {
 MeshClient::MeshClient(const std::string& address) : address_(address) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
+  // A coordinator that `dsmesh up` restarted is found again within a second (gRPC's default backoff
+  // grows to 120 s).
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   stub_ = Generate::NewStub(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
 }
 
@@ -38,9 +42,9 @@ GenerateResult MeshClient::Generate(const GenerateRequest& req) {
   return out;
 }
 
-StatsResponse MeshClient::Stats() {
+StatsResponse MeshClient::Stats(std::chrono::milliseconds timeout) {
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  ctx.set_deadline(std::chrono::system_clock::now() + timeout);
   StatsRequest req;
   StatsResponse resp;
   grpc::Status st = stub_->Stats(&ctx, req, &resp);

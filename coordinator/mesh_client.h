@@ -25,7 +25,7 @@ class MeshClient {
   explicit MeshClient(const std::string& address);
   // Throws std::runtime_error with the gRPC status for a refused or broken call.
   GenerateResult Generate(const GenerateRequest& req);
-  StatsResponse Stats();
+  StatsResponse Stats(std::chrono::milliseconds timeout = std::chrono::seconds(5));
   // Polls Stats until the mesh is ready; throws with the last not_ready_reason on timeout.
   void WaitReady(std::chrono::milliseconds timeout);
   Generate::Stub& stub() { return *stub_; }

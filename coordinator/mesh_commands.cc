@@ -1,18 +1,20 @@
 // CLI commands of the mesh:
 //   dsmesh up [--model DIR] [--world N] [--port 8000] ...      local coordinator + N CPU workers (+ gateway,
-//                                                              with --served-model-name/--api-key[-file]/--max-queued)
+//                                                              with --served-model-name/--api-key[-file]/--max-queued),
+//                                                              supervised: a child that fails is started again
+//                                                              (coordinator/supervisor.h)
 //   dsmesh bench --coordinator HOST:PORT | --world N [...]     per-step time split at 1 and 4 streams
 //   logits-mesh / generate-mesh: the `--world N` / `--coordinator HOST:PORT` variants of `dsmesh logits` and
 //   `dsmesh generate` (model/commands.cc hands those flags over here); same output as the single-process path.
 #include <signal.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -25,6 +27,7 @@
 #include "common/safetensors.h"
 #include "coordinator/local_mesh.h"
 #include "coordinator/mesh_client.h"
+#include "coordinator/supervisor.h"
 #include "model/tiny_model.h"
 
 namespace dsmesh {
@@ -92,22 +95,18 @@ LocalMeshOptions OptionsFromFlags(const Flags& f, const std::string& model, int 
   return o;
 }
 
-int ExitCode(int status) {
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-  return 1;
-}
-
-std::string DescribeStatus(int status) {
-  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return std::string("was killed by signal ") + strsignal(WTERMSIG(status));
-  return "stopped";
+// A new directory for the children's logs: $TMPDIR/dsmesh-up-XXXXXX.
+std::string MakeLogDir() {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/dsmesh-up-XXXXXX";
+  if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("cannot create a log directory " + pattern);
+  return pattern;
 }
 
 int RunUp(const std::vector<std::string>& args) {
   Flags f(args, {"model", "world", "port", "coordinator-port", "kv-memory", "threads", "device", "max-num-seqs",
                  "max-batched-tokens", "max-model-len", "enable-prefix-caching", "ready-timeout-s", "no-gateway",
-                 "served-model-name", "api-key", "api-key-file", "max-queued"},
+                 "served-model-name", "api-key", "api-key-file", "max-queued", "log-dir"},
           {"no-gateway"});
   const int world = static_cast<int>(f.GetInt("world", 2));
   if (world < 1) throw UsageError("--world must be >= 1");
@@ -138,66 +137,23 @@ int RunUp(const std::vector<std::string>& args) {
   sigaddset(&set, SIGTERM);
   sigprocmask(SIG_BLOCK, &set, nullptr);
 
+  o.log_dir = f.Has("log-dir") ? f.Get("log-dir") : MakeLogDir();
+  std::filesystem::create_directories(o.log_dir);
   LocalMesh mesh(o);
-  mesh.Start();
   std::fprintf(stderr, "dsmesh up: model %s, %d worker(s) on %s; coordinator (gRPC Generate) on %s\n", model.c_str(),
                world, o.device.c_str(), mesh.coordinator_address().c_str());
-  MeshClient client(mesh.coordinator_address());
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(f.GetInt("ready-timeout-s", 300));
-  bool ready = false;
-  std::string reason = "no answer yet";
-  while (!ready) {
-    int st = 0;
-    std::string dead = mesh.PollExited(&st);
-    if (!dead.empty()) {
-      std::fprintf(stderr, "dsmesh up: %s %s before the mesh was ready; stopping everything\n", dead.c_str(),
-                   DescribeStatus(st).c_str());
-      mesh.Stop();
-      return 1;
-    }
-    timespec ts{0, 100 * 1000 * 1000};
-    if (sigtimedwait(&set, nullptr, &ts) > 0) {
-      mesh.Stop();
-      return 130;
-    }
-    try {
-      StatsResponse s = client.Stats();
-      ready = s.ready();
-      reason = s.not_ready_reason();
-    } catch (const std::exception& e) {
-      reason = e.what();
-    }
-    if (!ready && std::chrono::steady_clock::now() > deadline) {
-      std::fprintf(stderr, "dsmesh up: the mesh did not become ready: %s; stopping everything\n", reason.c_str());
-      mesh.Stop();
-      return 1;
-    }
-  }
+  SupervisorOptions so;
+  so.ready_timeout = std::chrono::seconds(f.GetInt("ready-timeout-s", 300));
   if (o.gateway_bin.empty()) {
-    std::fprintf(stderr, "dsmesh up: ready. No gateway binary at %s (not built), so no HTTP API; clients can use the "
-                         "gRPC Generate service at %s. Ctrl-C stops everything.\n",
-                 gateway.c_str(), mesh.coordinator_address().c_str());
+    so.ready_message = "dsmesh up: ready. No gateway binary at " + gateway + " (not built), so no HTTP API; clients "
+                       "can use the gRPC Generate service at " + mesh.coordinator_address() +
+                       ". Ctrl-C stops everything.";
   } else {
-    std::fprintf(stderr, "dsmesh up: ready. OpenAI API at http://127.0.0.1:%d/v1 (gateway), coordinator at %s. "
-                         "Ctrl-C stops everything.\n", o.gateway_port, mesh.coordinator_address().c_str());
+    so.ready_message = "dsmesh up: ready. OpenAI API at http://127.0.0.1:" + std::to_string(o.gateway_port) +
+                       "/v1 (gateway), coordinator at " + mesh.coordinator_address() + ". Ctrl-C stops everything.";
   }
-  std::fflush(stderr);
-  while (true) {
-    int st = 0;
-    std::string dead = mesh.PollExited(&st);
-    if (!dead.empty()) {
-      std::fprintf(stderr, "dsmesh up: %s %s; stopping the others\n", dead.c_str(), DescribeStatus(st).c_str());
-      mesh.Stop();
-      return ExitCode(st) == 0 ? 1 : ExitCode(st);
-    }
-    timespec ts{0, 100 * 1000 * 1000};
-    int sig = sigtimedwait(&set, nullptr, &ts);
-    if (sig > 0) {
-      std::fprintf(stderr, "dsmesh up: %s: stopping gateway, coordinator (drain) and workers\n", strsignal(sig));
-      mesh.Stop(30);
-      return 0;
-    }
-  }
+  Supervisor supervisor(&mesh, so);
+  return supervisor.Run(set);
 }
 
 // Either connects to --coordinator or starts a local mesh of --world N workers on --model for the call.
@@ -373,7 +329,7 @@ int RunBench(const std::vector<std::string>& args) {
 
 DSMESH_REGISTER_COMMAND(up, "up [--model DIR] [--world N] [--port 8000] [--kv-memory 1G] [--threads T] "
                             "[--max-num-seqs 4] [--max-batched-tokens 512] [--max-model-len L] [--no-gateway] "
-                            "[--served-model-name NAME] [--api-key KEY | --api-key-file F] [--max-queued N]", RunUp);
+                            "[--served-model-name NAME] [--api-key KEY | --api-key-file F] [--max-queued N] [--log-dir DIR]", RunUp);
 DSMESH_REGISTER_COMMAND(bench, "bench --coordinator HOST:PORT | --world N --model DIR [--streams 1,4] "
                                "[--prompt-tokens 32] [--max-tokens 64]", RunBench);
 static CommandRegistration logits_mesh_registration(

@@ -14,7 +14,7 @@ std::string Describe(int rank, const WorkerHello& h) {
 }  // namespace
 
 WorkerMesh::WorkerMesh(int world, RendezvousStore* store, std::chrono::milliseconds heartbeat_timeout)
-    : world_(world), store_(store), heartbeat_timeout_(heartbeat_timeout), ranks_(world) {
+    : world_(world), store_(store), heartbeat_timeout_(heartbeat_timeout), ranks_(world), ever_registered_(world) {
   monitor_ = std::thread([this] { Monitor(); });
 }
 
@@ -86,8 +86,11 @@ grpc::Status WorkerMesh::Serve(grpc::ServerContext* ctx, Stream* stream) {
       return grpc::Status(grpc::FAILED_PRECONDITION, reject);
     }
     ranks_[rank] = s;
-    std::fprintf(stderr, "[coordinator] %s registered (device %s)\n", Describe(rank, s->hello).c_str(),
-                 s->hello.device().c_str());
+    const bool again = ever_registered_[rank];
+    ever_registered_[rank] = true;
+    if (again) ++worker_restarts_;
+    std::fprintf(stderr, "[coordinator] %s registered%s (device %s)\n", Describe(rank, s->hello).c_str(),
+                 again ? " again" : "", s->hello.device().c_str());
   }
   cv_.notify_all();
 

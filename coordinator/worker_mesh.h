@@ -64,6 +64,8 @@ class WorkerMesh {
   std::string WaitBroken(std::chrono::milliseconds timeout);
   std::string broken_reason();
   int64_t epoch() const { return epoch_; }
+  // Registrations for a rank that an earlier session (a worker process since gone) held: restarts.
+  int64_t worker_restarts() const { return worker_restarts_; }
   int world() const { return world_; }
   std::map<int, WorkerStats> worker_stats();
   // When the heartbeat monitor last ran. While it runs, a rank that stops heartbeating breaks the mesh
@@ -93,6 +95,8 @@ class WorkerMesh {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::shared_ptr<Session>> ranks_;
+  std::vector<bool> ever_registered_;  // by rank
+  std::atomic<int64_t> worker_restarts_{0};
   std::string broken_;   // first loss since the last Form(); "" when intact
   int64_t epoch_ = 0;
   int64_t step_id_ = 0;

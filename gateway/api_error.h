@@ -24,6 +24,10 @@ struct ApiError : std::runtime_error {
 ApiError BadRequest(const std::string& message, std::optional<std::string> param = std::nullopt,
                     std::optional<std::string> code = std::nullopt);
 
+// The Retry-After header (seconds) of every 503: a mesh that lost a worker is formed again within
+// seconds once the worker is back (restarted by systemd or `dsmesh up`).
+inline constexpr char kRetryAfterSeconds[] = "1";
+
 // The JSON body for an error (also used for the `data: {"error": ...}` event of a failed stream).
 std::string ErrorBody(const ApiError& e);
 std::string ErrorBody(int status, const std::string& message);  // type chosen from the status

@@ -362,7 +362,9 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
       exchange_->SendChunk("data: [DONE]\n\n");
       exchange_->FinishStream();
     } else {
-      exchange_->Respond(status, "application/json", ErrorBody(error), job_.response_headers);
+      HeaderList headers = job_.response_headers;
+      if (status == 503) headers.emplace_back("Retry-After", kRetryAfterSeconds);
+      exchange_->Respond(status, "application/json", ErrorBody(error), headers);
     }
     Record(reason);
   }

@@ -61,6 +61,9 @@ MeshClient::MeshClient(const std::string& coordinator_address) : address_(coordi
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(std::numeric_limits<int>::max());
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  // A restarted coordinator is found again within a second (gRPC's default backoff grows to 120 s).
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   channel_ = grpc::CreateCustomChannel(coordinator_address, grpc::InsecureChannelCredentials(), args);
   stub_ = Generate::NewStub(channel_);
 }

@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 #include "common/systemd_notify.h"
 
 namespace dsmesh {
@@ -42,7 +44,9 @@ void MeshMonitor::Loop() {
   std::string last_reason;
   while (true) {
     std::string error;
-    auto stats = mesh_->Stats(std::min(interval_ * 2, std::chrono::milliseconds(5000)), &error);
+    // At least 2 s: a busy coordinator on a loaded machine is slow to answer, not gone.
+    auto stats = mesh_->Stats(std::clamp(interval_ * 2, std::chrono::milliseconds(2000), std::chrono::milliseconds(5000)),
+                              &error);
     bool loop_ok = loop_probe_ ? loop_probe_() : true;
     bool ready = false;
     std::string reason;

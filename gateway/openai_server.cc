@@ -90,6 +90,7 @@ void OpenAiServer::Handle(std::shared_ptr<HttpExchange> exchange) {
     metrics_->CountHttpRequest(ctx.handler, method, e.status);
     HeaderList headers = ctx.headers;
     if (e.status == 401) headers.emplace_back("WWW-Authenticate", "Bearer");
+    if (e.status == 503) headers.emplace_back("Retry-After", kRetryAfterSeconds);
     exchange->Respond(e.status, "application/json", ErrorBody(e), headers);
   } catch (const InvalidUtf8Error& e) {
     metrics_->CountHttpRequest(ctx.handler, method, 400);
@@ -303,8 +304,10 @@ void OpenAiServer::Health(std::shared_ptr<HttpExchange>& exchange, Context& ctx)
     return;
   }
   std::string status = monitor_->draining() ? "draining" : "unavailable";
+  HeaderList headers = ctx.headers;
+  headers.emplace_back("Retry-After", kRetryAfterSeconds);
   exchange->Respond(503, "application/json", Dump({{"status", status}, {"reason", monitor_->not_ready_reason()}}),
-                    ctx.headers);
+                    headers);
 }
 
 void OpenAiServer::Metrics(std::shared_ptr<HttpExchange>& exchange, Context& ctx) {

@@ -98,6 +98,8 @@ std::string ServingMetrics::Render(const std::optional<StatsResponse>& stats, in
     counter("vllm:num_preemptions", "Cumulative number of preemptions from the engine.", stats->num_preemptions());
     gauge("dsmesh_mesh_world_size", "Worker ranks in the mesh.", stats->world());
     gauge("dsmesh_mesh_epoch", "Times the mesh was (re)formed.", stats->mesh_epoch());
+    counter("dsmesh_worker_restarts", "Worker processes that registered for a rank an earlier process held "
+            "(restarted workers), since the coordinator started.", stats->worker_restarts());
     counter("dsmesh_engine_steps", "Engine steps run by the coordinator.", stats->steps());
     counter("dsmesh_step_wall_seconds", "Step time, plan written to every rank's result received.",
             stats->step_wall_seconds_sum());

@@ -41,7 +41,7 @@ std::string RequireEnv(const char* name) {
   if (v == nullptr || *v == '\0')
     throw std::runtime_error(std::string(name) +
                              " is not set: run through ./dsmesh test, or export DSMESH_ROOT=<repo root> "
-                             "DSMESH_SHARED=<shared dir> before bazel test");
+                             "before bazel test");
   return v;
 }
 

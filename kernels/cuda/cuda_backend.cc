@@ -687,20 +687,6 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-void RequireCudaDevice(int device, const std::string& who) {
-  int n = 0;
-  cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess || n == 0) {
-    cudaGetLastError();
-    throw std::runtime_error(who + ": no CUDA GPU is visible (cudaGetDeviceCount: " +
-                             std::string(e == cudaSuccess ? "0 devices" : cudaGetErrorName(e)) +
-                             "); check `nvidia-smi` and CUDA_VISIBLE_DEVICES");
-  }
-  if (device < 0 || device >= n)
-    throw std::runtime_error(who + ": CUDA device " + std::to_string(device) + " does not exist (" + std::to_string(n) +
-                             " visible; check `nvidia-smi` and CUDA_VISIBLE_DEVICES)");
-}
-
 int ParseDeviceFlag(const std::string& value, const std::string& flag) {
   if (value == "cpu") return -1;
   if (value == "cuda") return 0;
@@ -712,7 +698,7 @@ int ParseDeviceFlag(const std::string& value, const std::string& flag) {
 }
 
 std::shared_ptr<Backend> MakeCudaBackend(int device) {
-  RequireCudaDevice(device, "cuda backend");
+  RequireCudaDevice(device, "the CUDA backend");
   return std::make_shared<CudaBackend>(device);
 }
 

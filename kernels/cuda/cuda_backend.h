@@ -9,12 +9,9 @@
 #include <string>
 
 #include "kernels/backend.h"
+#include "kernels/cuda/gpu_presence.h"  // RequireCudaDevice
 
 namespace dsmesh {
-
-// Throws std::runtime_error when no CUDA GPU is visible or `device` does not exist; the message says so
-// in those words and names nvidia-smi as the next thing to check.
-void RequireCudaDevice(int device, const std::string& who);
 
 // Parses "cuda" (device 0) or "cuda:N"; returns -1 for "cpu"; throws naming `flag` on anything else.
 int ParseDeviceFlag(const std::string& value, const std::string& flag = "--device");

@@ -1,5 +1,5 @@
 // GPU parity and safety tests of the dense EXL3 GEMV (kernels/cuda/exl3_gemv.h).
-// Oracles: exllamav3's own vectors (../shared/testdata/exl3: Ŵ bit for bit, y of exl3_gemm) and an fp64
+// Oracles: exllamav3's own vectors (kernels/exl3/testdata: Ŵ bit for bit, y of exl3_gemm) and an fp64
 // reference built on the CPU decoder of kernels/exl3 (Exl3ReconstructFp16, bit-exact Ŵ).
 // Without a GPU every test skips with a message; on the GPU machine they run for real.
 #include <gtest/gtest.h>
@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/repo_file.h"
 #include "common/safetensors.h"
 #include "kernels/cuda/exl3_gemv.h"
 #include "kernels/cuda/exl3_gemv_params.h"
@@ -24,11 +25,7 @@ namespace {
 using testing::DeviceBuffer;
 using testing::DeviceExl3;
 
-std::string TestdataPath(const std::string& file) {
-  const char* shared = std::getenv("DSMESH_SHARED");
-  if (!shared) throw std::runtime_error("DSMESH_SHARED is not set: it must point at the shared folder with testdata/exl3");
-  return std::string(shared) + "/testdata/exl3/" + file;
-}
+std::string TestdataPath(const std::string& file) { return RepoFile("kernels/exl3/testdata/" + file); }
 
 std::vector<uint16_t> TensorU16(const Tensor& t) {
   const auto* p = static_cast<const uint16_t*>(t.data);

@@ -200,9 +200,4 @@ inline std::vector<uint16_t> RandomFp16(size_t count, std::mt19937& rng, float s
   return v;
 }
 
-inline const char* SharedDirOrDie() {
-  const char* s = std::getenv("DSMESH_SHARED");
-  return s;
-}
-
 }  // namespace dsmesh::testing

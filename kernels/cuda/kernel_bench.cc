@@ -3,10 +3,12 @@
 // copy bandwidth), the decode-op floor (integer ops per weight x weights / measured integer throughput),
 // exllamav3's time on an H200 from anchors-h200.json, and the speed-up over it.
 //
-//   dsmesh-kernel-bench --anchors PATH/anchors-h200.json [--only dense|moe|gemm] [--replays N]
+//   dsmesh-kernel-bench [--anchors FILE] [--only dense|moe|gemm] [--replays N]
 //                       [--gemv-ctas-per-sm 2,4,...] [--moe-items-per-sm 3,6,...]   (k-split sweeps)
 //                       [--filter 'K2 wq_b']   (only cases whose label contains the text)
 //                       [--warm-weights]       (dense: one L2-resident weight copy; diagnostic)
+//
+// --anchors defaults to the repository's kernels/cuda/testdata/anchors-h200.json (common/repo_file.h).
 //
 // Weights are random valid trellises (MCG codebook, like the anchors), rotated over enough copies that
 // the weights read by one graph replay exceed the L2 several times; MoE cases use 256 experts and a
@@ -37,7 +39,9 @@
 
 #include "common/flags.h"
 #include "common/program.h"
+#include "common/repo_file.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/gpu_presence.h"
 #include "kernels/cuda/exl3_gemm.h"
 #include "kernels/cuda/exl3_gemm_kernels.h"
 #include "kernels/cuda/exl3_gemv.h"
@@ -539,15 +543,12 @@ int Main(int argc, char** argv) {
     else if (a == "--warm-weights") g_warm_weights = true;
     else if (a == "--moe-items-per-sm") items_per_sm = ParseIntList(a.substr(2), value(), "integer item count");
     else if (a == "--gemv-ctas-per-sm") ctas_per_sm = ParseIntList(a.substr(2), value(), "integer CTA count");
-    else throw UsageError("unknown flag " + a + " (usage: --anchors FILE [--only dense|moe|gemm] [--replays N] [--gemv-ctas-per-sm LIST] [--moe-items-per-sm LIST] [--filter TEXT] [--warm-weights])");
+    else throw UsageError("unknown flag " + a + " (usage: [--anchors FILE] [--only dense|moe|gemm] [--replays N] [--gemv-ctas-per-sm LIST] [--moe-items-per-sm LIST] [--filter TEXT] [--warm-weights])");
   }
   if (!only.empty() && only != "dense" && only != "moe" && only != "gemm")
     throw UsageError("--only: \"" + only + "\" is not one of dense, moe, gemm");
-  if (anchors_path.empty()) {
-    const char* shared = std::getenv("DSMESH_SHARED");
-    if (!shared) throw std::runtime_error("--anchors not given and DSMESH_SHARED unset");
-    anchors_path = std::string(shared) + "/reference/anchors-h200.json";
-  }
+  RequireCudaDevice(0, "the benchmark");
+  if (anchors_path.empty()) anchors_path = RepoFile("kernels/cuda/testdata/anchors-h200.json");
   std::ifstream in(anchors_path);
   if (!in) throw std::runtime_error("cannot open anchors file " + anchors_path);
   nlohmann::json anchors;

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Builds the GPU test and benchmark binaries and gathers them, their shared libraries, exllamav3's test
-# vectors and the anchor table into .bundle/cuda (ignored by git) for the GPU machine.
+# vectors and the anchor table (from this repository, at the same paths) into .bundle/cuda (ignored by
+# git) for the GPU machine. The bundling tool comes from the shared folder beside the repository
+# (../shared/tools/gpu-bundle.sh; DSMESH_SHARED overrides the folder).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-: "${DSMESH_SHARED:?set DSMESH_SHARED (the shared folder with testdata/ and reference/)}"
+tools=${DSMESH_SHARED:-$(cd .. && pwd)/shared}/tools
+[[ -x $tools/gpu-bundle.sh ]] || { echo "make_bundle.sh: $tools/gpu-bundle.sh not found (set DSMESH_SHARED)" >&2; exit 1; }
 bazel build //kernels/cuda:exl3_gemv_test //kernels/cuda:exl3_moe_test //kernels/cuda:exl3_gemm_test \
   //kernels/cuda:dsmesh-kernel-bench
 rm -rf .bundle/cuda
-"$DSMESH_SHARED/tools/gpu-bundle.sh" .bundle/cuda bazel-bin/kernels/cuda/exl3_gemv_test \
+"$tools/gpu-bundle.sh" .bundle/cuda bazel-bin/kernels/cuda/exl3_gemv_test \
   bazel-bin/kernels/cuda/exl3_moe_test bazel-bin/kernels/cuda/exl3_gemm_test bazel-bin/kernels/cuda/dsmesh-kernel-bench
 # cuBLAS (~700 MB with cublasLt) does not travel: the GPU machine has it (run_gpu.sh finds it).
 rm -f .bundle/cuda/lib/libcublas*
@@ -15,7 +18,7 @@ rm -f .bundle/cuda/lib/libcublas*
 # stays under the device's 64 MiB; run_gpu.sh unpacks it.
 kernels=.bundle/cuda/lib/libkernels_Scuda_Slibexl3_Ucuda_Ukernels.so
 xz -T0 -c "$kernels" > "$kernels.xz" && rm "$kernels"
-mkdir -p .bundle/cuda/shared/testdata/exl3 .bundle/cuda/shared/reference
-cp "$DSMESH_SHARED"/testdata/exl3/*.safetensors .bundle/cuda/shared/testdata/exl3/
-cp "$DSMESH_SHARED"/reference/anchors-h200.json .bundle/cuda/shared/reference/
+mkdir -p .bundle/cuda/kernels/exl3/testdata .bundle/cuda/kernels/cuda/testdata
+cp kernels/exl3/testdata/*.safetensors .bundle/cuda/kernels/exl3/testdata/
+cp kernels/cuda/testdata/anchors-h200.json .bundle/cuda/kernels/cuda/testdata/
 du -sh .bundle/cuda

@@ -5,7 +5,7 @@
 #   parts: any of tests,bench,sanitize,sass,ncu (default: tests,bench,sanitize,sass)
 #   cuBLAS is not in the bundle: it is taken from /usr/local/cuda or python's nvidia-cublas package.
 set -uo pipefail
-B=${1:-.bundle/cuda}
+B=$(cd "${1:-.bundle/cuda}" && pwd) || { echo "run_gpu.sh: no bundle at ${1:-.bundle/cuda} (make it with kernels/cuda/make_bundle.sh)" >&2; exit 1; }
 PARTS=${2:-tests,bench,sanitize,sass}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -14,7 +14,8 @@ CUBLAS_DIR=$(dirname "$(ls /usr/local/cuda/lib64/libcublas.so.13 2>/dev/null ||
 echo "cuBLAS from $CUBLAS_DIR"
 # VARIANT_LIB: a folder whose libraries replace the bundle's (A/B runs of kernel variants in one call).
 export LD_LIBRARY_PATH=${VARIANT_LIB:+$VARIANT_LIB:}$B/lib:$CUBLAS_DIR
-export DSMESH_SHARED=$B/shared
+# The bundle holds the repository's test vectors and anchor table at their repository paths.
+export DSMESH_ROOT=$B
 # make_bundle.sh ships the kernel library xz-compressed.
 for z in "$B"/lib/*.so.xz; do [[ -f $z && ! -f ${z%.xz} ]] && xz -dc "$z" > "${z%.xz}"; done
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
@@ -24,7 +25,7 @@ if [[ $PARTS == *tests* ]]; then
   timeout 300 "$B/bin/exl3_gemm_test" 2>&1 | tee "$OUT/gemm_test.log" | grep -E "^\[  |FAIL|Failure|rel|Expected|which is" | head -60
 fi
 if [[ $PARTS == *bench* ]]; then
-  timeout 400 "$B/bin/dsmesh-kernel-bench" --anchors "$B/shared/reference/anchors-h200.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
+  timeout 400 "$B/bin/dsmesh-kernel-bench" --anchors "$B/kernels/cuda/testdata/anchors-h200.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
 fi
 if [[ $PARTS == *sanitize* ]]; then
   # SAN_TOOLS / SAN_BINS (gemv moe gemm) pick what runs; each test binary runs a filter of its tests.
@@ -54,7 +55,7 @@ if [[ $PARTS == *ncu* ]]; then
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   timeout 240 $NCU --clock-control none --section WarpStateStats --section ComputeWorkloadAnalysis \
     --section SchedulerStats --section Occupancy --section LaunchStats --print-details all -k regex:Exl3GemvKernel -c 1 \
-    "$B/bin/dsmesh-kernel-bench" --anchors "$B/shared/reference/anchors-h200.json" --only dense \
+    "$B/bin/dsmesh-kernel-bench" --anchors "$B/kernels/cuda/testdata/anchors-h200.json" --only dense \
     --filter "K2 wq_b 1024x32768 m1" --replays 1 > "$OUT/ncu.txt" 2>&1
   echo "ncu exit $?"
   grep -E "Stall|Issue|Eligible|Active Warps|Occupancy|Pipe|Registers|Executed Ipc|Issued" "$OUT/ncu.txt" | head -60

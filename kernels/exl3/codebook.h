@@ -3,7 +3,7 @@
 // Three codebooks exist. 3INST (no marker tensor) and MCG (`.mcg` marker) multiply the state by a
 // constant, mask/xor the product into two fp16 halves and add them; MUL1 (`.mul1` marker) sums the
 // product's bytes and maps the sum affinely. All three are bit-exact against exllamav3 1.4.1
-// (tested against ../testdata/exl3/exl3_codebooks.safetensors).
+// (tested against kernels/exl3/testdata/exl3_codebooks.safetensors).
 //
 // This header is deliberately small: the CUDA kernels use these functions as their reference.
 #pragma once

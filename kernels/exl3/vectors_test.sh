@@ -1,15 +1,13 @@
 #!/usr/bin/env bash
-# Runs `dsmesh exl3-check` on the three vector files written by exllamav3 1.4.1's CUDA extension.
+# Runs `dsmesh exl3-check` on the three vector files written by exllamav3 1.4.1's CUDA extension
+# (kernels/exl3/testdata, in the test's runfiles).
 set -u
-if [[ -z "${DSMESH_SHARED:-}" ]]; then
-  echo "FAIL: DSMESH_SHARED is not set (export DSMESH_SHARED=/path/to/shared; ./dsmesh test does it)" >&2
-  exit 1
-fi
+testdata=kernels/exl3/testdata
 dsmesh=cli/dsmesh
 [[ -x $dsmesh ]] || { echo "FAIL: $dsmesh not found in runfiles" >&2; exit 1; }
 status=0
 for f in exl3_codebooks exl3_reconstruct exl3_linear; do
-  path="$DSMESH_SHARED/testdata/exl3/$f.safetensors"
+  path="$testdata/$f.safetensors"
   [[ -f $path ]] || { echo "FAIL: missing $path" >&2; status=1; continue; }
   echo "== $path"
   "$dsmesh" exl3-check --vectors "$path" || { echo "FAIL: exl3-check reported mismatches in $path" >&2; status=1; }
@@ -22,7 +20,7 @@ if "$dsmesh" exl3-check --vectors "$tmp/bad.safetensors" >/dev/null 2>&1; then
   status=1
 fi
 # One flipped bit in a codebook table must be reported as a mismatch (non-zero exit, a FAIL line).
-cp "$DSMESH_SHARED/testdata/exl3/exl3_codebooks.safetensors" "$tmp/flipped.safetensors"
+cp "$testdata/exl3_codebooks.safetensors" "$tmp/flipped.safetensors"
 chmod u+w "$tmp/flipped.safetensors"
 size=$(stat -c %s "$tmp/flipped.safetensors")
 byte=$(od -An -tu1 -j $((size - 2)) -N1 "$tmp/flipped.safetensors" | tr -d ' ')
