@@ -75,6 +75,11 @@ std::string Sibling(const std::string& package, const std::string& name) {
   return LocalMesh::SelfDir() + "/../" + package + "/" + name;
 }
 
+// Coordinator flags that `up` and `bench --world` pass through unchanged (the coordinator checks them).
+const char* const kCoordinatorFlags[] = {"max-num-seqs", "max-batched-tokens", "max-model-len",
+                                         "enable-prefix-caching", "long-prefill-token-threshold",
+                                         "scheduling-policy"};
+
 LocalMeshOptions OptionsFromFlags(const Flags& f, const std::string& model, int world) {
   LocalMeshOptions o;
   o.coordinator_bin = Sibling("coordinator", "dsmesh-coordinator");
@@ -86,7 +91,7 @@ LocalMeshOptions OptionsFromFlags(const Flags& f, const std::string& model, int 
   const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
   o.threads_per_worker = static_cast<int>(f.GetInt("threads", std::max(1L, cores / world)));
   o.coordinator_port = static_cast<int>(f.GetInt("coordinator-port", 0));
-  for (const char* name : {"max-num-seqs", "max-batched-tokens", "max-model-len", "enable-prefix-caching"})
+  for (const char* name : kCoordinatorFlags)
     if (f.Has(name)) o.coordinator_args.insert(o.coordinator_args.end(), {std::string("--") + name, f.Get(name)});
   return o;
 }
@@ -104,10 +109,11 @@ std::string DescribeStatus(int status) {
 }
 
 int RunUp(const std::vector<std::string>& args) {
-  Flags f(args, {"model", "world", "port", "coordinator-port", "kv-memory", "threads", "max-num-seqs",
-                 "max-batched-tokens", "max-model-len", "enable-prefix-caching", "ready-timeout-s", "no-gateway",
-                 "served-model-name", "api-key", "api-key-file", "max-queued"},
-          {"no-gateway"});
+  std::set<std::string> known = {"model", "world", "port", "coordinator-port", "kv-memory", "threads",
+                                 "ready-timeout-s", "no-gateway", "served-model-name", "api-key", "api-key-file",
+                                 "max-queued"};
+  known.insert(std::begin(kCoordinatorFlags), std::end(kCoordinatorFlags));
+  Flags f(args, known, {"no-gateway"});
   const int world = static_cast<int>(f.GetInt("world", 2));
   if (world < 1) throw UsageError("--world must be >= 1");
   const std::string model = f.Has("model") ? f.Get("model") : DefaultModel();
@@ -352,8 +358,8 @@ int RunBench(const std::vector<std::string>& args) {
       return it->second.run(args);
     }
   auto known = kMeshFlags;
-  known.insert({"streams", "prompt-tokens", "max-tokens", "max-num-seqs", "max-batched-tokens", "max-model-len",
-                "enable-prefix-caching"});
+  known.insert({"streams", "prompt-tokens", "max-tokens"});
+  known.insert(std::begin(kCoordinatorFlags), std::end(kCoordinatorFlags));
   Flags f(args, known);
   MeshTarget t = Connect(f);
   const int prompt_tokens = static_cast<int>(f.GetInt("prompt-tokens", 32));
@@ -371,7 +377,8 @@ int RunBench(const std::vector<std::string>& args) {
 }  // namespace
 
 DSMESH_REGISTER_COMMAND(up, "up [--model DIR] [--world N] [--port 8000] [--kv-memory 1G] [--threads T] "
-                            "[--max-num-seqs 4] [--max-batched-tokens 512] [--max-model-len L] [--no-gateway] "
+                            "[--max-num-seqs 4] [--max-batched-tokens 512] [--max-model-len L] "
+                            "[--long-prefill-token-threshold 128] [--scheduling-policy fcfs|priority] [--no-gateway] "
                             "[--served-model-name NAME] [--api-key KEY | --api-key-file F] [--max-queued N]", RunUp);
 DSMESH_REGISTER_COMMAND(bench, "bench --coordinator HOST:PORT | --world N --model DIR [--streams 1,4] "
                                "[--prompt-tokens 32] [--max-tokens 64]", RunBench);
