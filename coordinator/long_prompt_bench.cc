@@ -6,7 +6,8 @@
 //   long prefill     = long prompt tokens / its TTFT (max_tokens 1), beside the chats and alone (the mean
 //                      of one run before and one after the mixed phase)
 //   step time        = mean step wall time over the mixed phase (the coordinator's Stats)
-// Prompts are random token ids, a different one per phase, so no phase hits another's prefix cache.
+// A long prompt of the same length runs first, unmeasured. Prompts are random token ids, a different one per
+// phase, so no phase hits another's prefix cache.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -81,7 +82,6 @@ Column RunOne(LocalMeshOptions options, int threshold, const ScenarioOptions& so
   c.label = c.threshold > 0 ? "fair (threshold " + std::to_string(c.threshold) + ")" : "off (threshold 0)";
   const std::string address = mesh.coordinator_address();
 
-  client.Generate(RandomPrompt("warmup", so.chat_tokens, seed, 2));
   auto check = [](const GenerateResult& r, const char* what) {
     if (r.finish == FINISH_ABORT || r.tokens.empty()) throw std::runtime_error(std::string(what) + " failed: " + r.error);
   };
@@ -91,6 +91,7 @@ Column RunOne(LocalMeshOptions options, int threshold, const ScenarioOptions& so
     check(alone, "the long prompt (alone)");
     return so.long_tokens / alone.token_times.front();
   };
+  run_alone("warmup", seed);  // first-use costs (state allocation, page faults) stay out of the figures
   const double alone_before = run_alone("long-alone-1", seed + 1);
 
   // The long prompt with a chat every chat_every_s while it prefills.
