@@ -93,11 +93,12 @@ TEST(MeshScheduling, ANewRequestsFirstTokenComesWithin3StepsOfALongPrefill) {
   EXPECT_GE(fair_steps, 1);
   EXPECT_LE(fair_steps, 3);
   EXPECT_TRUE(fair_first);
-  // The same with the fair order off: the short request waits for the whole prefill (1000 / 32 steps).
+  // The same with the fair order off: the short request waits for the rest of the prefill (1000 / 32
+  // steps, 3 of them run before it arrived); it may share the prefill's last step.
   auto [off_steps, off_first] = ShortBesideLong("0", reference);
   std::printf("threshold 0: the short request's first token after %d steps\n", off_steps);
-  EXPECT_GT(off_steps, 3);
-  EXPECT_FALSE(off_first);
+  EXPECT_GT(off_steps, 20);
+  (void)off_first;
 }
 
 TEST(MeshScheduling, TheHigherPriorityWaitingRequestIsAdmittedFirst) {
