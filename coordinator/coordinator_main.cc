@@ -2,6 +2,7 @@
 //
 //   dsmesh-coordinator --listen HOST:PORT --world N --model DIR [--max-num-seqs 4]
 //                      [--max-batched-tokens 512] [--max-model-len L] [--block-size 16]
+//                      [--long-prefill-token-threshold 128] [--scheduling-policy fcfs|priority]
 //                      [--enable-prefix-caching true|false] [--register-timeout-s 120]
 //                      [--heartbeat-timeout-ms 1500] [--drain-timeout-s 30]
 // SIGTERM/SIGINT drain: stop admitting, finish running requests (up to the drain timeout), exit 0.
@@ -19,6 +20,7 @@
 #include <atomic>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <thread>
 
@@ -63,7 +65,7 @@ ModelFacts ReadModelFacts(const std::string& dir) {
 int Main(const std::vector<std::string>& args) {
   Flags f(args, {"listen", "world", "model", "max-num-seqs", "max-batched-tokens", "max-model-len", "block-size",
                  "enable-prefix-caching", "register-timeout-s", "ready-timeout-s", "heartbeat-timeout-ms",
-                 "step-timeout-s", "drain-timeout-s"});
+                 "step-timeout-s", "drain-timeout-s", "long-prefill-token-threshold", "scheduling-policy"});
   const std::string listen = f.Require("listen");
   const int world = static_cast<int>(f.GetInt("world", 0));
   if (world < 1) throw UsageError("--world must be >= 1");
@@ -75,6 +77,15 @@ int Main(const std::vector<std::string>& args) {
   const int64_t default_len = facts.max_position_embeddings > 0 ? facts.max_position_embeddings : 4096;
   ec.scheduler.max_model_len = static_cast<int>(f.GetInt("max-model-len", default_len));
   ec.scheduler.prefix_caching = f.GetBool("enable-prefix-caching", true);
+  const long long threshold = f.GetInt("long-prefill-token-threshold", kDefaultLongPrefillTokenThreshold);
+  if (threshold < 0 || threshold > std::numeric_limits<int>::max())
+    throw UsageError("--long-prefill-token-threshold must be >= 0 (0: no per-request cap, vLLM's default order)");
+  ec.scheduler.long_prefill_token_threshold = static_cast<int>(threshold);
+  try {
+    ec.scheduler.policy = ParseSchedulingPolicy(f.Get("scheduling-policy", "fcfs"));
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(std::string("--scheduling-policy: ") + e.what());
+  }
   ec.scheduler.vocab_size = facts.vocab_size;
   ec.scheduler.eos_token_id = facts.eos_token_id;
   ec.block_size = static_cast<int>(f.GetInt("block-size", 16));
@@ -111,9 +122,11 @@ int Main(const std::vector<std::string>& args) {
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) throw std::runtime_error("cannot listen on " + listen);
   std::fprintf(stderr, "[coordinator] listening on %s (port %d); waiting for %d worker(s); max-num-seqs %d, "
-               "max-batched-tokens %d, max-model-len %d, prefix caching %s\n",
+               "max-batched-tokens %d, max-model-len %d, prefix caching %s, scheduling policy %s, "
+               "long-prefill-token-threshold %d\n",
                listen.c_str(), port, world, ec.scheduler.max_num_seqs, ec.scheduler.max_batched_tokens,
-               ec.scheduler.max_model_len, ec.scheduler.prefix_caching ? "on" : "off");
+               ec.scheduler.max_model_len, ec.scheduler.prefix_caching ? "on" : "off",
+               SchedulingPolicyName(ec.scheduler.policy), ec.scheduler.long_prefill_token_threshold);
 
   std::thread signals([&] {
     sigset_t set;
@@ -167,6 +180,7 @@ int main(int argc, char** argv) {
   dsmesh::BlockShutdownSignals();
   return dsmesh::RunProgram("dsmesh-coordinator",
                             "dsmesh-coordinator --listen HOST:PORT --world N --model DIR [--max-num-seqs 4] "
-                            "[--max-batched-tokens 512] [--max-model-len L]",
+                            "[--max-batched-tokens 512] [--max-model-len L] [--long-prefill-token-threshold 128] "
+                            "[--scheduling-policy fcfs|priority]",
                             [&] { return dsmesh::Main(std::vector<std::string>(argv + 1, argv + argc)); });
 }

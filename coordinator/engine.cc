@@ -70,7 +70,8 @@ std::shared_ptr<Request> Engine::Submit(const GenerateRequest& req) {
   r->prompt_len = req.prompt_token_ids_size();
   r->params = req.sampling();
   r->max_tokens = req.sampling().max_tokens() > 0 ? req.sampling().max_tokens()
-                                                  : scheduler_->config().max_model_len - r->prompt_len;
+                                                  : static_cast<int32_t>(scheduler_->max_seq_tokens() - r->prompt_len);
+  r->priority = req.priority();
   r->seed = req.sampling().has_seed() ? req.sampling().seed() : next_seed_++;
   r->return_logits = req.return_logits();
   incoming_.push_back(r);
@@ -282,6 +283,8 @@ StatsResponse Engine::Stats() {
   s.set_worker_restarts(mesh_->worker_restarts());
   s.set_max_num_seqs(config_.scheduler.max_num_seqs);
   s.set_max_model_len(config_.scheduler.max_model_len);
+  s.set_scheduling_policy(SchedulingPolicyName(config_.scheduler.policy));
+  s.set_long_prefill_token_threshold(config_.scheduler.long_prefill_token_threshold);
   if (scheduler_) {
     s.set_num_requests_running(static_cast<int32_t>(scheduler_->num_running()));
     s.set_num_requests_waiting(static_cast<int32_t>(scheduler_->num_waiting() + incoming_.size()));
@@ -292,6 +295,7 @@ StatsResponse Engine::Stats() {
     s.set_prefix_cache_queries(scheduler_->prefix_cache().queries);
     s.set_prefix_cache_hits(scheduler_->prefix_cache().hits);
     s.set_num_preemptions(scheduler_->num_preemptions());
+    s.set_max_seq_tokens(scheduler_->max_seq_tokens());
   }
   s.set_steps(steps_);
   s.set_step_wall_seconds_sum(timing_sum_.wall);

@@ -32,6 +32,7 @@ GenerateResult MeshClient::Generate(const GenerateRequest& req) {
     for (const auto& lp : resp.logprobs()) out.logprobs.push_back(lp);
     for (const auto& row : resp.logits()) out.logits.push_back(row);
     if (resp.cached_prompt_tokens()) out.cached_prompt_tokens = resp.cached_prompt_tokens();
+    if (resp.first_token_steps()) out.first_token_steps = resp.first_token_steps();
     out.finish = resp.finish_reason();
     if (!resp.error().empty()) out.error = resp.error();
   }

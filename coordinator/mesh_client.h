@@ -17,6 +17,7 @@ struct GenerateResult {
   FinishReason finish = FINISH_NONE;
   std::string error;               // from the last message
   int32_t cached_prompt_tokens = 0;
+  int32_t first_token_steps = 0;   // engine steps from arrival to the first token (coordinator's count)
   std::vector<double> token_times;  // seconds since the call, one per token
 };
 

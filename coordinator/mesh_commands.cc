@@ -4,6 +4,7 @@
 //                                                              supervised: a child that fails is started again
 //                                                              (coordinator/supervisor.h)
 //   dsmesh bench --coordinator HOST:PORT | --world N [...]     per-step time split at 1 and 4 streams
+//   dsmesh bench --scenario NAME [...]                         scheduling scenarios (long_prompt_bench.cc)
 //   logits-mesh / generate-mesh: the `--world N` / `--coordinator HOST:PORT` variants of `dsmesh logits` and
 //   `dsmesh generate` (model/commands.cc hands those flags over here); same output as the single-process path.
 #include <signal.h>
@@ -28,6 +29,7 @@
 #include "coordinator/local_mesh.h"
 #include "coordinator/mesh_client.h"
 #include "coordinator/supervisor.h"
+#include "coordinator/mesh_commands.h"
 #include "model/tiny_model.h"
 
 namespace dsmesh {
@@ -55,7 +57,8 @@ bool IsCurrentTinyModel(const std::string& dir) {
   return cached == nlohmann::json(TinyModelConfig(TinyModelSpec{}));
 }
 
-// The embedded tiny model, made with `make-tiny` and cached under the data directory.
+}  // namespace
+
 std::string DefaultModel() {
   const std::string dir = DataDir() + "/tiny-model";
   if (IsCurrentTinyModel(dir)) return dir;
@@ -73,10 +76,18 @@ std::string DefaultModel() {
   return dir;
 }
 
+namespace {
+
 // Sibling binaries of this dsmesh in bazel-bin: bazel-bin/cli/dsmesh -> bazel-bin/worker/dsmesh-worker ...
 std::string Sibling(const std::string& package, const std::string& name) {
   return LocalMesh::SelfDir() + "/../" + package + "/" + name;
 }
+
+}  // namespace
+
+const std::vector<std::string> kCoordinatorFlags = {"max-num-seqs", "max-batched-tokens", "max-model-len",
+                                                    "enable-prefix-caching", "long-prefill-token-threshold",
+                                                    "scheduling-policy"};
 
 LocalMeshOptions OptionsFromFlags(const Flags& f, const std::string& model, int world) {
   LocalMeshOptions o;
@@ -90,10 +101,12 @@ LocalMeshOptions OptionsFromFlags(const Flags& f, const std::string& model, int 
   const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
   o.threads_per_worker = static_cast<int>(f.GetInt("threads", std::max(1L, cores / world)));
   o.coordinator_port = static_cast<int>(f.GetInt("coordinator-port", 0));
-  for (const char* name : {"max-num-seqs", "max-batched-tokens", "max-model-len", "enable-prefix-caching"})
-    if (f.Has(name)) o.coordinator_args.insert(o.coordinator_args.end(), {std::string("--") + name, f.Get(name)});
+  for (const auto& name : kCoordinatorFlags)
+    if (f.Has(name)) o.coordinator_args.insert(o.coordinator_args.end(), {"--" + name, f.Get(name)});
   return o;
 }
+
+namespace {
 
 // A new directory for the children's logs: $TMPDIR/dsmesh-up-XXXXXX.
 std::string MakeLogDir() {
@@ -104,10 +117,11 @@ std::string MakeLogDir() {
 }
 
 int RunUp(const std::vector<std::string>& args) {
-  Flags f(args, {"model", "world", "port", "coordinator-port", "kv-memory", "threads", "device", "max-num-seqs",
-                 "max-batched-tokens", "max-model-len", "enable-prefix-caching", "ready-timeout-s", "no-gateway",
-                 "served-model-name", "api-key", "api-key-file", "max-queued", "log-dir"},
-          {"no-gateway"});
+  std::set<std::string> known = {"model", "world", "port", "coordinator-port", "kv-memory", "threads", "device",
+                                 "ready-timeout-s", "no-gateway", "served-model-name", "api-key", "api-key-file",
+                                 "max-queued", "log-dir"};
+  known.insert(kCoordinatorFlags.begin(), kCoordinatorFlags.end());
+  Flags f(args, known, {"no-gateway"});
   const int world = static_cast<int>(f.GetInt("world", 2));
   if (world < 1) throw UsageError("--world must be >= 1");
   const std::string model = f.Has("model") ? f.Get("model") : DefaultModel();
@@ -180,8 +194,12 @@ MeshTarget Connect(const Flags& f) {
   return t;
 }
 
+}  // namespace
+
 const std::set<std::string> kMeshFlags = {"model", "tokens", "threads", "device", "world", "coordinator", "kv-memory",
                                           "coordinator-port", "ready-timeout-s"};
+
+namespace {
 
 int RunLogitsMesh(const std::vector<std::string>& args) {
   auto known = kMeshFlags;
@@ -308,9 +326,11 @@ int RunBench(const std::vector<std::string>& args) {
       if (it == CommandRegistry().end()) throw UsageError("--url: the HTTP benchmark (gateway) is not in this dsmesh");
       return it->second.run(args);
     }
+  for (const auto& a : args)
+    if (a.rfind("--scenario", 0) == 0) return RunBenchScenario(args);
   auto known = kMeshFlags;
-  known.insert({"streams", "prompt-tokens", "max-tokens", "max-num-seqs", "max-batched-tokens", "max-model-len",
-                "enable-prefix-caching"});
+  known.insert({"streams", "prompt-tokens", "max-tokens"});
+  known.insert(kCoordinatorFlags.begin(), kCoordinatorFlags.end());
   Flags f(args, known);
   MeshTarget t = Connect(f);
   const int prompt_tokens = static_cast<int>(f.GetInt("prompt-tokens", 32));
@@ -328,10 +348,12 @@ int RunBench(const std::vector<std::string>& args) {
 }  // namespace
 
 DSMESH_REGISTER_COMMAND(up, "up [--model DIR] [--world N] [--port 8000] [--kv-memory 1G] [--threads T] "
-                            "[--max-num-seqs 4] [--max-batched-tokens 512] [--max-model-len L] [--no-gateway] "
+                            "[--max-num-seqs 4] [--max-batched-tokens 512] [--max-model-len L] "
+                            "[--long-prefill-token-threshold 128] [--scheduling-policy fcfs|priority] [--no-gateway] "
                             "[--served-model-name NAME] [--api-key KEY | --api-key-file F] [--max-queued N] [--log-dir DIR]", RunUp);
 DSMESH_REGISTER_COMMAND(bench, "bench --coordinator HOST:PORT | --world N --model DIR [--streams 1,4] "
-                               "[--prompt-tokens 32] [--max-tokens 64]", RunBench);
+                               "[--prompt-tokens 32] [--max-tokens 64] | --scenario long-prompt-plus-chat "
+                               "[--world 2] [--model DIR] [--long-prompt-tokens 16384] [--chat-every-s 1]", RunBench);
 static CommandRegistration logits_mesh_registration(
     "logits-mesh", "logits-mesh (= logits --world N | --coordinator HOST:PORT) --model DIR --tokens 5,17,9 --out F",
     RunLogitsMesh);

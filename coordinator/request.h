@@ -3,8 +3,8 @@
 //
 // States: waiting -> running (prefill chunks, then one decode token per step) -> finished
 //         (stop / length / abort). A running request the KV pool cannot grow is preempted: its worker
-//         state is dropped and it goes back to the head of the waiting queue, to be recomputed from its
-//         tokens (prompt + output so far) when blocks free up. Nothing is dropped silently.
+//         state is dropped and it waits again in its rank (priority, then arrival), to be recomputed from
+//         its tokens (prompt + output so far) when blocks free up. Nothing is dropped silently.
 #pragma once
 
 #include <atomic>
@@ -53,12 +53,15 @@ struct Request {
   SamplingParams params;
   uint64_t seed = 0;            // effective seed
   bool return_logits = false;
+  int32_t priority = 0;         // lower runs first (scheduling policy "priority"); 0 under fcfs
   std::shared_ptr<ResponseQueue> out = std::make_shared<ResponseQueue>();
   std::atomic<bool> cancelled{false};  // set by the Generate handler when the client goes away
   std::chrono::steady_clock::time_point arrival = std::chrono::steady_clock::now();
 
   // Scheduler state (engine thread only).
   enum class Phase { kWaiting, kRunning, kFinished } phase = Phase::kWaiting;
+  uint64_t arrival_seq = 0;     // order of arrival at the scheduler (ties of priority; fcfs)
+  int64_t arrival_step = 0;     // scheduler steps run before the request arrived
   uint64_t seq_id = 0;          // worker-side sequence id of the current admission
   int64_t computed = 0;         // tokens the worker state has consumed
   bool first_chunk = true;

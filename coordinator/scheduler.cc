@@ -1,12 +1,31 @@
 #include "coordinator/scheduler.h"
 
 #include <algorithm>
+#include <limits>
 #include <stdexcept>
 
 namespace dsmesh {
 
+namespace {
+constexpr int64_t kNoCap = std::numeric_limits<int64_t>::max();
+}  // namespace
+
+SchedulingPolicy ParseSchedulingPolicy(const std::string& name) {
+  if (name == "fcfs") return SchedulingPolicy::kFcfs;
+  if (name == "priority") return SchedulingPolicy::kPriority;
+  throw std::invalid_argument("scheduling policy must be fcfs or priority, got '" + name + "'");
+}
+
+const char* SchedulingPolicyName(SchedulingPolicy policy) {
+  return policy == SchedulingPolicy::kPriority ? "priority" : "fcfs";
+}
+
 Scheduler::Scheduler(const SchedulerConfig& config, const KvGeometry& geometry)
     : config_(config), blocks_(geometry), cache_(geometry.block_size) {}
+
+int64_t Scheduler::max_seq_tokens() const {
+  return std::min<int64_t>(config_.max_model_len, geometry().tokens_with_seqs(1));
+}
 
 void Scheduler::Validate(const GenerateRequest& req) const {
   const int64_t n = req.prompt_token_ids_size();
@@ -21,17 +40,45 @@ void Scheduler::Validate(const GenerateRequest& req) const {
                                 " tokens. However, you requested " + std::to_string(n + max_tokens) + " tokens (" +
                                 std::to_string(n) + " in the prompt, " + std::to_string(max_tokens) +
                                 " in the completion).");
-  const int64_t need = blocks_.BlocksFor(n + std::max<int64_t>(max_tokens, 1));
-  if (need > geometry().num_blocks)
-    throw std::invalid_argument("the request needs " + std::to_string(need) + " KV blocks but the pool holds " +
-                                std::to_string(geometry().num_blocks) + " (" + geometry().Describe(1) + ")");
+  const int64_t need = n + std::max<int64_t>(max_tokens, 1);
+  const int64_t room = geometry().tokens_with_seqs(1);
+  if (need > room)
+    throw std::invalid_argument("The KV cache holds at most " + std::to_string(room) +
+                                " tokens for one sequence. However, you requested " + std::to_string(need) +
+                                " tokens (" + std::to_string(n) + " in the prompt, " + std::to_string(need - n) +
+                                " in the completion), so the request could never run; reduce the prompt or "
+                                "max_tokens, or give the workers more KV memory (" + geometry().Describe(1) + ")");
+  if (req.priority() != 0 && config_.policy != SchedulingPolicy::kPriority)
+    throw std::invalid_argument("Got priority " + std::to_string(req.priority()) +
+                                " but Priority scheduling is not enabled (the coordinator runs "
+                                "--scheduling-policy fcfs).");
   if (req.return_logits() && req.sampling().temperature() != 0)
     throw std::invalid_argument("return_logits requires temperature 0");
 }
 
 void Scheduler::Add(std::shared_ptr<Request> r) {
   r->phase = Request::Phase::kWaiting;
-  waiting_.push_back(std::move(r));
+  r->arrival_seq = next_arrival_++;
+  r->arrival_step = steps_;
+  if (config_.policy != SchedulingPolicy::kPriority) r->priority = 0;
+  Enqueue(std::move(r));
+}
+
+bool Scheduler::RanksBefore(const Request& a, const Request& b) const {
+  if (a.priority != b.priority) return a.priority < b.priority;
+  return a.arrival_seq < b.arrival_seq;
+}
+
+void Scheduler::Enqueue(std::shared_ptr<Request> r) {
+  auto at = std::upper_bound(waiting_.begin(), waiting_.end(), r,
+                             [this](const auto& x, const auto& y) { return RanksBefore(*x, *y); });
+  waiting_.insert(at, std::move(r));
+}
+
+void Scheduler::AddRunning(std::shared_ptr<Request> r) {
+  auto at = std::upper_bound(running_.begin(), running_.end(), r,
+                             [this](const auto& x, const auto& y) { return RanksBefore(*x, *y); });
+  running_.insert(at, std::move(r));
 }
 
 bool Scheduler::HasWork() const {
@@ -62,7 +109,7 @@ void Scheduler::Preempt(std::shared_ptr<Request> r) {
   r->phase = Request::Phase::kWaiting;
   r->computed = 0;
   ++preemptions_;
-  waiting_.push_front(std::move(r));
+  Enqueue(std::move(r));
 }
 
 void Scheduler::Finish(const std::shared_ptr<Request>& r, FinishReason reason, const std::string& error,
@@ -83,7 +130,7 @@ void Scheduler::Finish(const std::shared_ptr<Request>& r, FinishReason reason, c
   if (!response) r->out->Push(std::move(local));
 }
 
-SequencePlan* Scheduler::AddChunk(StepPlan* plan, Request& r, int64_t n) {
+SequencePlan* Scheduler::AddChunk(StepPlan* plan, Request& r, int64_t n, const std::set<uint64_t>& pinned) {
   SequencePlan* sp = plan->add_seqs();
   sp->set_seq_id(r.seq_id);
   sp->set_start_pos(r.computed);
@@ -102,7 +149,6 @@ SequencePlan* Scheduler::AddChunk(StepPlan* plan, Request& r, int64_t n) {
   }
   if (r.snapshot_at > 0 && r.computed + n == r.snapshot_at) {
     const uint64_t id = next_id_++;
-    std::set<uint64_t> pinned;
     if (Reserve(id, r.snapshot_at, pinned)) {
       sp->set_snapshot_after(id);
       pending_snapshots_.push_back({id, std::vector<int32_t>(r.tokens.begin(), r.tokens.begin() + r.snapshot_at),
@@ -113,9 +159,7 @@ SequencePlan* Scheduler::AddChunk(StepPlan* plan, Request& r, int64_t n) {
   return sp;
 }
 
-StepPlan Scheduler::Schedule() {
-  StepPlan plan;
-  // Cancellations first: their blocks come back before anything is allocated.
+void Scheduler::FinishCancelled() {
   for (size_t i = 0; i < running_.size();) {
     auto r = running_[i];
     if (r->cancelled.load()) {
@@ -133,39 +177,79 @@ StepPlan Scheduler::Schedule() {
       ++it;
     }
   }
+}
 
+StepPlan Scheduler::Schedule() {
+  StepPlan plan;
+  FinishCancelled();  // their blocks come back before anything is allocated
+  const bool fair = config_.long_prefill_token_threshold > 0;
+  const bool alone = running_.size() + waiting_.size() == 1;
+  const int64_t cap = fair && !alone ? config_.long_prefill_token_threshold : kNoCap;
   int64_t budget = config_.max_batched_tokens;
-  for (size_t i = 0; i < running_.size() && budget > 0;) {
+  auto cut_at_snapshot = [](const Request& r, int64_t n) {
+    return r.snapshot_at > r.computed ? std::min<int64_t>(n, r.snapshot_at - r.computed) : n;
+  };
+
+  // Running requests, best rank first, grow their blocks. The fair order gives decodes their row now and
+  // prefills an upper bound (their share is what admission leaves); the vLLM order spends the budget here.
+  struct Chunk {
+    std::shared_ptr<Request> r;
+    int64_t n;
+  };
+  std::vector<Chunk> decodes, prefills;
+  int64_t decode_rows = 0;
+  for (const auto& r : running_) decode_rows += static_cast<int64_t>(r->tokens.size()) - r->computed == 1;
+  const int64_t prefill_bound = std::max<int64_t>(0, budget - decode_rows);
+  bool preempted = false;
+  for (size_t i = 0; i < running_.size();) {
     auto r = running_[i];
-    int64_t n = std::min<int64_t>(static_cast<int64_t>(r->tokens.size()) - r->computed, budget);
-    if (r->snapshot_at > r->computed) n = std::min<int64_t>(n, r->snapshot_at - r->computed);
+    const int64_t remaining = static_cast<int64_t>(r->tokens.size()) - r->computed;
+    const bool decode = remaining == 1;
+    int64_t n;
+    if (!fair) {
+      n = std::min(remaining, budget);
+    } else if (decode) {
+      n = static_cast<int64_t>(decodes.size()) < budget ? 1 : 0;
+    } else {
+      n = std::min({remaining, cap, prefill_bound});
+    }
+    n = cut_at_snapshot(*r, n);
+    if (n <= 0) {
+      ++i;
+      continue;
+    }
+    // Victims come from the back (the worst rank): never a request already planned in this loop.
     bool preempted_self = false;
     while (!Reserve(r->seq_id, r->computed + n, {})) {
       auto victim = running_.back();
       Preempt(victim);
+      preempted = true;
       if (victim == r) {
         preempted_self = true;
         break;
       }
     }
-    if (preempted_self) break;  // r was the newest; everything after it is gone too
-    AddChunk(&plan, *r, n);
-    budget -= n;
+    if (preempted_self) break;  // r ranked last; everything after it is gone too
+    if (!fair) budget -= n;
+    (decode ? decodes : prefills).push_back({r, n});
     ++i;
   }
+  if (fair) budget -= static_cast<int64_t>(decodes.size());
 
-  while (!waiting_.empty() && static_cast<int>(running_.size()) < config_.max_num_seqs && budget > 0) {
+  // First chunks of waiting requests, in rank order.
+  std::set<uint64_t> pinned;  // snapshots this plan restores from
+  std::vector<Chunk> admitted;
+  while (!preempted && !waiting_.empty() && static_cast<int>(running_.size()) < config_.max_num_seqs &&
+         budget > 0) {
     auto r = waiting_.front();
     const int64_t total = static_cast<int64_t>(r->tokens.size());
     const bool cacheable = config_.prefix_caching && !r->return_logits;
     int64_t start = 0;
     uint64_t restore = 0;
-    std::set<uint64_t> pinned;
     if (cacheable) {
       if (auto hit = cache_.Lookup(r->tokens, total - 1)) {
         start = hit->tokens;
         restore = hit->snapshot_id;
-        pinned.insert(restore);
       }
     }
     int64_t snapshot_at = 0;
@@ -173,10 +257,13 @@ StepPlan Scheduler::Schedule() {
       const int64_t b = (total - 1) / geometry().block_size * geometry().block_size;
       if (b > start && !cache_.Contains(r->tokens, b)) snapshot_at = b;
     }
-    int64_t n = std::min<int64_t>(total - start, budget);
+    int64_t n = std::min({total - start, budget, cap});
     if (snapshot_at > 0) n = std::min<int64_t>(n, snapshot_at - start);
     const uint64_t seq_id = next_id_++;
-    if (!Reserve(seq_id, start + n, pinned)) break;  // the head waits for blocks; FCFS keeps the rest behind it
+    std::set<uint64_t> pinned_with = pinned;
+    if (restore) pinned_with.insert(restore);
+    if (!Reserve(seq_id, start + n, pinned_with)) break;  // the best-ranked waits for blocks; the rest behind it
+    pinned = std::move(pinned_with);
     waiting_.pop_front();
     if (cacheable) {
       cache_.queries += total;
@@ -189,15 +276,26 @@ StepPlan Scheduler::Schedule() {
     r->restore_snapshot = restore;
     r->snapshot_at = snapshot_at;
     r->cached_tokens = start;
-    running_.push_back(r);
-    AddChunk(&plan, *r, n);
+    AddRunning(r);
+    admitted.push_back({r, n});
     budget -= n;
+  }
+
+  for (const auto& c : decodes) AddChunk(&plan, *c.r, c.n, pinned);
+  for (const auto& c : admitted) AddChunk(&plan, *c.r, c.n, pinned);
+  for (auto& c : prefills) {
+    if (fair) {
+      c.n = std::min(c.n, budget);
+      budget -= c.n;
+    }
+    if (c.n > 0) AddChunk(&plan, *c.r, c.n, pinned);
   }
 
   for (uint64_t id : pending_frees_) plan.add_free_seqs(id);
   for (uint64_t id : pending_drops_) plan.add_drop_snapshots(id);
   pending_frees_.clear();
   pending_drops_.clear();
+  if (plan.seqs_size() > 0) ++steps_;
   return plan;
 }
 
@@ -243,6 +341,7 @@ void Scheduler::Apply(const StepPlan& plan, const StepResult& result) {
       r->reported_first = true;
       resp.set_queue_time_s(std::chrono::duration<double>(std::chrono::steady_clock::now() - r->arrival).count());
       resp.set_cached_prompt_tokens(static_cast<int32_t>(r->cached_tokens));
+      resp.set_first_token_steps(static_cast<int32_t>(steps_ - r->arrival_step));
     }
     resp.set_prompt_tokens(r->prompt_len);
     resp.set_completion_tokens(r->num_generated());

@@ -1,10 +1,23 @@
-// Continuous batching. Each step:
-//   1. running requests in admission order (FCFS): decode ones feed their newest token, prefilling ones
-//      their next chunk, under the max-batched-tokens budget; a request whose blocks cannot grow first
-//      evicts prefix-cache snapshots, then preempts the newest running request (recompute later);
-//   2. waiting requests are admitted in arrival order while a slot (max-num-seqs), budget and blocks
-//      remain; the head of the queue blocks the rest (strict FCFS).
-// Prefill chunks are cut at the request's snapshot boundary so the prefix cache can copy the state there.
+// Continuous batching with chunked prefill, priorities and recompute preemption.
+//
+// Rank: under the fcfs policy requests rank by arrival; under the priority policy by (priority, arrival),
+// the lower priority value first. Rank orders admission, each part of the step's budget, and preemption.
+//
+// Each step shares the max-batched-tokens budget. With long_prefill_token_threshold T > 0 (the fair order):
+//   1. decodes (running requests whose next input is their newest token), in rank order;
+//   2. first chunks of waiting requests, admitted in rank order while a slot (max-num-seqs), budget and
+//      blocks remain; the best-ranked waiting request that cannot get blocks stops admission;
+//   3. continuing prefills of running requests, in rank order.
+//   Whenever another request runs or waits, a prefill chunk takes at most T tokens; a request alone takes
+//   the whole budget.
+// With T = 0 (vLLM's default scheduler): running requests take the budget first in rank order, a prefill
+// as much as is left; waiting requests are admitted with the rest.
+//
+// Blocks: running requests grow before anything is admitted. One whose blocks cannot grow first evicts
+// prefix-cache snapshots, then preempts the worst-ranked running request (itself included): its blocks
+// are freed and it waits again in its rank, to be recomputed from prompt + generated tokens (with prefix
+// caching mostly a cache hit). A step that preempted admits nothing. Prefill chunks are cut at the
+// request's snapshot boundary so the prefix cache can copy the state there.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +36,15 @@
 
 namespace dsmesh {
 
+enum class SchedulingPolicy { kFcfs, kPriority };
+
+// "fcfs" or "priority"; throws std::invalid_argument naming the accepted values.
+SchedulingPolicy ParseSchedulingPolicy(const std::string& name);
+const char* SchedulingPolicyName(SchedulingPolicy policy);
+
+// The default long_prefill_token_threshold: a quarter of the default budget.
+constexpr int kDefaultLongPrefillTokenThreshold = 128;
+
 struct SchedulerConfig {
   int max_num_seqs = 4;
   int max_batched_tokens = 512;
@@ -30,15 +52,20 @@ struct SchedulerConfig {
   bool prefix_caching = true;
   int64_t vocab_size = 0;
   int32_t eos_token_id = -1;
+  int long_prefill_token_threshold = kDefaultLongPrefillTokenThreshold;  // 0: vLLM's default order
+  SchedulingPolicy policy = SchedulingPolicy::kFcfs;
 };
 
 class Scheduler {
  public:
   Scheduler(const SchedulerConfig& config, const KvGeometry& geometry);
 
-  // Checks the request against the limits; throws std::invalid_argument with a client-facing message.
+  // Checks the request against the limits (context length, what the KV pool can hold for one sequence,
+  // priority under fcfs); throws std::invalid_argument with a client-facing message.
   void Validate(const GenerateRequest& req) const;
   void Add(std::shared_ptr<Request> r);
+  // Tokens (prompt + completion) one sequence can reach: max_model_len or the pool, whichever is smaller.
+  int64_t max_seq_tokens() const;
 
   bool HasWork() const;
   // The next step's plan (may carry only frees/drops). Requests cancelled since the last step are
@@ -60,20 +87,26 @@ class Scheduler {
   const PrefixCache& prefix_cache() const { return cache_; }
   const SchedulerConfig& config() const { return config_; }
   int64_t num_preemptions() const { return preemptions_; }
+  int64_t steps() const { return steps_; }  // plans that ran sequences
 
  private:
   bool Reserve(uint64_t owner, int64_t tokens, const std::set<uint64_t>& pinned);
+  bool RanksBefore(const Request& a, const Request& b) const;
+  void Enqueue(std::shared_ptr<Request> r);     // into waiting_, by rank
+  void AddRunning(std::shared_ptr<Request> r);  // into running_, by rank
   void Preempt(std::shared_ptr<Request> r);
+  void FinishCancelled();
   void Finish(const std::shared_ptr<Request>& r, FinishReason reason, const std::string& error,
               GenerateResponse* response);
-  SequencePlan* AddChunk(StepPlan* plan, Request& r, int64_t n);
+  SequencePlan* AddChunk(StepPlan* plan, Request& r, int64_t n, const std::set<uint64_t>& pinned);
 
   SchedulerConfig config_;
   KvBlocks blocks_;
   PrefixCache cache_;
   uint64_t next_id_ = 1;  // sequence and snapshot ids share one space
-  std::deque<std::shared_ptr<Request>> waiting_;
-  std::vector<std::shared_ptr<Request>> running_;
+  uint64_t next_arrival_ = 1;
+  std::deque<std::shared_ptr<Request>> waiting_;   // best rank first
+  std::vector<std::shared_ptr<Request>> running_;  // best rank first
   std::vector<uint64_t> pending_frees_, pending_drops_;
   struct PendingSnapshot {
     uint64_t id;
@@ -82,6 +115,7 @@ class Scheduler {
   };
   std::vector<PendingSnapshot> pending_snapshots_;
   int64_t preemptions_ = 0;
+  int64_t steps_ = 0;
 };
 
 }  // namespace dsmesh

@@ -1,5 +1,7 @@
 // The scheduler against the rules it must keep: FCFS admission under max-num-seqs, chunked prefill under
-// the token budget, preemption instead of dropping, prefix-cache hits, cancellation freeing blocks.
+// the token budget, the fair order (decodes, first chunks, continuing prefills; long prefills capped while
+// others run or wait), priorities, preemption of the worst-ranked instead of dropping, refusal of requests
+// that could never fit, prefix-cache hits, cancellation freeing blocks. Steps are counted, not timed.
 // Worker results are played by the test (the token rank 0 would have sampled).
 #include "coordinator/scheduler.h"
 
@@ -17,8 +19,11 @@ KvGeometry Geometry(int64_t blocks, int block_size = 4, int64_t fixed_blocks = 1
   return g;
 }
 
-SchedulerConfig Config(int seqs, int budget, bool caching = true) {
+SchedulerConfig Config(int seqs, int budget, bool caching = true, int threshold = 0,
+                       SchedulingPolicy policy = SchedulingPolicy::kFcfs) {
   SchedulerConfig c;
+  c.long_prefill_token_threshold = threshold;
+  c.policy = policy;
   c.max_num_seqs = seqs;
   c.max_batched_tokens = budget;
   c.max_model_len = 1000;
@@ -28,9 +33,10 @@ SchedulerConfig Config(int seqs, int budget, bool caching = true) {
   return c;
 }
 
-std::shared_ptr<Request> Req(std::vector<int32_t> prompt, int max_tokens) {
+std::shared_ptr<Request> Req(std::vector<int32_t> prompt, int max_tokens, int priority = 0) {
   auto r = std::make_shared<Request>();
   r->request_id = "r" + std::to_string(prompt.size());
+  r->priority = priority;
   r->tokens = prompt;
   r->prompt_len = static_cast<int32_t>(prompt.size());
   r->max_tokens = max_tokens;
@@ -188,6 +194,207 @@ TEST(Scheduler, StopsOnEosAndFailAllAbortsEveryone) {
   EXPECT_EQ(out.back().finish_reason(), FINISH_ABORT);
   EXPECT_EQ(out.back().error(), "worker rank 1 lost");
   EXPECT_FALSE(s.HasWork());
+}
+
+// Tokens each sequence of `plan` feeds, by request.
+int64_t Fed(const StepPlan& plan, const Request& r) {
+  for (const auto& sp : plan.seqs())
+    if (sp.seq_id() == r.seq_id) return sp.tokens_size();
+  return 0;
+}
+
+// Runs steps until `r` has its first token; returns how many steps that took (-1: not within `limit`).
+int StepsToFirstToken(Scheduler& s, Request& r, int limit) {
+  for (int step = 1; step <= limit; ++step) {
+    StepPlan p = s.Schedule();
+    s.Apply(p, Result(p));
+    if (r.num_generated() > 0) return step;
+  }
+  return -1;
+}
+
+TEST(SchedulerFairness, ANewRequestsFirstTokenComesWithinThreeStepsOfALongPrefill) {
+  Scheduler s(Config(4, 64, false, 16), Geometry(1000));
+  auto long_req = Req(std::vector<int32_t>(2000, 3), 1);
+  s.Add(long_req);
+  StepPlan p = s.Schedule();
+  EXPECT_EQ(Fed(p, *long_req), 64);  // alone: the whole budget
+  s.Apply(p, Result(p));
+  auto chat = Req({5, 6, 7, 8, 9}, 4);
+  s.Add(chat);
+  p = s.Schedule();
+  EXPECT_EQ(Fed(p, *chat), 5);        // the first chunk comes before the continuing prefill
+  EXPECT_EQ(Fed(p, *long_req), 16);   // capped while another request runs
+  ASSERT_EQ(p.seqs_size(), 2);
+  EXPECT_EQ(p.seqs(0).seq_id(), chat->seq_id);
+  s.Apply(p, Result(p));
+  auto out = Drain(*chat);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].first_token_steps(), 1);
+  // The chat decodes (one row each step) beside the capped prefill, then the prefill has the budget again.
+  for (int i = 0; i < 3; ++i) {
+    p = s.Schedule();
+    EXPECT_EQ(Fed(p, *chat), 1);
+    EXPECT_EQ(Fed(p, *long_req), 16);
+    s.Apply(p, Result(p));
+  }
+  EXPECT_EQ(Drain(*chat).back().finish_reason(), FINISH_LENGTH);
+  p = s.Schedule();
+  EXPECT_EQ(Fed(p, *long_req), 64);
+}
+
+TEST(SchedulerFairness, WithTheThresholdOffTheLongPrefillTakesEveryStep) {
+  // vLLM's default order: a new request waits for the whole prefill (2000 / 64 steps).
+  Scheduler s(Config(4, 64, false, 0), Geometry(1000));
+  auto long_req = Req(std::vector<int32_t>(2000, 3), 1);
+  s.Add(long_req);
+  StepPlan p = s.Schedule();
+  s.Apply(p, Result(p));
+  auto chat = Req({5, 6, 7, 8, 9}, 4);
+  s.Add(chat);
+  const int steps = StepsToFirstToken(s, *chat, 100);
+  EXPECT_GE(steps, 2000 / 64);
+  EXPECT_EQ(Drain(*chat)[0].first_token_steps(), steps);
+}
+
+TEST(SchedulerFairness, FourNewRequestsAllStartBesideTwoLongPrefills) {
+  // Budget order: decodes, then first chunks (up to max-num-seqs), then continuing prefills.
+  Scheduler s(Config(6, 64, false, 16), Geometry(2000));
+  auto a = Req(std::vector<int32_t>(500, 3), 1), b = Req(std::vector<int32_t>(500, 4), 1);
+  s.Add(a);
+  s.Add(b);
+  StepPlan p = s.Schedule();
+  EXPECT_EQ(Fed(p, *a), 16);
+  EXPECT_EQ(Fed(p, *b), 16);
+  s.Apply(p, Result(p));
+  std::vector<std::shared_ptr<Request>> chats;
+  for (int i = 0; i < 4; ++i) {
+    chats.push_back(Req(std::vector<int32_t>(10, 10 + i), 3));
+    s.Add(chats.back());
+  }
+  p = s.Schedule();
+  for (auto& c : chats) EXPECT_EQ(Fed(p, *c), 10);
+  EXPECT_EQ(Fed(p, *a), 16);  // 64 - 40 = 24 left: a (better ranked) takes its capped 16 first
+  EXPECT_EQ(Fed(p, *b), 8);
+  s.Apply(p, Result(p));
+  for (auto& c : chats) EXPECT_EQ(c->num_generated(), 1);
+  p = s.Schedule();
+  for (auto& c : chats) EXPECT_EQ(Fed(p, *c), 1);  // four decode rows first
+  EXPECT_EQ(Fed(p, *a), 16);
+  EXPECT_EQ(Fed(p, *b), 16);
+}
+
+TEST(SchedulerPriority, TheHigherPriorityWaitingRequestIsAdmittedFirst) {
+  Scheduler s(Config(1, 64, false, 16, SchedulingPolicy::kPriority), Geometry(1000));
+  auto running = Req({1, 2, 3}, 2);
+  s.Add(running);
+  StepPlan p = s.Schedule();
+  s.Apply(p, Result(p));
+  auto low = Req({4, 5}, 1, /*priority=*/5), high = Req({6, 7, 8}, 1, /*priority=*/-1);
+  s.Add(low);
+  s.Add(high);
+  p = s.Schedule();
+  s.Apply(p, Result(p));  // `running` finishes here
+  p = s.Schedule();
+  ASSERT_EQ(p.seqs_size(), 1);
+  EXPECT_EQ(p.seqs(0).tokens_size(), 3);  // high, though low arrived first
+  s.Apply(p, Result(p));
+  EXPECT_EQ(high->num_generated(), 1);
+  EXPECT_EQ(low->num_generated(), 0);
+}
+
+TEST(SchedulerPriority, FcfsKeepsArrivalOrderWhateverThePriorityField) {
+  Scheduler s(Config(1, 64, false, 16, SchedulingPolicy::kFcfs), Geometry(1000));
+  auto first = Req({4, 5}, 1, 5), second = Req({6, 7, 8}, 1, -1);
+  s.Add(first);
+  s.Add(second);
+  StepPlan p = s.Schedule();
+  ASSERT_EQ(p.seqs_size(), 1);
+  EXPECT_EQ(p.seqs(0).tokens_size(), 2);
+}
+
+TEST(SchedulerPriority, TheBudgetGoesToTheBetterPriorityFirst) {
+  Scheduler s(Config(4, 20, false, 16, SchedulingPolicy::kPriority), Geometry(1000));
+  auto low = Req(std::vector<int32_t>(100, 3), 1, 2), high = Req(std::vector<int32_t>(100, 4), 1, 1);
+  s.Add(low);
+  s.Add(high);
+  StepPlan p = s.Schedule();
+  EXPECT_EQ(Fed(p, *high), 16);
+  EXPECT_EQ(Fed(p, *low), 4);
+}
+
+TEST(SchedulerPreemption, TheLowestPriorityThenNewestIsPreempted) {
+  // 1 fixed block + 4 tokens per block; 10 blocks: three sequences of 4 prompt tokens (2 blocks each)
+  // fit, and growing to 11 tokens (4 blocks each) does not.
+  Scheduler s(Config(3, 64, false, 16, SchedulingPolicy::kPriority), Geometry(10));
+  auto a = Req({1, 2, 3, 4}, 8, 0), b = Req({5, 6, 7, 8}, 8, 3), c = Req({9, 10, 11, 12}, 8, 1);
+  s.Add(a);
+  s.Add(b);
+  s.Add(c);
+  std::vector<std::string> order;
+  int64_t seen = 0;
+  for (int step = 0; step < 200 && s.HasWork(); ++step) {
+    StepPlan p = s.Schedule();
+    if (s.num_preemptions() > seen) {
+      seen = s.num_preemptions();
+      for (auto* r : {a.get(), b.get(), c.get()})
+        if (r->phase == Request::Phase::kWaiting && r->num_generated() > 0 && order.empty())
+          order.push_back(r == a.get() ? "a" : r == b.get() ? "b" : "c");
+    }
+    s.Apply(p, Result(p));
+  }
+  ASSERT_FALSE(order.empty());
+  EXPECT_EQ(order[0], "b");  // priority 3: the worst
+  for (auto* r : {a.get(), b.get(), c.get()}) EXPECT_EQ(Drain(*r).back().completion_tokens(), 8);
+  EXPECT_EQ(s.kv_usage(), 0.0);
+}
+
+TEST(SchedulerPreemption, FcfsPreemptsTheNewest) {
+  Scheduler s(Config(3, 64, false, 16), Geometry(10));
+  auto a = Req({1, 2, 3, 4}, 8), b = Req({5, 6, 7, 8}, 8), c = Req({9, 10, 11, 12}, 8);
+  s.Add(a);
+  s.Add(b);
+  s.Add(c);
+  while (s.num_preemptions() == 0 && s.HasWork()) {
+    StepPlan p = s.Schedule();
+    s.Apply(p, Result(p));
+  }
+  EXPECT_EQ(c->phase, Request::Phase::kWaiting);
+  EXPECT_EQ(a->phase, Request::Phase::kRunning);
+  EXPECT_EQ(b->phase, Request::Phase::kRunning);
+}
+
+TEST(SchedulerRefusal, ARequestThatCouldNeverFitNamesBothNumbers) {
+  // 100 blocks of 4 tokens, 1 fixed block each: one sequence holds at most 396 tokens.
+  Scheduler s(Config(4, 64, false), Geometry(100));
+  EXPECT_EQ(s.max_seq_tokens(), 396);
+  GenerateRequest g;
+  for (int i = 0; i < 300; ++i) g.add_prompt_token_ids(1);
+  g.mutable_sampling()->set_max_tokens(97);
+  try {
+    s.Validate(g);
+    ADD_FAILURE() << "accepted";
+  } catch (const std::invalid_argument& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("at most 396 tokens"), std::string::npos) << m;
+    EXPECT_NE(m.find("you requested 397 tokens"), std::string::npos) << m;
+  }
+  g.mutable_sampling()->set_max_tokens(96);
+  EXPECT_NO_THROW(s.Validate(g));
+}
+
+TEST(SchedulerRefusal, PriorityNeedsThePriorityPolicy) {
+  Scheduler fcfs(Config(4, 64, false), Geometry(100));
+  GenerateRequest g;
+  g.add_prompt_token_ids(1);
+  g.set_priority(2);
+  EXPECT_THROW(fcfs.Validate(g), std::invalid_argument);
+  g.set_priority(0);
+  EXPECT_NO_THROW(fcfs.Validate(g));
+  Scheduler prio(Config(4, 64, false, 16, SchedulingPolicy::kPriority), Geometry(100));
+  g.set_priority(-7);
+  EXPECT_NO_THROW(prio.Validate(g));
+  EXPECT_THROW(ParseSchedulingPolicy("lifo"), std::invalid_argument);
 }
 
 }  // namespace

@@ -63,7 +63,7 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
     for (int id : job_.prompt_ids) request.add_prompt_token_ids(id);
     *request.mutable_sampling() = job_.options.sampling;
     request.mutable_sampling()->set_max_tokens(job_.max_tokens);
-    request.set_priority(job_.priority);
+    request.set_priority(job_.options.priority);
 
     if (job_.options.stream) {
       exchange_->StartStream(200, "text/event-stream", job_.response_headers, ": ping\n\n");

@@ -30,7 +30,6 @@ struct GenerationJob {
   std::string request_id;
   std::string response_id;  // "chatcmpl-<request_id>" / "cmpl-<request_id>"
   std::string model_name;
-  int priority = 0;
   double arrival_s = 0;  // steady clock seconds when the HTTP request was read (TTFT counts from here)
   HeaderList response_headers;  // X-Request-Id
 };

@@ -10,6 +10,7 @@
 #include "common/chat/python_json.h"
 #include "gateway/api_error.h"
 #include "gateway/generation_session.h"
+#include "gateway/request_limits.h"
 #include "gateway/request_options.h"
 
 namespace dsmesh {
@@ -233,28 +234,7 @@ void OpenAiServer::Generation(std::shared_ptr<HttpExchange>& exchange, Context& 
   if (job.prompt_ids.empty()) throw BadRequest("the prompt is empty", chat ? "messages" : "prompt");
 
   StatsResponse stats = RequireReady();
-  const int max_len = stats.max_model_len();
-  const int prompt_len = static_cast<int>(job.prompt_ids.size());
-  if (max_len > 0) {
-    if (prompt_len >= max_len)
-      throw BadRequest("This model's maximum context length is " + std::to_string(max_len) +
-                           " tokens. However, your prompt has " + std::to_string(prompt_len) +
-                           " tokens, which leaves no room for the completion. Please reduce the length of the " +
-                           (chat ? "messages." : "prompt."),
-                       chat ? "messages" : "prompt", std::string("context_length_exceeded"));
-    if (options.max_tokens && static_cast<long long>(prompt_len) + *options.max_tokens > max_len)
-      throw BadRequest("This model's maximum context length is " + std::to_string(max_len) +
-                           " tokens. However, you requested " +
-                           std::to_string(static_cast<long long>(prompt_len) + *options.max_tokens) + " tokens (" +
-                           std::to_string(prompt_len) + " in the " + (chat ? "messages" : "prompt") + ", " +
-                           std::to_string(*options.max_tokens) +
-                           " in the completion). Please reduce the length of the " + (chat ? "messages" : "prompt") +
-                           " or completion.",
-                       "max_tokens", std::string("context_length_exceeded"));
-    job.max_tokens = options.max_tokens.value_or(max_len - prompt_len);
-  } else {
-    job.max_tokens = options.max_tokens.value_or(0);
-  }
+  job.max_tokens = CheckRequestLimits(stats, static_cast<int>(job.prompt_ids.size()), options, chat);
 
   auto ticket = admission_->TryAdmit(std::max(1, stats.max_num_seqs()));
   if (!ticket) {
@@ -266,7 +246,6 @@ void OpenAiServer::Generation(std::shared_ptr<HttpExchange>& exchange, Context& 
                    "rate_limit_error", std::nullopt, std::string("queue_full"));
   }
   if (options.request_id) spdlog::debug("request {}: body request_id {}", ctx.request_id, *options.request_id);
-  if (auto p = body.find("priority"); p != body.end() && p->is_number_integer()) job.priority = p->get<int>();
   job.options = std::move(options);
   job.request_id = ctx.request_id;
   job.response_id = (chat ? "chatcmpl-" : "cmpl-") + ctx.request_id;

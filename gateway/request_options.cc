@@ -163,8 +163,8 @@ RequestOptions ParseRequestOptions(const json& body, bool chat) {
     if (!rid->is_string()) throw BadRequest("'request_id' must be a string", "request_id");
     r.request_id = rid->get<std::string>();
   }
-  if (auto prio = Integer(body, "priority", std::numeric_limits<int>::min(), std::numeric_limits<int>::max()))
-    (void)prio;  // passed on by the caller from the body when set
+  r.priority = static_cast<int>(
+      Integer(body, "priority", std::numeric_limits<int>::min(), std::numeric_limits<int>::max()).value_or(0));
   return r;
 }
 

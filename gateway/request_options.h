@@ -26,6 +26,7 @@ struct RequestOptions {
   bool skip_special_tokens = true;
   bool echo = false;                      // completions only
   std::optional<std::string> request_id;  // body "request_id" (vLLM extension)
+  int priority = 0;                       // body "priority" (vLLM extension): lower runs first
   std::vector<std::string> ignored_fields;
 };
 

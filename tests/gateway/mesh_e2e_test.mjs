@@ -28,9 +28,12 @@ async function startUp() {
   const mk = spawnSync(DSMESH, ['make-tiny', '--out', model], { encoding: 'utf8' });
   assertEq(mk.status, 0, `make-tiny: ${mk.stderr}`);
   const port = await freePort();
-  // The gateway flags go through `up` (--served-model-name, --api-key, --max-queued): checked below.
-  const up = track(spawn(DSMESH, ['up', '--model', model, '--world', '2', '--port', String(port), '--kv-memory', '256M', '--max-num-seqs', '4',
-    '--served-model-name', MODEL, '--api-key', API_KEY, '--max-queued', '32'],
+  // The gateway flags go through `up` (--served-model-name, --api-key, --max-queued), and so do the
+  // coordinator's scheduling flags: checked below. 64M of KV per rank holds fewer tokens for one sequence
+  // than the model's context (1M), so the pool is the limit a too-big request meets.
+  const up = track(spawn(DSMESH, ['up', '--model', model, '--world', '2', '--port', String(port), '--kv-memory', '64M', '--max-num-seqs', '4',
+    '--served-model-name', MODEL, '--api-key', API_KEY, '--max-queued', '32',
+    '--scheduling-policy', 'priority', '--long-prefill-token-threshold', '64'],
     { stdio: ['ignore', 'ignore', 'pipe'] }), 'SIGINT');
   let log = '';
   up.stderr.on('data', (d) => { log += d; if (process.env.GATEWAY_TEST_VERBOSE) process.stderr.write(d); });
@@ -147,8 +150,40 @@ const cases = [
     assertEq(running, 0, 'no request running after the disconnect');
     assert(kv < 0.01, `KV usage back near zero: ${kv}`);
   }],
+  ['priority: up passes the scheduling flags; an integer is served, anything else is a 400 naming it', async ({ m }) => {
+    assert(/scheduling policy priority, long-prefill-token-threshold 64/.test(m.log()), 'coordinator flags through up');
+    const ok = await client(m).chat.completions.create({ model: MODEL, messages, max_tokens: 3, temperature: 0, ignore_eos: true, priority: -5 });
+    assertEq(ok.usage.completion_tokens, 3, 'priority -5 served');
+    for (const priority of ['high', 1.5, true, [1], 2 ** 40]) {
+      const r = await fetch(`${m.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${API_KEY}` },
+        body: JSON.stringify({ model: MODEL, messages, max_tokens: 3, priority, stream: true }) });
+      const text = await r.text();
+      assertEq(r.status, 400, `priority ${JSON.stringify(priority)}: ${text}`);
+      const e = JSON.parse(text).error;
+      assertEq([e.type, e.param], ['invalid_request_error', 'priority'], `error body: ${text}`);
+    }
+  }],
+  ['a request the KV pool can never hold: 400 naming both numbers at once, streamed or not; others unaffected', async ({ m }) => {
+    const beside = client(m).chat.completions.create({ model: MODEL, messages, max_tokens: 12, temperature: 0, ignore_eos: true });
+    for (const stream of [false, true]) {
+      const t0 = Date.now();
+      const r = await fetch(`${m.url}/completions`, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${API_KEY}` },
+        body: JSON.stringify({ model: MODEL, prompt: [0, 1, 2], max_tokens: 400000, stream }) });
+      const text = await r.text();
+      assertEq(r.status, 400, `stream ${stream}: ${text}`);
+      const e = JSON.parse(text).error;
+      const found = /holds at most (\d+) tokens for one sequence\. However, you requested (\d+) tokens/.exec(e.message);
+      assert(found, `both numbers in: ${e.message}`);
+      assertEq(Number(found[2]), 400003, 'requested = prompt + max_tokens');
+      assert(Number(found[1]) < 400003 && Number(found[1]) > 1000, `pool room ${found[1]}`);
+      assertEq(e.type, 'invalid_request_error', 'type');
+      assert(Date.now() - t0 < 2000, 'refused at once');
+    }
+    assertEq((await beside).usage.completion_tokens, 12, 'the request beside it finished');
+  }],
   ['metrics from the real coordinator: per-rank step time, promtool parses', async ({ m }) => {
     const t = await metricsText(m.base);
+    assert(metricValue(t, `vllm:num_preemptions_total{model_name="${MODEL}",engine="0"}`) >= 0, 'vllm:num_preemptions_total');
     for (const rank of ['0', '1'])
       assert(metricValue(t, `dsmesh_worker_steps_total{model_name="${MODEL}",rank="${rank}"}`) > 0, `rank ${rank} steps`);
     assert(metricValue(t, `vllm:generation_tokens_total{model_name="${MODEL}",engine="0"}`) > 0, 'generation tokens');

@@ -1,5 +1,6 @@
-// The CLI on a mesh: `dsmesh logits/generate --world N` print what the single-process path prints, and
-// `dsmesh up` starts a mesh, answers, and stops every child on SIGINT (no orphans).
+// The CLI on a mesh: `dsmesh logits/generate --world N` print what the single-process path prints,
+// `dsmesh up` starts a mesh, answers, and stops every child on SIGINT (no orphans), and
+// `dsmesh bench --scenario long-prompt-plus-chat` prints the fair and the off column side by side.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -70,6 +71,24 @@ TEST(MeshCli, LogitsAndGenerateOnAMeshMatchTheSingleProcessPath) {
   ASSERT_EQ(rc, 0);
   EXPECT_EQ(mesh, single);
   EXPECT_NE(single.find("{\"tokens\": ["), std::string::npos) << single;
+}
+
+TEST(MeshCli, BenchLongPromptPlusChatPrintsFairAndOffSideBySide) {
+  int rc = 0;
+  const std::string out = Capture(Dsmesh() + " bench --scenario long-prompt-plus-chat --world 1 --model " +
+                                      TinyModelDir() + " --kv-memory 64M --long-prompt-tokens 4000 --chat-every-s 0.1"
+                                      " --chat-max-tokens 2 --max-batched-tokens 32 --long-prefill-token-threshold 8"
+                                      " 2>/dev/null",
+                                  &rc);
+  std::printf("%s", out.c_str());
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("fair (threshold 8)"), std::string::npos) << out;
+  EXPECT_NE(out.find("off (threshold 0)"), std::string::npos) << out;
+  for (const char* row : {"chat TTFT p50 / p99, steps", "chat TTFT p50 / p99, s", "long prefill alone, tok/s",
+                          "long prefill with chats, tok/s"})
+    EXPECT_NE(out.find(row), std::string::npos) << row << "\n" << out;
+  Capture(Dsmesh() + " bench --scenario no-such-scenario --world 1 --model " + TinyModelDir() + " 2>&1", &rc);
+  EXPECT_NE(rc, 0);
 }
 
 TEST(MeshCli, UpServesAndStopsEveryChildOnSigint) {

@@ -1,0 +1,28 @@
+// Pieces the mesh CLI commands share: mesh_commands.cc (up, bench, logits/generate on a mesh) and
+// long_prompt_bench.cc (`dsmesh bench --scenario ...`).
+#pragma once
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/flags.h"
+#include "coordinator/local_mesh.h"
+
+namespace dsmesh {
+
+// The embedded tiny model, made with `make-tiny` and cached under the data directory.
+std::string DefaultModel();
+
+// Flags every mesh-target command takes (--world N / --coordinator HOST:PORT, --model, ...).
+extern const std::set<std::string> kMeshFlags;
+// Coordinator flags that `up` and `bench --world` pass through unchanged (the coordinator checks them).
+extern const std::vector<std::string> kCoordinatorFlags;
+
+// A local mesh of `world` CPU workers on `model`, with the --kv-memory/--threads/coordinator flags of `f`.
+LocalMeshOptions OptionsFromFlags(const Flags& f, const std::string& model, int world);
+
+// `dsmesh bench --scenario NAME ...`.
+int RunBenchScenario(const std::vector<std::string>& args);
+
+}  // namespace dsmesh
