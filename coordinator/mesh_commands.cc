@@ -87,7 +87,8 @@ LocalMeshOptions OptionsFromFlags(const Flags& f, const std::string& model, int 
   const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
   o.threads_per_worker = static_cast<int>(f.GetInt("threads", std::max(1L, cores / world)));
   o.coordinator_port = static_cast<int>(f.GetInt("coordinator-port", 0));
-  for (const char* name : {"max-num-seqs", "max-batched-tokens", "max-model-len", "enable-prefix-caching"})
+  for (const char* name :
+       {"max-num-seqs", "max-batched-tokens", "max-model-len", "enable-prefix-caching", "speculative-config"})
     if (f.Has(name)) o.coordinator_args.insert(o.coordinator_args.end(), {std::string("--") + name, f.Get(name)});
   return o;
 }
@@ -106,7 +107,8 @@ std::string DescribeStatus(int status) {
 
 int RunUp(const std::vector<std::string>& args) {
   Flags f(args, {"model", "world", "port", "coordinator-port", "kv-memory", "threads", "device", "max-num-seqs",
-                 "max-batched-tokens", "max-model-len", "enable-prefix-caching", "ready-timeout-s", "no-gateway",
+                 "max-batched-tokens", "max-model-len", "enable-prefix-caching", "speculative-config", "ready-timeout-s",
+                 "no-gateway",
                  "served-model-name", "api-key", "api-key-file", "max-queued"},
           {"no-gateway"});
   const int world = static_cast<int>(f.GetInt("world", 2));
@@ -354,7 +356,7 @@ int RunBench(const std::vector<std::string>& args) {
     }
   auto known = kMeshFlags;
   known.insert({"streams", "prompt-tokens", "max-tokens", "max-num-seqs", "max-batched-tokens", "max-model-len",
-                "enable-prefix-caching"});
+                "enable-prefix-caching", "speculative-config"});
   Flags f(args, known);
   MeshTarget t = Connect(f);
   const int prompt_tokens = static_cast<int>(f.GetInt("prompt-tokens", 32));
@@ -372,7 +374,8 @@ int RunBench(const std::vector<std::string>& args) {
 }  // namespace
 
 DSMESH_REGISTER_COMMAND(up, "up [--model DIR] [--world N] [--port 8000] [--kv-memory 1G] [--threads T] "
-                            "[--max-num-seqs 4] [--max-batched-tokens 512] [--max-model-len L] [--no-gateway] "
+                            "[--max-num-seqs 4] [--max-batched-tokens 512] [--max-model-len L] "
+                            "[--speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":3}'] [--no-gateway] "
                             "[--served-model-name NAME] [--api-key KEY | --api-key-file F] [--max-queued N]", RunUp);
 DSMESH_REGISTER_COMMAND(bench, "bench --coordinator HOST:PORT | --world N --model DIR [--streams 1,4] "
                                "[--prompt-tokens 32] [--max-tokens 64]", RunBench);

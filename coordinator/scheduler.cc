@@ -6,7 +6,9 @@
 namespace dsmesh {
 
 Scheduler::Scheduler(const SchedulerConfig& config, const KvGeometry& geometry)
-    : config_(config), blocks_(geometry), cache_(geometry.block_size) {}
+    : config_(config), blocks_(geometry), cache_(geometry.block_size) {
+  spec_.accepted_per_pos.assign(std::max(config_.num_speculative_tokens, 0), 0);
+}
 
 void Scheduler::Validate(const GenerateRequest& req) const {
   const int64_t n = req.prompt_token_ids_size();
@@ -61,6 +63,7 @@ void Scheduler::Preempt(std::shared_ptr<Request> r) {
   pending_frees_.push_back(r->seq_id);
   r->phase = Request::Phase::kWaiting;
   r->computed = 0;
+  r->drafts.clear();
   ++preemptions_;
   waiting_.push_front(std::move(r));
 }
@@ -98,6 +101,7 @@ SequencePlan* Scheduler::AddChunk(StepPlan* plan, Request& r, int64_t n) {
     sp->mutable_prompt_tokens()->Add(r.tokens.begin(), r.tokens.begin() + history);
     *sp->mutable_sampling() = r.params;
     sp->set_seed(r.seed);
+    sp->set_num_speculative_tokens(config_.num_speculative_tokens);
     r.first_chunk = false;
   }
   if (r.snapshot_at > 0 && r.computed + n == r.snapshot_at) {
@@ -139,8 +143,17 @@ StepPlan Scheduler::Schedule() {
     auto r = running_[i];
     int64_t n = std::min<int64_t>(static_cast<int64_t>(r->tokens.size()) - r->computed, budget);
     if (r->snapshot_at > r->computed) n = std::min<int64_t>(n, r->snapshot_at - r->computed);
+    // Drafts ride after the newest token; they must fit the budget, the context and max_tokens (a step
+    // yields at most drafts + 1 tokens).
+    int64_t drafts = 0;
+    if (n == 1 && r->computed + 1 == static_cast<int64_t>(r->tokens.size())) {
+      drafts = std::min<int64_t>({static_cast<int64_t>(r->drafts.size()), budget - 1,
+                                  config_.max_model_len - static_cast<int64_t>(r->tokens.size()) - 1,
+                                  static_cast<int64_t>(r->max_tokens) - r->num_generated() - 1});
+      drafts = std::max<int64_t>(drafts, 0);
+    }
     bool preempted_self = false;
-    while (!Reserve(r->seq_id, r->computed + n, {})) {
+    while (!Reserve(r->seq_id, r->computed + n + drafts, {})) {
       auto victim = running_.back();
       Preempt(victim);
       if (victim == r) {
@@ -149,8 +162,9 @@ StepPlan Scheduler::Schedule() {
       }
     }
     if (preempted_self) break;  // r was the newest; everything after it is gone too
-    AddChunk(&plan, *r, n);
-    budget -= n;
+    SequencePlan* sp = AddChunk(&plan, *r, n);
+    sp->mutable_draft_tokens()->Add(r->drafts.begin(), r->drafts.begin() + drafts);
+    budget -= n + drafts;
     ++i;
   }
 
@@ -225,17 +239,35 @@ void Scheduler::Apply(const StepPlan& plan, const StepResult& result) {
                nullptr);
         continue;
       }
-      const int32_t token = res->second->token_id();
-      r->tokens.push_back(token);
-      resp.add_token_ids(token);
-      if (res->second->has_logprobs()) *resp.add_logprobs() = res->second->logprobs();
+      const SequenceResult& sr = *res->second;
+      std::vector<int32_t> produced(sr.token_ids().begin(), sr.token_ids().end());
+      if (produced.empty()) produced.push_back(sr.token_id());
+      const int accepted = sr.num_accepted_drafts();
+      r->computed += accepted;  // the accepted drafts are in the worker state now
+      if (sp.draft_tokens_size() > 0) {
+        ++spec_.num_drafts;
+        spec_.num_draft_tokens += sp.draft_tokens_size();
+        spec_.num_accepted_tokens += accepted;
+        for (int p = 0; p < accepted && p < static_cast<int>(spec_.accepted_per_pos.size()); ++p)
+          ++spec_.accepted_per_pos[p];
+        resp.set_num_draft_tokens(sp.draft_tokens_size());
+        resp.set_num_accepted_tokens(accepted);
+      }
+      r->drafts.assign(sr.next_drafts().begin(), sr.next_drafts().end());
+      if (sr.has_logprobs()) *resp.add_logprobs() = sr.logprobs();
+      // In order; the first token that meets a stop condition ends the sequence, later ones are dropped.
       const auto& stops = r->params.stop_token_ids();
-      if ((token == config_.eos_token_id && !r->params.ignore_eos()) ||
-          std::find(stops.begin(), stops.end(), token) != stops.end()) {
-        finish = FINISH_STOP;
-      } else if (r->num_generated() >= r->max_tokens ||
-                 static_cast<int64_t>(r->tokens.size()) >= config_.max_model_len) {
-        finish = FINISH_LENGTH;
+      for (int32_t token : produced) {
+        r->tokens.push_back(token);
+        resp.add_token_ids(token);
+        if ((token == config_.eos_token_id && !r->params.ignore_eos()) ||
+            std::find(stops.begin(), stops.end(), token) != stops.end()) {
+          finish = FINISH_STOP;
+        } else if (r->num_generated() >= r->max_tokens ||
+                   static_cast<int64_t>(r->tokens.size()) >= config_.max_model_len) {
+          finish = FINISH_LENGTH;
+        }
+        if (finish != FINISH_NONE) break;
       }
     }
     if (resp.token_ids_size() == 0 && resp.logits_size() == 0) continue;

@@ -5,6 +5,9 @@
 //   2. waiting requests are admitted in arrival order while a slot (max-num-seqs), budget and blocks
 //      remain; the head of the queue blocks the rest (strict FCFS).
 // Prefill chunks are cut at the request's snapshot boundary so the prefix cache can copy the state there.
+// With speculation a decoding sequence feeds its newest token plus the drafts rank 0 returned last step
+// (blocks reserved for all of them first); Apply appends the accepted tokens one at a time, so stop
+// conditions end the sequence at the first token that meets one and drop the rest.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +33,15 @@ struct SchedulerConfig {
   bool prefix_caching = true;
   int64_t vocab_size = 0;
   int32_t eos_token_id = -1;
+  int num_speculative_tokens = 0;  // MTP drafts per decoding sequence and step (0: no speculation)
+};
+
+// Speculative decoding counters (vLLM's vllm:spec_decode_* meanings).
+struct SpecDecodeStats {
+  int64_t num_drafts = 0;          // verification steps that carried drafts (per sequence)
+  int64_t num_draft_tokens = 0;
+  int64_t num_accepted_tokens = 0;
+  std::vector<int64_t> accepted_per_pos;  // [i]: drafts accepted at position i
 };
 
 class Scheduler {
@@ -60,6 +72,7 @@ class Scheduler {
   const PrefixCache& prefix_cache() const { return cache_; }
   const SchedulerConfig& config() const { return config_; }
   int64_t num_preemptions() const { return preemptions_; }
+  const SpecDecodeStats& spec_stats() const { return spec_; }
 
  private:
   bool Reserve(uint64_t owner, int64_t tokens, const std::set<uint64_t>& pinned);
@@ -82,6 +95,7 @@ class Scheduler {
   };
   std::vector<PendingSnapshot> pending_snapshots_;
   int64_t preemptions_ = 0;
+  SpecDecodeStats spec_;
 };
 
 }  // namespace dsmesh
