@@ -5,6 +5,7 @@
 //                      [--long-prefill-token-threshold 128] [--scheduling-policy fcfs|priority]
 //                      [--enable-prefix-caching true|false] [--register-timeout-s 120]
 //                      [--heartbeat-timeout-ms 1500] [--drain-timeout-s 30]
+//                      [--speculative-config '{"method":"mtp","num_speculative_tokens":3}']
 // SIGTERM/SIGINT drain: stop admitting, finish running requests (up to the drain timeout), exit 0.
 //
 // Under systemd (Type=notify, deploy/systemd/dsmesh-coordinator.service): READY=1 once the mesh has
@@ -62,10 +63,33 @@ ModelFacts ReadModelFacts(const std::string& dir) {
   return m;
 }
 
+// vLLM's --speculative-config JSON; only method "mtp" (the checkpoint's MTP block) is served here.
+// Returns the drafts per step (num_speculative_tokens, 3 when omitted).
+int ParseSpeculativeConfig(const std::string& text) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const std::exception& e) {
+    throw UsageError(std::string("--speculative-config: invalid JSON: ") + e.what());
+  }
+  if (!j.is_object()) throw UsageError("--speculative-config: expected a JSON object");
+  const std::string method = j.contains("method") && j["method"].is_string() ? j["method"].get<std::string>() : "";
+  if (method != "mtp" && method != "deepseek_mtp")
+    throw UsageError("--speculative-config: method \"" + method + "\" is not supported (use \"mtp\")");
+  int k = 3;
+  if (j.contains("num_speculative_tokens")) {
+    if (!j["num_speculative_tokens"].is_number_integer())
+      throw UsageError("--speculative-config: num_speculative_tokens must be an integer");
+    k = j["num_speculative_tokens"].get<int>();
+  }
+  if (k < 1 || k > 16) throw UsageError("--speculative-config: num_speculative_tokens must be in 1..16");
+  return k;
+}
+
 int Main(const std::vector<std::string>& args) {
   Flags f(args, {"listen", "world", "model", "max-num-seqs", "max-batched-tokens", "max-model-len", "block-size",
                  "enable-prefix-caching", "register-timeout-s", "ready-timeout-s", "heartbeat-timeout-ms",
-                 "step-timeout-s", "drain-timeout-s", "long-prefill-token-threshold", "scheduling-policy"});
+                 "step-timeout-s", "drain-timeout-s", "long-prefill-token-threshold", "scheduling-policy", "speculative-config"});
   const std::string listen = f.Require("listen");
   const int world = static_cast<int>(f.GetInt("world", 0));
   if (world < 1) throw UsageError("--world must be >= 1");
@@ -89,6 +113,8 @@ int Main(const std::vector<std::string>& args) {
   ec.scheduler.vocab_size = facts.vocab_size;
   ec.scheduler.eos_token_id = facts.eos_token_id;
   ec.block_size = static_cast<int>(f.GetInt("block-size", 16));
+  const std::string spec = f.Get("speculative-config", "");
+  ec.scheduler.num_speculative_tokens = spec.empty() ? 0 : ParseSpeculativeConfig(spec);
   if (ec.scheduler.max_num_seqs < 1 || ec.scheduler.max_batched_tokens < 1 || ec.scheduler.max_model_len < 2 ||
       ec.block_size < 1)
     throw UsageError("--max-num-seqs, --max-batched-tokens, --block-size must be >= 1 and --max-model-len >= 2");
@@ -108,6 +134,7 @@ int Main(const std::vector<std::string>& args) {
 
   RendezvousStore store;
   WorkerMesh mesh(world, &store, std::chrono::milliseconds(f.GetInt("heartbeat-timeout-ms", 1500)));
+  mesh.set_num_speculative_tokens(ec.scheduler.num_speculative_tokens);
   Engine engine(ec, &mesh);
   GenerateService generate(&engine);
   WorkerControlService control(&mesh, &store);
@@ -123,10 +150,11 @@ int Main(const std::vector<std::string>& args) {
   if (!server || port == 0) throw std::runtime_error("cannot listen on " + listen);
   std::fprintf(stderr, "[coordinator] listening on %s (port %d); waiting for %d worker(s); max-num-seqs %d, "
                "max-batched-tokens %d, max-model-len %d, prefix caching %s, scheduling policy %s, "
-               "long-prefill-token-threshold %d\n",
+               "long-prefill-token-threshold %d, speculative tokens %d (mtp)\n",
                listen.c_str(), port, world, ec.scheduler.max_num_seqs, ec.scheduler.max_batched_tokens,
                ec.scheduler.max_model_len, ec.scheduler.prefix_caching ? "on" : "off",
-               SchedulingPolicyName(ec.scheduler.policy), ec.scheduler.long_prefill_token_threshold);
+               SchedulingPolicyName(ec.scheduler.policy), ec.scheduler.long_prefill_token_threshold,
+               ec.scheduler.num_speculative_tokens);
 
   std::thread signals([&] {
     sigset_t set;

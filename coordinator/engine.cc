@@ -296,6 +296,11 @@ StatsResponse Engine::Stats() {
     s.set_prefix_cache_hits(scheduler_->prefix_cache().hits);
     s.set_num_preemptions(scheduler_->num_preemptions());
     s.set_max_seq_tokens(scheduler_->max_seq_tokens());
+    const SpecDecodeStats& spec = scheduler_->spec_stats();
+    s.set_spec_decode_num_drafts(spec.num_drafts);
+    s.set_spec_decode_num_draft_tokens(spec.num_draft_tokens);
+    s.set_spec_decode_num_accepted_tokens(spec.num_accepted_tokens);
+    for (int64_t n : spec.accepted_per_pos) s.add_spec_decode_num_accepted_tokens_per_pos(n);
   }
   s.set_steps(steps_);
   s.set_step_wall_seconds_sum(timing_sum_.wall);

@@ -87,7 +87,7 @@ std::string Sibling(const std::string& package, const std::string& name) {
 
 const std::vector<std::string> kCoordinatorFlags = {"max-num-seqs", "max-batched-tokens", "max-model-len",
                                                     "enable-prefix-caching", "long-prefill-token-threshold",
-                                                    "scheduling-policy"};
+                                                    "scheduling-policy", "speculative-config"};
 
 LocalMeshOptions OptionsFromFlags(const Flags& f, const std::string& model, int world) {
   LocalMeshOptions o;
@@ -349,7 +349,8 @@ int RunBench(const std::vector<std::string>& args) {
 
 DSMESH_REGISTER_COMMAND(up, "up [--model DIR] [--world N] [--port 8000] [--kv-memory 1G] [--threads T] "
                             "[--max-num-seqs 4] [--max-batched-tokens 512] [--max-model-len L] "
-                            "[--long-prefill-token-threshold 128] [--scheduling-policy fcfs|priority] [--no-gateway] "
+                            "[--long-prefill-token-threshold 128] [--scheduling-policy fcfs|priority] "
+                            "[--speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":3}'] [--no-gateway] "
                             "[--served-model-name NAME] [--api-key KEY | --api-key-file F] [--max-queued N] [--log-dir DIR]", RunUp);
 DSMESH_REGISTER_COMMAND(bench, "bench --coordinator HOST:PORT | --world N --model DIR [--streams 1,4] "
                                "[--prompt-tokens 32] [--max-tokens 64] | --scenario long-prompt-plus-chat "

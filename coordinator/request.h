@@ -69,6 +69,7 @@ struct Request {
   int64_t snapshot_at = 0;      // block boundary at which to snapshot (0 = none)
   int64_t cached_tokens = 0;
   bool reported_first = false;
+  std::vector<int32_t> drafts;  // MTP drafts for the next step (rank 0's last result)
   int32_t num_generated() const { return static_cast<int32_t>(tokens.size()) - prompt_len; }
 };
 

@@ -21,7 +21,9 @@ const char* SchedulingPolicyName(SchedulingPolicy policy) {
 }
 
 Scheduler::Scheduler(const SchedulerConfig& config, const KvGeometry& geometry)
-    : config_(config), blocks_(geometry), cache_(geometry.block_size) {}
+    : config_(config), blocks_(geometry), cache_(geometry.block_size) {
+  spec_.accepted_per_pos.assign(std::max(config_.num_speculative_tokens, 0), 0);
+}
 
 int64_t Scheduler::max_seq_tokens() const {
   return std::min<int64_t>(config_.max_model_len, geometry().tokens_with_seqs(1));
@@ -108,6 +110,7 @@ void Scheduler::Preempt(std::shared_ptr<Request> r) {
   pending_frees_.push_back(r->seq_id);
   r->phase = Request::Phase::kWaiting;
   r->computed = 0;
+  r->drafts.clear();
   ++preemptions_;
   Enqueue(std::move(r));
 }
@@ -145,6 +148,7 @@ SequencePlan* Scheduler::AddChunk(StepPlan* plan, Request& r, int64_t n, const s
     sp->mutable_prompt_tokens()->Add(r.tokens.begin(), r.tokens.begin() + history);
     *sp->mutable_sampling() = r.params;
     sp->set_seed(r.seed);
+    sp->set_num_speculative_tokens(config_.num_speculative_tokens);
     r.first_chunk = false;
   }
   if (r.snapshot_at > 0 && r.computed + n == r.snapshot_at) {
@@ -195,11 +199,13 @@ StepPlan Scheduler::Schedule() {
   struct Chunk {
     std::shared_ptr<Request> r;
     int64_t n;
+    int64_t drafts = 0;
   };
   std::vector<Chunk> decodes, prefills;
   int64_t decode_rows = 0;
   for (const auto& r : running_) decode_rows += static_cast<int64_t>(r->tokens.size()) - r->computed == 1;
   const int64_t prefill_bound = std::max<int64_t>(0, budget - decode_rows);
+  int64_t decode_used = 0;  // the fair order's decode rows (newest tokens and drafts) so far
   bool preempted = false;
   for (size_t i = 0; i < running_.size();) {
     auto r = running_[i];
@@ -209,7 +215,7 @@ StepPlan Scheduler::Schedule() {
     if (!fair) {
       n = std::min(remaining, budget);
     } else if (decode) {
-      n = static_cast<int64_t>(decodes.size()) < budget ? 1 : 0;
+      n = decode_used < budget ? 1 : 0;
     } else {
       n = std::min({remaining, cap, prefill_bound});
     }
@@ -218,9 +224,19 @@ StepPlan Scheduler::Schedule() {
       ++i;
       continue;
     }
+    // Drafts ride after the newest token; they must fit the budget, the context and max_tokens (a step
+    // yields at most drafts + 1 tokens).
+    int64_t drafts = 0;
+    if (decode && n == 1) {
+      const int64_t room = (fair ? budget - decode_used : budget) - 1;
+      drafts = std::min<int64_t>({static_cast<int64_t>(r->drafts.size()), room,
+                                  config_.max_model_len - static_cast<int64_t>(r->tokens.size()) - 1,
+                                  static_cast<int64_t>(r->max_tokens) - r->num_generated() - 1});
+      drafts = std::max<int64_t>(drafts, 0);
+    }
     // Victims come from the back (the worst rank): never a request already planned in this loop.
     bool preempted_self = false;
-    while (!Reserve(r->seq_id, r->computed + n, {})) {
+    while (!Reserve(r->seq_id, r->computed + n + drafts, {})) {
       auto victim = running_.back();
       Preempt(victim);
       preempted = true;
@@ -230,11 +246,15 @@ StepPlan Scheduler::Schedule() {
       }
     }
     if (preempted_self) break;  // r ranked last; everything after it is gone too
-    if (!fair) budget -= n;
-    (decode ? decodes : prefills).push_back({r, n});
+    if (!fair) {
+      budget -= n + drafts;
+    } else if (decode) {
+      decode_used += n + drafts;
+    }
+    (decode ? decodes : prefills).push_back({r, n, drafts});
     ++i;
   }
-  if (fair) budget -= static_cast<int64_t>(decodes.size());
+  if (fair) budget -= decode_used;
 
   // First chunks of waiting requests, in rank order.
   std::set<uint64_t> pinned;  // snapshots this plan restores from
@@ -281,7 +301,10 @@ StepPlan Scheduler::Schedule() {
     budget -= n;
   }
 
-  for (const auto& c : decodes) AddChunk(&plan, *c.r, c.n, pinned);
+  for (const auto& c : decodes) {
+    SequencePlan* sp = AddChunk(&plan, *c.r, c.n, pinned);
+    sp->mutable_draft_tokens()->Add(c.r->drafts.begin(), c.r->drafts.begin() + c.drafts);
+  }
   for (const auto& c : admitted) AddChunk(&plan, *c.r, c.n, pinned);
   for (auto& c : prefills) {
     if (fair) {
@@ -323,17 +346,35 @@ void Scheduler::Apply(const StepPlan& plan, const StepResult& result) {
                nullptr);
         continue;
       }
-      const int32_t token = res->second->token_id();
-      r->tokens.push_back(token);
-      resp.add_token_ids(token);
-      if (res->second->has_logprobs()) *resp.add_logprobs() = res->second->logprobs();
+      const SequenceResult& sr = *res->second;
+      std::vector<int32_t> produced(sr.token_ids().begin(), sr.token_ids().end());
+      if (produced.empty()) produced.push_back(sr.token_id());
+      const int accepted = sr.num_accepted_drafts();
+      r->computed += accepted;  // the accepted drafts are in the worker state now
+      if (sp.draft_tokens_size() > 0) {
+        ++spec_.num_drafts;
+        spec_.num_draft_tokens += sp.draft_tokens_size();
+        spec_.num_accepted_tokens += accepted;
+        for (int p = 0; p < accepted && p < static_cast<int>(spec_.accepted_per_pos.size()); ++p)
+          ++spec_.accepted_per_pos[p];
+        resp.set_num_draft_tokens(sp.draft_tokens_size());
+        resp.set_num_accepted_tokens(accepted);
+      }
+      r->drafts.assign(sr.next_drafts().begin(), sr.next_drafts().end());
+      if (sr.has_logprobs()) *resp.add_logprobs() = sr.logprobs();
+      // In order; the first token that meets a stop condition ends the sequence, later ones are dropped.
       const auto& stops = r->params.stop_token_ids();
-      if ((token == config_.eos_token_id && !r->params.ignore_eos()) ||
-          std::find(stops.begin(), stops.end(), token) != stops.end()) {
-        finish = FINISH_STOP;
-      } else if (r->num_generated() >= r->max_tokens ||
-                 static_cast<int64_t>(r->tokens.size()) >= config_.max_model_len) {
-        finish = FINISH_LENGTH;
+      for (int32_t token : produced) {
+        r->tokens.push_back(token);
+        resp.add_token_ids(token);
+        if ((token == config_.eos_token_id && !r->params.ignore_eos()) ||
+            std::find(stops.begin(), stops.end(), token) != stops.end()) {
+          finish = FINISH_STOP;
+        } else if (r->num_generated() >= r->max_tokens ||
+                   static_cast<int64_t>(r->tokens.size()) >= config_.max_model_len) {
+          finish = FINISH_LENGTH;
+        }
+        if (finish != FINISH_NONE) break;
       }
     }
     if (resp.token_ids_size() == 0 && resp.logits_size() == 0) continue;

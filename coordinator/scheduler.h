@@ -18,6 +18,11 @@
 // are freed and it waits again in its rank, to be recomputed from prompt + generated tokens (with prefix
 // caching mostly a cache hit). A step that preempted admits nothing. Prefill chunks are cut at the
 // request's snapshot boundary so the prefix cache can copy the state there.
+//
+// With speculation a decoding sequence feeds its newest token plus the drafts rank 0 returned last step
+// (blocks reserved for all of them first; the drafts count against the budget with the decode rows);
+// Apply appends the accepted tokens one at a time, so stop conditions end the sequence at the first
+// token that meets one and drop the rest.
 #pragma once
 
 #include <cstdint>
@@ -54,6 +59,15 @@ struct SchedulerConfig {
   int32_t eos_token_id = -1;
   int long_prefill_token_threshold = kDefaultLongPrefillTokenThreshold;  // 0: vLLM's default order
   SchedulingPolicy policy = SchedulingPolicy::kFcfs;
+  int num_speculative_tokens = 0;  // MTP drafts per decoding sequence and step (0: no speculation)
+};
+
+// Speculative decoding counters (vLLM's vllm:spec_decode_* meanings).
+struct SpecDecodeStats {
+  int64_t num_drafts = 0;          // verification steps that carried drafts (per sequence)
+  int64_t num_draft_tokens = 0;
+  int64_t num_accepted_tokens = 0;
+  std::vector<int64_t> accepted_per_pos;  // [i]: drafts accepted at position i
 };
 
 class Scheduler {
@@ -88,6 +102,7 @@ class Scheduler {
   const SchedulerConfig& config() const { return config_; }
   int64_t num_preemptions() const { return preemptions_; }
   int64_t steps() const { return steps_; }  // plans that ran sequences
+  const SpecDecodeStats& spec_stats() const { return spec_; }
 
  private:
   bool Reserve(uint64_t owner, int64_t tokens, const std::set<uint64_t>& pinned);
@@ -116,6 +131,7 @@ class Scheduler {
   std::vector<PendingSnapshot> pending_snapshots_;
   int64_t preemptions_ = 0;
   int64_t steps_ = 0;
+  SpecDecodeStats spec_;
 };
 
 }  // namespace dsmesh

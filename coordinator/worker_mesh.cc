@@ -159,6 +159,7 @@ std::vector<WorkerReady> WorkerMesh::Form(std::chrono::milliseconds timeout) {
     store_->ClearExcept(prefix);
     m.mutable_form()->set_epoch(epoch_);
     m.mutable_form()->set_store_prefix(prefix);
+    m.mutable_form()->set_num_speculative_tokens(num_speculative_tokens_);
   }
   std::fprintf(stderr, "[coordinator] forming mesh epoch %lld with %d ranks\n", (long long)epoch_, world_);
   for (int r = 0; r < world_; ++r)

@@ -49,6 +49,10 @@ class WorkerMesh {
   // Body of the WorkerControl.Session RPC; returns when the worker goes away.
   grpc::Status Serve(grpc::ServerContext* ctx, Stream* stream);
 
+  // Drafts per step the coordinator schedules (0: no speculation); sent in FormMesh so that the workers
+  // report state sizes with the rollback rows and the MTP window included.
+  void set_num_speculative_tokens(int k) { num_speculative_tokens_ = k; }
+
   // Waits until every rank has a session. False on timeout (then MissingRanks() says which).
   bool WaitAllRegistered(std::chrono::milliseconds timeout);
   std::vector<int> MissingRanks();
@@ -75,6 +79,7 @@ class WorkerMesh {
   }
 
  private:
+  int num_speculative_tokens_ = 0;
   struct Session {
     grpc::ServerContext* ctx = nullptr;
     Stream* stream = nullptr;

@@ -132,8 +132,8 @@ class Backend {
 
   // ---- attention (one sequence) ----
   // q [n, heads*d] for positions start .. start+n-1. The shared K=V rows are:
-  //   window: positions max(0, t-window+1) .. t; positions < start come from ring [window, d]
-  //   (slot pos % window), positions >= start from new_kv [n, d];
+  //   window: positions max(0, t-window+1) .. t; positions < start come from ring [slots, d]
+  //   (slots = ring.shape[0] >= window; slot pos % slots), positions >= start from new_kv [n, d];
   //   compressed (ratio > 0): entries [>= num_entries, d]; with topk (int32 [n, k], -1 = none) the listed
   //   entries, else all entries w < (t+1)/ratio.
   // p_j = exp(s_j) / (sum_j exp(s_j) + exp(sink_h)), s_j = q.k_j * softmax_scale; out [n, heads*d] = sum p_j k_j.
@@ -141,7 +141,9 @@ class Backend {
                          const Tensor& new_kv, int window, const Tensor* entries, int64_t num_entries,
                          int ratio, const Tensor* topk, const Tensor& sinks, float softmax_scale,
                          Tensor* out) = 0;
-  // Writes the last min(n, window) rows of new_kv (positions start..start+n-1) into the ring.
+  // Writes the last min(n, slots) rows of new_kv (positions start..start+n-1) into the ring (slot pos % slots,
+  // slots = ring->shape[0] >= window). A ring with window + k slots lets k rows be written and then
+  // forgotten (speculative rollback) without overwriting a row the window still needs.
   virtual void UpdateRing(const Tensor& new_kv, int64_t start, int window, Tensor* ring) = 0;
 
   // ---- mixture of experts ----

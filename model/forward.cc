@@ -3,6 +3,7 @@
 // hyper-connections, MoE) and one sequence at a time through the stateful work (compressors, indexer,
 // attention against the sequence's own window and entries).
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 #include <set>
 #include <stdexcept>
@@ -63,40 +64,30 @@ void ModelImpl::RunCompressor(const CompressorWeights& w, const Tensor& x, int l
     be.AddPositionBias(&sc, w.ape, s.start, ratio);
     const int64_t end = s.start + s.count;
     const int64_t emitted = cs.num_entries, emitted_after = end / ratio;
-    const int64_t base = cs.PendingBase(emitted);
-    const int64_t P = cs.pending_rows;
-    if (emitted_after == emitted) {  // no window completes: just buffer the rows
-      be.CopyRows(kvp, s.offset, &cs.pending_kv, P, s.count);
-      be.CopyRows(score, s.offset, &cs.pending_score, P, s.count);
-      cs.pending_rows += s.count;
-      continue;
+    if (emitted_after > emitted) {
+      // Rows for positions base .. end-1: the pending ones from the ring, then this step's.
+      const int64_t base = cs.PendingBase(emitted), old = s.start - base;
+      Tensor all_kv = be.Alloc(DType::kF32, {old + s.count, width});
+      Tensor all_sc = be.Alloc(DType::kF32, {old + s.count, width});
+      RingGet(be, cs.pending_kv, base, old, &all_kv, 0);
+      RingGet(be, cs.pending_score, base, old, &all_sc, 0);
+      be.CopyRows(kvp, s.offset, &all_kv, old, s.count);
+      be.CopyRows(score, s.offset, &all_sc, old, s.count);
+      const int64_t fresh = emitted_after - emitted;
+      Tensor entries = be.Alloc(DType::kF32, {fresh, dim});
+      be.CompressorPool(all_kv, all_sc, base, emitted, fresh, ratio, overlap, dim, &entries);
+      be.RmsNorm(entries, dim, &w.norm, static_cast<float>(c.rms_norm_eps), &entries);
+      std::vector<int64_t> pos(fresh);
+      for (int64_t i = 0; i < fresh; ++i) pos[i] = (emitted + i) * ratio;  // a window's first position
+      be.Rope(&entries, 1, dim, c.rope_dim, pos.data(), inv_freq_[layer], false);
+      s.state->EnsureEntries(&cs, emitted_after);
+      be.CopyRows(entries, 0, &cs.entries, emitted, fresh);
+      cs.num_entries = emitted_after;
     }
-    // Rows for positions base .. end-1: the buffered ones, then this step's.
-    Tensor all_kv = be.Alloc(DType::kF32, {P + s.count, width});
-    Tensor all_sc = be.Alloc(DType::kF32, {P + s.count, width});
-    if (P > 0) {
-      be.CopyRows(cs.pending_kv, 0, &all_kv, 0, P);
-      be.CopyRows(cs.pending_score, 0, &all_sc, 0, P);
-    }
-    be.CopyRows(kvp, s.offset, &all_kv, P, s.count);
-    be.CopyRows(score, s.offset, &all_sc, P, s.count);
-    const int64_t fresh = emitted_after - emitted;
-    Tensor entries = be.Alloc(DType::kF32, {fresh, dim});
-    be.CompressorPool(all_kv, all_sc, base, emitted, fresh, ratio, overlap, dim, &entries);
-    be.RmsNorm(entries, dim, &w.norm, static_cast<float>(c.rms_norm_eps), &entries);
-    std::vector<int64_t> pos(fresh);
-    for (int64_t i = 0; i < fresh; ++i) pos[i] = (emitted + i) * ratio;  // a window's first position
-    be.Rope(&entries, 1, dim, c.rope_dim, pos.data(), inv_freq_[layer], false);
-    s.state->EnsureEntries(&cs, emitted_after);
-    be.CopyRows(entries, 0, &cs.entries, emitted, fresh);
-    cs.num_entries = emitted_after;
-    const int64_t new_base = cs.PendingBase(emitted_after);
-    const int64_t keep = end - new_base;
-    if (keep > 0) {
-      be.CopyRows(all_kv, new_base - base, &cs.pending_kv, 0, keep);
-      be.CopyRows(all_sc, new_base - base, &cs.pending_score, 0, keep);
-    }
-    cs.pending_rows = keep;
+    // The ring keeps this step's newest rows; older pending rows stay in their slots until overwritten.
+    const int64_t from = std::max(s.start, end - cs.slots());
+    RingPut(be, kvp, s.offset + (from - s.start), from, end - from, &cs.pending_kv);
+    RingPut(be, score, s.offset + (from - s.start), from, end - from, &cs.pending_score);
   }
 }
 
@@ -187,13 +178,82 @@ void ModelImpl::MoeBlock(const BlockWeights& b, const Tensor& x, const std::vect
   if (m.has_shared) be.SharedExpert(x, m.shared, limit, out);
 }
 
+void ModelImpl::RunBlock(const BlockWeights& b, const std::vector<SeqRows>& seqs,
+                         const std::vector<int64_t>& positions, const std::vector<int32_t>& tokens, Tensor* X) {
+  Backend& be = *backend_;
+  const ModelConfig& c = config_;
+  const int hc = c.hc_mult;
+  const int64_t D = c.hidden_size, N = X->shape[0];
+  const float eps = static_cast<float>(c.rms_norm_eps), hc_eps = static_cast<float>(c.hc_eps);
+  Tensor X2 = be.Alloc(DType::kF32, {N, hc * D});
+  Tensor y = be.Alloc(DType::kF32, {N, D});
+  Tensor post = be.Alloc(DType::kF32, {N, (int64_t)hc});
+  Tensor comb = be.Alloc(DType::kF32, {N, (int64_t)hc * hc});
+  Tensor f = be.Alloc(DType::kF32, {N, D});
+
+  be.HcPre(*X, b.hc_attn.fn, b.hc_attn.base, b.hc_attn.scale, hc, c.hc_sinkhorn_iters, hc_eps, eps, &y, &post, &comb);
+  be.RmsNorm(y, D, &b.attn_norm, eps, &y);
+  AttentionBlock(b, y, seqs, positions, &f);
+  AllReduce(&f);
+  be.HcPost(*X, f, post, comb, hc, &X2);
+
+  be.HcPre(X2, b.hc_ffn.fn, b.hc_ffn.base, b.hc_ffn.scale, hc, c.hc_sinkhorn_iters, hc_eps, eps, &y, &post, &comb);
+  be.RmsNorm(y, D, &b.ffn_norm, eps, &y);
+  f = be.Alloc(DType::kF32, {N, D});  // the MoE accumulates into a zeroed buffer
+  MoeBlock(b, y, tokens, &f);
+  AllReduce(&f);
+  be.HcPost(X2, f, post, comb, hc, X);
+}
+
+Tensor ModelImpl::HeadLogits(const Tensor& Xs, const HcWeights& hc_head, const Tensor& norm) {
+  Backend& be = *backend_;
+  const ModelConfig& c = config_;
+  const int64_t D = c.hidden_size, R = Xs.shape[0];
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  Tensor z = be.Alloc(DType::kF32, {R, D});
+  be.HcHead(Xs, hc_head.fn, hc_head.base, hc_head.scale, c.hc_mult, static_cast<float>(c.hc_eps), eps, &z);
+  be.RmsNorm(z, D, &norm, eps, &z);
+  const int64_t V = c.vocab_size, per = weights_.head_rows_per_rank, Vl = weights_.head.out;
+  Tensor lv = be.Alloc(DType::kF32, {R, Vl});
+  be.Linear(z, weights_.head, &lv);
+  Tensor out = AllocateTensor(DType::kF32, {R, V});
+  float* dst = out.as<float>();
+  const int world = comm_->world();
+  if (world == 1) {
+    be.ToHost(lv, dst);
+    return out;
+  }
+  // Each rank holds `per` vocabulary rows (the last rank possibly fewer); gather them as padded blocks.
+  std::vector<float> mine(R * per, 0.0f), local(R * Vl), all(static_cast<size_t>(world) * R * per);
+  be.ToHost(lv, local.data());
+  for (int64_t r = 0; r < R; ++r) std::memcpy(&mine[r * per], &local[r * Vl], Vl * sizeof(float));
+  comm_->AllGather(mine.data(), mine.size(), all.data());
+  for (int64_t r = 0; r < R; ++r)
+    for (int rank = 0; rank < world; ++rank) {
+      int64_t v0 = rank * per, v1 = std::min<int64_t>(V, v0 + per);
+      if (v1 <= v0) continue;
+      std::memcpy(dst + r * V + v0, &all[(static_cast<size_t>(rank) * R + r) * per], (v1 - v0) * sizeof(float));
+    }
+  return out;
+}
+
+void ModelImpl::RecordMtpInput(const Tensor& X, const std::vector<SeqRows>& seqs, const std::vector<int32_t>& tokens) {
+  for (const SeqRows& s : seqs) {
+    MtpState& m = s.state->mtp;
+    if (!m.enabled()) continue;
+    const int64_t slots = m.hidden.shape[0], end = s.start + s.count;
+    const int64_t from = std::max(s.start, end - slots);
+    RingPut(*backend_, X, s.offset + (from - s.start), from, end - from, &m.hidden);
+    for (int64_t p = from; p < end; ++p) m.tokens[p % slots] = tokens[s.offset + (p - s.start)];
+  }
+}
+
 std::vector<SequenceOutput> ModelImpl::Forward(const std::vector<SequenceStep>& batch) {
   Validate(batch);
   Backend& be = *backend_;
   const ModelConfig& c = config_;
   const int hc = c.hc_mult;
   const int64_t D = c.hidden_size;
-  const float eps = static_cast<float>(c.rms_norm_eps);
 
   std::vector<SeqRows> seqs;
   std::vector<int32_t> tokens;
@@ -209,35 +269,14 @@ std::vector<SequenceOutput> ModelImpl::Forward(const std::vector<SequenceStep>& 
   const int64_t N = tokens.size();
 
   Tensor X = be.Alloc(DType::kF32, {N, hc * D});
-  Tensor X2 = be.Alloc(DType::kF32, {N, hc * D});
   {
     Tensor h = be.Alloc(DType::kF32, {N, D});
     be.Embedding(weights_.embed, tokens.data(), N, &h);
     be.HcExpand(h, hc, &X);
   }
-  Tensor y = be.Alloc(DType::kF32, {N, D});
-  Tensor post = be.Alloc(DType::kF32, {N, (int64_t)hc});
-  Tensor comb = be.Alloc(DType::kF32, {N, (int64_t)hc * hc});
-  Tensor f = be.Alloc(DType::kF32, {N, D});
-  const float hc_eps = static_cast<float>(c.hc_eps);
-
-  for (const BlockWeights& b : weights_.layers) {
-    be.HcPre(X, b.hc_attn.fn, b.hc_attn.base, b.hc_attn.scale, hc, c.hc_sinkhorn_iters, hc_eps, eps, &y, &post, &comb);
-    be.RmsNorm(y, D, &b.attn_norm, eps, &y);
-    AttentionBlock(b, y, seqs, positions, &f);
-    AllReduce(&f);
-    be.HcPost(X, f, post, comb, hc, &X2);
-    std::swap(X, X2);
-
-    be.HcPre(X, b.hc_ffn.fn, b.hc_ffn.base, b.hc_ffn.scale, hc, c.hc_sinkhorn_iters, hc_eps, eps, &y, &post, &comb);
-    be.RmsNorm(y, D, &b.ffn_norm, eps, &y);
-    f = be.Alloc(DType::kF32, {N, D});  // the MoE accumulates into a zeroed buffer
-    MoeBlock(b, y, tokens, &f);
-    AllReduce(&f);
-    be.HcPost(X, f, post, comb, hc, &X2);
-    std::swap(X, X2);
-  }
+  for (const BlockWeights& b : weights_.layers) RunBlock(b, seqs, positions, tokens, &X);
   for (const SeqRows& s : seqs) s.state->length += s.count;
+  RecordMtpInput(X, seqs, tokens);
 
   // Rows that need logits.
   std::vector<int64_t> rows;
@@ -253,48 +292,18 @@ std::vector<SequenceOutput> ModelImpl::Forward(const std::vector<SequenceStep>& 
   const int64_t R = rows.size();
   Tensor Xs = be.Alloc(DType::kF32, {R, hc * D});
   for (int64_t r = 0; r < R; ++r) be.CopyRows(X, rows[r], &Xs, r, 1);
-  Tensor z = be.Alloc(DType::kF32, {R, D});
-  be.HcHead(Xs, weights_.hc_head.fn, weights_.hc_head.base, weights_.hc_head.scale, hc, hc_eps, eps, &z);
-  be.RmsNorm(z, D, &weights_.norm, eps, &z);
-  const int64_t V = c.vocab_size, per = weights_.head_rows_per_rank, Vl = weights_.head.out;
-  Tensor lv = be.Alloc(DType::kF32, {R, Vl});
-  be.Linear(z, weights_.head, &lv);
-  // Each rank holds `per` vocabulary rows (the last rank possibly fewer); gather them as padded blocks.
-  const int world = comm_->world();
-  std::vector<float> all;
-  if (world > 1) {
-    std::vector<float> mine(R * per, 0.0f), local(R * Vl);
-    be.ToHost(lv, local.data());
-    for (int64_t r = 0; r < R; ++r) std::memcpy(&mine[r * per], &local[r * Vl], Vl * sizeof(float));
-    all.resize(static_cast<size_t>(world) * R * per);
-    comm_->AllGather(mine.data(), mine.size(), all.data());
-  }
+  Tensor logits = HeadLogits(Xs, weights_.hc_head, weights_.norm);
+  const int64_t V = c.vocab_size;
 
   std::vector<SequenceOutput> outs(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
     int64_t n = batch[i].all_logits ? seqs[i].count : 1;
     Tensor lg = AllocateTensor(DType::kF32, {n, V});
-    float* dst = lg.as<float>();
-    if (world == 1) {
-      be.ToHost(RowView(lv, first_row[i], n), dst);
-    } else {
-      for (int64_t r = 0; r < n; ++r) {
-        int64_t row = first_row[i] + r;
-        for (int rank = 0; rank < world; ++rank) {
-          int64_t v0 = rank * per, v1 = std::min<int64_t>(V, v0 + per);
-          if (v1 <= v0) continue;
-          std::memcpy(dst + r * V + v0, &all[(static_cast<size_t>(rank) * R + row) * per], (v1 - v0) * sizeof(float));
-        }
-      }
-    }
+    std::memcpy(lg.as<float>(), logits.as<float>() + first_row[i] * V, static_cast<size_t>(n * V) * sizeof(float));
     outs[i].logits = lg;
     if (batch[i].want_hidden) {
       Tensor hid = AllocateTensor(DType::kF32, {n, hc * D});
-      for (int64_t r = 0; r < n; ++r) {
-        Tensor one = be.Alloc(DType::kF32, {1, hc * D});
-        be.CopyRows(X, rows[first_row[i] + r], &one, 0, 1);
-        be.ToHost(one, hid.as<float>() + r * hc * D);
-      }
+      be.ToHost(RowView(Xs, first_row[i], n), hid.as<float>());
       outs[i].hidden = hid;
     }
   }

@@ -33,26 +33,37 @@ void ModelImpl::LoadSynthetic(const SyntheticSpec& spec) {
   weights_ = LoadSyntheticWeights(spec, config_, layout_, *backend_);
 }
 
-std::unique_ptr<SequenceState> ModelImpl::NewState() const {
+std::unique_ptr<SequenceState> ModelImpl::NewState(int k) const {
+  const ModelConfig& c = config_;
+  if (k < 0) throw std::runtime_error("NewState: negative number of speculative tokens");
+  if (k > 0 && weights_.mtp.empty())
+    throw std::runtime_error("speculative decoding (method mtp) needs an MTP block, and this checkpoint has none "
+                             "(num_nextn_predict_layers " + std::to_string(c.num_mtp_layers) + ", no mtp.0.* tensors)");
   auto d = std::make_unique<SequenceStateData>();
   d->backend = backend_.get();
   d->owner_model = this;
-  const ModelConfig& c = config_;
-  for (int l = 0; l < c.num_layers; ++l) {
+  d->spare = k;
+  // With speculation the MTP block 0's layer state follows the main blocks (BlockWeights::layer indexes it).
+  const int layers = c.num_layers + (k > 0 ? 1 : 0);
+  for (int l = 0; l < layers; ++l) {
     LayerState ls;
-    ls.ring = backend_->Alloc(DType::kF32, {c.sliding_window, c.head_dim});
+    ls.ring = backend_->Alloc(DType::kF32, {c.sliding_window + k, c.head_dim});
     AttentionKind kind = c.attention_kind(l);
     auto init = [&](CompressorState* cs, int64_t dim, bool overlap) {
       cs->ratio = c.compress_ratio(l);
       cs->overlap = overlap;
       cs->dim = dim;
-      int64_t rows = (overlap ? 2 : 1) * cs->ratio;
+      int64_t rows = (overlap ? 2 : 1) * cs->ratio + k;
       cs->pending_kv = backend_->Alloc(DType::kF32, {rows, cs->width()});
       cs->pending_score = backend_->Alloc(DType::kF32, {rows, cs->width()});
     };
     if (kind != AttentionKind::kSliding) init(&ls.compressor, c.head_dim, kind == AttentionKind::kCompressedSparse);
     if (kind == AttentionKind::kCompressedSparse) init(&ls.indexer, c.index_head_dim, true);
     d->layers.push_back(std::move(ls));
+  }
+  if (k > 0) {
+    d->mtp.hidden = backend_->Alloc(DType::kF32, {c.sliding_window + k, (int64_t)c.hc_mult * c.hidden_size});
+    d->mtp.tokens.assign(c.sliding_window + k, 0);
   }
   return std::make_unique<SequenceState>(std::move(d));
 }
@@ -62,8 +73,20 @@ double ModelImpl::StateBytesPerToken() const {
   return ComputeKvLayout(config_, KvCacheDtype::kF32, /*with_mtp=*/false).BytesPerToken();
 }
 
-size_t ModelImpl::StateFixedBytes() const {
-  return static_cast<size_t>(ComputeKvLayout(config_, KvCacheDtype::kF32, /*with_mtp=*/false).FixedBytesPerSequence());
+size_t ModelImpl::StateFixedBytes(int k) const {
+  const ModelConfig& c = config_;
+  size_t fixed = 0;
+  const int layers = c.num_layers + (k > 0 && !weights_.mtp.empty() ? 1 : 0);
+  for (int l = 0; l < layers; ++l) {
+    fixed += 4ull * (c.sliding_window + k) * c.head_dim;
+    int r = c.compress_ratio(l);
+    AttentionKind kind = c.attention_kind(l);
+    if (kind == AttentionKind::kHeavilyCompressed) fixed += 2ull * 4 * (r + k) * c.head_dim;
+    if (kind == AttentionKind::kCompressedSparse)
+      fixed += 2ull * 4 * (2 * r + k) * (2 * c.head_dim) + 2ull * 4 * (2 * r + k) * (2 * c.index_head_dim);
+  }
+  if (layers > c.num_layers) fixed += (4ull * c.hc_mult * c.hidden_size + 4) * (c.sliding_window + k);
+  return fixed;
 }
 
 // ---- Model ----
@@ -73,10 +96,14 @@ Model::~Model() = default;
 const ModelConfig& Model::config() const { return impl_->config(); }
 const ShardSpec& Model::shard() const { return impl_->shard(); }
 Backend& Model::backend() const { return impl_->backend(); }
-std::unique_ptr<SequenceState> Model::NewState() const { return impl_->NewState(); }
+std::unique_ptr<SequenceState> Model::NewState(int speculative_tokens) const {
+  return impl_->NewState(speculative_tokens);
+}
+bool Model::has_mtp() const { return !impl_->weights().mtp.empty(); }
 std::vector<SequenceOutput> Model::Forward(const std::vector<SequenceStep>& batch) { return impl_->Forward(batch); }
+std::vector<DraftResult> Model::Draft(const std::vector<DraftRequest>& batch) { return impl_->Draft(batch); }
 size_t Model::StateBytesPerToken() const { return static_cast<size_t>(std::ceil(impl_->StateBytesPerToken())); }
-size_t Model::StateFixedBytes() const { return impl_->StateFixedBytes(); }
+size_t Model::StateFixedBytes(int speculative_tokens) const { return impl_->StateFixedBytes(speculative_tokens); }
 size_t Model::WeightBytes() const { return impl_->weights().bytes; }
 
 std::unique_ptr<Model> LoadModel(const std::string& dir, const ShardSpec& shard, std::shared_ptr<Backend> backend,

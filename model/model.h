@@ -42,8 +42,8 @@ struct ShardSpec {
 };
 
 // Everything one sequence has accumulated: per layer the sliding-window KV ring, the compressors' partial
-// windows (and the CSA overlap half), the compressed KV entries and the indexer keys, for the main blocks
-// (the MTP block's own window state arrives with speculative decoding).
+// windows (and the CSA overlap half), the compressed KV entries and the indexer keys; with speculation
+// also the MTP block's window and its input history (model/sequence_state.h).
 // Buffers live in the memory of the backend that created the state. Not thread-safe; one sequence
 // belongs to one Forward call at a time.
 class SequenceState {
@@ -54,8 +54,14 @@ class SequenceState {
 
   // Tokens consumed so far = position of the next token.
   int64_t length() const;
-  // Deep copy: the copy and the original evolve independently (prefix-cache snapshots, speculative rollback).
+  // Deep copy: the copy and the original evolve independently (prefix-cache snapshots).
   std::unique_ptr<SequenceState> Clone() const;
+  // Forgets positions >= `length` (rejected speculative rows): afterwards the state is exactly that of a
+  // sequence that consumed only the first `length` tokens. At most speculative_tokens() positions may be
+  // forgotten at once; throws otherwise. Rewinds counters only (every ring is addressed by position).
+  void Rollback(int64_t length);
+  // Positions that may be rolled back at once, and the most drafts Model::Draft may chain (NewState's k).
+  int speculative_tokens() const;
   // Bytes this state holds now (all layers, this rank).
   size_t MemoryBytes() const;
   // Grows the length-proportional buffers so that `total_tokens` tokens fit without reallocation.
@@ -77,6 +83,19 @@ struct SequenceStep {
   bool want_hidden = false;        // also return the last block's 4-stream residual (MTP input)
 };
 
+// One sequence's part of a drafting call (Model::Draft).
+struct DraftRequest {
+  SequenceState* state = nullptr;
+  int32_t next_token = -1;  // the token at position state->length() (sampled or accepted), or -1 when not
+                            // known yet (a prefill chunk that is not the last: only catch the MTP window up)
+  int num_drafts = 0;       // greedy drafts wanted (<= state->speculative_tokens() + 1; 0 with next_token -1)
+};
+
+struct DraftResult {
+  std::vector<int32_t> tokens;  // the drafts, for positions length+1 .. length+num_drafts
+  Tensor logits;                // host f32 [num_drafts, vocab]: the MTP logits each draft is the argmax of
+};
+
 struct SequenceOutput {
   Tensor logits;  // host f32 [rows, vocab]; rows = tokens.size() if all_logits else 1
   Tensor hidden;  // host f32 [rows, hc_mult * hidden_size] when want_hidden (pre hc_head / final norm)
@@ -89,17 +108,30 @@ class Model {
   const ShardSpec& shard() const;
   Backend& backend() const;
 
-  std::unique_ptr<SequenceState> NewState() const;
+  // A fresh state. speculative_tokens k > 0 (requires an MTP block) makes every ring k rows longer so that
+  // k positions can be rolled back, and keeps the MTP block's window and input history for Draft.
+  std::unique_ptr<SequenceState> NewState(int speculative_tokens = 0) const;
+  bool has_mtp() const;
 
   // Runs one step over a batch of sequences (each with >= 1 token, each state at most once in the batch).
   // Results per sequence are those of running it alone. Validates every token id (< vocab_size, >= 0)
   // before touching any state; throws std::runtime_error naming the bad id.
   std::vector<SequenceOutput> Forward(const std::vector<SequenceStep>& batch);
 
+  // The MTP block (dsv4-model.md section 5): for each sequence, brings the MTP window up to the state's
+  // length from the target residuals Forward recorded (rows (X_t, token t+1); only the last
+  // sliding_window positions matter, the block attends through its window only), then chains num_drafts
+  // greedy drafts: draft 1 from (X_{L-1}, next_token) at position L-1, draft i from the block's own output
+  // state and draft i-1 at position L+i-2. The chained rows are forgotten afterwards (the MTP window ends
+  // at position L-1). Every rank runs the same calls and gets the same drafts. With several MTP blocks,
+  // block 0 serves every step (see NOTES). Throws on a state without speculation.
+  std::vector<DraftResult> Draft(const std::vector<DraftRequest>& batch);
+
   // Memory accounting for KV capacity planning on this rank:
   //   state bytes for a sequence of L tokens <= StateFixedBytes() + L * StateBytesPerToken().
   size_t StateBytesPerToken() const;  // compressed KV + indexer keys growth, all layers
-  size_t StateFixedBytes() const;     // window rings + compressor partial windows, all layers
+  // window rings + compressor partial windows, all layers (+ the MTP window and input history with k > 0)
+  size_t StateFixedBytes(int speculative_tokens = 0) const;
 
   // Bytes of weights this rank holds (after sharding).
   size_t WeightBytes() const;

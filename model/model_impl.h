@@ -27,10 +27,11 @@ class ModelImpl {
   Backend& backend() const { return *backend_; }
   const ModelWeights& weights() const { return weights_; }
 
-  std::unique_ptr<SequenceState> NewState() const;
+  std::unique_ptr<SequenceState> NewState(int speculative_tokens) const;
   std::vector<SequenceOutput> Forward(const std::vector<SequenceStep>& batch);
+  std::vector<DraftResult> Draft(const std::vector<DraftRequest>& batch);  // model/mtp.cc
   double StateBytesPerToken() const;
-  size_t StateFixedBytes() const;
+  size_t StateFixedBytes(int speculative_tokens) const;
 
  private:
   // Where one sequence's rows sit in the step's flattened token dimension.
@@ -49,6 +50,16 @@ class ModelImpl {
   void RunCompressor(const CompressorWeights& w, const Tensor& x, int layer, bool indexer,
                      const std::vector<SeqRows>& seqs);
   void MoeBlock(const BlockWeights& b, const Tensor& x, const std::vector<int32_t>& tokens, Tensor* out);
+  // One block (attention and MoE hyper-connection sites) over the residual X [N, hc*D], in place.
+  void RunBlock(const BlockWeights& b, const std::vector<SeqRows>& seqs, const std::vector<int64_t>& positions,
+                const std::vector<int32_t>& tokens, Tensor* X);
+  // hc head, final norm and the vocabulary-split head over Xs [R, hc*D]: host f32 [R, vocab] on every rank.
+  Tensor HeadLogits(const Tensor& Xs, const HcWeights& hc_head, const Tensor& norm);
+  // Keeps the step's last-block residual rows and tokens of MTP-enabled sequences for Draft.
+  void RecordMtpInput(const Tensor& X, const std::vector<SeqRows>& seqs, const std::vector<int32_t>& tokens);
+  // The MTP block's input rows: h_proj(hnorm(X) per stream) + e_proj(enorm(embed(token))) on every stream.
+  Tensor MtpInput(const MtpWeights& m, const Tensor& X, const std::vector<int32_t>& tokens,
+                  const std::vector<int64_t>& positions);
   void AllReduce(Tensor* t);
 
   ModelConfig config_;

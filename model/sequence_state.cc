@@ -1,6 +1,8 @@
 #include "model/sequence_state.h"
 
 #include <algorithm>
+#include <stdexcept>
+#include <string>
 
 #include "model/model.h"
 
@@ -30,6 +32,22 @@ void ReserveCompressor(SequenceStateData* d, CompressorState* cs, int64_t total_
 
 }  // namespace
 
+void RingPut(Backend& be, const Tensor& src, int64_t src_row, int64_t pos, int64_t n, Tensor* ring) {
+  const int64_t slots = ring->shape[0];
+  if (n > slots) throw std::logic_error("RingPut: more rows than slots");
+  const int64_t first = pos % slots, head = std::min(n, slots - first);
+  if (head > 0) be.CopyRows(src, src_row, ring, first, head);
+  if (n > head) be.CopyRows(src, src_row + head, ring, 0, n - head);
+}
+
+void RingGet(Backend& be, const Tensor& ring, int64_t pos, int64_t n, Tensor* dst, int64_t dst_row) {
+  const int64_t slots = ring.shape[0];
+  if (n > slots) throw std::logic_error("RingGet: more rows than slots");
+  const int64_t first = pos % slots, head = std::min(n, slots - first);
+  if (head > 0) be.CopyRows(ring, first, dst, dst_row, head);
+  if (n > head) be.CopyRows(ring, 0, dst, dst_row + head, n - head);
+}
+
 void SequenceStateData::EnsureEntries(CompressorState* cs, int64_t entries) {
   int64_t cap = cs->entries.data ? cs->entries.shape[0] : 0;
   if (entries <= cap) return;
@@ -43,6 +61,7 @@ SequenceState::SequenceState(std::unique_ptr<SequenceStateData> data) : data_(st
 SequenceState::~SequenceState() = default;
 
 int64_t SequenceState::length() const { return data_->length; }
+int SequenceState::speculative_tokens() const { return data_->spare; }
 
 std::unique_ptr<SequenceState> SequenceState::Clone() const {
   auto d = std::make_unique<SequenceStateData>();
@@ -50,6 +69,7 @@ std::unique_ptr<SequenceState> SequenceState::Clone() const {
   d->backend = data_->backend;
   d->owner_model = data_->owner_model;
   d->length = data_->length;
+  d->spare = data_->spare;
   for (const LayerState& l : data_->layers) {
     LayerState c;
     c.ring = CloneTensor(be, l.ring);
@@ -57,7 +77,25 @@ std::unique_ptr<SequenceState> SequenceState::Clone() const {
     c.indexer = CloneCompressor(be, l.indexer);
     d->layers.push_back(std::move(c));
   }
+  d->mtp.length = data_->mtp.length;
+  d->mtp.hidden = CloneTensor(be, data_->mtp.hidden);
+  d->mtp.tokens = data_->mtp.tokens;
   return std::make_unique<SequenceState>(std::move(d));
+}
+
+void SequenceState::Rollback(int64_t length) {
+  SequenceStateData& d = *data_;
+  if (length < 0 || length > d.length)
+    throw std::runtime_error("Rollback: length " + std::to_string(length) + " outside [0, " +
+                             std::to_string(d.length) + "]");
+  if (d.length - length > d.spare)
+    throw std::runtime_error("Rollback: " + std::to_string(d.length - length) + " positions to forget, the state keeps " +
+                             std::to_string(d.spare) + " spare rows");
+  d.length = length;
+  for (LayerState& l : d.layers)
+    for (CompressorState* c : {&l.compressor, &l.indexer})
+      if (c->ratio > 0) c->num_entries = std::min(c->num_entries, length / c->ratio);
+  d.mtp.length = std::min(d.mtp.length, length);
 }
 
 size_t SequenceState::MemoryBytes() const {
@@ -67,6 +105,7 @@ size_t SequenceState::MemoryBytes() const {
     for (const CompressorState* c : {&l.compressor, &l.indexer})
       total += Bytes(c->pending_kv) + Bytes(c->pending_score) + Bytes(c->entries);
   }
+  total += Bytes(data_->mtp.hidden) + data_->mtp.tokens.size() * sizeof(int32_t);
   return total;
 }
 

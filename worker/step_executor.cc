@@ -44,13 +44,22 @@ StepResult StepExecutor::Run(const StepPlan& plan) {
         if (it == snapshots_.end())
           throw std::runtime_error("plan: unknown prefix-cache snapshot " + std::to_string(sp.restore_snapshot()));
         s.state = it->second->Clone();
+        if (s.state->speculative_tokens() != sp.num_speculative_tokens())
+          throw std::runtime_error("plan: snapshot " + std::to_string(sp.restore_snapshot()) + " keeps " +
+                                   std::to_string(s.state->speculative_tokens()) + " speculative rows, the sequence wants " +
+                                   std::to_string(sp.num_speculative_tokens()));
       } else {
-        s.state = model_->NewState();
+        s.state = model_->NewState(sp.num_speculative_tokens());
       }
+      // Drafting needs no logprobs per produced token (one result carries one token's) and no raw logits.
+      // Verification samples every row with the request's own (seed, position) stream and accepts a draft
+      // only when the sample equals it, so the output is the one without speculation, sampled or greedy.
+      const bool logprobs = sp.sampling().want_logprobs() || sp.sampling().logprobs() > 0;
+      s.speculative_tokens = logprobs || sp.return_logits() ? 0 : sp.num_speculative_tokens();
       s.prompt_len = sp.prompt_len();
       s.params = sp.sampling();
       s.seed = sp.seed();
-      if (rank0) {
+      {
         for (int i = 0; i < sp.prompt_tokens_size(); ++i) {
           if (i < sp.prompt_len()) {
             s.penalties.AddPromptToken(sp.prompt_tokens(i));
@@ -67,10 +76,17 @@ StepResult StepExecutor::Run(const StepPlan& plan) {
       throw std::runtime_error("plan: sequence " + std::to_string(sp.seq_id()) + " starts at " +
                                std::to_string(sp.start_pos()) + " but its state holds " +
                                std::to_string(it->second.state->length()) + " tokens");
+    if (sp.draft_tokens_size() > 0 &&
+        (sp.tokens_size() != 1 || !sp.sample() || sp.draft_tokens_size() > it->second.speculative_tokens))
+      throw std::runtime_error("plan: sequence " + std::to_string(sp.seq_id()) + " has " +
+                               std::to_string(sp.draft_tokens_size()) + " drafts after " +
+                               std::to_string(sp.tokens_size()) + " tokens (speculating " +
+                               std::to_string(it->second.speculative_tokens) + ")");
     SequenceStep step;
     step.state = it->second.state.get();
     step.tokens.assign(sp.tokens().begin(), sp.tokens().end());
-    step.all_logits = sp.return_logits();
+    step.tokens.insert(step.tokens.end(), sp.draft_tokens().begin(), sp.draft_tokens().end());
+    step.all_logits = sp.return_logits() || sp.draft_tokens_size() > 0;
     batch.push_back(std::move(step));
   }
 
@@ -84,31 +100,57 @@ StepResult StepExecutor::Run(const StepPlan& plan) {
 
   auto t1 = std::chrono::steady_clock::now();
   const int64_t vocab = model_->config().vocab_size;
+  std::vector<DraftRequest> drafts;
+  std::vector<SequenceResult*> draft_out;
+  std::vector<SequenceResult> locals(rank0 ? 0 : plan.seqs_size());  // other ranks verify too, report nothing
   for (int i = 0; i < plan.seqs_size(); ++i) {
     const auto& sp = plan.seqs(i);
     Sequence& s = seqs_.at(sp.seq_id());
     if (sp.snapshot_after()) snapshots_[sp.snapshot_after()] = s.state->Clone();
-    if (!rank0) continue;
     for (int j = 0; j < sp.tokens_size(); ++j)
       if (sp.start_pos() + j >= s.prompt_len) s.penalties.AddOutputToken(sp.tokens(j));
-    SequenceResult* out = result.add_seqs();
+    SequenceResult* out = rank0 ? result.add_seqs() : &locals[i];
     out->set_seq_id(sp.seq_id());
     out->set_token_id(-1);
     const Tensor& logits = outputs[i].logits;
     const int64_t rows = logits.shape.at(0);
     const float* data = logits.as<float>();
-    if (sp.return_logits()) {
-      for (int64_t r = 0; r < rows; ++r) {
+    if (sp.return_logits() && rank0) {
+      for (int64_t r = 0; r < sp.tokens_size(); ++r) {
         LogitsRow* row = out->add_logits();
         row->set_position(static_cast<int32_t>(sp.start_pos() + r));
         row->mutable_values()->Add(data + r * vocab, data + (r + 1) * vocab);
       }
     }
-    if (sp.sample()) {
-      const int64_t position = sp.start_pos() + sp.tokens_size();  // where the sampled token will sit
-      SampleResult sr = SampleToken(data + (rows - 1) * vocab, vocab, s.params, s.seed, position, s.penalties);
-      out->set_token_id(sr.token_id);
-      if (s.params.want_logprobs() || s.params.logprobs() > 0) *out->mutable_logprobs() = std::move(sr.logprobs);
+    if (!sp.sample()) continue;
+    // Row r of the verified rows predicts position start + tokens + r; draft r sits there. Accept while the
+    // sampler reproduces the draft; the first token that differs (or the one after the last draft) ends it.
+    const int64_t first = rows - 1 - sp.draft_tokens_size();
+    const int64_t position = sp.start_pos() + sp.tokens_size();  // where the first sampled token will sit
+    int accepted = 0;
+    for (int r = 0; r <= sp.draft_tokens_size(); ++r) {
+      SampleResult sr = SampleToken(data + (first + r) * vocab, vocab, s.params, s.seed, position + r, s.penalties);
+      if (r == 0) {
+        out->set_token_id(sr.token_id);
+        if (rank0 && (s.params.want_logprobs() || s.params.logprobs() > 0)) *out->mutable_logprobs() = std::move(sr.logprobs);
+      }
+      out->add_token_ids(sr.token_id);
+      if (r == sp.draft_tokens_size() || sr.token_id != sp.draft_tokens(r)) break;
+      s.penalties.AddOutputToken(sr.token_id);  // an accepted draft was fed like any generated token
+      ++accepted;
+    }
+    out->set_num_accepted_drafts(accepted);
+    if (sp.draft_tokens_size() > 0) s.state->Rollback(sp.start_pos() + sp.tokens_size() + accepted);
+    if (s.speculative_tokens > 0) {
+      drafts.push_back({s.state.get(), out->token_ids(out->token_ids_size() - 1), s.speculative_tokens});
+      draft_out.push_back(out);
+    }
+  }
+  if (!drafts.empty()) {
+    std::vector<DraftResult> dr = model_->Draft(drafts);
+    for (size_t k = 0; k < dr.size(); ++k) {
+      if (draft_hook_) draft_hook_(draft_out[k]->seq_id(), drafts[k].state->length() + 1, &dr[k].tokens);
+      for (int32_t t : dr[k].tokens) draft_out[k]->add_next_drafts(t);
     }
   }
   result.set_sample_seconds(Since(t1));

@@ -1,9 +1,12 @@
 // Executes step plans on one rank: keeps every sequence's model state and the prefix-cache snapshots,
-// runs the batched forward, and on rank 0 samples the next tokens. All ranks run identical plans in
+// runs the batched forward, and on rank 0 samples the next tokens. With speculative decoding every rank
+// also verifies the plan's drafts (greedy acceptance on the gathered logits, identical on every rank),
+// rolls the state back to the accepted position and drafts the next tokens with the MTP block. All ranks run identical plans in
 // identical order (the collectives inside Forward pair up across ranks).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <unordered_map>
 
@@ -23,6 +26,13 @@ class StepExecutor {
   // Forgets every sequence and snapshot (the mesh broke; the coordinator starts over).
   void Reset();
 
+  // Test hook: may replace the MTP drafts of a sequence before they are returned (forced acceptances and
+  // rejections). Runs on every rank; it must change them identically everywhere.
+  // `position` is where the first draft would sit.
+  void set_draft_hook(std::function<void(uint64_t seq_id, int64_t position, std::vector<int32_t>* drafts)> hook) {
+    draft_hook_ = std::move(hook);
+  }
+
   size_t num_sequences() const { return seqs_.size(); }
   size_t num_snapshots() const { return snapshots_.size(); }
   size_t StateBytes() const;
@@ -33,13 +43,15 @@ class StepExecutor {
     int32_t prompt_len = 0;
     SamplingParams params;
     uint64_t seed = 0;
-    PenaltyState penalties;  // rank 0 only
+    int speculative_tokens = 0;  // drafts per step (0: no speculation)
+    PenaltyState penalties;      // every rank: speculative acceptance runs on every rank
   };
 
   Model* model_;
   MeshCommunicator* comm_;
   std::unordered_map<uint64_t, Sequence> seqs_;
   std::unordered_map<uint64_t, std::unique_ptr<SequenceState>> snapshots_;
+  std::function<void(uint64_t, int64_t, std::vector<int32_t>*)> draft_hook_;
 };
 
 }  // namespace dsmesh

@@ -301,10 +301,14 @@ class Worker {
                      (long long)model_->StateFixedBytes(), (long long)(kv_budget_ / std::max<int64_t>(per_token, 1)),
                      model_->backend().name().c_str(), data_host_.c_str());
       }
+      const int spec = form.num_speculative_tokens();
+      if (spec > 0 && !model_->has_mtp())
+        throw std::runtime_error("speculative decoding (method mtp) needs an MTP block, and " + model_dir_ +
+                                 " has none (no mtp.0.* tensors)");
       ready->set_weight_bytes(model_->WeightBytes());
       ready->set_kv_budget_bytes(kv_budget_);
       ready->set_state_bytes_per_token(model_->StateBytesPerToken());
-      ready->set_state_fixed_bytes(model_->StateFixedBytes());
+      ready->set_state_fixed_bytes(model_->StateFixedBytes(spec));
       ready->set_vocab_size(static_cast<int32_t>(model_->config().vocab_size));
       ready->set_eos_token_id(static_cast<int32_t>(model_->config().eos_token_id));
       ready->set_summary("rank " + std::to_string(rank_) + " device " + device_ + " backend " + model_->backend().name());

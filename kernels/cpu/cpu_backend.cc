@@ -389,11 +389,12 @@ class CpuBackend final : public Backend {
       const int64_t r = flat_index / heads;
       const int64_t h = flat_index % heads;
       const int64_t t = start + r;
+      const int64_t slots = ring.shape[0];
       thread_local std::vector<const float*> keys;
       thread_local std::vector<float> s;
       keys.clear();
       for (int64_t p = std::max<int64_t>(0, t - window + 1); p <= t; ++p)
-        keys.push_back(p < start ? F(ring) + (p % window) * d : F(new_kv) + (p - start) * d);
+        keys.push_back(p < start ? F(ring) + (p % slots) * d : F(new_kv) + (p - start) * d);
       if (entries && ratio > 0) {
         const int64_t visible = std::min<int64_t>(num_entries, (t + 1) / ratio);
         if (topk) {
@@ -418,9 +419,10 @@ class CpuBackend final : public Backend {
   }
 
   void UpdateRing(const Tensor& new_kv, int64_t start, int window, Tensor* ring) override {
-    const int64_t n = new_kv.shape[0], d = RowWidth(new_kv);
-    for (int64_t i = std::max<int64_t>(0, n - window); i < n; ++i)
-      std::memcpy(F(*ring) + ((start + i) % window) * d, F(new_kv) + i * d, d * sizeof(float));
+    const int64_t n = new_kv.shape[0], d = RowWidth(new_kv), slots = ring->shape[0];
+    Require(slots >= window, "UpdateRing", "ring has fewer slots than the window");
+    for (int64_t i = std::max<int64_t>(0, n - slots); i < n; ++i)
+      std::memcpy(F(*ring) + ((start + i) % slots) * d, F(new_kv) + i * d, d * sizeof(float));
   }
 
   // ---- MoE ----

@@ -301,6 +301,23 @@ TEST_F(CpuOpsTest, IndexerTopKIsTheBruteForceSelection) {
   }
 }
 
+TEST_F(CpuOpsTest, RingWithSpareSlotsKeepsTheWindowAcrossForgottenWrites) {
+  // A ring of window + 2 slots: two rows written past position P and then forgotten leave every row of
+  // the window ending at P in place, so attention at P+1 (rows before it from the ring) is unchanged.
+  const int64_t heads = 2, d = 8, P = 21;
+  const int window = 4, slots = window + 2;
+  Tensor ring = be_->Alloc(DType::kF32, {slots, d});
+  Tensor hist = Rand({P + 1, d});
+  be_->UpdateRing(hist, 0, window, &ring);
+  Tensor q = Rand({1, heads * d}), kv = Rand({1, d}), sinks = Rand({heads});
+  Tensor before = be_->Alloc(DType::kF32, {1, heads * d}), after = be_->Alloc(DType::kF32, {1, heads * d});
+  be_->Attention(q, heads, d, P + 1, ring, kv, window, nullptr, 0, 0, nullptr, sinks, 0.25f, &before);
+  Tensor junk = Rand({2, d});
+  be_->UpdateRing(junk, P + 1, window, &ring);  // rows for P+1, P+2, then rolled back
+  be_->Attention(q, heads, d, P + 1, ring, kv, window, nullptr, 0, 0, nullptr, sinks, 0.25f, &after);
+  for (int64_t i = 0; i < heads * d; ++i) EXPECT_EQ(before.as<float>()[i], after.as<float>()[i]);
+}
+
 TEST_F(CpuOpsTest, AttentionWithSinksWindowAndEntries) {
   const int64_t heads = 3, d = 16, start = 10, n = 5;
   const int window = 4, ratio = 4;

@@ -400,7 +400,7 @@ class CudaBackend final : public Backend {
                  const Tensor& sinks, float softmax_scale, Tensor* out) override {
     Require(RowWidth(q) == heads * d && RowWidth(*out) == heads * d, "Attention", "shape");
     Use();
-    cuda_ops::Attention(F(q), q.shape[0], heads, d, start, F(ring), F(new_kv), window,
+    cuda_ops::Attention(F(q), q.shape[0], heads, d, start, F(ring), ring.shape[0], F(new_kv), window,
                         entries && entries->data ? F(*entries) : nullptr, num_entries, ratio,
                         topk ? I32(*topk) : nullptr, topk ? RowWidth(*topk) : 0, F(sinks), softmax_scale, F(*out),
                         ctx_->stream);
@@ -408,8 +408,9 @@ class CudaBackend final : public Backend {
   }
 
   void UpdateRing(const Tensor& new_kv, int64_t start, int window, Tensor* ring) override {
+    Require(ring->shape[0] >= window, "UpdateRing", "ring has fewer slots than the window");
     Use();
-    cuda_ops::UpdateRing(F(new_kv), new_kv.shape[0], RowWidth(new_kv), start, window, F(*ring), ctx_->stream);
+    cuda_ops::UpdateRing(F(new_kv), new_kv.shape[0], RowWidth(new_kv), start, ring->shape[0], F(*ring), ctx_->stream);
     Launched("UpdateRing");
   }
 

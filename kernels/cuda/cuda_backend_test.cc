@@ -472,7 +472,8 @@ TEST_F(CudaBackendTest, Attention) {
                         Case{"all compressed entries, long", 3, 20100, 128, 4, 5025, 0},
                         Case{"topk with -1 and future entries", 7, 37, 16, 4, 12, 8},
                         Case{"topk n=1", 1, 300, 128, 128, 3, 4}}) {
-    Pair q = Rand({k.n, heads * d}), ring = Rand({k.window, d}), new_kv = Rand({k.n, d}), sinks = Rand({heads});
+    // Rings of window + 3 slots (speculative rollback) as well as window slots.
+    Pair q = Rand({k.n, heads * d}), ring = Rand({k.window + (k.start % 2 ? 3 : 0), d}), new_kv = Rand({k.n, d}), sinks = Rand({heads});
     Pair entries = Rand({std::max<int64_t>(k.num_entries, 1), d});
     // Listed entries run from -1 to past the last visible one, so some are absent and some not yet visible.
     Pair topk = Ints({k.n, std::max(k.topk_cols, 1)}, -1, static_cast<int>(k.num_entries) + 2);
@@ -488,8 +489,8 @@ TEST_F(CudaBackendTest, Attention) {
 
 TEST_F(CudaBackendTest, UpdateRing) {
   DSMESH_REQUIRE_GPU();
-  for (auto [n, start] : {std::pair<int64_t, int64_t>{5, 13}, {40, 7}, {16, 32}, {1, 0}}) {
-    Pair ring = Rand({16, 32}), new_kv = Rand({n, 32});
+  for (auto [n, start] : {std::pair<int64_t, int64_t>{5, 13}, {40, 7}, {16, 32}, {1, 0}, {4, 17}}) {
+    Pair ring = Rand({start % 2 ? 19 : 16, 32}), new_kv = Rand({n, 32});  // 16 + 3 slots: speculative rollback
     cpu_->UpdateRing(new_kv.c, start, 16, &ring.c);
     gpu().UpdateRing(new_kv.g, start, 16, &ring.g);
     ExpectSame(ring, "UpdateRing n=" + std::to_string(n) + " start=" + std::to_string(start));

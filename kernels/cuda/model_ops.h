@@ -70,11 +70,13 @@ void IndexerTopK(const float* q, const float* weights, const float* keys, int64_
 // ---- attention (one sequence; see Backend::Attention) ----
 // Largest number of keys one query row may see (shared memory of the kernel).
 int64_t AttentionMaxKeys();
+// The ring holds ring_slots >= window rows (slot = position % ring_slots).
 void Attention(const float* q, int64_t n, int64_t heads, int64_t d, int64_t start, const float* ring,
-               const float* new_kv, int window, const float* entries, int64_t num_entries, int ratio,
+               int64_t ring_slots, const float* new_kv, int window, const float* entries, int64_t num_entries, int ratio,
                const int32_t* topk, int64_t topk_cols, const float* sinks, float softmax_scale, float* out,
                cudaStream_t s);
-void UpdateRing(const float* new_kv, int64_t n, int64_t d, int64_t start, int window, float* ring, cudaStream_t s);
+void UpdateRing(const float* new_kv, int64_t n, int64_t d, int64_t start, int64_t ring_slots, float* ring,
+                cudaStream_t s);
 
 // ---- MoE router ----
 // tid2eid int32 [vocab, k] for hash layers (tokens then required), else bias f32 [E] (may be null).

@@ -241,13 +241,13 @@ struct AttnKeys {
   const float* new_kv;
   const float* entries;
   const int32_t* topk;
-  int64_t topk_cols, start, num_entries, d;
+  int64_t topk_cols, start, num_entries, d, ring_slots;
   int window, ratio;
 
   __device__ const float* Key(int64_t r, int64_t lo, int64_t nwin, int64_t visible, int64_t j) const {
     if (j < nwin) {
       const int64_t p = lo + j;
-      return p < start ? ring + (p % window) * d : new_kv + (p - start) * d;
+      return p < start ? ring + (p % ring_slots) * d : new_kv + (p - start) * d;
     }
     const int64_t i = j - nwin;
     const int64_t e = topk ? topk[r * topk_cols + i] : i;
@@ -305,10 +305,10 @@ __global__ void AttentionKernel(const float* q, int64_t heads, AttnKeys keys, co
   }
 }
 
-__global__ void UpdateRingKernel(const float* new_kv, int64_t n, int64_t d, int64_t start, int window, float* ring) {
-  const int64_t first = n > window ? n - window : 0;
+__global__ void UpdateRingKernel(const float* new_kv, int64_t n, int64_t d, int64_t start, int64_t slots, float* ring) {
+  const int64_t first = n > slots ? n - slots : 0;
   const int64_t i = first + blockIdx.x;
-  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) ring[((start + i) % window) * d + c] = new_kv[i * d + c];
+  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) ring[((start + i) % slots) * d + c] = new_kv[i * d + c];
 }
 
 inline unsigned GridFor(int64_t total, int threads = 256) {
@@ -358,7 +358,7 @@ void IndexerTopK(const float* q, const float* weights, const float* keys, int64_
 int64_t AttentionMaxKeys() { return kAttnMaxKeys; }
 
 void Attention(const float* q, int64_t n, int64_t heads, int64_t d, int64_t start, const float* ring,
-               const float* new_kv, int window, const float* entries, int64_t num_entries, int ratio,
+               int64_t ring_slots, const float* new_kv, int window, const float* entries, int64_t num_entries, int ratio,
                const int32_t* topk, int64_t topk_cols, const float* sinks, float softmax_scale, float* out,
                cudaStream_t s) {
   if (n <= 0) return;
@@ -374,15 +374,16 @@ void Attention(const float* q, int64_t n, int64_t heads, int64_t d, int64_t star
                                    static_cast<int>((kAttnFixedSmemFloats + kAttnMaxKeys) * sizeof(float))),
               "attention smem attribute");
   });
-  AttnKeys keys{ring, new_kv, entries, topk, topk_cols, start, num_entries, d, window, ratio};
+  AttnKeys keys{ring, new_kv, entries, topk, topk_cols, start, num_entries, d, ring_slots, window, ratio};
   const size_t smem = static_cast<size_t>(kAttnFixedSmemFloats + max_keys) * sizeof(float);
   AttentionKernel<<<static_cast<unsigned>(n * heads), kAttnThreads, smem, s>>>(q, heads, keys, sinks, softmax_scale,
                                                                                out);
 }
 
-void UpdateRing(const float* new_kv, int64_t n, int64_t d, int64_t start, int window, float* ring, cudaStream_t s) {
-  const int64_t rows = n < window ? n : window;
-  if (rows > 0) UpdateRingKernel<<<static_cast<unsigned>(rows), 128, 0, s>>>(new_kv, n, d, start, window, ring);
+void UpdateRing(const float* new_kv, int64_t n, int64_t d, int64_t start, int64_t ring_slots, float* ring,
+                cudaStream_t s) {
+  const int64_t rows = n < ring_slots ? n : ring_slots;
+  if (rows > 0) UpdateRingKernel<<<static_cast<unsigned>(rows), 128, 0, s>>>(new_kv, n, d, start, ring_slots, ring);
 }
 
 }  // namespace dsmesh::cuda_ops

@@ -1,0 +1,181 @@
+// The model side of speculative decoding: exact rollback of every piece of per-sequence state (window
+// rings, compressor rings and entries, indexer keys, the MTP window) at offsets around ring wrap-around
+// and ratio-4 / ratio-128 window boundaries, compared bitwise with a run that never saw the rejected
+// tokens; the MTP block's drafts against differently scheduled runs of itself, and at TP2 against TP1.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <thread>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "model/model.h"
+#include "model/test_util.h"
+#include "model/tiny_model.h"
+
+namespace dsmesh {
+namespace {
+
+using namespace testing_util;
+
+constexpr int kSpec = 3;
+constexpr int64_t kVocab = 512;
+
+class SpeculationTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string(TempDir("speculation_test_model"));
+    WriteTinyModel(*dir_, 19, SmallSpec());  // window 8, ratios {0, 4, 128, 4}, one MTP block
+  }
+  static void TearDownTestSuite() { delete dir_; }
+  std::unique_ptr<Model> Load() { return LoadModel(*dir_, ShardSpec{}, MakeCpuBackend(1)); }
+  static std::string* dir_;
+};
+std::string* SpeculationTest::dir_ = nullptr;
+
+std::vector<int32_t> Slice(const std::vector<int32_t>& v, int64_t a, int64_t b) {
+  return std::vector<int32_t>(v.begin() + a, v.begin() + b);
+}
+
+bool SameBits(const Tensor& a, const Tensor& b) {
+  return a.numel() == b.numel() && std::memcmp(a.data, b.data, a.nbytes()) == 0;
+}
+
+TEST_F(SpeculationTest, NewStateNeedsAnMtpBlockForSpeculation) {
+  auto m = Load();
+  EXPECT_TRUE(m->has_mtp());
+  auto st = m->NewState(kSpec);
+  EXPECT_EQ(st->speculative_tokens(), kSpec);
+  EXPECT_LE(st->MemoryBytes(), m->StateFixedBytes(kSpec) + 64 * 1024);
+  m->Forward({{st.get(), Tokens(6, kVocab, 1), false}});
+  EXPECT_THROW(st->Rollback(6 - kSpec - 1), std::runtime_error);  // more than the spare rows
+  EXPECT_THROW(st->Rollback(7), std::runtime_error);
+  auto plain = m->NewState();
+  EXPECT_THROW(m->Draft({{plain.get(), 5, 1}}), std::runtime_error);
+}
+
+// A verification step over [s_P, s_P+1 .. s_P+a, junk...] (4 rows) rolled back to P+1+a must leave the
+// state bit for bit where feeding s_0..s_P+a (without speculation: ring of `window` slots) leaves it.
+TEST_F(SpeculationTest, RollbackIsExactAroundEveryBoundary) {
+  auto m = Load();
+  const auto seq = Tokens(300, kVocab, 5);
+  const auto junk = Tokens(kSpec, kVocab, 99);
+  std::vector<int64_t> prefixes;
+  for (int64_t p = 6; p <= 20; ++p) prefixes.push_back(p);     // ring (8 + 3 slots) wrap, ratio-4 windows
+  for (int64_t p = 123; p <= 129; ++p) prefixes.push_back(p);  // first ratio-128 window
+  for (int64_t p = 251; p <= 256; ++p) prefixes.push_back(p);  // second one
+  int checked = 0;
+  for (int64_t P : prefixes) {
+    auto base = m->NewState(kSpec);
+    m->Forward({{base.get(), Slice(seq, 0, P), false}});
+    m->Draft({{base.get(), seq[P], kSpec}});
+    for (int a = 0; a <= kSpec; ++a) {
+      auto spec = base->Clone();
+      std::vector<int32_t> rows = Slice(seq, P, P + 1 + a);
+      for (int j = a; j < kSpec; ++j) rows.push_back(junk[j]);
+      m->Forward({{spec.get(), rows, true}});
+      spec->Rollback(P + 1 + a);
+      ASSERT_EQ(spec->length(), P + 1 + a);
+
+      auto ref = m->NewState(kSpec);  // never saw the junk
+      m->Forward({{ref.get(), Slice(seq, 0, P), false}});
+      m->Draft({{ref.get(), seq[P], kSpec}});
+      m->Forward({{ref.get(), Slice(seq, P, P + 1 + a), true}});
+      auto plain = m->NewState();  // no speculation at all: window-sized rings
+      m->Forward({{plain.get(), Slice(seq, 0, P + 1 + a), false}});
+
+      // Continue all three over the next 12 tokens in verification-sized steps; drafts at each step.
+      for (int64_t at = P + 1 + a; at < P + 1 + a + 12; at += kSpec + 1) {
+        const auto next = Slice(seq, at, at + kSpec + 1);
+        auto ds = m->Draft({{spec.get(), seq[at], kSpec}});
+        auto dr = m->Draft({{ref.get(), seq[at], kSpec}});
+        ASSERT_TRUE(SameBits(ds[0].logits, dr[0].logits)) << "MTP logits, prefix " << P << " accepted " << a << " at " << at;
+        ASSERT_EQ(ds[0].tokens, dr[0].tokens);
+        Tensor ls = m->Forward({{spec.get(), next, true}})[0].logits;
+        Tensor lr = m->Forward({{ref.get(), next, true}})[0].logits;
+        Tensor lp = m->Forward({{plain.get(), next, true}})[0].logits;
+        ASSERT_TRUE(SameBits(ls, lr)) << "prefix " << P << " accepted " << a << " at " << at;
+        ASSERT_TRUE(SameBits(ls, lp)) << "prefix " << P << " accepted " << a << " at " << at << " (no speculation)";
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 300);
+}
+
+// The drafts do not depend on how the MTP window was caught up: all at once after a long prefill (the
+// block only needs the last window), or one row per step.
+TEST_F(SpeculationTest, DraftsIndependentOfCatchUpSchedule) {
+  auto m = Load();
+  const auto seq = Tokens(150, kVocab, 8);
+  auto once = m->NewState(kSpec), steps = m->NewState(kSpec), chunks = m->NewState(kSpec);
+  m->Forward({{once.get(), Slice(seq, 0, 140), false}});
+  for (int64_t t = 0; t < 140; ++t) {
+    m->Forward({{steps.get(), {seq[t]}, false}});
+    if (t + 1 < 140) m->Draft({{steps.get(), seq[t + 1], t % 3 == 0 ? 2 : 0}});
+  }
+  for (int64_t t = 0; t < 140; t += 50) {  // prefill chunks, the MTP window caught up to length-1 in between
+    m->Forward({{chunks.get(), Slice(seq, t, std::min<int64_t>(140, t + 50)), false}});
+    if (t + 50 < 140) m->Draft({{chunks.get(), -1, 0}});
+  }
+  auto a = m->Draft({{once.get(), seq[140], kSpec}});
+  auto b = m->Draft({{steps.get(), seq[140], kSpec}});
+  auto c = m->Draft({{chunks.get(), seq[140], kSpec}});
+  ASSERT_EQ(a[0].tokens.size(), static_cast<size_t>(kSpec));
+  EXPECT_TRUE(SameBits(a[0].logits, b[0].logits));
+  EXPECT_TRUE(SameBits(a[0].logits, c[0].logits));
+  for (int i = 0; i < kSpec; ++i) {
+    const float* row = a[0].logits.as<float>() + i * kVocab;
+    EXPECT_EQ(a[0].tokens[i], std::max_element(row, row + kVocab) - row) << "draft " << i;
+  }
+  // Batched with other sequences: the same drafts.
+  auto other = m->NewState(kSpec);
+  m->Forward({{other.get(), Slice(seq, 3, 40), false}});
+  auto again = m->NewState(kSpec);
+  m->Forward({{again.get(), Slice(seq, 0, 140), false}});
+  auto batched = m->Draft({{other.get(), seq[1], 1}, {again.get(), seq[140], kSpec}});
+  EXPECT_TRUE(SameBits(batched[1].logits, a[0].logits));
+  EXPECT_EQ(batched[0].tokens.size(), 1u);
+}
+
+TEST_F(SpeculationTest, TensorParallelDraftsMatchSingleRank) {
+  const auto seq = Tokens(60, kVocab, 3);
+  auto single = Load();
+  auto st = single->NewState(kSpec);
+  single->Forward({{st.get(), Slice(seq, 0, 50), false}});
+  auto want = single->Draft({{st.get(), seq[50], kSpec}})[0];
+  single->Forward({{st.get(), Slice(seq, 50, 54), true}});
+  st->Rollback(52);
+  auto want2 = single->Draft({{st.get(), seq[52], kSpec}})[0];
+  const int world = 2;
+  ThreadGroup group(world);
+  std::vector<DraftResult> got(world), got2(world);
+  std::vector<std::string> errors(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        ThreadCommunicator comm(&group, r, world);
+        auto m = LoadModel(*dir_, ShardSpec{r, world}, MakeCpuBackend(1), &comm);
+        auto s = m->NewState(kSpec);
+        m->Forward({{s.get(), Slice(seq, 0, 50), false}});
+        got[r] = m->Draft({{s.get(), seq[50], kSpec}})[0];
+        m->Forward({{s.get(), Slice(seq, 50, 54), true}});
+        s->Rollback(52);
+        got2[r] = m->Draft({{s.get(), seq[52], kSpec}})[0];
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < world; ++r) {
+    ASSERT_EQ(errors[r], "") << "rank " << r;
+    EXPECT_LT(RelMaxDiff(got[r].logits.as<float>(), want.logits.as<float>(), want.logits.numel()), 1e-4);
+    EXPECT_LT(RelMaxDiff(got2[r].logits.as<float>(), want2.logits.as<float>(), want2.logits.numel()), 1e-4);
+    EXPECT_EQ(got[r].tokens, got[0].tokens);  // every rank drafts the same tokens
+  }
+  EXPECT_EQ(got[0].tokens, want.tokens);
+  EXPECT_EQ(got2[0].tokens, want2.tokens);
+}
+
+}  // namespace
+}  // namespace dsmesh

@@ -1,0 +1,68 @@
+// Speculative decoding through the real coordinator and workers: with
+// --speculative-config '{"method":"mtp","num_speculative_tokens":3}' greedy output is token-identical to
+// speculation off (the in-process oracle), at world 1 and 2, for 4 concurrent streams of different prompt
+// lengths over 200+ tokens; stop ids and max_tokens end the output at the right token; the spec counters
+// move.
+#include <thread>
+
+#include "tests/mesh/mesh_fixture.h"
+
+namespace dsmesh::mesh_test {
+namespace {
+
+void RunStreams(int world) {
+  LocalMesh mesh(MeshOptions(world, {"--max-num-seqs", "4", "--speculative-config",
+                                     "{\"method\":\"mtp\",\"num_speculative_tokens\":3}"}));
+  mesh.Start();
+  MeshClient client(mesh.coordinator_address());
+  client.WaitReady(std::chrono::seconds(60));
+  Reference reference;
+  const int n = 4, max_tokens = 210;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < n; ++i) prompts.push_back(Tokens(3 + 29 * i, 500 + i));  // 3, 32, 61, 90 tokens
+  std::vector<GenerateResult> results(n);
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i)
+    threads.emplace_back([&, i] {
+      try {
+        MeshClient c(mesh.coordinator_address());
+        results[i] = c.Generate(Greedy(prompts[i], max_tokens, "spec" + std::to_string(i)));
+      } catch (const std::exception& e) {
+        errors[i] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < n; ++i) {
+    ASSERT_EQ(errors[i], "") << "request " << i;
+    EXPECT_EQ(results[i].finish, FINISH_LENGTH) << results[i].error;
+    EXPECT_EQ(results[i].tokens, reference.Greedy(prompts[i], max_tokens)) << "world " << world << " request " << i;
+  }
+  // A stop id inside the output: the output ends at its first occurrence, whatever rode after it.
+  const auto want = reference.Greedy(prompts[1], 40);
+  GenerateRequest g = Greedy(prompts[1], 40, "stop");
+  g.mutable_sampling()->add_stop_token_ids(want[17]);
+  GenerateResult stopped = client.Generate(g);
+  const size_t first = std::find(want.begin(), want.end(), want[17]) - want.begin();
+  EXPECT_EQ(stopped.finish, FINISH_STOP);
+  EXPECT_EQ(stopped.tokens, std::vector<int32_t>(want.begin(), want.begin() + first + 1));
+  GenerateResult shortreq = client.Generate(Greedy(prompts[2], 5, "short"));
+  EXPECT_EQ(shortreq.tokens, reference.Greedy(prompts[2], 5));
+
+  StatsResponse s = client.Stats();
+  EXPECT_GT(s.spec_decode_num_drafts(), 100);
+  EXPECT_LE(s.spec_decode_num_draft_tokens(), 3 * s.spec_decode_num_drafts());  // fewer where max_tokens clips
+  EXPECT_GT(s.spec_decode_num_draft_tokens(), 3 * s.spec_decode_num_drafts() - 3 * 6);
+  EXPECT_EQ(s.spec_decode_num_accepted_tokens_per_pos_size(), 3);
+  int64_t per_pos = 0;
+  for (int64_t v : s.spec_decode_num_accepted_tokens_per_pos()) per_pos += v;
+  EXPECT_EQ(per_pos, s.spec_decode_num_accepted_tokens());
+  EXPECT_EQ(s.num_requests_running(), 0);
+  EXPECT_EQ(s.kv_cache_usage_perc(), 0.0);
+}
+
+TEST(MeshSpeculation, GreedyOnEqualsOffAtWorld1) { RunStreams(1); }
+TEST(MeshSpeculation, GreedyOnEqualsOffAtWorld2) { RunStreams(2); }
+
+}  // namespace
+}  // namespace dsmesh::mesh_test
