@@ -19,5 +19,5 @@ rm -rf .bundle/gpu
 rm -f .bundle/gpu/lib/libcublas*
 # The binaries and kernel libraries carry fat binaries for two architectures; they travel xz-compressed
 # so that the carried tree stays under the device's 64 MiB, and run_gpu.sh unpacks them.
-find .bundle/gpu -type f -size +2M -print0 | xargs -0 -r -n1 -P2 xz -T1 -6
+find .bundle/gpu -type f -size +64k -print0 | xargs -0 -r -n1 -P2 xz -T1 -6
 du -sh .bundle/gpu

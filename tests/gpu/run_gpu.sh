@@ -110,9 +110,21 @@ if [[ $PARTS == *serve* ]]; then
     check grep -qE '^vllm:num_requests_running(\{[^}]*\})? 0' "$OUT/metrics_w$world.txt"
     curl -s localhost:$port/v1/chat/completions -H 'content-type: application/json' -d "$body" > "$OUT/chat2_w$world.json"
     check python3 -c "import json; r=json.load(open('$OUT/chat2_w$world.json')); assert r['usage']['completion_tokens'] > 0"
+    gbody='{"model":"tiny-model","messages":[{"role":"user","content":"Count to ten"}],"max_tokens":48,"temperature":0}'
+    curl -s localhost:$port/v1/chat/completions -H 'content-type: application/json' -d "$gbody" > "$OUT/greedy_w$world.json"
     grep -E "backend|holds" "$OUT/up_w$world.log" | head -4
     kill -INT $up; wait $up
   done
+  step "dsmesh up --device cuda with MTP speculation (3 drafts): greedy output equals speculation off"
+  $DS up --device cuda --world 1 --port 8110 --kv-memory 2G \
+    --speculative-config '{"method":"mtp","num_speculative_tokens":3}' > "$OUT/up_spec.log" 2>&1 &
+  up=$!
+  for _ in $(seq 1 240); do curl -sf localhost:8110/health >/dev/null && break; sleep 0.5; done
+  curl -s localhost:8110/v1/chat/completions -H 'content-type: application/json' -d "$gbody" > "$OUT/greedy_spec.json"
+  check python3 -c "import json; a=json.load(open('$OUT/greedy_w1.json'))['choices'][0]['message']; b=json.load(open('$OUT/greedy_spec.json'))['choices'][0]['message']; assert a == b, (a, b)"
+  curl -s localhost:8110/metrics | grep -E '^vllm:spec_decode_num_(draft|accepted)_tokens_total' | tee "$OUT/spec_metrics.txt"
+  check grep -qE '^vllm:spec_decode_num_draft_tokens_total(\{[^}]*\})? [1-9]' "$OUT/spec_metrics.txt"
+  kill -INT $up; wait $up
 fi
 echo
 [[ $fail == 0 ]] && echo "ALL GPU CHECKS PASSED" || echo "SOME GPU CHECKS FAILED"
