@@ -332,7 +332,8 @@ class CudaBackend final : public Backend {
     const int64_t n = X.shape[0], D = RowWidth(X) / hc;
     Require(fn.shape.size() == 2 && fn.shape[0] == (2 + hc) * hc && fn.shape[1] == hc * D, "HcPre", "fn shape");
     Use();
-    cuda_ops::HcPre(F(X), n, D, hc, F(fn), F(base), F(scale), iters, eps, norm_eps, F(*y), F(*post), F(*comb),
+    Tensor mixes = Alloc(DType::kF32, {n, static_cast<int64_t>((2 + hc) * hc)});
+    cuda_ops::HcPre(F(X), n, D, hc, F(fn), F(base), F(scale), iters, eps, norm_eps, F(mixes), F(*y), F(*post), F(*comb),
                     ctx_->stream);
     Launched("HcPre");
   }
@@ -355,7 +356,8 @@ class CudaBackend final : public Backend {
     const int64_t n = X.shape[0], D = RowWidth(X) / hc;
     Require(fn.shape.size() == 2 && fn.shape[0] == hc && fn.shape[1] == hc * D, "HcHead", "fn shape");
     Use();
-    cuda_ops::HcHead(F(X), n, D, hc, F(fn), F(base), F(scale), eps, norm_eps, F(*y), ctx_->stream);
+    Tensor mixes = Alloc(DType::kF32, {n, static_cast<int64_t>(hc)});
+    cuda_ops::HcHead(F(X), n, D, hc, F(fn), F(base), F(scale), eps, norm_eps, F(mixes), F(*y), ctx_->stream);
     Launched("HcHead");
   }
 

@@ -42,13 +42,14 @@ void CopyRows(const void* src, int64_t src_row, void* dst, int64_t dst_row, int6
               cudaStream_t s);
 
 // ---- hyper-connections ----
+// mixes: scratch of n * (2 + hc) * hc floats (HcHead: n * hc).
 void HcPre(const float* X, int64_t n, int64_t D, int hc, const float* fn, const float* base, const float* scale,
-           int iters, float eps, float norm_eps, float* y, float* post, float* comb, cudaStream_t s);
+           int iters, float eps, float norm_eps, float* mixes, float* y, float* post, float* comb, cudaStream_t s);
 void HcExpand(const float* h, int64_t n, int64_t D, int hc, float* X, cudaStream_t s);
 void HcPost(const float* X, const float* f, const float* post, const float* comb, int64_t n, int64_t D, int hc,
             float* out, cudaStream_t s);
 void HcHead(const float* X, int64_t n, int64_t D, int hc, const float* fn, const float* base, const float* scale,
-            float eps, float norm_eps, float* y, cudaStream_t s);
+            float eps, float norm_eps, float* mixes, float* y, cudaStream_t s);
 
 // ---- dense linear: out[m, n] = x[m, k] W^T (+ bias), W [n, k] row-major with row stride ldw ----
 void DenseLinear(const float* x, int64_t ldx, int64_t m, const void* w, WType type, int64_t ldw, int64_t n,

@@ -16,6 +16,9 @@ inline unsigned Blocks(int64_t n, int threads = kThreads) {
   return static_cast<unsigned>(b < 1 ? 1 : (b > 1048576 ? 1048576 : b));
 }
 
+// The grid's y dimension over rows (at most 65535; kernels stride over the rest).
+inline unsigned RowBlocks(int64_t rows) { return static_cast<unsigned>(rows < 1 ? 1 : (rows > 65535 ? 65535 : rows)); }
+
 template <class T>
 __device__ __forceinline__ float Load(const T* p, int64_t i);
 template <>
@@ -77,11 +80,12 @@ __global__ void ScaleKernel(float* x, int64_t n, float v) {
 }
 
 // One block per row; pairs (head, i) spread over the threads.
-__global__ void RopeKernel(float* x, int64_t heads, int64_t head_dim, int64_t rope_dim, const int64_t* positions,
-                           const float* inv_freq, bool inverse) {
-  const int64_t r = blockIdx.x, half = rope_dim / 2;
-  const float pos = static_cast<float>(positions[r]);
-  for (int64_t t = threadIdx.x; t < heads * half; t += blockDim.x) {
+__global__ void RopeKernel(float* x, int64_t n, int64_t heads, int64_t head_dim, int64_t rope_dim,
+                           const int64_t* positions, const float* inv_freq, bool inverse) {
+  const int64_t half = rope_dim / 2;
+  for (int64_t r = blockIdx.y; r < n; r += gridDim.y)
+  for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < heads * half; t += (int64_t)gridDim.x * blockDim.x) {
+    const float pos = static_cast<float>(positions[r]);
     const int64_t h = t / half, i = t % half;
     const float angle = pos * inv_freq[i];
     const float cs = cosf(angle), sn = inverse ? -sinf(angle) : sinf(angle);
@@ -92,20 +96,20 @@ __global__ void RopeKernel(float* x, int64_t heads, int64_t head_dim, int64_t ro
   }
 }
 
-__global__ void ToHalfPaddedKernel(const float* x, int64_t cols, int64_t ld_in, uint16_t* out, int64_t ld_out,
-                                   int64_t col0) {
-  const int64_t r = blockIdx.x;
-  for (int64_t c = threadIdx.x; c < ld_out; c += blockDim.x) {
+__global__ void ToHalfPaddedKernel(const float* x, int64_t rows, int64_t cols, int64_t ld_in, uint16_t* out,
+                                   int64_t ld_out, int64_t col0) {
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+  for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < ld_out; c += (int64_t)gridDim.x * blockDim.x) {
     const int64_t src = c - col0;
     const float v = src >= 0 && src < cols ? x[r * ld_in + src] : 0.0f;
     out[r * ld_out + c] = __half_as_ushort(__float2half_rn(v));
   }
 }
 
-__global__ void TakeColumnsKernel(const float* y, int64_t ld_y, int64_t col0, int64_t cols, const float* bias,
-                                  float* out, int64_t ld_out, bool accumulate) {
-  const int64_t r = blockIdx.x;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+__global__ void TakeColumnsKernel(const float* y, int64_t rows, int64_t ld_y, int64_t col0, int64_t cols,
+                                  const float* bias, float* out, int64_t ld_out, bool accumulate) {
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+  for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < cols; c += (int64_t)gridDim.x * blockDim.x) {
     const float v = y[r * ld_y + col0 + c] + (bias ? bias[c] : 0.0f);
     out[r * ld_out + c] = accumulate ? out[r * ld_out + c] + v : v;
   }
@@ -136,31 +140,33 @@ __global__ void SwiGluKernel(float* g, const float* u, int64_t n, float limit) {
   }
 }
 
-// mixes[k] = rsqrt(mean(X^2) + eps) * (fn[k] . X) for k < K, for the block's row, into shared memory.
-__device__ void RowMixes(const float* x, int64_t w, const float* fn, int K, float norm_eps, float* mixes) {
-  float ss = 0.0f;
-  for (int64_t i = threadIdx.x; i < w; i += blockDim.x) ss += x[i] * x[i];
-  const float rs = 1.0f / sqrtf(BlockSum(ss) / static_cast<float>(w) + norm_eps);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  for (int k = warp; k < K; k += warps) {
-    float dot = 0.0f;
-    for (int64_t i = lane; i < w; i += 32) dot += fn[k * w + i] * x[i];
-    dot = WarpSum(dot);
-    if (lane == 0) mixes[k] = rs * dot;
+// mixes[r, k] = rsqrt(mean(X_r^2) + eps) * (fn[k] . X_r): one block per (row, k), so the K dot products
+// of a row (each hc*D long) spread over K multiprocessors.
+__global__ void HcMixesKernel(const float* X, int64_t w, const float* fn, int K, float norm_eps, float* mixes) {
+  const int64_t r = blockIdx.x;
+  const int k = blockIdx.y;
+  const float* x = X + r * w;
+  const float* f = fn + k * w;
+  float ss = 0.0f, dot = 0.0f;
+  for (int64_t i = threadIdx.x; i < w; i += blockDim.x) {
+    const float v = x[i];
+    ss += v * v;
+    dot += f[i] * v;
   }
-  __syncthreads();
+  ss = BlockSum(ss);
+  dot = BlockSum(dot);
+  if (threadIdx.x == 0) mixes[r * K + k] = (1.0f / sqrtf(ss / static_cast<float>(w) + norm_eps)) * dot;
 }
 
-__global__ void HcPreKernel(const float* X, int64_t D, int hc, const float* fn, const float* base,
-                            const float* scale, int iters, float eps, float norm_eps, float* y, float* post,
-                            float* comb) {
-  __shared__ float mixes[(2 + kMaxHc) * kMaxHc];
+// From a row's mixes: pre (sigmoid + eps), post (2 sigmoid), comb (softmax rows + eps, then Sinkhorn:
+// columns, then rows and columns iters-1 times), y = sum_i pre_i X_i.
+__global__ void HcPreFinishKernel(const float* X, int64_t D, int hc, const float* mixes_all, const float* base,
+                                  const float* scale, int iters, float eps, float* y, float* post, float* comb) {
   __shared__ float pre[kMaxHc];
   __shared__ float c[kMaxHc * kMaxHc];
   const int64_t r = blockIdx.x;
   const float* x = X + r * hc * D;
-  const int K = (2 + hc) * hc;
-  RowMixes(x, hc * D, fn, K, norm_eps, mixes);
+  const float* mixes = mixes_all + r * (2 + hc) * hc;
   if (threadIdx.x == 0) {
     for (int i = 0; i < hc; ++i) pre[i] = Sigmoid(mixes[i] * scale[0] + base[i]) + eps;
     for (int i = 0; i < hc; ++i) post[r * hc + i] = 2.0f * Sigmoid(mixes[hc + i] * scale[1] + base[hc + i]);
@@ -198,14 +204,12 @@ __global__ void HcPreKernel(const float* X, int64_t D, int hc, const float* fn, 
   }
 }
 
-__global__ void HcHeadKernel(const float* X, int64_t D, int hc, const float* fn, const float* base,
-                             const float* scale, float eps, float norm_eps, float* y) {
-  __shared__ float mixes[kMaxHc];
+__global__ void HcHeadFinishKernel(const float* X, int64_t D, int hc, const float* mixes_all, const float* base,
+                                   const float* scale, float eps, float* y) {
   __shared__ float pre[kMaxHc];
   const int64_t r = blockIdx.x;
   const float* x = X + r * hc * D;
-  RowMixes(x, hc * D, fn, hc, norm_eps, mixes);
-  if (threadIdx.x < hc) pre[threadIdx.x] = Sigmoid(mixes[threadIdx.x] * scale[0] + base[threadIdx.x]) + eps;
+  if (threadIdx.x < hc) pre[threadIdx.x] = Sigmoid(mixes_all[r * hc + threadIdx.x] * scale[0] + base[threadIdx.x]) + eps;
   __syncthreads();
   for (int64_t k = threadIdx.x; k < D; k += blockDim.x) {
     float acc = 0.0f;
@@ -223,10 +227,10 @@ __global__ void HcExpandKernel(const float* h, int64_t D, int hc, float* X) {
 }
 
 // out[j] = post[j] * f + sum_i comb[i][j] * X[i], accumulated in the CPU op's order.
-__global__ void HcPostKernel(const float* X, const float* f, const float* post, const float* comb, int64_t D, int hc,
-                             float* out) {
-  const int64_t r = blockIdx.x;
-  for (int64_t k = threadIdx.x; k < D; k += blockDim.x) {
+__global__ void HcPostKernel(const float* X, const float* f, const float* post, const float* comb, int64_t n,
+                             int64_t D, int hc, float* out) {
+  for (int64_t r = blockIdx.y; r < n; r += gridDim.y)
+  for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < D; k += (int64_t)gridDim.x * blockDim.x) {
     const float fr = f[r * D + k];
     for (int j = 0; j < hc; ++j) {
       float o = post[r * hc + j] * fr;
@@ -264,17 +268,23 @@ void Scale(float* x, int64_t n, float v, cudaStream_t s) {
 
 void Rope(float* x, int64_t n, int64_t heads, int64_t head_dim, int64_t rope_dim, const int64_t* positions,
           const float* inv_freq, bool inverse, cudaStream_t s) {
-  if (n > 0) RopeKernel<<<n, 128, 0, s>>>(x, heads, head_dim, rope_dim, positions, inv_freq, inverse);
+  if (n > 0)
+    RopeKernel<<<dim3(Blocks(heads * (rope_dim / 2), 128), RowBlocks(n)), 128, 0, s>>>(x, n, heads, head_dim, rope_dim,
+                                                                                    positions, inv_freq, inverse);
 }
 
 void ToHalfPadded(const float* x, int64_t rows, int64_t cols, int64_t ld_in, uint16_t* out, int64_t ld_out,
                   int64_t col0, cudaStream_t s) {
-  if (rows > 0) ToHalfPaddedKernel<<<rows, kThreads, 0, s>>>(x, cols, ld_in, out, ld_out, col0);
+  if (rows > 0)
+    ToHalfPaddedKernel<<<dim3(Blocks(ld_out), RowBlocks(rows)), kThreads, 0, s>>>(x, rows, cols, ld_in, out, ld_out,
+                                                                                  col0);
 }
 
 void TakeColumns(const float* y, int64_t rows, int64_t ld_y, int64_t col0, int64_t cols, const float* bias,
                  float* out, int64_t ld_out, bool accumulate, cudaStream_t s) {
-  if (rows > 0) TakeColumnsKernel<<<rows, kThreads, 0, s>>>(y, ld_y, col0, cols, bias, out, ld_out, accumulate);
+  if (rows > 0)
+    TakeColumnsKernel<<<dim3(Blocks(cols), RowBlocks(rows)), kThreads, 0, s>>>(y, rows, ld_y, col0, cols, bias, out,
+                                                                               ld_out, accumulate);
 }
 
 void GatherRows(const float* src, const int32_t* rows, int64_t n, int64_t width, float* dst, cudaStream_t s) {
@@ -298,8 +308,11 @@ void CopyRows(const void* src, int64_t src_row, void* dst, int64_t dst_row, int6
 }
 
 void HcPre(const float* X, int64_t n, int64_t D, int hc, const float* fn, const float* base, const float* scale,
-           int iters, float eps, float norm_eps, float* y, float* post, float* comb, cudaStream_t s) {
-  if (n > 0) HcPreKernel<<<n, kThreads, 0, s>>>(X, D, hc, fn, base, scale, iters, eps, norm_eps, y, post, comb);
+           int iters, float eps, float norm_eps, float* mixes, float* y, float* post, float* comb, cudaStream_t s) {
+  if (n <= 0) return;
+  const int K = (2 + hc) * hc;
+  HcMixesKernel<<<dim3(static_cast<unsigned>(n), K), 512, 0, s>>>(X, hc * D, fn, K, norm_eps, mixes);
+  HcPreFinishKernel<<<n, kThreads, 0, s>>>(X, D, hc, mixes, base, scale, iters, eps, y, post, comb);
 }
 
 void HcExpand(const float* h, int64_t n, int64_t D, int hc, float* X, cudaStream_t s) {
@@ -308,12 +321,14 @@ void HcExpand(const float* h, int64_t n, int64_t D, int hc, float* X, cudaStream
 
 void HcPost(const float* X, const float* f, const float* post, const float* comb, int64_t n, int64_t D, int hc,
             float* out, cudaStream_t s) {
-  if (n > 0) HcPostKernel<<<n, kThreads, 0, s>>>(X, f, post, comb, D, hc, out);
+  if (n > 0) HcPostKernel<<<dim3(Blocks(D), RowBlocks(n)), kThreads, 0, s>>>(X, f, post, comb, n, D, hc, out);
 }
 
 void HcHead(const float* X, int64_t n, int64_t D, int hc, const float* fn, const float* base, const float* scale,
-            float eps, float norm_eps, float* y, cudaStream_t s) {
-  if (n > 0) HcHeadKernel<<<n, kThreads, 0, s>>>(X, D, hc, fn, base, scale, eps, norm_eps, y);
+            float eps, float norm_eps, float* mixes, float* y, cudaStream_t s) {
+  if (n <= 0) return;
+  HcMixesKernel<<<dim3(static_cast<unsigned>(n), hc), 512, 0, s>>>(X, hc * D, fn, hc, norm_eps, mixes);
+  HcHeadFinishKernel<<<n, kThreads, 0, s>>>(X, D, hc, mixes, base, scale, eps, y);
 }
 
 }  // namespace dsmesh::cuda_ops

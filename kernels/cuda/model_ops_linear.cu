@@ -3,6 +3,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <stdexcept>
+#include <string>
+
 #include "kernels/cuda/model_ops.h"
 
 namespace dsmesh::cuda_ops {
@@ -19,20 +22,32 @@ __device__ __forceinline__ float Load<__half>(const __half* p, int64_t i) { retu
 
 constexpr int kGemvMaxRows = 8;
 
-// Few rows: one warp per output column reads its weight row once for all m rows.
-template <class T>
+// Few rows: one warp per output column reads its weight row once for all m rows. kVec: each lane loads
+// 16 bytes of weights at a time (k and the row strides multiples of 16 bytes, pointers aligned).
+template <class T, bool kVec>
 __global__ void DenseGemvKernel(const float* x, int64_t ldx, int m, const T* w, int64_t ldw, int64_t n, int64_t k,
                                 const float* bias, float* out, int64_t ldo) {
+  constexpr int kPer = kVec ? 16 / static_cast<int>(sizeof(T)) : 1;
   const int lane = threadIdx.x & 31;
   const int64_t col = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
   if (col >= n) return;
   float acc[kGemvMaxRows] = {};
   const T* wr = w + col * ldw;
-  for (int64_t c = lane; c < k; c += 32) {
-    const float wv = Load(wr, c);
+  for (int64_t c = static_cast<int64_t>(lane) * kPer; c < k; c += 32 * kPer) {
+    float wv[kPer];
+    if constexpr (kVec) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(wr + c);
+      const T* p = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) wv[j] = Load(p, j);
+    } else {
+      wv[0] = Load(wr, c);
+    }
 #pragma unroll
     for (int r = 0; r < kGemvMaxRows; ++r)
-      if (r < m) acc[r] += x[r * ldx + c] * wv;
+      if (r < m)
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) acc[r] += x[r * ldx + c + j] * wv[j];
   }
 #pragma unroll
   for (int r = 0; r < kGemvMaxRows; ++r) {
@@ -94,8 +109,16 @@ void LaunchDense(const float* x, int64_t ldx, int64_t m, const T* w, int64_t ldw
   for (int64_t r0 = 0; r0 < m;) {
     if (m - r0 <= kGemvMaxRows) {
       const int warps = 8;
-      DenseGemvKernel<T><<<static_cast<unsigned>((n + warps - 1) / warps), warps * 32, 0, s>>>(
-          x + r0 * ldx, ldx, static_cast<int>(m - r0), w, ldw, n, k, bias, out + r0 * ldo, ldo);
+      const unsigned grid = static_cast<unsigned>((n + warps - 1) / warps);
+      constexpr int64_t per = 16 / sizeof(T);
+      const bool vec = k % per == 0 && ldw % per == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;
+      if (vec) {
+        DenseGemvKernel<T, true><<<grid, warps * 32, 0, s>>>(x + r0 * ldx, ldx, static_cast<int>(m - r0), w, ldw, n, k,
+                                                             bias, out + r0 * ldo, ldo);
+      } else {
+        DenseGemvKernel<T, false><<<grid, warps * 32, 0, s>>>(x + r0 * ldx, ldx, static_cast<int>(m - r0), w, ldw, n, k,
+                                                              bias, out + r0 * ldo, ldo);
+      }
       return;
     }
     const int64_t rows = std::min<int64_t>(m - r0, 65535LL * kTile);
@@ -108,40 +131,78 @@ void LaunchDense(const float* x, int64_t ldx, int64_t m, const T* w, int64_t ldw
 // torch.nn.functional.softplus (beta 1, threshold 20).
 __device__ __forceinline__ float Softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
-// One thread per row: scores = sqrt(softplus(logits)); experts from tid2eid (hash) or the top-k of
-// score + bias (ties: lower id); weights = score (/ sum) * routed_scale.
-__global__ void MoeRouteKernel(const float* logits, int64_t n, int64_t E, const int32_t* tokens,
-                               const int32_t* tid2eid, const float* bias, int k, bool normalize, float routed_scale,
-                               int32_t* idx, float* weight) {
-  const int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  if (r >= n) return;
+constexpr int kRouteThreads = 256;
+
+// One block per row: scores = sqrt(softplus(logits)) in shared memory (E <= kMaxExperts); experts from
+// tid2eid (hash) or k rounds of a block argmax of score + bias (ties: lower id); weights = score
+// (/ sum) * routed_scale, summed in slot order like the CPU op.
+constexpr int kMaxExperts = 4096;
+constexpr int kMaxTopK = 16;
+
+__global__ void MoeRouteKernel(const float* logits, int64_t E, const int32_t* tokens, const int32_t* tid2eid,
+                               const float* bias, int k, bool normalize, float routed_scale, int32_t* idx,
+                               float* weight) {
+  __shared__ float score[kMaxExperts];
+  __shared__ float biased[kMaxExperts];
+  __shared__ float best_v[kRouteThreads / 32];
+  __shared__ int best_e[kRouteThreads / 32];
+  __shared__ int chosen[kMaxTopK];
+  const int64_t r = blockIdx.x;
   const float* lg = logits + r * E;
-  int32_t* ix = idx + r * k;
-  if (tid2eid) {
-    for (int i = 0; i < k; ++i) ix[i] = tid2eid[static_cast<int64_t>(tokens[r]) * k + i];
-  } else {
-    for (int i = 0; i < k; ++i) {
-      int best = -1;
-      float best_v = 0.0f;
-      for (int64_t e = 0; e < E; ++e) {
-        bool used = false;
-        for (int t = 0; t < i; ++t) used |= ix[t] == e;
-        if (used) continue;
-        const float v = sqrtf(Softplus(lg[e])) + (bias ? bias[e] : 0.0f);
-        if (best < 0 || v > best_v) {
-          best = static_cast<int>(e);
-          best_v = v;
-        }
-      }
-      ix[i] = best;
-    }
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
+    score[e] = sqrtf(Softplus(lg[e]));
+    biased[e] = score[e] + (bias ? bias[e] : 0.0f);
   }
-  float sum = 0.0f;
-  for (int i = 0; i < k; ++i) sum += sqrtf(Softplus(lg[ix[i]]));
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int i = 0; i < k; ++i) {
-    float w = sqrtf(Softplus(lg[ix[i]]));
-    if (normalize) w /= sum + 1e-20f;
-    weight[r * k + i] = w * routed_scale;
+    if (tid2eid) {
+      if (threadIdx.x == 0) chosen[i] = tid2eid[static_cast<int64_t>(tokens[r]) * k + i];
+      continue;
+    }
+    float v = -INFINITY;
+    int arg = -1;
+    for (int64_t e = threadIdx.x; e < E; e += blockDim.x)
+      if (biased[e] > v || (arg < 0 && biased[e] == -INFINITY)) {
+        v = biased[e];
+        arg = static_cast<int>(e);
+      }
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+      const int oa = __shfl_xor_sync(0xffffffffu, arg, o);
+      if (oa >= 0 && (arg < 0 || ov > v || (ov == v && oa < arg))) {
+        v = ov;
+        arg = oa;
+      }
+    }
+    if (lane == 0) {
+      best_v[warp] = v;
+      best_e[warp] = arg;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float bv = best_v[0];
+      int be = best_e[0];
+      for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w)
+        if (best_e[w] >= 0 && (be < 0 || best_v[w] > bv || (best_v[w] == bv && best_e[w] < be))) {
+          bv = best_v[w];
+          be = best_e[w];
+        }
+      chosen[i] = be;
+      biased[be] = -INFINITY;  // taken
+    }
+    __syncthreads();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float sum = 0.0f;
+    for (int i = 0; i < k; ++i) sum += score[chosen[i]];
+    for (int i = 0; i < k; ++i) {
+      float w = score[chosen[i]];
+      if (normalize) w /= sum + 1e-20f;
+      idx[r * k + i] = chosen[i];
+      weight[r * k + i] = w * routed_scale;
+    }
   }
 }
 
@@ -161,8 +222,11 @@ void MoeRoute(const float* logits, int64_t n, int64_t E, const int32_t* tokens, 
               const float* bias, int k, bool normalize, float routed_scale, int32_t* idx, float* weight,
               cudaStream_t s) {
   if (n <= 0) return;
-  MoeRouteKernel<<<static_cast<unsigned>((n + 63) / 64), 64, 0, s>>>(logits, n, E, tokens, tid2eid, bias, k,
-                                                                     normalize, routed_scale, idx, weight);
+  if (E > kMaxExperts || k > kMaxTopK)
+    throw std::runtime_error("cuda MoeRoute: " + std::to_string(E) + " experts / top-" + std::to_string(k) +
+                             " above the kernel's " + std::to_string(kMaxExperts) + " / " + std::to_string(kMaxTopK));
+  MoeRouteKernel<<<static_cast<unsigned>(n), kRouteThreads, 0, s>>>(logits, E, tokens, tid2eid, bias, k, normalize,
+                                                                    routed_scale, idx, weight);
 }
 
 }  // namespace dsmesh::cuda_ops
