@@ -328,6 +328,17 @@ int RunBench(const std::vector<std::string>& args) {
     }
   for (const auto& a : args)
     if (a.rfind("--scenario", 0) == 0) return RunBenchScenario(args);
+  // --device without a mesh: decode steps in this process beside their floor (model/local_bench_command.cc).
+  bool device = false, mesh = false;
+  for (const auto& a : args) {
+    device |= a.rfind("--device", 0) == 0;
+    mesh |= a.rfind("--world", 0) == 0 || a.rfind("--coordinator", 0) == 0;
+  }
+  if (device && !mesh) {
+    auto it = CommandRegistry().find("bench-local");
+    if (it == CommandRegistry().end()) throw UsageError("--device: the local benchmark is not in this dsmesh");
+    return it->second.run(args);
+  }
   auto known = kMeshFlags;
   known.insert({"streams", "prompt-tokens", "max-tokens"});
   known.insert(kCoordinatorFlags.begin(), kCoordinatorFlags.end());
@@ -354,7 +365,9 @@ DSMESH_REGISTER_COMMAND(up, "up [--model DIR] [--world N] [--port 8000] [--kv-me
                             "[--served-model-name NAME] [--api-key KEY | --api-key-file F] [--max-queued N] [--log-dir DIR]", RunUp);
 DSMESH_REGISTER_COMMAND(bench, "bench --coordinator HOST:PORT | --world N --model DIR [--streams 1,4] "
                                "[--prompt-tokens 32] [--max-tokens 64] | --scenario long-prompt-plus-chat "
-                               "[--world 2] [--model DIR] [--long-prompt-tokens 16384] [--chat-every-s 1]", RunBench);
+                               "[--world 2] [--model DIR] [--long-prompt-tokens 16384] [--chat-every-s 1] | --device cpu|cuda[:N] "
+                               "--model DIR|synthetic:v4-flash [--contexts 4096] [--rows 1] [--steps 20] [--json F]",
+                        RunBench);
 static CommandRegistration logits_mesh_registration(
     "logits-mesh", "logits-mesh (= logits --world N | --coordinator HOST:PORT) --model DIR --tokens 5,17,9 --out F",
     RunLogitsMesh);

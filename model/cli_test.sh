@@ -51,6 +51,16 @@ expect 2 "--out" -- "$dsmesh" make-tiny
 mkdir -p "$tmp/llama" && cp "$tmp/a/model.safetensors" "$tmp/llama/" && echo '{"model_type": "llama"}' > "$tmp/llama/config.json"
 expect 1 "unsupported model_type \"llama\"" -- "$dsmesh" generate --model "$tmp/llama" --tokens 1 --max-new-tokens 1
 [[ -e "$tmp/x.safetensors" ]] && fail "a failed logits run left an output file"
+expect 1 "no CUDA GPU is visible" -- env CUDA_VISIBLE_DEVICES= "$dsmesh" generate --model "$tmp/a" --tokens 1 --device cuda
+expect 2 "--device cuda:x: expected cpu, cuda or cuda:N" -- "$dsmesh" generate --model "$tmp/a" --tokens 1 --device cuda:x
+expect 1 "seed must be a non-negative integer" -- "$dsmesh" generate --model synthetic:v4-flash:seed=x --tokens 1
+
+# The local benchmark: a row per (context, streams) with its floor, and the JSON beside it.
+"$dsmesh" bench --device cpu --model "$tmp/a" --contexts 40 --streams 1,2 --steps 2 --json "$tmp/bench.json" \
+  > "$tmp/bench.txt" 2>/dev/null || fail "bench --device cpu"
+grep -qE "^2 +1 +40 " "$tmp/bench.txt" || fail "bench table: $(cat "$tmp/bench.txt")"
+python3 -c "import json,sys; r=json.load(open(sys.argv[1])); assert len(r)==2 and all(x['ms_per_step']>0 and x['floor_ms']>0 for x in r), r" \
+  "$tmp/bench.json" || fail "bench json"
 
 [[ $status == 0 ]] && echo "PASS"
 exit $status

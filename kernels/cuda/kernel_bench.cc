@@ -45,6 +45,7 @@
 #include "kernels/cuda/exl3_gemm.h"
 #include "kernels/cuda/exl3_gemm_kernels.h"
 #include "kernels/cuda/exl3_gemv.h"
+#include "kernels/exl3/decode_cost.h"
 #include "kernels/cuda/exl3_moe.h"
 
 namespace dsmesh::bench {
@@ -63,19 +64,8 @@ std::string g_filter;  // --filter: only cases whose label contains this
 // run is the time spent waiting for weight bytes from HBM.
 bool g_warm_weights = false;
 
-// Integer-pipe instructions per decoded weight in the GEMV/MoE inner loop (LOP3, SHF, PRMT, IADD3,
-// LEA, ...), counted in the sm_90 SASS of Exl3GemvKernel<K, MCG, few> by kernels/cuda/sass_loop_ops.py
-// (one main-loop iteration = 8 tiles = 64 weights per lane, the loop that also issues copies; v18 code,
-// bench_results/v18_sass_loop_ops.txt;
-// NOTES.md has the method and the FMA-pipe counts). `rows` picks the loop: up to 8 rows the few-rows
-// form (unpacked, transposed MMA), more rows the packed one. The integer pipe is the busier of the two (FMA pipe: IMAD ~1.8-2.0 per
-// weight in the few-rows loop), so its count over the measured LOP3 rate is the decode-op floor.
-double DecodeOpsPerWeight(int K, int rows) {
-  static const double kFew[9] = {0, 2.48, 2.48, 2.66, 2.70, 2.80, 3.06, 3.11, 2.98};
-  static const double kPacked[9] = {0, 3.06, 3.05, 3.23, 3.28, 3.41, 3.64, 3.69, 3.58};
-  const int k = K < 1 ? 1 : K > 8 ? 8 : K;
-  return rows <= 8 ? kFew[k] : kPacked[k];
-}
+// Integer-pipe instructions per decoded weight: kernels/exl3/decode_cost.h.
+double DecodeOpsPerWeight(int K, int rows) { return Exl3DecodeOpsPerWeight(K, rows); }
 
 struct Event {
   cudaEvent_t e;

@@ -4,7 +4,7 @@
 # greedy tokens with 1 and 2 worker processes on one GPU), and `dsmesh up --device cuda` serving the
 # OpenAI API (chat, streaming, a client disconnect) checked with curl. Logs go to $OUT (or /tmp/out).
 #   usage (repository root on the GPU machine): tests/gpu/run_gpu.sh [parts]
-#   parts: any of tests,sanitize,cli,serve,flash (default: all)
+#   parts: any of tests,sanitize,cli,serve,flash,flashbench (default: all but flashbench)
 set -uo pipefail
 B=.bundle/gpu
 PARTS=${1:-tests,sanitize,cli,serve,flash}
@@ -82,6 +82,13 @@ if [[ $PARTS == *flash* ]]; then
   grep -E "\[load\] (layer 43|done)|routed experts|prefill|error" "$OUT/flash.log" | head -8
   head -c 300 "$OUT/flash_tokens.json"; echo
   nvidia-smi --query-gpu=memory.used --format=csv
+fi
+
+if [[ $PARTS == *flashbench* ]]; then
+  step "dsmesh bench on the full-size synthetic V4-Flash: decode at 1 and 4 streams, 4K context, beside the floor"
+  timeout 500 $DS bench --device cuda --model synthetic:v4-flash:seed=1 --contexts ${FLASH_CONTEXTS:-4096} \
+    --streams 1,4 --steps 10 --json "$OUT/flash_bench.json" 2> "$OUT/flash_bench.log" | tee "$OUT/flash_bench.txt"
+  check test -s "$OUT/flash_bench.json"
 fi
 
 if [[ $PARTS == *serve* ]]; then

@@ -1,0 +1,133 @@
+// `dsmesh bench --device cpu|cuda[:N] --model DIR|synthetic:...`: decode steps of the model in this
+// process (no mesh), ms/step and tok/s at each stream count and context, beside the step's floor
+// (model/roofline.h) and measured / floor. Contexts are filled by 512-token prefill chunks first
+// (untimed); `--rows 4` times the verification shape (each stream 1 + 3 draft rows).
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/cli_registry.h"
+#include "common/flags.h"
+#include "common/safetensors.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "model/model.h"
+#include "model/roofline.h"
+#include "model/synthetic.h"
+
+namespace dsmesh {
+namespace {
+
+double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+int32_t TokenAt(int64_t i, int64_t vocab) { return static_cast<int32_t>((i * 7919 + 1000) % vocab); }
+
+int RunLocalBench(const std::vector<std::string>& args) {
+  Flags f(args, {"model", "device", "threads", "streams", "contexts", "rows", "steps", "bits", "json"});
+  const std::string source = f.Require("model");
+  int device = -1;
+  try {
+    device = ParseDeviceFlag(f.Get("device", "cpu"));
+  } catch (const std::exception& e) {
+    throw UsageError(e.what());
+  }
+  const std::vector<int32_t> streams = ParseIntList("streams", f.Get("streams", "1,4"), "stream count");
+  const std::vector<int32_t> contexts = ParseIntList("contexts", f.Get("contexts", "4096"), "context length");
+  const int rows = static_cast<int>(f.GetInt("rows", 1)), steps = static_cast<int>(f.GetInt("steps", 20));
+  if (rows < 1 || steps < 1) throw UsageError("--rows and --steps must be >= 1");
+  for (int32_t s : streams)
+    if (s < 1) throw UsageError("--streams: counts must be >= 1");
+  for (int32_t c : contexts)
+    if (c < 1) throw UsageError("--contexts: lengths must be >= 1");
+  // The floor needs the pack's bits: a synthetic source says them; for a directory --bits, else the seat's
+  // when it holds EXL3 tensors and bf16 everywhere when it holds none.
+  Exl3BitsSpec bits;  // experts = dense = 0: every linear bf16
+  if (f.Has("bits")) {
+    bits = Exl3BitsSpec::Parse(f.Get("bits"));
+  } else if (IsSyntheticSource(source)) {
+    bits = ParseSyntheticSource(source).bits;
+  } else {
+    const Checkpoint ck = Checkpoint::Open(source);
+    for (const std::string& name : ck.names())
+      if (name.size() > 8 && name.compare(name.size() - 8, 8, ".trellis") == 0) {
+        bits = Exl3BitsSpec::Parse("experts=2,dense=6");
+        std::fprintf(stderr, "bench: %s holds EXL3 tensors; the floor assumes experts=2,dense=6 (--bits to say)\n",
+                     source.c_str());
+        break;
+      }
+  }
+  if (device >= 0) RequireCudaDevice(device, "--device " + f.Get("device", "cpu"));
+  std::fprintf(stderr, "bench: loading %s on %s\n", source.c_str(), f.Get("device", "cpu").c_str());
+  auto model = LoadModel(source, ShardSpec{}, device >= 0 ? MakeCudaBackend(device)
+                                                          : MakeCpuBackend(static_cast<int>(f.GetInt("threads", 0))));
+  const ModelConfig& c = model->config();
+  nlohmann::json out = nlohmann::json::array();
+  std::printf("# %s on %s; floors from the H200 ceilings (kernels/cuda/testdata/anchors-h200.json: copy %.1f TB/s, "
+              "LOP3 %.2f Tops/s), KV as stored (f32)\n",
+              source.c_str(), model->backend().name().c_str(), RooflineCeilings{}.copy_bytes_per_s / 1e12,
+              RooflineCeilings{}.int_ops_per_s / 1e12);
+  std::printf("%-8s %-5s %-8s %12s %10s %12s %12s %10s\n", "streams", "rows", "context", "ms/step", "tok/s",
+              "floor ms", "(byte/op)", "x floor");
+  for (int32_t ctx : contexts) {
+    for (int32_t ns : streams) {
+      std::vector<std::unique_ptr<SequenceState>> st;
+      for (int s = 0; s < ns; ++s) {
+        st.push_back(model->NewState());
+        for (int64_t pos = 0; pos < ctx; pos += 512) {
+          std::vector<int32_t> chunk;
+          for (int64_t i = pos; i < std::min<int64_t>(ctx, pos + 512); ++i) chunk.push_back(TokenAt(i + s, c.vocab_size));
+          model->Forward({{st.back().get(), chunk, false}});
+        }
+        std::fprintf(stderr, "bench: stream %d/%d filled to %d tokens\n", s + 1, ns, ctx);
+      }
+      auto step = [&](int i) {
+        std::vector<SequenceStep> batch;
+        for (int s = 0; s < ns; ++s) {
+          std::vector<int32_t> t;
+          for (int r = 0; r < rows; ++r) t.push_back(TokenAt(ctx + i * rows + r + s, c.vocab_size));
+          batch.push_back({st[s].get(), t, false});
+        }
+        model->Forward(batch);
+      };
+      step(0);  // warm-up: first-call allocations and lazily built device parts
+      const double t0 = Now();
+      for (int i = 1; i <= steps; ++i) step(i);
+      const double ms = (Now() - t0) * 1e3 / steps;
+      DecodeStepShape shape;
+      shape.streams = ns;
+      shape.rows_per_stream = rows;
+      shape.context = ctx;
+      shape.kv = KvCacheDtype::kF32;  // what the forward stores today
+      const DecodeStepFloor fl = ComputeDecodeStepFloor(c, bits, shape);
+      const double tok_s = 1e3 * ns / ms;  // one new token per stream per step (drafts not counted)
+      char fo[64];
+      std::snprintf(fo, sizeof(fo), "%.3f/%.3f", fl.byte_floor_s * 1e3, fl.op_floor_s * 1e3);
+      std::printf("%-8d %-5d %-8d %12.3f %10.1f %12.3f %12s %10.1f\n", ns, rows, ctx, ms, tok_s, fl.floor_s() * 1e3, fo,
+                  ms / (fl.floor_s() * 1e3));
+      std::fflush(stdout);
+      out.push_back({{"streams", ns}, {"rows_per_stream", rows}, {"context", ctx}, {"ms_per_step", ms},
+                     {"tok_per_s", tok_s}, {"floor_ms", fl.floor_s() * 1e3}, {"byte_floor_ms", fl.byte_floor_s * 1e3},
+                     {"op_floor_ms", fl.op_floor_s * 1e3}, {"bytes_per_step", fl.bytes()},
+                     {"backend", model->backend().name()}, {"model", source}});
+    }
+  }
+  if (f.Has("json")) {
+    std::ofstream(f.Get("json")) << out.dump(2) << "\n";
+    std::fprintf(stderr, "bench: wrote %s\n", f.Get("json").c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+static CommandRegistration local_bench_registration(
+    "bench-local",
+    "bench-local (= bench --device cpu|cuda[:N]) --model DIR|synthetic:v4-flash [--streams 1,4] [--contexts 4096] "
+    "[--rows 1] [--steps 20] [--bits experts=2,dense=6] [--json F]",
+    RunLocalBench);
+
+}  // namespace dsmesh
