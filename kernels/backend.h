@@ -50,6 +50,17 @@ struct RouterParams {
   const Tensor* tid2eid = nullptr;  // int [vocab, top_k] (hash layers), host or backend memory
 };
 
+// The LinearWeight of an EXL3 slice [out_begin, out_end) x [in_begin, in_end) held by a backend's handle.
+inline LinearWeight Exl3LinearWeight(const std::string& name, int64_t out_begin, int64_t out_end, int64_t in_begin,
+                                     int64_t in_end, std::shared_ptr<void> handle) {
+  LinearWeight lw;
+  lw.name = name;
+  lw.out = out_end - out_begin;
+  lw.in = in_end - in_begin;
+  lw.exl3 = std::move(handle);
+  return lw;
+}
+
 class Backend {
  public:
   virtual ~Backend() = default;

@@ -70,17 +70,8 @@ class CpuBackend final : public Backend {
                               int64_t in_end) override {
     auto e = std::make_shared<Exl3Linear>();
     e->weight = LoadExl3Weight(ckpt, prefix, in_features, out_features);
-    e->slice.in_begin = in_begin;
-    e->slice.in_end = in_end;
-    e->slice.out_begin = out_begin;
-    e->slice.out_end = out_end;
-    e->slice.add_bias = in_begin == 0;  // input-sliced ranks: only the first adds the bias
-    LinearWeight lw;
-    lw.name = prefix;
-    lw.out = out_end - out_begin;
-    lw.in = in_end - in_begin;
-    lw.exl3 = e;
-    return lw;
+    e->slice = {in_begin, in_end, out_begin, out_end, in_begin == 0};  // input-sliced ranks: only the first adds the bias
+    return Exl3LinearWeight(prefix, out_begin, out_end, in_begin, in_end, e);
   }
 
   LinearWeight SyntheticExl3Linear(const std::string& name, int64_t out_features, int64_t in_features,
@@ -89,12 +80,7 @@ class CpuBackend final : public Backend {
     auto e = std::make_shared<Exl3Linear>();
     e->weight = SyntheticExl3Weight(name, in_features, out_features, K, seed);
     e->slice = {in_begin, in_end, out_begin, out_end, in_begin == 0};
-    LinearWeight lw;
-    lw.name = name;
-    lw.out = out_end - out_begin;
-    lw.in = in_end - in_begin;
-    lw.exl3 = e;
-    return lw;
+    return Exl3LinearWeight(name, out_begin, out_end, in_begin, in_end, e);
   }
 
   void Embedding(const Tensor& table, const int32_t* tokens, int64_t n, Tensor* out) override {

@@ -201,22 +201,9 @@ class CudaBackend final : public Backend {
                               int64_t in_end) override {
     auto e = std::make_shared<CudaExl3Linear>();
     e->weight = LoadExl3Weight(ckpt, prefix, in_features, out_features);
-    e->slice.in_begin = in_begin;
-    e->slice.in_end = in_end;
-    e->slice.out_begin = out_begin;
-    e->slice.out_end = out_end;
-    e->slice.add_bias = in_begin == 0;  // input-sliced ranks: only the first adds the bias
-    const int64_t k = (in_end + 127) / 128 * 128 - in_begin / 128 * 128;
-    const int64_t n = (out_end + 127) / 128 * 128 - out_begin / 128 * 128;
-    max_k_ = std::max(max_k_, k);
-    max_n_ = std::max(max_n_, n);
-    max_weights_ = std::max(max_weights_, k * n);
-    LinearWeight lw;
-    lw.name = prefix;
-    lw.out = out_end - out_begin;
-    lw.in = in_end - in_begin;
-    lw.exl3 = e;
-    return lw;
+    e->slice = {in_begin, in_end, out_begin, out_end, in_begin == 0};  // input-sliced ranks: only the first adds the bias
+    NoteExl3Slice(e->slice);
+    return Exl3LinearWeight(prefix, out_begin, out_end, in_begin, in_end, e);
   }
 
   LinearWeight SyntheticExl3Linear(const std::string& name, int64_t out_features, int64_t in_features,
@@ -233,17 +220,8 @@ class CudaBackend final : public Backend {
     e->slice = {in_begin, in_end, out_begin, out_end, in_begin == 0};
     Use();
     PartFor(*e, out_begin, out_end);  // generate now: loading is where the time and memory go
-    LinearWeight lw;
-    lw.name = name;
-    lw.out = out_end - out_begin;
-    lw.in = in_end - in_begin;
-    lw.exl3 = e;
-    const int64_t k = (in_end + 127) / 128 * 128 - in_begin / 128 * 128;
-    const int64_t n = (out_end + 127) / 128 * 128 - out_begin / 128 * 128;
-    max_k_ = std::max(max_k_, k);
-    max_n_ = std::max(max_n_, n);
-    max_weights_ = std::max(max_weights_, k * n);
-    return lw;
+    NoteExl3Slice(e->slice);
+    return Exl3LinearWeight(name, out_begin, out_end, in_begin, in_end, e);
   }
 
   // ---- elementwise and normalisation ----
@@ -489,6 +467,15 @@ class CudaBackend final : public Backend {
   };
 
   void Use() const { CudaCheck(cudaSetDevice(ctx_->device), "cudaSetDevice"); }
+
+  // The GEMM workspace is sized for the largest EXL3 block range loaded.
+  void NoteExl3Slice(const Exl3Slice& sl) {
+    const int64_t k = (sl.in_end + 127) / 128 * 128 - sl.in_begin / 128 * 128;
+    const int64_t n = (sl.out_end + 127) / 128 * 128 - sl.out_begin / 128 * 128;
+    max_k_ = std::max(max_k_, k);
+    max_n_ = std::max(max_n_, n);
+    max_weights_ = std::max(max_weights_, k * n);
+  }
 
   void Launched(const char* op) const {
     cudaError_t e = cudaGetLastError();

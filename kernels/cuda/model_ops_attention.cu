@@ -5,6 +5,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/model_ops.h"
+#include "kernels/cuda/model_ops_device.cuh"
 
 namespace dsmesh::cuda_ops {
 namespace {
@@ -14,34 +15,6 @@ constexpr int kTopkThreads = 1024;
 constexpr int kMaxTopK = 2048;                       // selection buffer of the top-k kernel
 constexpr int64_t kAttnMaxKeys = 40 * 1024;         // score slots of the attention kernel (160 KB)
 constexpr int kAttnFixedSmemFloats = 512;            // q row (head_dim <= 512)
-
-__device__ __forceinline__ float WarpSum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ float WarpMax(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
-// Block-wide reduction (sum or max); every thread gets the result.
-template <bool kMax>
-__device__ float BlockReduce(float v) {
-  __shared__ float part[32];
-  __shared__ float total;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  v = kMax ? WarpMax(v) : WarpSum(v);
-  __syncthreads();
-  if (lane == 0) part[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    float t = lane < static_cast<int>(blockDim.x >> 5) ? part[lane] : (kMax ? -INFINITY : 0.0f);
-    t = kMax ? WarpMax(t) : WarpSum(t);
-    if (lane == 0) total = t;
-  }
-  __syncthreads();
-  return total;
-}
 
 __global__ void AddPositionBiasKernel(float* score, int64_t n, int64_t width, const float* ape, int64_t first_pos,
                                       int ratio) {

@@ -4,6 +4,7 @@
 #include <cuda_fp16.h>
 
 #include "kernels/cuda/model_ops.h"
+#include "kernels/cuda/model_ops_device.cuh"
 
 namespace dsmesh::cuda_ops {
 namespace {
@@ -18,38 +19,6 @@ inline unsigned Blocks(int64_t n, int threads = kThreads) {
 
 // The grid's y dimension over rows (at most 65535; kernels stride over the rest).
 inline unsigned RowBlocks(int64_t rows) { return static_cast<unsigned>(rows < 1 ? 1 : (rows > 65535 ? 65535 : rows)); }
-
-template <class T>
-__device__ __forceinline__ float Load(const T* p, int64_t i);
-template <>
-__device__ __forceinline__ float Load<float>(const float* p, int64_t i) { return p[i]; }
-template <>
-__device__ __forceinline__ float Load<__nv_bfloat16>(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
-template <>
-__device__ __forceinline__ float Load<__half>(const __half* p, int64_t i) { return __half2float(p[i]); }
-
-__device__ __forceinline__ float WarpSum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-// Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
-__device__ float BlockSum(float v) {
-  __shared__ float part[32];
-  __shared__ float total;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  v = WarpSum(v);
-  __syncthreads();  // part[] may still be read by a previous call
-  if (lane == 0) part[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    float t = lane < static_cast<int>(blockDim.x >> 5) ? part[lane] : 0.0f;
-    t = WarpSum(t);
-    if (lane == 0) total = t;
-  }
-  __syncthreads();
-  return total;
-}
 
 __device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 

@@ -7,18 +7,10 @@
 #include <string>
 
 #include "kernels/cuda/model_ops.h"
+#include "kernels/cuda/model_ops_device.cuh"
 
 namespace dsmesh::cuda_ops {
 namespace {
-
-template <class T>
-__device__ __forceinline__ float Load(const T* p, int64_t i);
-template <>
-__device__ __forceinline__ float Load<float>(const float* p, int64_t i) { return p[i]; }
-template <>
-__device__ __forceinline__ float Load<__nv_bfloat16>(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
-template <>
-__device__ __forceinline__ float Load<__half>(const __half* p, int64_t i) { return __half2float(p[i]); }
 
 constexpr int kGemvMaxRows = 8;
 
