@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -88,12 +89,15 @@ struct DraftRequest {
   SequenceState* state = nullptr;
   int32_t next_token = -1;  // the token at position state->length() (sampled or accepted), or -1 when not
                             // known yet (a prefill chunk that is not the last: only catch the MTP window up)
-  int num_drafts = 0;       // greedy drafts wanted (<= state->speculative_tokens() + 1; 0 with next_token -1)
+  int num_drafts = 0;       // drafts wanted (<= state->speculative_tokens() + 1; 0 with next_token -1)
+  // Picks draft step+1 (step 0 first) from that step's MTP logits (vocab floats); the choice is fed to the
+  // next step. Empty: the argmax (greedy drafts).
+  std::function<int32_t(int step, const float* logits)> choose;
 };
 
 struct DraftResult {
   std::vector<int32_t> tokens;  // the drafts, for positions length+1 .. length+num_drafts
-  Tensor logits;                // host f32 [num_drafts, vocab]: the MTP logits each draft is the argmax of
+  Tensor logits;                // host f32 [num_drafts, vocab]: the MTP logits each draft was picked from
 };
 
 struct SequenceOutput {
@@ -121,7 +125,7 @@ class Model {
   // The MTP block (dsv4-model.md section 5): for each sequence, brings the MTP window up to the state's
   // length from the target residuals Forward recorded (rows (X_t, token t+1); only the last
   // sliding_window positions matter, the block attends through its window only), then chains num_drafts
-  // greedy drafts: draft 1 from (X_{L-1}, next_token) at position L-1, draft i from the block's own output
+  // drafts (greedy, or picked by the request's `choose`): draft 1 from (X_{L-1}, next_token) at position L-1, draft i from the block's own output
   // state and draft i-1 at position L+i-2. The chained rows are forgotten afterwards (the MTP window ends
   // at position L-1). Every rank runs the same calls and gets the same drafts. With several MTP blocks,
   // block 0 serves every step (see NOTES). Throws on a state without speculation.

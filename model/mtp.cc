@@ -2,7 +2,8 @@
 // written against the Backend interface like the main forward. The block's row for position t is
 // (X_t, token t+1): X0 = h_proj(hnorm(X_t)) on each residual stream + e_proj(enorm(embed(token t+1))) on
 // every stream (the embedding row is zeroed at position 0, as vLLM does), then one sliding-window block
-// with its own window ring and MoE, then its own hc head and norm and the shared lm_head.
+// with its own window ring and MoE, then its own hc head and norm and the shared lm_head. Each draft is
+// the argmax of its logits or what the request's `choose` picks (sampled drafts).
 #include <algorithm>
 #include <set>
 #include <stdexcept>
@@ -117,7 +118,7 @@ std::vector<DraftResult> ModelImpl::Draft(const std::vector<DraftRequest>& batch
       const size_t i = active[a];
       const float* row = logits.as<float>() + a * V;
       std::copy(row, row + V, out[i].logits.as<float>() + step * V);
-      out[i].tokens.push_back(Argmax(row, V));
+      out[i].tokens.push_back(batch[i].choose ? batch[i].choose(step, row) : Argmax(row, V));
       if ((int)out[i].tokens.size() < batch[i].num_drafts) {
         next.push_back(i);
         keep.push_back((int64_t)a);

@@ -1,6 +1,7 @@
 #include "worker/sampler.h"
 
 #include "kernels/cpu/argmax.h"
+#include "worker/random_stream.h"
 
 #include <algorithm>
 #include <cmath>
@@ -11,19 +12,6 @@
 
 namespace dsmesh {
 namespace {
-
-// SplitMix64: a small counter-based generator; (seed, position, draw) -> uniform bits.
-uint64_t Mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-double Uniform01(uint64_t seed, int64_t position) {
-  uint64_t bits = Mix(Mix(seed) ^ Mix(static_cast<uint64_t>(position) * 0xD1B54A32D192ED03ull));
-  return static_cast<double>(bits >> 11) * (1.0 / 9007199254740992.0);  // [0, 1)
-}
 
 int32_t Argmax(const std::vector<float>& v) { return ::dsmesh::Argmax(v.data(), static_cast<int64_t>(v.size())); }
 
@@ -66,19 +54,7 @@ void ValidateSamplingParams(const SamplingParams& p, int64_t vocab) {
     if (t < 0 || t >= vocab) bad("stop_token_ids: " + std::to_string(t) + " is outside the vocabulary");
 }
 
-SampleResult SampleToken(const float* raw, int64_t vocab, const SamplingParams& p, uint64_t seed,
-                         int64_t position, const PenaltyState& pen) {
-  SampleResult result;
-  const bool wants_logprobs = p.want_logprobs() || p.logprobs() > 0;
-  const bool penalized = (p.repetition_penalty() != 0 && p.repetition_penalty() != 1.0f) ||
-                         ((p.frequency_penalty() != 0 || p.presence_penalty() != 0) && !pen.output_counts.empty());
-  if (p.temperature() < 1e-5f && !penalized) {
-    // Greedy without penalties: the argmax of the raw logits, no copy (the common decode path).
-    const int32_t best = Argmax(raw, vocab);
-    result.token_id = best;
-    if (wants_logprobs) FillLogprobs(raw, vocab, best, p.logprobs(), &result.logprobs);
-    return result;
-  }
+TokenDist ProcessedDist(const float* raw, int64_t vocab, const SamplingParams& p, const PenaltyState& pen) {
   std::vector<float> x(raw, raw + vocab);
   // Penalties (vLLM order): repetition over prompt and output, then frequency and presence over output.
   const float rep = p.repetition_penalty() == 0 ? 1.0f : p.repetition_penalty();
@@ -93,47 +69,68 @@ SampleResult SampleToken(const float* raw, int64_t vocab, const SamplingParams& 
     if (t < 0 || t >= vocab) continue;
     x[t] -= p.frequency_penalty() * c + p.presence_penalty() * (c > 0 ? 1.0f : 0.0f);
   }
-
+  TokenDist d;
   if (p.temperature() < 1e-5f) {
-    result.token_id = Argmax(x);
-  } else {
-    for (float& v : x) v /= p.temperature();
-    const float mx = *std::max_element(x.begin(), x.end());
-    std::vector<double> prob(vocab);
-    double sum = 0;
-    for (int64_t i = 0; i < vocab; ++i) sum += prob[i] = std::exp(static_cast<double>(x[i] - mx));
-    for (double& q : prob) q /= sum;
-    // Candidates sorted by probability (ties: lower id first), then cut by min_p, top_k, top_p.
-    std::vector<int32_t> ids(vocab);
-    std::iota(ids.begin(), ids.end(), 0);
-    std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return prob[a] > prob[b]; });
-    size_t keep = ids.size();
-    if (p.min_p() > 0) {
-      const double floor = p.min_p() * prob[ids[0]];
-      while (keep > 1 && prob[ids[keep - 1]] < floor) --keep;
-    }
-    if (p.top_k() > 0) keep = std::min<size_t>(keep, p.top_k());
-    if (p.top_p() > 0 && p.top_p() < 1) {
-      double cum = 0;
-      size_t k = 0;
-      while (k < keep) {
-        cum += prob[ids[k++]];
-        if (cum >= p.top_p()) break;
-      }
-      keep = k;
-    }
-    double total = 0;
-    for (size_t i = 0; i < keep; ++i) total += prob[ids[i]];
-    const double u = Uniform01(seed, position) * total;
+    d.ids = {Argmax(x)};
+    d.weights = {1.0};
+    d.total = 1.0;
+    return d;
+  }
+  for (float& v : x) v /= p.temperature();
+  const float mx = *std::max_element(x.begin(), x.end());
+  std::vector<double> prob(vocab);
+  double sum = 0;
+  for (int64_t i = 0; i < vocab; ++i) sum += prob[i] = std::exp(static_cast<double>(x[i] - mx));
+  for (double& q : prob) q /= sum;
+  // Candidates sorted by probability (ties: lower id first), then cut by min_p, top_k, top_p.
+  std::vector<int32_t>& ids = d.ids;
+  ids.resize(vocab);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return prob[a] > prob[b]; });
+  size_t keep = ids.size();
+  if (p.min_p() > 0) {
+    const double floor = p.min_p() * prob[ids[0]];
+    while (keep > 1 && prob[ids[keep - 1]] < floor) --keep;
+  }
+  if (p.top_k() > 0) keep = std::min<size_t>(keep, p.top_k());
+  if (p.top_p() > 0 && p.top_p() < 1) {
     double cum = 0;
-    result.token_id = ids[keep - 1];
-    for (size_t i = 0; i < keep; ++i) {
-      cum += prob[ids[i]];
-      if (u < cum) {
-        result.token_id = ids[i];
-        break;
-      }
+    size_t k = 0;
+    while (k < keep) {
+      cum += prob[ids[k++]];
+      if (cum >= p.top_p()) break;
     }
+    keep = k;
+  }
+  ids.resize(keep);
+  d.weights.resize(keep);
+  for (size_t i = 0; i < keep; ++i) d.total += d.weights[i] = prob[ids[i]];
+  return d;
+}
+
+int32_t DrawToken(const TokenDist& d, double u) {
+  const double target = u * d.total;
+  double cum = 0;
+  int32_t last = d.ids.back();  // the last token of positive weight (u * total rounded up to total)
+  for (size_t i = 0; i < d.ids.size(); ++i) {
+    cum += d.weights[i];
+    if (d.weights[i] > 0) last = d.ids[i];
+    if (target < cum) return d.ids[i];
+  }
+  return last;
+}
+
+SampleResult SampleToken(const float* raw, int64_t vocab, const SamplingParams& p, uint64_t seed,
+                         int64_t position, const PenaltyState& pen) {
+  SampleResult result;
+  const bool wants_logprobs = p.want_logprobs() || p.logprobs() > 0;
+  const bool penalized = (p.repetition_penalty() != 0 && p.repetition_penalty() != 1.0f) ||
+                         ((p.frequency_penalty() != 0 || p.presence_penalty() != 0) && !pen.output_counts.empty());
+  if (p.temperature() < 1e-5f && !penalized) {
+    // Greedy without penalties: the argmax of the raw logits, no copy (the common decode path).
+    result.token_id = Argmax(raw, vocab);
+  } else {
+    result.token_id = DrawToken(ProcessedDist(raw, vocab, p, pen), Uniform01(seed, position));
   }
   if (wants_logprobs) FillLogprobs(raw, vocab, result.token_id, p.logprobs(), &result.logprobs);
   return result;

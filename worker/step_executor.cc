@@ -1,5 +1,8 @@
 #include "worker/step_executor.h"
 
+#include "worker/random_stream.h"
+#include "worker/rejection_sampler.h"
+
 #include <chrono>
 #include <stdexcept>
 #include <string>
@@ -52,8 +55,6 @@ StepResult StepExecutor::Run(const StepPlan& plan) {
         s.state = model_->NewState(sp.num_speculative_tokens());
       }
       // Drafting needs no logprobs per produced token (one result carries one token's) and no raw logits.
-      // Verification samples every row with the request's own (seed, position) stream and accepts a draft
-      // only when the sample equals it, so the output is the one without speculation, sampled or greedy.
       const bool logprobs = sp.sampling().want_logprobs() || sp.sampling().logprobs() > 0;
       s.speculative_tokens = logprobs || sp.return_logits() ? 0 : sp.num_speculative_tokens();
       s.prompt_len = sp.prompt_len();
@@ -123,26 +124,67 @@ StepResult StepExecutor::Run(const StepPlan& plan) {
       }
     }
     if (!sp.sample()) continue;
-    // Row r of the verified rows predicts position start + tokens + r; draft r sits there. Accept while the
-    // sampler reproduces the draft; the first token that differs (or the one after the last draft) ends it.
+    // Row r of the verified rows predicts position start + tokens + r; draft r sits there. Greedy requests
+    // accept a draft while it equals the argmax (rejection sampling with one-hot p and q: exactly plain
+    // greedy); sampled requests verify each draft by rejection sampling against the distribution it was
+    // drawn from. The first rejection ends the row with its recovery token; the row after the last draft
+    // is the plain sample (the bonus token when every draft passed).
     const int64_t first = rows - 1 - sp.draft_tokens_size();
     const int64_t position = sp.start_pos() + sp.tokens_size();  // where the first sampled token will sit
+    const int n = sp.draft_tokens_size();
+    const bool greedy = s.params.temperature() < 1e-5f;
     int accepted = 0;
-    for (int r = 0; r <= sp.draft_tokens_size(); ++r) {
-      SampleResult sr = SampleToken(data + (first + r) * vocab, vocab, s.params, s.seed, position + r, s.penalties);
-      if (r == 0) {
-        out->set_token_id(sr.token_id);
-        if (rank0 && (s.params.want_logprobs() || s.params.logprobs() > 0)) *out->mutable_logprobs() = std::move(sr.logprobs);
+    for (int r = 0; r <= n; ++r) {
+      const float* row = data + (first + r) * vocab;
+      int32_t token;
+      bool pass = false;
+      if (r == n) {
+        SampleResult sr = SampleToken(row, vocab, s.params, s.seed, position + r, s.penalties);
+        token = sr.token_id;
+        // Only a row without drafts gets here with r == 0 (requests with logprobs do not speculate).
+        if (r == 0 && rank0 && (s.params.want_logprobs() || s.params.logprobs() > 0))
+          *out->mutable_logprobs() = std::move(sr.logprobs);
+      } else if (greedy) {
+        token = SampleToken(row, vocab, s.params, s.seed, position + r, s.penalties).token_id;
+        pass = token == sp.draft_tokens(r);
+      } else {
+        // q is the distribution this executor drew the draft from; a draft it did not draw (the test hook
+        // replaced it) counts as greedy (one-hot q).
+        const bool drawn = r < (int)s.drawn_drafts.size() && s.drawn_drafts[r] == sp.draft_tokens(r);
+        const TokenDist p = ProcessedDist(row, vocab, s.params, s.penalties);
+        const DraftVerdict v =
+            VerifyDraft(p, sp.draft_tokens(r), drawn ? &s.draft_dists[r] : nullptr, s.seed, position + r);
+        token = v.token_id;
+        pass = v.accepted;
       }
-      out->add_token_ids(sr.token_id);
-      if (r == sp.draft_tokens_size() || sr.token_id != sp.draft_tokens(r)) break;
-      s.penalties.AddOutputToken(sr.token_id);  // an accepted draft was fed like any generated token
+      if (r == 0) out->set_token_id(token);
+      out->add_token_ids(token);
+      if (!pass) break;
+      s.penalties.AddOutputToken(token);  // an accepted draft was fed like any generated token
       ++accepted;
     }
+    s.drawn_drafts.clear();
+    s.draft_dists.clear();
     out->set_num_accepted_drafts(accepted);
     if (sp.draft_tokens_size() > 0) s.state->Rollback(sp.start_pos() + sp.tokens_size() + accepted);
     if (s.speculative_tokens > 0) {
-      drafts.push_back({s.state.get(), out->token_ids(out->token_ids_size() - 1), s.speculative_tokens});
+      DraftRequest dq{s.state.get(), out->token_ids(out->token_ids_size() - 1), s.speculative_tokens};
+      if (!greedy) {
+        // Sampled drafts: draft i (at position length + 1 + i) is drawn from the MTP head's processed
+        // distribution (the request's penalties, temperature, min_p, top_k, top_p, with the tokens before it
+        // counted), by the (seed, position) kDraft stream; that distribution is kept as q for verification.
+        PenaltyState pen = s.penalties;
+        pen.AddOutputToken(dq.next_token);
+        dq.choose = [&s, pen, base = s.state->length() + 1, vocab](int step, const float* logits) mutable {
+          TokenDist q = ProcessedDist(logits, vocab, s.params, pen);
+          const int32_t d = DrawToken(q, Uniform01(s.seed, base + step, RandomStream::kDraft));
+          pen.AddOutputToken(d);
+          s.drawn_drafts.push_back(d);
+          s.draft_dists.push_back(std::move(q));
+          return d;
+        };
+      }
+      drafts.push_back(std::move(dq));
       draft_out.push_back(out);
     }
   }

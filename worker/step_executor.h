@@ -1,8 +1,10 @@
 // Executes step plans on one rank: keeps every sequence's model state and the prefix-cache snapshots,
 // runs the batched forward, and on rank 0 samples the next tokens. With speculative decoding every rank
-// also verifies the plan's drafts (greedy acceptance on the gathered logits, identical on every rank),
-// rolls the state back to the accepted position and drafts the next tokens with the MTP block. All ranks run identical plans in
-// identical order (the collectives inside Forward pair up across ranks).
+// also verifies the plan's drafts on the gathered logits (greedy: accepted while equal to the argmax;
+// sampled: rejection sampling, rejection_sampler.h; identical on every rank), rolls the state back to the
+// accepted position and drafts the next tokens with the MTP block (greedy requests: argmax drafts; sampled
+// requests: drawn from the MTP head's processed distribution). All ranks run identical plans in identical
+// order (the collectives inside Forward pair up across ranks).
 #pragma once
 
 #include <cstdint>
@@ -27,7 +29,8 @@ class StepExecutor {
   void Reset();
 
   // Test hook: may replace the MTP drafts of a sequence before they are returned (forced acceptances and
-  // rejections). Runs on every rank; it must change them identically everywhere.
+  // rejections). Runs on every rank; it must change them identically everywhere. A sampled request verifies
+  // a replaced draft as a greedy one (one-hot q).
   // `position` is where the first draft would sit.
   void set_draft_hook(std::function<void(uint64_t seq_id, int64_t position, std::vector<int32_t>* drafts)> hook) {
     draft_hook_ = std::move(hook);
@@ -45,6 +48,9 @@ class StepExecutor {
     uint64_t seed = 0;
     int speculative_tokens = 0;  // drafts per step (0: no speculation)
     PenaltyState penalties;      // every rank: speculative acceptance runs on every rank
+    // Sampled requests: the drafts this executor drew last step and the distributions q they were drawn from.
+    std::vector<int32_t> drawn_drafts;
+    std::vector<TokenDist> draft_dists;
   };
 
   Model* model_;
