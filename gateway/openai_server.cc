@@ -291,7 +291,7 @@ void OpenAiServer::Health(std::shared_ptr<HttpExchange>& exchange, Context& ctx)
 
 void OpenAiServer::Metrics(std::shared_ptr<HttpExchange>& exchange, Context& ctx) {
   // Fresh coordinator figures per scrape (counters must not lag behind the requests just served).
-  auto stats = mesh_->Stats(std::chrono::milliseconds(1000));
+  auto stats = mesh_->TryStats(std::chrono::milliseconds(1000));
   exchange->Respond(200, "text/plain; version=0.0.4; charset=utf-8", metrics_->Render(stats, admission_->in_flight()),
                     ctx.headers);
 }
