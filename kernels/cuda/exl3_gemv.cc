@@ -45,7 +45,7 @@ Exl3GemvWorkspace::~Exl3GemvWorkspace() {
 int Exl3GemvSplits(int64_t k, int64_t n, int m, int num_sms, int ctas_per_sm) {
   const int64_t strips = n / 128, nblk = k / 128;
   // Never more CTAs than fit at once (rounding up made e.g. 16 strips x 17 splits = 272 > 264 CTAs,
-  // and the 8 CTAs of the second wave cost a whole extra CTA time: 11.3 vs 8.2 us, NOTES.md v2), and
+  // and the 8 CTAs of the second wave cost a whole extra CTA time: 11.3 vs 8.2 us, docs/cuda-kernels.md v2), and
   // at most 8 input blocks per CTA (the activation slice lives in shared memory).
   auto splits_for = [&](int per_sm) {
     const int64_t target = static_cast<int64_t>(per_sm) * num_sms;

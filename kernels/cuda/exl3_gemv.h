@@ -30,7 +30,7 @@ struct Exl3DeviceLinear {
 
 enum class Exl3Out { kF32, kF16 };
 
-// CTAs per SM the k-split aims for by default: three fit, two measured best (NOTES.md v3: 1.65x vs
+// CTAs per SM the k-split aims for by default: three fit, two measured best (docs/cuda-kernels.md v3: 1.65x vs
 // 1.55x geomean).
 constexpr int kExl3GemvCtasPerSm = 2;
 

@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(kThreads, 3) Exl3GemvKernel(const GemvParams p
   // per block for all rows: the tensor cores take over when the busiest warp would have more than 5x
   // as many shuffle tasks as blocks (e.g. m = 16 x 8 blocks: 16 tasks per warp before, one block per
   // warp after; wq_b/wo_b m16 -6..8%). A threshold of 3x measured worse: m = 4 x 8 blocks +7..10%
-  // (bench_results/v8_dense_*.log).
+  // (docs/bench/cuda-kernels/v8_dense_*.log).
   const int warps = kThreads / 32;
   if (5 * ((nb + warps - 1) / warps) < (m * nb + warps - 1) / warps) {
     for (int b = warp; b < nb; b += warps) {

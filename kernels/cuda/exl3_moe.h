@@ -54,7 +54,7 @@ constexpr int kExl3MoeMaxRows = 24;
 // Gate/up work items per SM the routed-expert k-split aims for by default: one round of the 2
 // resident CTAs per SM (v11 sweep, two runs: 2.42x vs 2.39-2.40x at 3; exl3_moe.cc).
 constexpr int kExl3MoeItemsPerSm = 2;
-// Down items take 256 output columns instead of 128 (halving the per-item costs, NOTES.md v14) when the
+// Down items take 256 output columns instead of 128 (halving the per-item costs, docs/cuda-kernels.md v14) when the
 // 128-column ones would be short, I <= kExl3MoeDownWideMaxInter, and the wide ones still give
 // kExl3MoeDownWideRounds rounds of the resident CTAs (m = 16 at d = 4096): Exl3MoeWideDownItems.
 constexpr int kExl3MoeDownWideRounds = 2;
