@@ -223,7 +223,7 @@ __device__ __forceinline__ void Mma16816(float c[4], uint32_t a0, uint32_t a1, u
 // Adds 1 to *counter with acq_rel semantics at GPU scope; returns the old value. After a barrier, one
 // thread's call publishes the whole CTA's earlier global writes (release, cumulative through the
 // barrier) and orders the caller's later reads after every earlier release on the same counter
-// (acquire): the split-K arrivals need no fences (docs/cuda-kernels.md v7).
+// (acquire): the split-K arrivals need no fences.
 __device__ __forceinline__ int ArriveAcqRelGpu(int* counter) {
   int old;
   asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");

@@ -65,7 +65,7 @@ bool g_warm_weights = false;
 
 // Integer-pipe instructions per decoded weight in the GEMV/MoE inner loop (LOP3, SHF, PRMT, IADD3,
 // LEA, ...), counted in the sm_90 SASS of Exl3GemvKernel<K, MCG, few> by kernels/cuda/sass_loop_ops.py
-// (one main-loop iteration = 8 tiles = 64 weights per lane, the loop that also issues copies; v18 code,
+// (one main-loop iteration = 8 tiles = 64 weights per lane, the loop that also issues copies;
 // docs/bench/cuda-kernels/v18_sass_loop_ops.txt;
 // docs/cuda-kernels.md has the method and the FMA-pipe counts). `rows` picks the loop: up to 8 rows the few-rows
 // form (unpacked, transposed MMA), more rows the packed one. The integer pipe is the busier of the two (FMA pipe: IMAD ~1.8-2.0 per
