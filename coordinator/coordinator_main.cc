@@ -1,11 +1,14 @@
 // dsmesh-coordinator: waits for the workers, forms the mesh, runs the scheduler and serves Generate.
 //
-//   dsmesh-coordinator --listen HOST:PORT --world N --model DIR [--max-num-seqs 4]
+//   dsmesh-coordinator [--listen 127.0.0.1:7000] --world N --model DIR [--max-num-seqs 4]
 //                      [--max-batched-tokens 512] [--max-model-len L] [--block-size 16]
 //                      [--long-prefill-token-threshold 128] [--scheduling-policy fcfs|priority]
 //                      [--enable-prefix-caching true|false] [--register-timeout-s 120]
 //                      [--heartbeat-timeout-ms 1500] [--drain-timeout-s 30]
 //                      [--speculative-config '{"method":"mtp","num_speculative_tokens":3}']
+//                      [--mesh-token-file F] [--tls-cert F --tls-key F --tls-ca F]
+// Every call must carry the mesh token when one is set (UNAUTHENTICATED otherwise); listening beyond
+// loopback requires a token or TLS, so an open port never serves prompts to anyone who reaches it.
 // SIGTERM/SIGINT drain: stop admitting, finish running requests (up to the drain timeout), exit 0.
 //
 // Under systemd (Type=notify, deploy/systemd/dsmesh-coordinator.service): READY=1 once the mesh has
@@ -29,6 +32,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/flags.h"
+#include "common/mesh/mesh_credentials.h"
+#include "common/mesh/mesh_token_check.h"
 #include "common/program.h"
 #include "common/systemd_notify.h"
 #include "coordinator/engine.h"
@@ -65,6 +70,16 @@ ModelFacts ReadModelFacts(const std::string& dir) {
 
 // vLLM's --speculative-config JSON; only method "mtp" (the checkpoint's MTP block) is served here.
 // Returns the drafts per step (num_speculative_tokens, 3 when omitted).
+constexpr char kDefaultListen[] = "127.0.0.1:7000";
+
+// True for an address only this machine can reach (127.x.x.x, [::1], localhost, unix sockets).
+bool IsLoopback(const std::string& listen) {
+  if (listen.rfind("unix:", 0) == 0) return true;
+  const auto colon = listen.rfind(':');
+  const std::string host = colon == std::string::npos ? listen : listen.substr(0, colon);
+  return host.rfind("127.", 0) == 0 || host == "localhost" || host == "[::1]" || host == "ipv6:[::1]";
+}
+
 int ParseSpeculativeConfig(const std::string& text) {
   nlohmann::json j;
   try {
@@ -87,10 +102,15 @@ int ParseSpeculativeConfig(const std::string& text) {
 }
 
 int Main(const std::vector<std::string>& args) {
-  Flags f(args, {"listen", "world", "model", "max-num-seqs", "max-batched-tokens", "max-model-len", "block-size",
-                 "enable-prefix-caching", "register-timeout-s", "ready-timeout-s", "heartbeat-timeout-ms",
-                 "step-timeout-s", "drain-timeout-s", "long-prefill-token-threshold", "scheduling-policy", "speculative-config"});
-  const std::string listen = f.Require("listen");
+  Flags f(args, WithMeshCredentialFlags({"listen", "world", "model", "max-num-seqs", "max-batched-tokens",
+                                         "max-model-len", "block-size", "enable-prefix-caching", "register-timeout-s",
+                                         "ready-timeout-s", "heartbeat-timeout-ms", "step-timeout-s", "drain-timeout-s",
+                                         "long-prefill-token-threshold", "scheduling-policy", "speculative-config"}));
+  const std::string listen = f.Get("listen", kDefaultListen);
+  const MeshCredentials credentials = MeshCredentialsFromFlags(f);
+  if (!IsLoopback(listen) && credentials.token.empty() && !credentials.tls())
+    throw UsageError("--listen " + listen + " reaches beyond this machine: give --mesh-token-file (or --tls-cert/--tls-key/"
+                     "--tls-ca) so that only the mesh's own processes are served");
   const int world = static_cast<int>(f.GetInt("world", 0));
   if (world < 1) throw UsageError("--world must be >= 1");
   const ModelFacts facts = ReadModelFacts(f.Require("model"));
@@ -136,22 +156,24 @@ int Main(const std::vector<std::string>& args) {
   WorkerMesh mesh(world, &store, std::chrono::milliseconds(f.GetInt("heartbeat-timeout-ms", 1500)));
   mesh.set_num_speculative_tokens(ec.scheduler.num_speculative_tokens);
   Engine engine(ec, &mesh);
-  GenerateService generate(&engine);
-  WorkerControlService control(&mesh, &store);
+  MeshTokenCheck auth(credentials.token);
+  GenerateService generate(&engine, &auth);
+  WorkerControlService control(&mesh, &store, &auth);
 
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(listen, MeshServerCredentials(credentials), &port);
   builder.SetMaxReceiveMessageSize(-1);
   builder.SetMaxSendMessageSize(-1);
   builder.RegisterService(&generate);
   builder.RegisterService(&control);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) throw std::runtime_error("cannot listen on " + listen);
-  std::fprintf(stderr, "[coordinator] listening on %s (port %d); waiting for %d worker(s); max-num-seqs %d, "
+  std::fprintf(stderr, "[coordinator] listening on %s (port %d, %s, %s); waiting for %d worker(s); max-num-seqs %d, "
                "max-batched-tokens %d, max-model-len %d, prefix caching %s, scheduling policy %s, "
                "long-prefill-token-threshold %d, speculative tokens %d (mtp)\n",
-               listen.c_str(), port, world, ec.scheduler.max_num_seqs, ec.scheduler.max_batched_tokens,
+               listen.c_str(), port, credentials.token.empty() ? "no mesh token" : "mesh token required",
+               credentials.tls() ? "TLS with client certificates" : "plaintext", world, ec.scheduler.max_num_seqs, ec.scheduler.max_batched_tokens,
                ec.scheduler.max_model_len, ec.scheduler.prefix_caching ? "on" : "off",
                SchedulingPolicyName(ec.scheduler.policy), ec.scheduler.long_prefill_token_threshold,
                ec.scheduler.num_speculative_tokens);
@@ -207,8 +229,8 @@ int Main(const std::vector<std::string>& args) {
 int main(int argc, char** argv) {
   dsmesh::BlockShutdownSignals();
   return dsmesh::RunProgram("dsmesh-coordinator",
-                            "dsmesh-coordinator --listen HOST:PORT --world N --model DIR [--max-num-seqs 4] "
+                            "dsmesh-coordinator [--listen 127.0.0.1:7000] --world N --model DIR [--max-num-seqs 4] "
                             "[--max-batched-tokens 512] [--max-model-len L] [--long-prefill-token-threshold 128] "
-                            "[--scheduling-policy fcfs|priority]",
+                            "[--scheduling-policy fcfs|priority] [--mesh-token-file F] [--tls-cert F --tls-key F --tls-ca F]",
                             [&] { return dsmesh::Main(std::vector<std::string>(argv + 1, argv + argc)); });
 }

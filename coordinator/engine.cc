@@ -3,7 +3,7 @@
 #include <cstdio>
 #include <random>
 
-#include "worker/sampler.h"
+#include "common/sampling_params.h"
 
 namespace dsmesh {
 namespace {

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -44,9 +45,33 @@ LocalMesh::LocalMesh(const LocalMeshOptions& options) : opt_(options) {
   if (opt_.coordinator_port == 0) opt_.coordinator_port = FreePort();
   for (const auto& bin : {opt_.coordinator_bin, opt_.worker_bin})
     if (access(bin.c_str(), X_OK) != 0) throw std::runtime_error(bin + ": not an executable (build it first)");
+  MeshCredentials& c = opt_.credentials;
+  if (c.token.empty() && !c.tls()) {
+    MeshCredentials process = ProcessMeshCredentials();
+    if (process.token.empty()) {
+      process.token = RandomMeshToken();
+      SetProcessMeshCredentials(process);
+    }
+    c.token = process.token;
+    std::string dir = opt_.log_dir;
+    if (dir.empty()) {
+      const char* tmp = std::getenv("TMPDIR");
+      std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/dsmesh-mesh-XXXXXX";
+      if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("cannot create a directory " + pattern);
+      dir = token_dir_ = pattern;
+    }
+    c.token_file = dir + "/mesh-token";
+    WriteMeshTokenFile(c.token_file, c.token);
+  }
 }
 
-LocalMesh::~LocalMesh() { Stop(); }
+LocalMesh::~LocalMesh() {
+  Stop();
+  if (!token_dir_.empty()) {
+    unlink(opt_.credentials.token_file.c_str());
+    rmdir(token_dir_.c_str());
+  }
+}
 
 std::string LocalMesh::coordinator_address() const { return "127.0.0.1:" + std::to_string(opt_.coordinator_port); }
 
@@ -86,19 +111,26 @@ std::vector<std::string> LocalMesh::WorkerArgv(int rank) const {
           "--kv-memory", opt_.kv_memory, "--threads", std::to_string(opt_.threads_per_worker)};
 }
 
+std::vector<std::string> LocalMesh::WithCredentials(std::vector<std::string> argv) const {
+  for (auto& a : MeshCredentialArgs(opt_.credentials)) argv.push_back(std::move(a));
+  return argv;
+}
+
 void LocalMesh::Start() {
   std::vector<std::string> c = {opt_.coordinator_bin, "--listen", coordinator_address(), "--world",
                                 std::to_string(opt_.world), "--model", opt_.model_dir};
   c.insert(c.end(), opt_.coordinator_args.begin(), opt_.coordinator_args.end());
+  c = WithCredentials(std::move(c));
   children_.push_back({"coordinator", Spawn("coordinator", c), c});
   for (int r = 0; r < opt_.world; ++r) {
-    auto w = WorkerArgv(r);
+    auto w = WithCredentials(WorkerArgv(r));
     children_.push_back({"worker" + std::to_string(r), Spawn("worker" + std::to_string(r), w), w});
   }
   if (!opt_.gateway_bin.empty()) {
     std::vector<std::string> g = {opt_.gateway_bin, "--listen", "127.0.0.1:" + std::to_string(opt_.gateway_port),
                                   "--coordinator", coordinator_address(), "--model", opt_.model_dir};
     g.insert(g.end(), opt_.gateway_args.begin(), opt_.gateway_args.end());
+    g = WithCredentials(std::move(g));
     children_.push_back({"gateway", Spawn("gateway", g), g});
   }
 }

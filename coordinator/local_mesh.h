@@ -3,12 +3,19 @@
 // this process dies (PR_SET_PDEATHSIG), so nothing is orphaned; Stop() terminates them in order.
 // StartChild() starts one again with the same flags (the coordinator keeps its port); `dsmesh up`'s
 // Supervisor decides when.
+//
+// Every link is authenticated: without credentials in the options, the mesh uses this process's mesh
+// token (a random one is made the first time), written to LOG_DIR/mesh-token (or a private temporary
+// directory), mode 0600, and handed to every child with --mesh-token-file; this process's MeshClients
+// send it by default.
 #pragma once
 
 #include <sys/types.h>
 
 #include <string>
 #include <vector>
+
+#include "common/mesh/mesh_credentials.h"
 
 namespace dsmesh {
 
@@ -24,6 +31,7 @@ struct LocalMeshOptions {
   std::vector<std::string> coordinator_args;  // extra flags, e.g. {"--max-num-seqs", "8"}
   std::vector<std::string> gateway_args;      // extra flags, e.g. {"--api-key", "k", "--max-queued", "64"}
   std::string log_dir;          // empty: children inherit stderr; else they append to LOG_DIR/NAME.log
+  MeshCredentials credentials;  // no token and no TLS: the process's token, in a file of the mesh's own
 };
 
 struct Child {
@@ -39,6 +47,8 @@ class LocalMesh {
 
   void Start();
   std::string coordinator_address() const;
+  // What every child is given (--mesh-token-file ...), and what a client of this mesh must send.
+  const MeshCredentials& credentials() const { return opt_.credentials; }
   // Waits for any child to exit; returns its name and fills *status (-1 if none left).
   std::string WaitAny(int* status);
   // Returns the name of a child that has exited (without blocking), or "".
@@ -70,9 +80,11 @@ class LocalMesh {
  private:
   pid_t Spawn(const std::string& name, const std::vector<std::string>& argv);
   std::vector<std::string> WorkerArgv(int rank) const;
+  std::vector<std::string> WithCredentials(std::vector<std::string> argv) const;
   Child& Find(const std::string& name);
 
   LocalMeshOptions opt_;
+  std::string token_dir_;        // the private directory of the token file when there is no log_dir
   std::vector<Child> children_;  // [0] coordinator, [1..world] workers, [world+1] gateway
 };
 

@@ -20,7 +20,7 @@
 #include <thread>
 #include <vector>
 
-#include "coordinator/mesh_client.h"
+#include "common/mesh/mesh_client.h"
 #include "coordinator/mesh_commands.h"
 
 namespace dsmesh {

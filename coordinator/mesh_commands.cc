@@ -27,7 +27,8 @@
 #include "common/flags.h"
 #include "common/safetensors.h"
 #include "coordinator/local_mesh.h"
-#include "coordinator/mesh_client.h"
+#include "common/mesh/mesh_client.h"
+#include "common/mesh/mesh_credentials.h"
 #include "coordinator/supervisor.h"
 #include "coordinator/mesh_commands.h"
 #include "model/tiny_model.h"
@@ -121,6 +122,7 @@ int RunUp(const std::vector<std::string>& args) {
                                  "ready-timeout-s", "no-gateway", "served-model-name", "api-key", "api-key-file",
                                  "max-queued", "log-dir"};
   known.insert(kCoordinatorFlags.begin(), kCoordinatorFlags.end());
+  known = WithMeshCredentialFlags(known);
   Flags f(args, known, {"no-gateway"});
   const int world = static_cast<int>(f.GetInt("world", 2));
   if (world < 1) throw UsageError("--world must be >= 1");
@@ -153,9 +155,13 @@ int RunUp(const std::vector<std::string>& args) {
 
   o.log_dir = f.Has("log-dir") ? f.Get("log-dir") : MakeLogDir();
   std::filesystem::create_directories(o.log_dir);
+  // --mesh-token-file (or DSMESH_MESH_TOKEN_FILE) when given, else a fresh token in LOG_DIR/mesh-token.
+  o.credentials = MeshCredentialsFromFlags(f);
   LocalMesh mesh(o);
   std::fprintf(stderr, "dsmesh up: model %s, %d worker(s) on %s; coordinator (gRPC Generate) on %s\n", model.c_str(),
                world, o.device.c_str(), mesh.coordinator_address().c_str());
+  std::fprintf(stderr, "dsmesh up: logs in %s; gRPC clients of the coordinator need --mesh-token-file %s\n",
+               o.log_dir.c_str(), mesh.credentials().token_file.c_str());
   SupervisorOptions so;
   so.ready_timeout = std::chrono::seconds(f.GetInt("ready-timeout-s", 300));
   if (o.gateway_bin.empty()) {
@@ -186,9 +192,9 @@ MeshTarget Connect(const Flags& f) {
     if (!IsFile(model + "/config.json")) throw std::runtime_error(model + "/config.json: not found");
     t.local = std::make_unique<LocalMesh>(OptionsFromFlags(f, model, world));
     t.local->Start();
-    t.client = std::make_unique<MeshClient>(t.local->coordinator_address());
+    t.client = std::make_unique<MeshClient>(t.local->coordinator_address(), t.local->credentials());
   } else {
-    t.client = std::make_unique<MeshClient>(f.Get("coordinator"));
+    t.client = std::make_unique<MeshClient>(f.Get("coordinator"), MeshCredentialsFromFlags(f));
   }
   t.client->WaitReady(std::chrono::seconds(f.GetInt("ready-timeout-s", 300)));
   return t;
@@ -196,8 +202,9 @@ MeshTarget Connect(const Flags& f) {
 
 }  // namespace
 
-const std::set<std::string> kMeshFlags = {"model", "tokens", "threads", "device", "world", "coordinator", "kv-memory",
-                                          "coordinator-port", "ready-timeout-s"};
+const std::set<std::string> kMeshFlags = WithMeshCredentialFlags({"model", "tokens", "threads", "device", "world",
+                                                                   "coordinator", "kv-memory", "coordinator-port",
+                                                                   "ready-timeout-s"});
 
 namespace {
 
@@ -272,7 +279,7 @@ void BenchStreams(MeshClient& client, const std::string& address, int streams, i
   for (int s = 0; s < streams; ++s)
     threads.emplace_back([&, s] {
       try {
-        MeshClient c(address);
+        MeshClient c(address, client.credentials());
         GenerateRequest req;
         req.set_request_id("bench-" + std::to_string(s));
         uint32_t x = 1234567u * (s + 1);

@@ -4,6 +4,7 @@ namespace dsmesh {
 
 grpc::Status GenerateService::Generate(grpc::ServerContext* ctx, const GenerateRequest* req,
                                        grpc::ServerWriter<GenerateResponse>* writer) {
+  if (auto st = Authorize(*ctx, "Generate.Generate"); !st.ok()) return st;
   std::shared_ptr<Request> r;
   try {
     r = engine_->Submit(*req);
@@ -30,30 +31,16 @@ grpc::Status GenerateService::Generate(grpc::ServerContext* ctx, const GenerateR
   }
 }
 
-grpc::Status GenerateService::Stats(grpc::ServerContext*, const StatsRequest*, StatsResponse* resp) {
+grpc::Status GenerateService::Stats(grpc::ServerContext* ctx, const StatsRequest*, StatsResponse* resp) {
+  if (auto st = Authorize(*ctx, "Generate.Stats"); !st.ok()) return st;
   *resp = engine_->Stats();
   return grpc::Status::OK;
 }
 
 grpc::Status WorkerControlService::Session(grpc::ServerContext* ctx,
                                            grpc::ServerReaderWriter<CoordinatorMessage, WorkerMessage>* stream) {
+  if (auto st = Authorize(*ctx, "WorkerControl.Session"); !st.ok()) return st;
   return mesh_->Serve(ctx, stream);
-}
-
-grpc::Status WorkerControlService::StoreSet(grpc::ServerContext*, const StoreSetRequest* req, StoreSetResponse*) {
-  store_->Set(req->key(), req->value());
-  return grpc::Status::OK;
-}
-
-grpc::Status WorkerControlService::StoreGet(grpc::ServerContext*, const StoreGetRequest* req, StoreGetResponse* resp) {
-  try {
-    auto values = store_->Get({req->keys().begin(), req->keys().end()},
-                              std::chrono::milliseconds(std::max<int64_t>(req->timeout_ms(), 0)));
-    for (auto& v : values) resp->add_values(std::move(v));
-    return grpc::Status::OK;
-  } catch (const std::exception& e) {
-    return grpc::Status(grpc::DEADLINE_EXCEEDED, e.what());
-  }
 }
 
 }  // namespace dsmesh

@@ -15,7 +15,7 @@
 
 #include "coordinator/local_mesh.h"
 #include "coordinator/log_follower.h"
-#include "coordinator/mesh_client.h"
+#include "common/mesh/mesh_client.h"
 #include "coordinator/restart_policy.h"
 
 namespace dsmesh {

@@ -18,7 +18,7 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include "coordinator/rendezvous_store.h"
+#include "common/mesh/rendezvous_store.h"
 #include "proto/mesh.grpc.pb.h"
 
 namespace dsmesh {

@@ -26,7 +26,8 @@
 #include "gateway/admission.h"
 #include "gateway/api_error.h"
 #include "gateway/http_server.h"
-#include "gateway/mesh_client.h"
+#include "common/mesh/mesh_client.h"
+#include "common/mesh/mesh_credentials.h"
 #include "gateway/mesh_monitor.h"
 #include "gateway/openai_server.h"
 #include "gateway/serving_metrics.h"
@@ -113,8 +114,9 @@ ModelInfo ReadModelInfo(const std::string& dir, const std::string& chat_format_f
 
 int Run(int argc, char** argv) {
   Flags flags(std::vector<std::string>(argv + 1, argv + argc),
-              {"listen", "coordinator", "model", "served-model-name", "api-key", "api-key-file", "max-queued",
-               "threads", "max-body-bytes", "chat-format", "drain-timeout-s", "sse-ping-s", "log-level", "help"},
+              WithMeshCredentialFlags({"listen", "coordinator", "model", "served-model-name", "api-key", "api-key-file",
+                                       "max-queued", "threads", "max-body-bytes", "chat-format", "drain-timeout-s",
+                                       "sse-ping-s", "log-level", "help"}),
               {"help"});
   if (flags.Has("help")) {
     std::printf("%s\n", kUsage);
@@ -138,7 +140,7 @@ int Run(int argc, char** argv) {
   api_options.api_keys = ReadApiKeys(flags);
   api_options.chat_format = model.chat_format;
 
-  MeshClient mesh(coordinator);
+  MeshClient mesh(coordinator, MeshCredentialsFromFlags(flags));
   ServingMetrics metrics(api_options.served_model_name, model.max_position_embeddings);
   Admission admission(max_queued);
 

@@ -15,7 +15,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "gateway/admission.h"
 #include "gateway/http_server.h"
-#include "gateway/mesh_client.h"
+#include "common/mesh/mesh_client.h"
 #include "gateway/request_options.h"
 #include "gateway/serving_metrics.h"
 

@@ -45,7 +45,7 @@ void MeshMonitor::Loop() {
   while (true) {
     std::string error;
     // At least 2 s: a busy coordinator on a loaded machine is slow to answer, not gone.
-    auto stats = mesh_->Stats(std::clamp(interval_ * 2, std::chrono::milliseconds(2000), std::chrono::milliseconds(5000)),
+    auto stats = mesh_->TryStats(std::clamp(interval_ * 2, std::chrono::milliseconds(2000), std::chrono::milliseconds(5000)),
                               &error);
     bool loop_ok = loop_probe_ ? loop_probe_() : true;
     bool ready = false;

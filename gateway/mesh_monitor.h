@@ -12,7 +12,7 @@
 #include <string>
 #include <thread>
 
-#include "gateway/mesh_client.h"
+#include "common/mesh/mesh_client.h"
 
 namespace dsmesh {
 

@@ -1,5 +1,7 @@
 #include "gateway/openai_server.h"
 
+#include "common/constant_time.h"
+
 #include <spdlog/spdlog.h>
 
 #include <ctime>
@@ -155,8 +157,12 @@ void OpenAiServer::CheckApiKey(const HttpRequest& request) const {
   std::string auth(request[http::field::authorization]);
   const std::string prefix = "bearer ";
   if (auth.size() > prefix.size() && boost::beast::iequals(auth.substr(0, prefix.size()), prefix)) {
-    std::string key = auth.substr(prefix.size());
-    if (options_.api_keys.count(key)) return;
+    const std::string key = auth.substr(prefix.size());
+    // Every configured key is compared, each in constant time, so the answer's timing says nothing about
+    // how close a guess came or which key it resembled. The key is never logged.
+    bool match = false;
+    for (const std::string& k : options_.api_keys) match |= ConstantTimeEquals(key, k);
+    if (match) return;
     throw ApiError(401, "invalid API key", "authentication_error", std::nullopt, std::string("invalid_api_key"));
   }
   throw ApiError(401, "missing API key: send 'Authorization: Bearer <key>'", "authentication_error", std::nullopt,
@@ -291,7 +297,7 @@ void OpenAiServer::Health(std::shared_ptr<HttpExchange>& exchange, Context& ctx)
 
 void OpenAiServer::Metrics(std::shared_ptr<HttpExchange>& exchange, Context& ctx) {
   // Fresh coordinator figures per scrape (counters must not lag behind the requests just served).
-  auto stats = mesh_->Stats(std::chrono::milliseconds(1000));
+  auto stats = mesh_->TryStats(std::chrono::milliseconds(1000));
   exchange->Respond(200, "text/plain; version=0.0.4; charset=utf-8", metrics_->Render(stats, admission_->in_flight()),
                     ctx.headers);
 }

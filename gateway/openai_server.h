@@ -11,7 +11,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "gateway/admission.h"
 #include "gateway/http_server.h"
-#include "gateway/mesh_client.h"
+#include "common/mesh/mesh_client.h"
 #include "gateway/mesh_monitor.h"
 #include "gateway/serving_metrics.h"
 

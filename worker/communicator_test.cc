@@ -1,4 +1,4 @@
-// Gloo collectives among threads that rendezvous through a real coordinator store service over gRPC,
+// Gloo collectives among threads that rendezvous through the coordinator's store service over gRPC,
 // and NCCL's load failure on a machine without libnccl.
 #include <cstdlib>
 #include <thread>
@@ -6,7 +6,7 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
-#include "coordinator/services.h"
+#include "common/mesh/store_service.h"
 #include "worker/gloo_communicator.h"
 #include "worker/grpc_store.h"
 #include "worker/nccl_communicator.h"
@@ -16,7 +16,7 @@ namespace {
 
 class StoreServer {
  public:
-  StoreServer() : mesh_(1, &store_, std::chrono::milliseconds(1500)), service_(&mesh_, &store_) {
+  StoreServer() : service_(&store_, nullptr) {
     grpc::ServerBuilder b;
     b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
     b.RegisterService(&service_);
@@ -30,8 +30,7 @@ class StoreServer {
 
  private:
   RendezvousStore store_;
-  WorkerMesh mesh_;
-  WorkerControlService service_;
+  RendezvousStoreService service_;
   int port_ = 0;
   std::unique_ptr<grpc::Server> server_;
 };

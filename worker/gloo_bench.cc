@@ -1,4 +1,4 @@
-// Gloo all-reduce latency among threads of this process (rendezvous through an in-process coordinator
+// Gloo all-reduce latency among threads of this process (rendezvous through an in-process rendezvous
 // store over gRPC, TCP on loopback), to tell the transport's own cost apart from the mesh's.
 //   bazel run //worker:gloo_bench -- [world=2] [floats=128] [iterations=2000]
 #include <chrono>
@@ -8,7 +8,7 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include "coordinator/services.h"
+#include "common/mesh/store_service.h"
 #include "worker/gloo_communicator.h"
 #include "worker/grpc_store.h"
 
@@ -18,8 +18,7 @@ int main(int argc, char** argv) {
   const size_t n = argc > 2 ? std::atol(argv[2]) : 128;
   const int iters = argc > 3 ? std::atoi(argv[3]) : 2000;
   RendezvousStore store;
-  WorkerMesh mesh(1, &store, std::chrono::milliseconds(1500));
-  WorkerControlService service(&mesh, &store);
+  RendezvousStoreService service(&store, nullptr);
   grpc::ServerBuilder b;
   int port = 0;
   b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);

@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/sampling_params.h"
 #include "proto/mesh.pb.h"
 
 namespace dsmesh {
@@ -35,10 +36,6 @@ struct SampleResult {
   int32_t token_id = -1;
   TokenLogprobs logprobs;  // filled when params ask for logprobs
 };
-
-// Throws std::invalid_argument naming the field for out-of-range parameters (the coordinator calls this
-// at admission so a bad request never reaches a worker).
-void ValidateSamplingParams(const SamplingParams& params, int64_t vocab_size);
 
 // `logits` are the model's raw logits for one position (vocab floats); `position` is the position of the
 // token being sampled (its index in prompt + output), which selects the random stream.

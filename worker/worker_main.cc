@@ -3,7 +3,7 @@
 //
 //   dsmesh-worker --rank R --world N --coordinator HOST:PORT --model DIR --device cpu|cuda:I
 //                 [--kv-memory BYTES[K|M|G] | --kv-memory-fraction F] [--threads T] [--data-host ADDR]
-//                 [--collective-timeout-ms MS]
+//                 [--collective-timeout-ms MS] [--mesh-token-file F] [--tls-cert F --tls-key F --tls-ca F]
 //
 // Under systemd (Type=notify, deploy/systemd/dsmesh-worker@.service): READY=1 once its shard is loaded
 // and it joined the mesh (the first FormMesh that succeeded), STATUS= on every change (registered,
@@ -28,6 +28,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "common/flags.h"
+#include "common/mesh/mesh_credentials.h"
 #include "common/program.h"
 #include "common/systemd_notify.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -96,6 +97,7 @@ class Worker {
       : rank_(static_cast<int>(f.GetInt("rank", -1))),
         world_(static_cast<int>(f.GetInt("world", 0))),
         coordinator_(f.Require("coordinator")),
+        credentials_(MeshCredentialsFromFlags(f)),
         model_dir_(f.Require("model")),
         device_(f.Get("device", "cpu")),
         threads_(static_cast<int>(f.GetInt("threads", 0))),
@@ -126,7 +128,7 @@ class Worker {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(-1);
     args.SetMaxSendMessageSize(-1);
-    auto channel = grpc::CreateCustomChannel(coordinator_, grpc::InsecureChannelCredentials(), args);
+    auto channel = MeshChannel(coordinator_, args, credentials_);
     if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(30)))
       throw std::runtime_error("cannot reach the coordinator at " + coordinator_ + " within 30 s");
     stub_ = WorkerControl::NewStub(channel);
@@ -270,6 +272,11 @@ class Worker {
     }
     if (terminated_) return 0;
     grpc::Status st = stream_->Finish();
+    if (st.error_code() == grpc::UNAUTHENTICATED) {
+      std::fprintf(stderr, "[worker %d] the coordinator at %s refused this worker (UNAUTHENTICATED): %s\n", rank_,
+                   coordinator_.c_str(), st.error_message().c_str());
+      return 1;
+    }
     std::fprintf(stderr, "[worker %d] lost the coordinator at %s: %s\n", rank_, coordinator_.c_str(),
                  st.ok() ? "stream closed" : st.error_message().c_str());
     return 1;
@@ -368,7 +375,9 @@ class Worker {
     return static_cast<int64_t>(allowed - used);
   }
 
-  std::string coordinator_, model_dir_, device_, data_host_;
+  std::string coordinator_;
+  MeshCredentials credentials_;
+  std::string model_dir_, device_, data_host_;
   int cuda_device_ = -1;
   double gpu_memory_utilization_ = 0.9;
   bool kv_budget_explicit_ = true;
@@ -400,8 +409,9 @@ int main(int argc, char** argv) {
       "dsmesh-worker --rank R --world N --coordinator HOST:PORT --model DIR --device cpu|cuda[:I] [--gpu-memory-utilization F] "
       "[--kv-memory BYTES | --kv-memory-fraction F] [--threads T]",
       [&] {
-        dsmesh::Flags flags(args, {"rank", "world", "coordinator", "model", "device", "kv-memory", "kv-memory-fraction", "gpu-memory-utilization",
-                                   "threads", "data-host", "collective-timeout-ms"});
+        dsmesh::Flags flags(args, dsmesh::WithMeshCredentialFlags({"rank", "world", "coordinator", "model", "device", "kv-memory",
+                                   "kv-memory-fraction", "gpu-memory-utilization", "threads", "data-host",
+                                   "collective-timeout-ms"}));
         if (!flags.Has("rank") || !flags.Has("world")) throw dsmesh::UsageError("--rank and --world are required");
         dsmesh::Worker worker(flags);
         return worker.Run();

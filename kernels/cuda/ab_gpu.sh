@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Side-by-side benchmark of kernel variants in one GPU call (how every version in NOTES.md was measured).
+# Side-by-side benchmark of kernel variants in one GPU call (how every version in docs/cuda-kernels.md was measured).
 #   usage (repository root on the GPU machine): kernels/cuda/ab_gpu.sh BUNDLE "VARIANTS" "SETS" [REPS]
 #   BUNDLE    the bundle made by make_bundle.sh (.bundle/cuda)
 #   VARIANTS  "new" is the bundle's own libraries; any other NAME is a folder BUNDLE/var/NAME whose

@@ -33,7 +33,7 @@ __device__ __forceinline__ uint32_t Lop3MaskXor(uint32_t x) {
 //  A: two PRMTs gather (lo0, lo1) and (hi0, hi1), one HADD2 adds them: 2 ALU-pipe + 1 FMA-pipe ops.
 //  B: one HADD2 per product with .H0_H0/.H1_H1 operand selectors gives (v, v), one PRMT packs the pair:
 //     1 ALU-pipe + 2 FMA-pipe ops.
-// Mixing them keeps the integer (ALU) and FMA pipes about equally busy (see NOTES.md).
+// Mixing them keeps the integer (ALU) and FMA pipes about equally busy (see docs/cuda-kernels.md).
 template <int CB, bool kPackAfterAdd>
 __device__ __forceinline__ uint32_t DecodePair(uint32_t s0, uint32_t s1) {
   if constexpr (CB == kCbMul1) {
@@ -107,7 +107,7 @@ __host__ __device__ constexpr bool LaneNeedsThirdWord() {
 }
 static_assert(!LaneNeedsThirdWord<1>() && !LaneNeedsThirdWord<2>() && !LaneNeedsThirdWord<3>() &&
                   !LaneNeedsThirdWord<4>() && LaneNeedsThirdWord<5>() && LaneNeedsThirdWord<8>(),
-              "lane geometry (NOTES.md v18): two words up to K = 4");
+              "lane geometry (docs/cuda-kernels.md v18): two words up to K = 4");
 
 // The 32-bit word holding stream bits [B, B + 32) of the normalized stream A:B:C (B compile-time).
 template <int B>
@@ -223,7 +223,7 @@ __device__ __forceinline__ void Mma16816(float c[4], uint32_t a0, uint32_t a1, u
 // Adds 1 to *counter with acq_rel semantics at GPU scope; returns the old value. After a barrier, one
 // thread's call publishes the whole CTA's earlier global writes (release, cumulative through the
 // barrier) and orders the caller's later reads after every earlier release on the same counter
-// (acquire): the split-K arrivals need no fences (NOTES.md v7).
+// (acquire): the split-K arrivals need no fences.
 __device__ __forceinline__ int ArriveAcqRelGpu(int* counter) {
   int old;
   asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");

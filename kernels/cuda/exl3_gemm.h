@@ -6,7 +6,7 @@
 //   2. cuBLAS: y = xh W_eff (fp16 tensor cores, fp32 accumulate), written straight into y as fp32 or
 //      fp16: y = (xh Ŵ) Hn diag(svh) = xh (Ŵ Hn diag(svh)), so no output pass is needed.
 // The weight scratch costs one write and one read of k*n fp16 per call; at m = 512 that is small next
-// to the GEMM itself (NOTES.md has the rate against cuBLAS bf16 on the same shapes).
+// to the GEMM itself (docs/cuda-kernels.md has the rate against cuBLAS bf16 on the same shapes).
 // Precision: W_eff adds one fp16 rounding per weight (~2^-12 relative) to what the GEMV computes; rows
 // stay within rel L2 2e-3 of the fp64 reference (exl3_gemm_test). Overflow of W_eff in fp16 is
 // impossible for |svh| <= 1447 (exl3_gemm_kernels.h); beyond that the kernel counts saturated weights

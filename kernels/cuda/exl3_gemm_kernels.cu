@@ -17,7 +17,7 @@
 // The butterflies are the same Sylvester-ordered H128 as Hadamard128Warp (lower index a+b, upper a-b),
 // applied bit by bit in another order, so the result equals OutputHadamard128 on each row of Ŵ up to
 // fp32 rounding (checked against an fp64 reference in exl3_gemm_test).
-// Measured alternative (NOTES.md, "Prefill GEMM"): all 7 stages on CUDA cores with an fp32 shared-memory
+// Measured alternative (docs/cuda-kernels.md, "Prefill GEMM"): all 7 stages on CUDA cores with an fp32 shared-memory
 // transpose moved the same bytes but took 35.7 us instead of 27.5 for wq_b K2 (plain Ŵ decode: 21.5),
 // so the arithmetic, not the bandwidth, is what this kernel adds.
 // CPU reference: the fp64 W_eff in exl3_gemm_test.cc (and for the whole linear, Exl3LinearCpu).

@@ -45,7 +45,7 @@ Exl3GemvWorkspace::~Exl3GemvWorkspace() {
 int Exl3GemvSplits(int64_t k, int64_t n, int m, int num_sms, int ctas_per_sm) {
   const int64_t strips = n / 128, nblk = k / 128;
   // Never more CTAs than fit at once (rounding up made e.g. 16 strips x 17 splits = 272 > 264 CTAs,
-  // and the 8 CTAs of the second wave cost a whole extra CTA time: 11.3 vs 8.2 us, NOTES.md v2), and
+  // and the 8 CTAs of the second wave cost a whole extra CTA time: 11.3 vs 8.2 us on the H200, docs/cuda-kernels.md), and
   // at most 8 input blocks per CTA (the activation slice lives in shared memory).
   auto splits_for = [&](int per_sm) {
     const int64_t target = static_cast<int64_t>(per_sm) * num_sms;
@@ -54,8 +54,8 @@ int Exl3GemvSplits(int64_t k, int64_t n, int m, int num_sms, int ctas_per_sm) {
     return std::max(splits, (nblk + exl3cuda::kGemvMaxBlocksPerSplit - 1) / exl3cuda::kGemvMaxBlocksPerSplit);
   };
   // The last CTA of a strip reads S x m x 512 bytes of partials, so aim at half as many CTAs when that
-  // finish outweighs a CTA's decode of more blocks: many rows (v11 sweep: m = 16 wq_a -17%, shared_gate
-  // -10..13%, the others within +-3%), or more than 8 splits (v13 sweep, m <= 8: wq_a 32 -> 16 splits
+  // finish outweighs a CTA's decode of more blocks: many rows (measured: m = 16 wq_a -17%, shared_gate
+  // -10..13%, the others within +-3%), or more than 8 splits (measured, m <= 8: wq_a 32 -> 16 splits
   // -1..9%, shared_gate 16 -> 8 -3..9%; at 8 splits halving is worse, shared_down 8 -> 4 +3..15%).
   if (m > 8 || splits_for(ctas_per_sm) > 8) ctas_per_sm = std::max(1, ctas_per_sm / 2);
   return static_cast<int>(splits_for(ctas_per_sm));

@@ -30,8 +30,8 @@ struct Exl3DeviceLinear {
 
 enum class Exl3Out { kF32, kF16 };
 
-// CTAs per SM the k-split aims for by default: three fit, two measured best (NOTES.md v3: 1.65x vs
-// 1.55x geomean).
+// CTAs per SM the k-split aims for by default: three fit, two measured best (1.65x vs 1.55x
+// geomean on the H200, docs/cuda-kernels.md).
 constexpr int kExl3GemvCtasPerSm = 2;
 
 // Split-K scratch (partial sums and per-strip arrival counters). One per stream: a workspace is bound

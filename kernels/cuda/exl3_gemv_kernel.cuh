@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(kThreads, 3) Exl3GemvKernel(const GemvParams p
   // per block for all rows: the tensor cores take over when the busiest warp would have more than 5x
   // as many shuffle tasks as blocks (e.g. m = 16 x 8 blocks: 16 tasks per warp before, one block per
   // warp after; wq_b/wo_b m16 -6..8%). A threshold of 3x measured worse: m = 4 x 8 blocks +7..10%
-  // (bench_results/v8_dense_*.log).
+  // (docs/bench/cuda-kernels/v8_dense_*.log).
   const int warps = kThreads / 32;
   if (5 * ((nb + warps - 1) / warps) < (m * nb + warps - 1) / warps) {
     for (int b = warp; b < nb; b += warps) {
@@ -97,8 +97,8 @@ __global__ void __launch_bounds__(kThreads, 3) Exl3GemvKernel(const GemvParams p
     // Publish the partial: the barrier orders every thread's stores before thread 0's arrival, an
     // acq_rel atomic at GPU scope: its release half makes the CTA's partial visible before the count
     // (cumulativity), its acquire half orders the last CTA's partial loads (L2, __ldcg, after the next
-    // barrier) after every other CTA's release. One atomic per CTA and no fences (v5 fenced in all 256
-    // threads, v6 in thread 0 around a relaxed atomicAdd; v7 1.78x -> 1.83x geomean side by side).
+    // barrier) after every other CTA's release. One atomic per CTA and no fences
+    // (measured 1.83x vs 1.78x geomean against fences in every thread or around a relaxed atomicAdd).
     __shared__ int s_last;
     __syncthreads();
     if (tid == 0) s_last = ArriveAcqRelGpu(p.counters + strip) == p.splits - 1;

@@ -38,7 +38,7 @@ int ExpectedGroups(int m, int topk, int num_experts) { return std::max(1, std::m
 }  // namespace
 
 int Exl3MoeSplits(int m, int topk, int num_experts, int hidden, int inter, int num_sms, int items_per_sm) {
-  // Enough gate/up items for items_per_sm per SM (kExl3MoeItemsPerSm = 2 by default; at 3 the v11 sweep
+  // Enough gate/up items for items_per_sm per SM (kExl3MoeItemsPerSm = 2 by default; at 3 the H200
   // measured 2.39-2.40x vs 2.42x, min 1.56x vs 1.69x, K3 I1024 m1 8% faster the one exception).
   const int groups = ExpectedGroups(m, topk, num_experts);
   const int nb = inter / 128, nblk_d = hidden / 128;
@@ -48,7 +48,7 @@ int Exl3MoeSplits(int m, int topk, int num_experts, int hidden, int inter, int n
   // With few experts (their down items cannot fill the target, e.g. the 6 of m = 1), the gate/up items
   // are the whole critical path: one split fewer when the last one would only add a short partial round
   // (under a quarter of the target), whose items start when the first round ends and hold back their
-  // groups' down items. v16 A/B: m1 I1024 6 -> 5 splits -7..9%, m1 I2048 3 -> 2 K2 -2.5%, K3 +2%.
+  // groups' down items. Measured: m1 I1024 6 -> 5 splits -7..9%, m1 I2048 3 -> 2 K2 -2.5%, K3 +2%.
   if (s > 1 && groups * nblk_d < target && per * s > target && (per * s - target) * 4 < target) --s;
   return std::max(1, std::min(s, nblk_d));
 }
@@ -56,7 +56,7 @@ int Exl3MoeSplits(int m, int topk, int num_experts, int hidden, int inter, int n
 bool Exl3MoeWideDownItems(int m, int topk, int num_experts, int hidden, int inter, int grid) {
   // Wide items when narrow ones would be short (I <= kExl3MoeDownWideMaxInter: at most 8 pipeline
   // stages per warp, so the per-item costs weigh) and the wide ones still give kExl3MoeDownWideRounds
-  // rounds of the grid. v14 A/B: m16 I256 -8%, I1024 -1%, I2048 +1% (hence the I limit).
+  // rounds of the grid. Measured: m16 I256 -8%, I1024 -1%, I2048 +1% (hence the I limit).
   const int64_t groups = ExpectedGroups(m, topk, num_experts), nc = hidden / 128;
   return nc % 2 == 0 && inter <= kExl3MoeDownWideMaxInter &&
          groups * (nc / 2) >= static_cast<int64_t>(kExl3MoeDownWideRounds) * grid;
@@ -65,7 +65,7 @@ bool Exl3MoeWideDownItems(int m, int topk, int num_experts, int hidden, int inte
 int Exl3MoeFusedSplits(int m, int topk, int num_experts, int hidden, int inter, int num_sms, int items_per_sm) {
   // Every down item of a fused launch sums all S partials of its group (repeated 32 times per expert at
   // d = 4096) and each gate/up item's duration is on the critical path: equal items (S divides d / 128)
-  // and no more than one round of the target. v17, same call: I256 m1 S = 16 18.8 us vs the plain
+  // and no more than one round of the target. Measured: I256 m1 S = 16 18.8 us vs the plain
   // rule's 22 (items of 1 or 2 blocks) 20.1-20.3 us, S = 8 21.8, S = 32 22.1; I1024 m1 S = 4 vs 5 mixed.
   const int groups = ExpectedGroups(m, topk, num_experts);
   const int nb = inter / 128, nblk_d = hidden / 128, target = items_per_sm * num_sms;

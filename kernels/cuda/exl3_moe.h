@@ -52,9 +52,9 @@ struct Exl3MoeLayer {
 constexpr int kExl3MoeMaxRows = 24;
 
 // Gate/up work items per SM the routed-expert k-split aims for by default: one round of the 2
-// resident CTAs per SM (v11 sweep, two runs: 2.42x vs 2.39-2.40x at 3; exl3_moe.cc).
+// resident CTAs per SM (measured, two runs: 2.42x vs 2.39-2.40x at 3; exl3_moe.cc).
 constexpr int kExl3MoeItemsPerSm = 2;
-// Down items take 256 output columns instead of 128 (halving the per-item costs, NOTES.md v14) when the
+// Down items take 256 output columns instead of 128 (halving the per-item costs, docs/cuda-kernels.md) when the
 // 128-column ones would be short, I <= kExl3MoeDownWideMaxInter, and the wide ones still give
 // kExl3MoeDownWideRounds rounds of the resident CTAs (m = 16 at d = 4096): Exl3MoeWideDownItems.
 constexpr int kExl3MoeDownWideRounds = 2;
@@ -64,7 +64,7 @@ bool Exl3MoeWideDownItems(int m, int topk, int num_experts, int hidden, int inte
 
 // Whether a launch of m rows lets its down items finish the gate/up sums themselves (fused finish):
 // when the experts are too few for their 128-column down items to fill the grid (m = 1: 6 x 32 < 264),
-// so the finish is on the critical path and the repeated partial-sum reads are cheap (v17, H200: m1
+// so the finish is on the critical path and the repeated partial-sum reads are cheap (H200: m1
 // -1..-8%, MoE geomean 2.92x vs 2.88-2.89x; at m4/m16 the re-reads cost more than they save).
 bool Exl3MoeFusedFinish(int m, int topk, int num_experts, int hidden, int grid);
 

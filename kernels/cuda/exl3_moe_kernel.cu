@@ -64,7 +64,7 @@ __device__ void WaitFor(const int* counter, int target) {
 // Publishes this CTA's global writes, then adds one to *counter; returns the old value to all threads.
 // The barrier orders every thread's writes before thread 0's acq_rel atomic at GPU scope, whose release
 // half makes them visible before the count (cumulativity) and whose acquire half lets the caller that
-// sees the final count read what the others published. No per-thread fences (the GEMV's v7 change).
+// sees the final count read what the others published. No per-thread fences (as in the GEMV).
 __device__ int ArriveAndCount(int* counter, MoePlan& plan) {
   __syncthreads();
   if (threadIdx.x == 0) plan.flag = ArriveAcqRelGpu(counter);

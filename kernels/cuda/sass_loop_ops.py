@@ -6,7 +6,7 @@ For every function whose mangled name contains all substrings, finds the innermo
 cp.async groups (DEPBAR) and contain HMMA instructions, and prints for each instructions per decoded weight: ALU pipe
 (integer logic/shift/permute), FMA pipe (IMAD, HADD2), and all. A loop iteration of the EXL3 decode core
 decodes 64 weights per lane (8 tiles of 8), which is what `--weights-per-iter` defaults to.
-The numbers feed the op floor of dsmesh-kernel-bench (DecodeOpsPerWeight) and NOTES.md.
+The numbers feed the op floor of dsmesh-kernel-bench (DecodeOpsPerWeight) and docs/cuda-kernels.md.
 """
 import re
 import sys

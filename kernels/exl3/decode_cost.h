@@ -1,7 +1,7 @@
 // The integer work of decoding EXL3 weights on the GPU, for decode-op floors: instructions on the integer
 // pipe (LOP3, SHF, PRMT, IADD3, LEA, ...) per decoded weight in the main loop of the CUDA GEMV/MoE
 // kernels, counted in their sm_90 SASS by kernels/cuda/sass_loop_ops.py (one main-loop iteration = 8
-// tiles = 64 weights per lane; kernels/cuda/NOTES.md has the method and the FMA-pipe counts). Up to 8
+// tiles = 64 weights per lane; docs/cuda-kernels.md has the method and the FMA-pipe counts). Up to 8
 // rows the kernels run the few-rows form (unpacked, transposed MMA), more rows the packed one. The
 // integer pipe is the busier of the two pipes (FMA: IMAD ~1.8-2.0 per weight in the few-rows loop), so
 // this count over the measured LOP3 rate is the floor.

@@ -219,8 +219,10 @@ export async function startRealMesh({ world = 2, maxNumSeqs = 4, maxQueued = 256
     const s = net.createServer();
     s.listen(0, '127.0.0.1', () => { const p = s.address().port; s.close(() => resolve(p)); });
   });
+  // `up` writes its mesh token to LOG_DIR/mesh-token; the gateway started here needs it to be served.
+  const logDir = path.join(dir, 'logs');
   const up = track(spawn(dsmesh, ['up', '--no-gateway', '--model', model, '--world', String(world), '--coordinator-port', String(coordinatorPort),
-    '--max-num-seqs', String(maxNumSeqs), '--kv-memory', kvMemory], { stdio: ['ignore', 'ignore', 'pipe'] }), 'SIGINT');
+    '--max-num-seqs', String(maxNumSeqs), '--kv-memory', kvMemory, '--log-dir', logDir], { stdio: ['ignore', 'ignore', 'pipe'] }), 'SIGINT');
   let upLog = '';
   await new Promise((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error(`dsmesh up not ready in 120 s:\n${upLog}`)), 120000);
@@ -229,7 +231,8 @@ export async function startRealMesh({ world = 2, maxNumSeqs = 4, maxQueued = 256
   });
   const gwBin = path.join(path.dirname(fs.realpathSync(dsmesh)), '../gateway/dsmesh-gateway');
   const gateway = await startAndWaitForLine(gwBin, ['--listen', '127.0.0.1:0', '--coordinator', `127.0.0.1:${coordinatorPort}`, '--model', model,
-    '--served-model-name', 'dsmesh-test', '--max-queued', String(maxQueued)], /listening on ([\d.]+:\d+)/, 'gateway');
+    '--served-model-name', 'dsmesh-test', '--max-queued', String(maxQueued), '--mesh-token-file', path.join(logDir, 'mesh-token')],
+    /listening on ([\d.]+:\d+)/, 'gateway');
   const base = `http://${gateway.match[1]}`;
   await waitHealthy(base, 60000);
   return {

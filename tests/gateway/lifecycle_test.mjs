@@ -10,7 +10,7 @@ const MODEL = 'dsmesh-test';
 const msg = (content) => [{ role: 'user', content }];
 
 const cases = [
-  ['API key: /v1/* needs it, /health and /metrics stay open', async () => {
+  ['API key: /v1/* needs it, /health and /metrics stay open; keys and bodies never reach logs or metrics', async () => {
     const mesh = await startMesh({ apiKey: 'sekret' });
     try {
       const ok = new OpenAI({ baseURL: mesh.url, apiKey: 'sekret', maxRetries: 0 });
@@ -29,7 +29,24 @@ const cases = [
       assertEq(raw.status, 401, 'no Authorization header');
       assertEq(raw.headers.get('www-authenticate'), 'Bearer', 'WWW-Authenticate');
       assertEq((await fetch(`${mesh.base}/health`)).status, 200, '/health open');
-      assertEq((await fetch(`${mesh.base}/metrics`)).status, 200, '/metrics open');
+      const metrics = await fetch(`${mesh.base}/metrics`);
+      assertEq(metrics.status, 200, '/metrics open');
+      // A request whose body carries a marker, with a wrong key that looks like the right one, and one
+      // with the right key: neither the keys nor the body show up in the gateway's log or its metrics.
+      const marker = 'BODY-MARKER-8c1f0e';
+      for (const key of ['sekreu', 'sekret']) {
+        const r = await fetch(`${mesh.url}/chat/completions`, { method: 'POST',
+          headers: { 'content-type': 'application/json', authorization: `Bearer ${key}` },
+          body: JSON.stringify({ model: MODEL, messages: msg(marker), max_tokens: 2, unknown_field_x: marker }) });
+        assertEq(r.status, key === 'sekret' ? 200 : 401, `status with key ${key}`);
+        await r.text();
+      }
+      const exposition = await (await fetch(`${mesh.base}/metrics`)).text();
+      const log = mesh.gatewayStderr();
+      for (const secret of ['sekret', 'sekreu', marker]) {
+        assert(!log.includes(secret), `gateway log holds '${secret}':\n${log}`);
+        assert(!exposition.includes(secret), `metrics hold '${secret}'`);
+      }
     } finally { await mesh.stop(); }
   }],
 

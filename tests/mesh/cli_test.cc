@@ -2,6 +2,7 @@
 // `dsmesh up` starts a mesh, answers, and stops every child on SIGINT (no orphans), and
 // `dsmesh bench --scenario long-prompt-plus-chat` prints the fair and the off column side by side.
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -92,18 +93,32 @@ TEST(MeshCli, BenchLongPromptPlusChatPrintsFairAndOffSideBySide) {
 }
 
 TEST(MeshCli, UpServesAndStopsEveryChildOnSigint) {
-  const std::string log = TempDir("up") + "/up.log";
+  const std::string dir = TempDir("up");
+  const std::string log = dir + "/up.log", log_dir = dir + "/logs";
   const int port = LocalMesh::FreePort();
   pid_t pid = fork();
   if (pid == 0) {
     if (!freopen(log.c_str(), "w", stderr)) _exit(126);
     const std::string bin = Dsmesh(), model = TinyModelDir(), p = std::to_string(port);
     execl(bin.c_str(), bin.c_str(), "up", "--model", model.c_str(), "--world", "2", "--coordinator-port", p.c_str(),
-          "--kv-memory", "64M", "--no-gateway", (char*)nullptr);
+          "--kv-memory", "64M", "--no-gateway", "--log-dir", log_dir.c_str(), (char*)nullptr);
     _exit(127);
   }
-  MeshClient client("127.0.0.1:" + std::to_string(port));
+  // `up` made a private token for its mesh in its log directory; a client without it is refused.
+  const std::string token_file = log_dir + "/mesh-token";
+  for (int i = 0; i < 600 && access(token_file.c_str(), R_OK) != 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  struct stat token_stat {};
+  ASSERT_EQ(stat(token_file.c_str(), &token_stat), 0) << token_file;
+  EXPECT_EQ(token_stat.st_mode & 0777, 0600);
+  MeshCredentials credentials;
+  credentials.token = ReadMeshTokenFile(token_file);
+  MeshClient client("127.0.0.1:" + std::to_string(port), credentials);
   client.WaitReady(std::chrono::seconds(60));
+  MeshClient stranger("127.0.0.1:" + std::to_string(port), MeshCredentials{});
+  std::string refusal;
+  EXPECT_FALSE(stranger.TryStats(std::chrono::seconds(5), &refusal));
+  EXPECT_NE(refusal.find("no mesh token"), std::string::npos) << refusal;
   Reference reference;
   const auto prompt = Tokens(12, 77);
   EXPECT_EQ(client.Generate(Greedy(prompt, 4)).tokens, reference.Greedy(prompt, 4));

@@ -15,7 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "coordinator/local_mesh.h"
-#include "coordinator/mesh_client.h"
+#include "common/mesh/mesh_client.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "model/model.h"
 #include "model/test_util.h"

@@ -1,4 +1,4 @@
-#include "coordinator/rendezvous_store.h"
+#include "common/mesh/rendezvous_store.h"
 
 #include <stdexcept>
 

@@ -1,7 +1,9 @@
-#include "gateway/mesh_client.h"
+#include "common/mesh/mesh_client.h"
 
 #include <limits>
 #include <mutex>
+#include <stdexcept>
+#include <thread>
 
 namespace dsmesh {
 
@@ -57,14 +59,15 @@ class GenerateCallImpl : public GenerateCall, public grpc::ClientReadReactor<Gen
 
 }  // namespace
 
-MeshClient::MeshClient(const std::string& coordinator_address) : address_(coordinator_address) {
+MeshClient::MeshClient(const std::string& address, const MeshCredentials& credentials) : address_(address), credentials_(credentials) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(std::numeric_limits<int>::max());
+  args.SetMaxSendMessageSize(std::numeric_limits<int>::max());
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
-  // A restarted coordinator is found again within a second (gRPC's default backoff grows to 120 s).
+  // A coordinator that restarted is found again within a second (gRPC's default backoff grows to 120 s).
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  channel_ = grpc::CreateCustomChannel(coordinator_address, grpc::InsecureChannelCredentials(), args);
+  channel_ = MeshChannel(address, args, credentials);
   stub_ = Generate::NewStub(channel_);
 }
 
@@ -76,7 +79,33 @@ std::shared_ptr<GenerateCall> MeshClient::Generate(const GenerateRequest& reques
   return call;
 }
 
-std::optional<StatsResponse> MeshClient::Stats(std::chrono::milliseconds timeout, std::string* error) {
+GenerateResult MeshClient::Generate(const GenerateRequest& req) {
+  grpc::ClientContext ctx;
+  auto t0 = std::chrono::steady_clock::now();
+  auto reader = stub_->Generate(&ctx, req);
+  GenerateResult out;
+  GenerateResponse resp;
+  while (reader->Read(&resp)) {
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    for (int32_t tok : resp.token_ids()) {
+      out.tokens.push_back(tok);
+      out.token_times.push_back(t);
+    }
+    for (const auto& lp : resp.logprobs()) out.logprobs.push_back(lp);
+    for (const auto& row : resp.logits()) out.logits.push_back(row);
+    if (resp.cached_prompt_tokens()) out.cached_prompt_tokens = resp.cached_prompt_tokens();
+    if (resp.first_token_steps()) out.first_token_steps = resp.first_token_steps();
+    out.finish = resp.finish_reason();
+    if (!resp.error().empty()) out.error = resp.error();
+  }
+  grpc::Status st = reader->Finish();
+  if (!st.ok())
+    throw std::runtime_error("Generate on " + address_ + " failed: " + std::to_string(st.error_code()) + " " +
+                             st.error_message());
+  return out;
+}
+
+std::optional<StatsResponse> MeshClient::TryStats(std::chrono::milliseconds timeout, std::string* error) {
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + timeout);
   StatsResponse response;
@@ -86,6 +115,29 @@ std::optional<StatsResponse> MeshClient::Stats(std::chrono::milliseconds timeout
     return std::nullopt;
   }
   return response;
+}
+
+StatsResponse MeshClient::Stats(std::chrono::milliseconds timeout) {
+  std::string error;
+  auto s = TryStats(timeout, &error);
+  if (!s) throw std::runtime_error("Stats failed: " + error);
+  return *s;
+}
+
+void MeshClient::WaitReady(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::string last = "no answer";
+  while (std::chrono::steady_clock::now() < deadline) {
+    try {
+      StatsResponse s = Stats();
+      if (s.ready()) return;
+      last = s.not_ready_reason();
+    } catch (const std::exception& e) {
+      last = e.what();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  throw std::runtime_error("the mesh at " + address_ + " did not become ready: " + last);
 }
 
 }  // namespace dsmesh
