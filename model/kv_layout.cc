@@ -32,23 +32,23 @@ int64_t EntryBytes(KvCacheDtype d, int64_t dim, int64_t rope_dim) {
   return 0;
 }
 
-// One compressor's open window: kv and score rows of (overlap ? 2 : 1) x ratio positions, each
-// (overlap ? 2 : 1) x dim wide, f32.
-int64_t PartialBytes(int ratio, bool overlap, int64_t dim) {
+// One compressor's open window: kv and score rows of (overlap ? 2 : 1) x ratio positions (+ spare
+// rows), each (overlap ? 2 : 1) x dim wide, f32.
+int64_t PartialBytes(int ratio, bool overlap, int64_t dim, int spare) {
   const int64_t c = overlap ? 2 : 1;
-  return 2 * 4 * (c * ratio) * (c * dim);
+  return 2 * 4 * (c * ratio + spare) * (c * dim);
 }
 
 }  // namespace
 
-KvLayout ComputeKvLayout(const ModelConfig& c, KvCacheDtype dtype, bool with_mtp) {
+KvLayout ComputeKvLayout(const ModelConfig& c, KvCacheDtype dtype, bool with_mtp, int spare) {
   KvLayout k;
   k.dtype = dtype;
   k.entry_bytes = EntryBytes(dtype, c.head_dim, c.rope_dim);
   k.window_row_bytes = k.entry_bytes;
   k.indexer_key_bytes = EntryBytes(dtype, c.index_head_dim, 0);
   KvLayerKind sliding{"sliding"}, csa{"csa"}, hca{"hca"}, mtp{"mtp"};
-  const int64_t ring = static_cast<int64_t>(c.sliding_window) * k.window_row_bytes;
+  const int64_t ring = static_cast<int64_t>(c.sliding_window + spare) * k.window_row_bytes;
   for (int l = 0; l < c.num_layers; ++l) {
     const int r = c.compress_ratio(l);
     switch (c.attention_kind(l)) {
@@ -61,20 +61,21 @@ KvLayout ComputeKvLayout(const ModelConfig& c, KvCacheDtype dtype, bool with_mtp
         csa.ratio = r;
         csa.window_bytes += ring;
         csa.bytes_per_token += static_cast<double>(k.entry_bytes + k.indexer_key_bytes) / r;
-        csa.partial_bytes += PartialBytes(r, true, c.head_dim) + PartialBytes(r, true, c.index_head_dim);
+        csa.partial_bytes += PartialBytes(r, true, c.head_dim, spare) + PartialBytes(r, true, c.index_head_dim, spare);
         break;
       case AttentionKind::kHeavilyCompressed:
         ++hca.layers;
         hca.ratio = r;
         hca.window_bytes += ring;
         hca.bytes_per_token += static_cast<double>(k.entry_bytes) / r;
-        hca.partial_bytes += PartialBytes(r, false, c.head_dim);
+        hca.partial_bytes += PartialBytes(r, false, c.head_dim, spare);
         break;
     }
   }
-  if (with_mtp) {
-    mtp.layers = c.num_mtp_layers;
-    mtp.window_bytes = mtp.layers * ring;
+  if (with_mtp && c.num_mtp_layers > 0) {
+    mtp.layers = 1;
+    mtp.window_bytes = ring;
+    if (spare > 0) mtp.history_bytes = (4LL * c.hc_mult * c.hidden_size + 4) * (c.sliding_window + spare);
   }
   for (KvLayerKind* kind : {&sliding, &csa, &hca, &mtp})
     if (kind->layers > 0) k.kinds.push_back(*kind);
@@ -89,7 +90,7 @@ double KvLayout::BytesPerToken() const {
 
 int64_t KvLayout::FixedBytesPerSequence() const {
   int64_t b = 0;
-  for (const KvLayerKind& k : kinds) b += k.window_bytes + k.partial_bytes;
+  for (const KvLayerKind& k : kinds) b += k.window_bytes + k.partial_bytes + k.history_bytes;
   return b;
 }
 

@@ -34,6 +34,7 @@ struct KvLayerKind {
   double bytes_per_token = 0;  // compressed entries + indexer keys, per token of context, all layers of the kind
   int64_t window_bytes = 0;    // the rings of all layers of the kind (fixed per sequence)
   int64_t partial_bytes = 0;   // the compressors' open windows (fixed per sequence)
+  int64_t history_bytes = 0;   // mtp: the last window's f32 residual rows (+ token) it drafts from
 };
 
 struct KvLayout {
@@ -52,7 +53,10 @@ struct KvLayout {
   std::string Describe(int64_t context) const;
 };
 
-// with_mtp: include the MTP blocks' windows (they exist once speculative decoding runs).
-KvLayout ComputeKvLayout(const ModelConfig& c, KvCacheDtype dtype, bool with_mtp = true);
+// with_mtp: include the MTP block's window (speculative decoding keeps one MTP state per sequence).
+// spare_slots: rows each ring and open window keeps beyond its span so that rows written for k drafts
+// never overwrite rows still needed after a rollback (speculation with k drafts: k); with spare slots
+// the MTP block also keeps its input history.
+KvLayout ComputeKvLayout(const ModelConfig& c, KvCacheDtype dtype, bool with_mtp = true, int spare_slots = 0);
 
 }  // namespace dsmesh

@@ -49,6 +49,12 @@ TEST(KvLayout, F32LayoutIsWhatTheModelAccountsFor) {
   const KvLayout f32 = ComputeKvLayout(model->config(), KvCacheDtype::kF32, /*with_mtp=*/false);
   EXPECT_EQ(model->StateBytesPerToken(), static_cast<size_t>(std::ceil(f32.BytesPerToken())));
   EXPECT_EQ(model->StateFixedBytes(), static_cast<size_t>(f32.FixedBytesPerSequence()));
+  // A fresh state (no entries yet) holds exactly the fixed bytes, without and with speculation's spare
+  // slots and MTP state.
+  for (int k : {0, 3}) {
+    auto fresh = model->NewState(k);
+    EXPECT_EQ(fresh->MemoryBytes(), model->StateFixedBytes(k)) << "k = " << k;
+  }
   // And the state a sequence actually holds after 300 tokens is what the layout says.
   auto st = model->NewState();
   model->Forward({{st.get(), testing_util::Tokens(300, 512, 1), false}});

@@ -74,19 +74,8 @@ double ModelImpl::StateBytesPerToken() const {
 }
 
 size_t ModelImpl::StateFixedBytes(int k) const {
-  const ModelConfig& c = config_;
-  size_t fixed = 0;
-  const int layers = c.num_layers + (k > 0 && !weights_.mtp.empty() ? 1 : 0);
-  for (int l = 0; l < layers; ++l) {
-    fixed += 4ull * (c.sliding_window + k) * c.head_dim;
-    int r = c.compress_ratio(l);
-    AttentionKind kind = c.attention_kind(l);
-    if (kind == AttentionKind::kHeavilyCompressed) fixed += 2ull * 4 * (r + k) * c.head_dim;
-    if (kind == AttentionKind::kCompressedSparse)
-      fixed += 2ull * 4 * (2 * r + k) * (2 * c.head_dim) + 2ull * 4 * (2 * r + k) * (2 * c.index_head_dim);
-  }
-  if (layers > c.num_layers) fixed += (4ull * c.hc_mult * c.hidden_size + 4) * (c.sliding_window + k);
-  return fixed;
+  const bool mtp = k > 0 && !weights_.mtp.empty();
+  return static_cast<size_t>(ComputeKvLayout(config_, KvCacheDtype::kF32, mtp, k).FixedBytesPerSequence());
 }
 
 // ---- Model ----

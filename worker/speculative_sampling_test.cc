@@ -26,13 +26,6 @@ namespace {
 
 using namespace testing_util;
 
-struct LocalComm final : public Communicator {
-  int rank() const override { return 0; }
-  int world() const override { return 1; }
-  void AllReduceSum(float*, size_t) override {}
-  void AllGather(const float* in, size_t n, float* out) override { std::copy(in, in + n, out); }
-  void Broadcast(void*, size_t, int) override {}
-};
 
 SamplingParams Sampled(int top_k = 4) {
   SamplingParams p;
@@ -57,7 +50,7 @@ struct Stream {
 class SpeculativeSamplingTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    comm_.Attach(std::make_unique<LocalComm>());
+    comm_.Attach(std::make_unique<LocalCommunicator>());
     Load(512);
   }
 

@@ -13,13 +13,6 @@ namespace {
 
 using namespace testing_util;
 
-struct LocalComm final : public Communicator {
-  int rank() const override { return 0; }
-  int world() const override { return 1; }
-  void AllReduceSum(float*, size_t) override {}
-  void AllGather(const float* in, size_t n, float* out) override { std::copy(in, in + n, out); }
-  void Broadcast(void*, size_t, int) override {}
-};
 
 class StepExecutorTest : public ::testing::Test {
  protected:
@@ -29,7 +22,7 @@ class StepExecutorTest : public ::testing::Test {
       WriteTinyModel(d, 23, SmallSpec());
       return d;
     }();
-    comm_.Attach(std::make_unique<LocalComm>());
+    comm_.Attach(std::make_unique<LocalCommunicator>());
     model_ = LoadModel(dir, ShardSpec{}, MakeCpuBackend(1), &comm_);
   }
 
