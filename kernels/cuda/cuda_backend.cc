@@ -417,7 +417,8 @@ class CudaBackend final : public Backend {
                   float limit, Tensor* out) override {
     const int64_t n = x.shape[0], k = RowWidth(idx);
     Use();
-    if (FusedMoe* fused = FusedFor(experts, limit, static_cast<int>(k)); fused && n <= kExl3MoeMaxRows) {
+    FusedMoe* fused = FusedFor(experts, limit, static_cast<int>(k));
+    if (fused && n <= kExl3MoeMaxRows) {
       const int64_t D = RowWidth(x);
       Tensor xh = Alloc(DType::kF16, {n, D});
       cuda_ops::ToHalfPadded(F(x), n, D, D, static_cast<uint16_t*>(xh.data), D, 0, ctx_->stream);
@@ -430,6 +431,11 @@ class CudaBackend final : public Backend {
       return;
     }
     ++g_per_expert_moe;
+    if (fused && !logged_many_rows_) {
+      std::fprintf(stderr, "[cuda] routed experts: steps of more than %d rows (prefill chunks) run per expert\n",
+                   kExl3MoeMaxRows);
+      logged_many_rows_ = true;
+    }
     // Per expert: the routing leaves the device once (a sync), rows are grouped on the host.
     std::vector<int32_t> ix(n * k);
     std::vector<float> wt(n * k);
@@ -669,6 +675,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Exl3GemvWorkspace> gemv_ws_;
   std::unique_ptr<Exl3GemmWorkspace> gemm_ws_;
   int64_t gemm_ws_k_ = 0, gemm_ws_n_ = 0, gemm_ws_weights_ = 0;
+  bool logged_many_rows_ = false;  // the per-expert path for large steps was logged
   std::mutex cache_mu_, moe_mu_;
   std::map<std::pair<const void*, size_t>, CachedCopy> host_cache_;
   // Keyed by the experts vector (it lives as long as the model's weights), top-k and clamp limit.
