@@ -106,9 +106,12 @@ pid_t LocalMesh::Spawn(const std::string& name, const std::vector<std::string>& 
 }
 
 std::vector<std::string> LocalMesh::WorkerArgv(int rank) const {
-  return {opt_.worker_bin, "--rank", std::to_string(rank), "--world", std::to_string(opt_.world),
-          "--coordinator", coordinator_address(), "--model", opt_.model_dir, "--device", opt_.device,
-          "--kv-memory", opt_.kv_memory, "--threads", std::to_string(opt_.threads_per_worker)};
+  std::vector<std::string> argv = {opt_.worker_bin, "--rank", std::to_string(rank), "--world", std::to_string(opt_.world),
+                                   "--coordinator", coordinator_address(), "--model", opt_.model_dir, "--device",
+                                   opt_.device, "--kv-memory", opt_.kv_memory, "--threads",
+                                   std::to_string(opt_.threads_per_worker)};
+  if (opt_.enforce_eager) argv.push_back("--enforce-eager");
+  return argv;
 }
 
 std::vector<std::string> LocalMesh::WithCredentials(std::vector<std::string> argv) const {

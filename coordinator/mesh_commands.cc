@@ -98,6 +98,7 @@ LocalMeshOptions OptionsFromFlags(const Flags& f, const std::string& model, int 
   o.world = world;
   o.kv_memory = f.Get("kv-memory", "1G");
   o.device = f.Get("device", "cpu");
+  o.enforce_eager = f.Has("enforce-eager");
   // Default: the machine's cores shared out among the workers.
   const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
   o.threads_per_worker = static_cast<int>(f.GetInt("threads", std::max(1L, cores / world)));
@@ -120,10 +121,10 @@ std::string MakeLogDir() {
 int RunUp(const std::vector<std::string>& args) {
   std::set<std::string> known = {"model", "world", "port", "coordinator-port", "kv-memory", "threads", "device",
                                  "ready-timeout-s", "no-gateway", "served-model-name", "api-key", "api-key-file",
-                                 "max-queued", "log-dir"};
+                                 "max-queued", "log-dir", "enforce-eager"};
   known.insert(kCoordinatorFlags.begin(), kCoordinatorFlags.end());
   known = WithMeshCredentialFlags(known);
-  Flags f(args, known, {"no-gateway"});
+  Flags f(args, known, {"no-gateway", "enforce-eager"});
   const int world = static_cast<int>(f.GetInt("world", 2));
   if (world < 1) throw UsageError("--world must be >= 1");
   const std::string model = f.Has("model") ? f.Get("model") : DefaultModel();
@@ -204,14 +205,14 @@ MeshTarget Connect(const Flags& f) {
 
 const std::set<std::string> kMeshFlags = WithMeshCredentialFlags({"model", "tokens", "threads", "device", "world",
                                                                    "coordinator", "kv-memory", "coordinator-port",
-                                                                   "ready-timeout-s"});
+                                                                   "ready-timeout-s", "enforce-eager"});
 
 namespace {
 
 int RunLogitsMesh(const std::vector<std::string>& args) {
   auto known = kMeshFlags;
   known.insert("out");
-  Flags f(args, known);
+  Flags f(args, known, {"enforce-eager"});
   const std::vector<int32_t> tokens = ParseIntList("tokens", f.Require("tokens"), "integer token id");
   const std::string out_path = f.Require("out");
   MeshTarget t = Connect(f);
@@ -240,7 +241,7 @@ int RunLogitsMesh(const std::vector<std::string>& args) {
 int RunGenerateMesh(const std::vector<std::string>& args) {
   auto known = kMeshFlags;
   known.insert({"max-new-tokens", "ignore-eos"});
-  Flags f(args, known, {"ignore-eos"});
+  Flags f(args, known, {"ignore-eos", "enforce-eager"});
   const std::vector<int32_t> prompt = ParseIntList("tokens", f.Require("tokens"), "integer token id");
   const long long max_new = f.GetInt("max-new-tokens", 16);
   if (max_new < 0) throw UsageError("--max-new-tokens must be >= 0");
@@ -349,7 +350,7 @@ int RunBench(const std::vector<std::string>& args) {
   auto known = kMeshFlags;
   known.insert({"streams", "prompt-tokens", "max-tokens"});
   known.insert(kCoordinatorFlags.begin(), kCoordinatorFlags.end());
-  Flags f(args, known);
+  Flags f(args, known, {"enforce-eager"});
   MeshTarget t = Connect(f);
   const int prompt_tokens = static_cast<int>(f.GetInt("prompt-tokens", 32));
   const int max_tokens = static_cast<int>(f.GetInt("max-tokens", 64));

@@ -12,11 +12,17 @@
 //   - host_memory() says whether backend tensors are host memory; when not, collectives and host reads
 //     stage through ToHost/FromHost.
 //   - `out` may alias an input only where a comment says so.
+//   - Step scope: the forward announces each step (BeginStep), takes its temporaries from Scratch, and
+//     brackets runs of ops whose launches depend only on shapes in Segment(); a device backend uses these
+//     to upload the step's metadata once, to avoid an allocation per op, and to record a segment once
+//     (a CUDA graph) and replay it. The CPU backend runs everything directly.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/tensor.h"
@@ -74,6 +80,35 @@ class Backend {
   virtual bool host_memory() const { return true; }
   // Copies `rows` rows (row = product of shape[1:]) from src starting at src_row into dst at dst_row.
   virtual void CopyRows(const Tensor& src, int64_t src_row, Tensor* dst, int64_t dst_row, int64_t rows) = 0;
+  virtual void Zero(Tensor* t) = 0;  // every byte of t = 0
+
+  // ---- step scope ----
+  // Starts a forward step whose rows carry these token ids and positions. Later ops of the step may be
+  // passed pointers into these same arrays (Embedding, Rope, MoeRoute); a device backend copies them
+  // once here and recognises them. The arrays must stay unchanged until the next BeginStep. Scratch of
+  // the previous step is released.
+  virtual void BeginStep(const int32_t* tokens, const int64_t* positions, int64_t n) {}
+  virtual void EndStep() {}  // forgets the step's metadata and releases its Scratch
+  // A temporary of this step, valid until ReleaseScratch of an earlier mark or the next BeginStep.
+  // Contents undefined (the CPU backend zero-fills).
+  virtual Tensor Scratch(DType dtype, std::vector<int64_t> shape) { return Alloc(dtype, std::move(shape)); }
+  virtual size_t ScratchMark() { return 0; }
+  virtual void ReleaseScratch(size_t mark) {}
+  // Runs `ops`: a run of ops that reads and writes only weights, Scratch taken before the segment and
+  // the step's metadata, that makes no host-visible change other than its own Scratch, and whose
+  // launches are identical whenever `key` is. A backend may record the run once per key and replay the
+  // record instead of calling `ops` (tensors `ops` allocates itself must not be used after it).
+  struct SegmentKey {
+    int site = 0;       // which run in the forward
+    int layer = -1;
+    int64_t rows = 0;   // the step's rows (the shapes the launches depend on)
+    int64_t rows2 = 0;  // a second row count where the run has one (the head's rows)
+    bool operator<(const SegmentKey& o) const {
+      return std::tie(site, layer, rows, rows2) < std::tie(o.site, o.layer, o.rows, o.rows2);
+    }
+  };
+  virtual void Segment(const SegmentKey& key, const std::function<void()>& ops) { ops(); }
+
   // Prepares an EXL3 linear from the checkpoint tensors `<prefix>.trellis/.suh/.svh[/.mcg|.mul1][/.bias]`
   // whose logical size is [out_features, in_features], keeping output rows [out_begin, out_end) and input
   // columns [in_begin, in_end) (the tensor-parallel slice). Throws naming the prefix when it cannot.

@@ -37,7 +37,7 @@ const CommandInfo* MeshVariant(const std::string& command, const std::vector<std
   return nullptr;
 }
 
-// `--device cpu|cuda[:N]` picks the backend (default cpu).
+// `--device cpu|cuda[:N]` picks the backend (default cpu); `--enforce-eager` turns CUDA graphs off.
 std::unique_ptr<Model> LoadForCli(const Flags& f) {
   std::string dir = f.Require("model");
   int threads = static_cast<int>(f.GetInt("threads", 0));
@@ -48,12 +48,14 @@ std::unique_ptr<Model> LoadForCli(const Flags& f) {
     throw UsageError(e.what());
   }
   if (device >= 0) RequireCudaDevice(device, "--device " + f.Get("device", "cpu"));
-  return LoadModel(dir, ShardSpec{0, 1}, device >= 0 ? MakeCudaBackend(device) : MakeCpuBackend(threads));
+  CudaBackendOptions cuda;
+  cuda.cuda_graphs = !f.Has("enforce-eager");
+  return LoadModel(dir, ShardSpec{0, 1}, device >= 0 ? MakeCudaBackend(device, cuda) : MakeCpuBackend(threads));
 }
 
 int RunLogits(const std::vector<std::string>& args) {
   if (const CommandInfo* mesh = MeshVariant("logits", args)) return mesh->run(args);
-  Flags f(args, {"model", "tokens", "out", "threads", "device"});
+  Flags f(args, {"model", "tokens", "out", "threads", "device", "enforce-eager"}, {"enforce-eager"});
   std::vector<int32_t> tokens = ParseIntList("tokens", f.Require("tokens"), "integer token id");
   std::string out_path = f.Require("out");
   auto model = LoadForCli(f);
@@ -67,7 +69,8 @@ int RunLogits(const std::vector<std::string>& args) {
 
 int RunGenerate(const std::vector<std::string>& args) {
   if (const CommandInfo* mesh = MeshVariant("generate", args)) return mesh->run(args);
-  Flags f(args, {"model", "tokens", "max-new-tokens", "threads", "ignore-eos", "device"}, {"ignore-eos"});
+  Flags f(args, {"model", "tokens", "max-new-tokens", "threads", "ignore-eos", "device", "enforce-eager"},
+          {"ignore-eos", "enforce-eager"});
   std::vector<int32_t> prompt = ParseIntList("tokens", f.Require("tokens"), "integer token id");
   long long max_new = f.GetInt("max-new-tokens", 16);
   if (max_new < 0) throw UsageError("--max-new-tokens must be >= 0");

@@ -45,21 +45,54 @@ void ModelImpl::AllReduce(Tensor* t) {
   backend_->FromHost(host.data(), t);
 }
 
-void ModelImpl::RunCompressor(const CompressorWeights& w, const Tensor& x, int layer, bool indexer,
-                              const std::vector<SeqRows>& seqs) {
+namespace {
+
+// The forward's graph segments (Backend::SegmentKey::site): runs of per-token ops between the stateful
+// work (compressors, indexer, attention against each sequence's own state) and the collectives.
+enum SegmentSite { kEmbedSite = 1, kAttentionInputSite, kAttentionOutputSite, kFfnSite, kHeadSite };
+
+}  // namespace
+
+ModelImpl::BlockActivations ModelImpl::AllocateBlockActivations(const BlockWeights& b, const SeqRows& first,
+                                                                 int64_t N) {
   Backend& be = *backend_;
   const ModelConfig& c = config_;
-  const int64_t N = x.shape[0];
-  const CompressorState& proto = indexer ? seqs[0].state->layers[layer].indexer : seqs[0].state->layers[layer].compressor;
-  const int ratio = proto.ratio;
-  const bool overlap = proto.overlap;
-  const int64_t dim = proto.dim, width = proto.width();
-  Tensor kvp = be.Alloc(DType::kF32, {N, width});
-  Tensor score = be.Alloc(DType::kF32, {N, width});
-  be.Linear(x, w.wkv, &kvp);
-  be.Linear(x, w.wgate, &score);
+  const int64_t D = c.hidden_size, hc = c.hc_mult, d = c.head_dim, Hl = layout_.local_heads;
+  BlockActivations a;
+  a.y = be.Scratch(DType::kF32, {N, D});
+  a.post = be.Scratch(DType::kF32, {N, hc});
+  a.comb = be.Scratch(DType::kF32, {N, hc * hc});
+  a.X2 = be.Scratch(DType::kF32, {N, hc * D});
+  a.attn_out = be.Scratch(DType::kF32, {N, D});
+  a.moe_out = be.Scratch(DType::kF32, {N, D});
+  a.qr = be.Scratch(DType::kF32, {N, c.q_lora_rank});
+  a.q = be.Scratch(DType::kF32, {N, Hl * d});
+  a.kv = be.Scratch(DType::kF32, {N, d});
+  a.o = be.Scratch(DType::kF32, {N, Hl * d});
+  a.oa = be.Scratch(DType::kF32, {N, (int64_t)layout_.local_groups * c.o_lora_rank});
+  const LayerState& ls = first.state->layers[b.layer];
+  if (b.kind != AttentionKind::kSliding) {
+    a.ckv = be.Scratch(DType::kF32, {N, ls.compressor.width()});
+    a.cscore = be.Scratch(DType::kF32, {N, ls.compressor.width()});
+  }
+  if (b.kind == AttentionKind::kCompressedSparse) {
+    a.ikv = be.Scratch(DType::kF32, {N, ls.indexer.width()});
+    a.iscore = be.Scratch(DType::kF32, {N, ls.indexer.width()});
+    a.iq = be.Scratch(DType::kF32, {N, (int64_t)c.index_n_heads * c.index_head_dim});
+    a.iw = be.Scratch(DType::kF32, {N, (int64_t)c.index_n_heads});
+    a.topk = be.Scratch(DType::kI32, {N, (int64_t)c.index_topk});
+  }
+  return a;
+}
+
+void ModelImpl::CompressorUpdate(const CompressorWeights& w, const Tensor& kvp, const Tensor& score, int layer,
+                                 bool indexer, const std::vector<SeqRows>& seqs) {
+  Backend& be = *backend_;
+  const ModelConfig& c = config_;
   for (const SeqRows& s : seqs) {
     CompressorState& cs = indexer ? s.state->layers[layer].indexer : s.state->layers[layer].compressor;
+    const int ratio = cs.ratio;
+    const int64_t dim = cs.dim, width = cs.width();
     Tensor sc = RowView(score, s.offset, s.count);
     be.AddPositionBias(&sc, w.ape, s.start, ratio);
     const int64_t end = s.start + s.count;
@@ -67,15 +100,15 @@ void ModelImpl::RunCompressor(const CompressorWeights& w, const Tensor& x, int l
     if (emitted_after > emitted) {
       // Rows for positions base .. end-1: the pending ones from the ring, then this step's.
       const int64_t base = cs.PendingBase(emitted), old = s.start - base;
-      Tensor all_kv = be.Alloc(DType::kF32, {old + s.count, width});
-      Tensor all_sc = be.Alloc(DType::kF32, {old + s.count, width});
+      Tensor all_kv = be.Scratch(DType::kF32, {old + s.count, width});
+      Tensor all_sc = be.Scratch(DType::kF32, {old + s.count, width});
       RingGet(be, cs.pending_kv, base, old, &all_kv, 0);
       RingGet(be, cs.pending_score, base, old, &all_sc, 0);
       be.CopyRows(kvp, s.offset, &all_kv, old, s.count);
       be.CopyRows(score, s.offset, &all_sc, old, s.count);
       const int64_t fresh = emitted_after - emitted;
-      Tensor entries = be.Alloc(DType::kF32, {fresh, dim});
-      be.CompressorPool(all_kv, all_sc, base, emitted, fresh, ratio, overlap, dim, &entries);
+      Tensor entries = be.Scratch(DType::kF32, {fresh, dim});
+      be.CompressorPool(all_kv, all_sc, base, emitted, fresh, ratio, cs.overlap, dim, &entries);
       be.RmsNorm(entries, dim, &w.norm, static_cast<float>(c.rms_norm_eps), &entries);
       std::vector<int64_t> pos(fresh);
       for (int64_t i = 0; i < fresh; ++i) pos[i] = (emitted + i) * ratio;  // a window's first position
@@ -91,69 +124,82 @@ void ModelImpl::RunCompressor(const CompressorWeights& w, const Tensor& x, int l
   }
 }
 
-void ModelImpl::AttentionBlock(const BlockWeights& b, const Tensor& x, const std::vector<SeqRows>& seqs,
-                               const std::vector<int64_t>& positions, Tensor* out) {
+void ModelImpl::AttentionInputs(const BlockWeights& b, const std::vector<int64_t>& positions, BlockActivations* a) {
   Backend& be = *backend_;
   const ModelConfig& c = config_;
-  const AttentionWeights& a = b.attn;
-  const int64_t N = x.shape[0], d = c.head_dim, Hl = layout_.local_heads;
+  const AttentionWeights& w = b.attn;
+  const int64_t d = c.head_dim, Hl = layout_.local_heads;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const std::vector<float>& inv = inv_freq_[b.layer];
+  const Tensor& x = a->y;
 
-  Tensor qr = be.Alloc(DType::kF32, {N, c.q_lora_rank});
-  be.Linear(x, a.wq_a, &qr);
-  be.RmsNorm(qr, c.q_lora_rank, &a.q_norm, eps, &qr);
-  Tensor q = be.Alloc(DType::kF32, {N, Hl * d});
-  be.Linear(qr, a.wq_b, &q);
-  be.RmsNorm(q, d, nullptr, eps, &q);  // per-head, weightless
-  be.Rope(&q, Hl, d, c.rope_dim, positions.data(), inv, false);
+  be.Linear(x, w.wq_a, &a->qr);
+  be.RmsNorm(a->qr, c.q_lora_rank, &w.q_norm, eps, &a->qr);
+  be.Linear(a->qr, w.wq_b, &a->q);
+  be.RmsNorm(a->q, d, nullptr, eps, &a->q);  // per-head, weightless
+  be.Rope(&a->q, Hl, d, c.rope_dim, positions.data(), inv, false);
 
-  Tensor kv = be.Alloc(DType::kF32, {N, d});
-  be.Linear(x, a.wkv, &kv);
-  be.RmsNorm(kv, d, &a.kv_norm, eps, &kv);
-  be.Rope(&kv, 1, d, c.rope_dim, positions.data(), inv, false);
+  be.Linear(x, w.wkv, &a->kv);
+  be.RmsNorm(a->kv, d, &w.kv_norm, eps, &a->kv);
+  be.Rope(&a->kv, 1, d, c.rope_dim, positions.data(), inv, false);
+
+  if (b.kind != AttentionKind::kSliding) {
+    be.Linear(x, w.compressor.wkv, &a->ckv);
+    be.Linear(x, w.compressor.wgate, &a->cscore);
+  }
+  if (b.kind == AttentionKind::kCompressedSparse) {
+    const int64_t hi = c.index_n_heads, di = c.index_head_dim;
+    be.Linear(x, w.indexer_compressor.wkv, &a->ikv);
+    be.Linear(x, w.indexer_compressor.wgate, &a->iscore);
+    be.Linear(a->qr, w.indexer_wq_b, &a->iq);
+    be.Rope(&a->iq, hi, di, c.rope_dim, positions.data(), inv, false);
+    be.Linear(x, w.indexer_weights_proj, &a->iw);
+    be.Scale(&a->iw,
+             static_cast<float>(1.0 / std::sqrt(static_cast<double>(di)) / std::sqrt(static_cast<double>(hi))));
+  }
+}
+
+void ModelImpl::AttentionCore(const BlockWeights& b, const std::vector<SeqRows>& seqs,
+                              const std::vector<int64_t>& positions, BlockActivations* a) {
+  Backend& be = *backend_;
+  const ModelConfig& c = config_;
+  const int64_t d = c.head_dim, Hl = layout_.local_heads;
 
   // Compressed entries first: a query may use every window completed up to and including itself.
-  if (b.kind != AttentionKind::kSliding) RunCompressor(a.compressor, x, b.layer, false, seqs);
-
-  Tensor topk;
+  if (b.kind != AttentionKind::kSliding) CompressorUpdate(b.attn.compressor, a->ckv, a->cscore, b.layer, false, seqs);
   if (b.kind == AttentionKind::kCompressedSparse) {
-    RunCompressor(a.indexer_compressor, x, b.layer, true, seqs);
+    CompressorUpdate(b.attn.indexer_compressor, a->ikv, a->iscore, b.layer, true, seqs);
     const int64_t hi = c.index_n_heads, di = c.index_head_dim;
-    Tensor iq = be.Alloc(DType::kF32, {N, hi * di});
-    be.Linear(qr, a.indexer_wq_b, &iq);
-    be.Rope(&iq, hi, di, c.rope_dim, positions.data(), inv, false);
-    Tensor iw = be.Alloc(DType::kF32, {N, hi});
-    be.Linear(x, a.indexer_weights_proj, &iw);
-    be.Scale(&iw, static_cast<float>(1.0 / std::sqrt(static_cast<double>(di)) / std::sqrt(static_cast<double>(hi))));
-    topk = be.Alloc(DType::kI32, {N, c.index_topk});
     for (const SeqRows& s : seqs) {
       const CompressorState& ic = s.state->layers[b.layer].indexer;
-      Tensor tv = RowView(topk, s.offset, s.count);
-      be.IndexerTopK(RowView(iq, s.offset, s.count), RowView(iw, s.offset, s.count), ic.entries, ic.num_entries, hi,
-                     di, positions.data() + s.offset, b.ratio, c.index_topk, &tv);
+      Tensor tv = RowView(a->topk, s.offset, s.count);
+      be.IndexerTopK(RowView(a->iq, s.offset, s.count), RowView(a->iw, s.offset, s.count), ic.entries,
+                     ic.num_entries, hi, di, positions.data() + s.offset, b.ratio, c.index_topk, &tv);
     }
   }
 
-  Tensor o = be.Alloc(DType::kF32, {N, Hl * d});
   const float softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+  const bool compressed = b.kind != AttentionKind::kSliding;
   for (const SeqRows& s : seqs) {
     LayerState& ls = s.state->layers[b.layer];
-    Tensor ov = RowView(o, s.offset, s.count);
-    Tensor kvv = RowView(kv, s.offset, s.count);
+    Tensor ov = RowView(a->o, s.offset, s.count);
+    Tensor kvv = RowView(a->kv, s.offset, s.count);
     Tensor tv;
-    if (topk.data) tv = RowView(topk, s.offset, s.count);
-    const bool compressed = b.kind != AttentionKind::kSliding;
-    be.Attention(RowView(q, s.offset, s.count), Hl, d, s.start, ls.ring, kvv, c.sliding_window,
+    if (a->topk.data) tv = RowView(a->topk, s.offset, s.count);
+    be.Attention(RowView(a->q, s.offset, s.count), Hl, d, s.start, ls.ring, kvv, c.sliding_window,
                  compressed ? &ls.compressor.entries : nullptr, compressed ? ls.compressor.num_entries : 0,
-                 b.ratio, topk.data ? &tv : nullptr, a.sinks, softmax_scale, &ov);
+                 b.ratio, a->topk.data ? &tv : nullptr, b.attn.sinks, softmax_scale, &ov);
     be.UpdateRing(kvv, s.start, c.sliding_window, &ls.ring);
   }
-  be.Rope(&o, Hl, d, c.rope_dim, positions.data(), inv, true);  // undo the rope the values carried
+}
 
-  Tensor oa = be.Alloc(DType::kF32, {N, (int64_t)layout_.local_groups * c.o_lora_rank});
-  be.GroupedLinear(o, a.wo_a, layout_.local_groups, &oa);
-  be.Linear(oa, a.wo_b, out);
+void ModelImpl::AttentionOutput(const BlockWeights& b, const std::vector<int64_t>& positions, BlockActivations* a) {
+  Backend& be = *backend_;
+  const ModelConfig& c = config_;
+  be.Rope(&a->o, layout_.local_heads, c.head_dim, c.rope_dim, positions.data(), inv_freq_[b.layer],
+          true);  // undo the rope the values carried
+  be.GroupedLinear(a->o, b.attn.wo_a, layout_.local_groups, &a->oa);
+  be.Linear(a->oa, b.attn.wo_b, &a->attn_out);
 }
 
 void ModelImpl::MoeBlock(const BlockWeights& b, const Tensor& x, const std::vector<int32_t>& tokens, Tensor* out) {
@@ -161,7 +207,7 @@ void ModelImpl::MoeBlock(const BlockWeights& b, const Tensor& x, const std::vect
   const ModelConfig& c = config_;
   const MoeWeights& m = b.moe;
   const int64_t N = x.shape[0];
-  Tensor logits = be.Alloc(DType::kF32, {N, (int64_t)c.n_routed_experts});
+  Tensor logits = be.Scratch(DType::kF32, {N, (int64_t)c.n_routed_experts});
   be.Linear(x, m.gate, &logits);
   RouterParams p;
   p.top_k = c.num_experts_per_tok;
@@ -170,10 +216,11 @@ void ModelImpl::MoeBlock(const BlockWeights& b, const Tensor& x, const std::vect
   p.hash = c.mlp_kind(b.layer) == MlpKind::kHashMoe;
   p.bias = p.hash ? nullptr : &m.bias;
   p.tid2eid = p.hash ? &m.tid2eid : nullptr;
-  Tensor idx = be.Alloc(DType::kI32, {N, (int64_t)p.top_k});
-  Tensor wt = be.Alloc(DType::kF32, {N, (int64_t)p.top_k});
+  Tensor idx = be.Scratch(DType::kI32, {N, (int64_t)p.top_k});
+  Tensor wt = be.Scratch(DType::kF32, {N, (int64_t)p.top_k});
   be.MoeRoute(logits, tokens.data(), p, &idx, &wt);
   const float limit = static_cast<float>(c.swiglu_limit);
+  be.Zero(out);  // the experts accumulate
   be.MoeExperts(x, idx, wt, m.experts, limit, out);
   if (m.has_shared) be.SharedExpert(x, m.shared, limit, out);
 }
@@ -185,37 +232,48 @@ void ModelImpl::RunBlock(const BlockWeights& b, const std::vector<SeqRows>& seqs
   const int hc = c.hc_mult;
   const int64_t D = c.hidden_size, N = X->shape[0];
   const float eps = static_cast<float>(c.rms_norm_eps), hc_eps = static_cast<float>(c.hc_eps);
-  Tensor X2 = be.Alloc(DType::kF32, {N, hc * D});
-  Tensor y = be.Alloc(DType::kF32, {N, D});
-  Tensor post = be.Alloc(DType::kF32, {N, (int64_t)hc});
-  Tensor comb = be.Alloc(DType::kF32, {N, (int64_t)hc * hc});
-  Tensor f = be.Alloc(DType::kF32, {N, D});
+  const size_t block_mark = be.ScratchMark();
+  BlockActivations a = AllocateBlockActivations(b, seqs[0], N);
 
-  be.HcPre(*X, b.hc_attn.fn, b.hc_attn.base, b.hc_attn.scale, hc, c.hc_sinkhorn_iters, hc_eps, eps, &y, &post, &comb);
-  be.RmsNorm(y, D, &b.attn_norm, eps, &y);
-  AttentionBlock(b, y, seqs, positions, &f);
-  AllReduce(&f);
-  be.HcPost(*X, f, post, comb, hc, &X2);
+  be.Segment({kAttentionInputSite, b.layer, N, 0}, [&] {
+    be.HcPre(*X, b.hc_attn.fn, b.hc_attn.base, b.hc_attn.scale, hc, c.hc_sinkhorn_iters, hc_eps, eps, &a.y, &a.post,
+             &a.comb);
+    be.RmsNorm(a.y, D, &b.attn_norm, eps, &a.y);
+    AttentionInputs(b, positions, &a);
+  });
+  {
+    const size_t mark = be.ScratchMark();  // the stateful part's temporaries vary from step to step
+    AttentionCore(b, seqs, positions, &a);
+    be.ReleaseScratch(mark);
+  }
+  be.Segment({kAttentionOutputSite, b.layer, N, 0}, [&] { AttentionOutput(b, positions, &a); });
+  AllReduce(&a.attn_out);
 
-  be.HcPre(X2, b.hc_ffn.fn, b.hc_ffn.base, b.hc_ffn.scale, hc, c.hc_sinkhorn_iters, hc_eps, eps, &y, &post, &comb);
-  be.RmsNorm(y, D, &b.ffn_norm, eps, &y);
-  f = be.Alloc(DType::kF32, {N, D});  // the MoE accumulates into a zeroed buffer
-  MoeBlock(b, y, tokens, &f);
-  AllReduce(&f);
-  be.HcPost(X2, f, post, comb, hc, X);
+  be.Segment({kFfnSite, b.layer, N, 0}, [&] {
+    be.HcPost(*X, a.attn_out, a.post, a.comb, hc, &a.X2);
+    be.HcPre(a.X2, b.hc_ffn.fn, b.hc_ffn.base, b.hc_ffn.scale, hc, c.hc_sinkhorn_iters, hc_eps, eps, &a.y, &a.post,
+             &a.comb);
+    be.RmsNorm(a.y, D, &b.ffn_norm, eps, &a.y);
+    MoeBlock(b, a.y, tokens, &a.moe_out);
+  });
+  AllReduce(&a.moe_out);
+  be.HcPost(a.X2, a.moe_out, a.post, a.comb, hc, X);
+  be.ReleaseScratch(block_mark);
 }
 
-Tensor ModelImpl::HeadLogits(const Tensor& Xs, const HcWeights& hc_head, const Tensor& norm) {
+Tensor ModelImpl::HeadLogits(const Tensor& Xs, const HcWeights& hc_head, const Tensor& norm, int64_t step_rows) {
   Backend& be = *backend_;
   const ModelConfig& c = config_;
   const int64_t D = c.hidden_size, R = Xs.shape[0];
   const float eps = static_cast<float>(c.rms_norm_eps);
-  Tensor z = be.Alloc(DType::kF32, {R, D});
-  be.HcHead(Xs, hc_head.fn, hc_head.base, hc_head.scale, c.hc_mult, static_cast<float>(c.hc_eps), eps, &z);
-  be.RmsNorm(z, D, &norm, eps, &z);
   const int64_t V = c.vocab_size, per = weights_.head_rows_per_rank, Vl = weights_.head.out;
-  Tensor lv = be.Alloc(DType::kF32, {R, Vl});
-  be.Linear(z, weights_.head, &lv);
+  Tensor z = be.Scratch(DType::kF32, {R, D});
+  Tensor lv = be.Scratch(DType::kF32, {R, Vl});
+  be.Segment({kHeadSite, -1, R, step_rows}, [&] {
+    be.HcHead(Xs, hc_head.fn, hc_head.base, hc_head.scale, c.hc_mult, static_cast<float>(c.hc_eps), eps, &z);
+    be.RmsNorm(z, D, &norm, eps, &z);
+    be.Linear(z, weights_.head, &lv);
+  });
   Tensor out = AllocateTensor(DType::kF32, {R, V});
   float* dst = out.as<float>();
   const int world = comm_->world();
@@ -268,12 +326,18 @@ std::vector<SequenceOutput> ModelImpl::Forward(const std::vector<SequenceStep>& 
   }
   const int64_t N = tokens.size();
 
-  Tensor X = be.Alloc(DType::kF32, {N, hc * D});
-  {
-    Tensor h = be.Alloc(DType::kF32, {N, D});
+  // The step's metadata reaches the backend once; its temporaries are released when the step ends.
+  struct StepScope {
+    Backend& be;
+    ~StepScope() { be.EndStep(); }
+  } scope{be};
+  be.BeginStep(tokens.data(), positions.data(), N);
+  Tensor X = be.Scratch(DType::kF32, {N, hc * D});
+  Tensor h = be.Scratch(DType::kF32, {N, D});
+  be.Segment({kEmbedSite, -1, N, 0}, [&] {
     be.Embedding(weights_.embed, tokens.data(), N, &h);
     be.HcExpand(h, hc, &X);
-  }
+  });
   for (const BlockWeights& b : weights_.layers) RunBlock(b, seqs, positions, tokens, &X);
   for (const SeqRows& s : seqs) s.state->length += s.count;
   RecordMtpInput(X, seqs, tokens);
@@ -290,9 +354,12 @@ std::vector<SequenceOutput> ModelImpl::Forward(const std::vector<SequenceStep>& 
     }
   }
   const int64_t R = rows.size();
-  Tensor Xs = be.Alloc(DType::kF32, {R, hc * D});
-  for (int64_t r = 0; r < R; ++r) be.CopyRows(X, rows[r], &Xs, r, 1);
-  Tensor logits = HeadLogits(Xs, weights_.hc_head, weights_.norm);
+  Tensor Xs = X;
+  if (R != N) {  // (when every row wants logits, X is the head's input as it is)
+    Xs = be.Scratch(DType::kF32, {R, hc * D});
+    for (int64_t r = 0; r < R; ++r) be.CopyRows(X, rows[r], &Xs, r, 1);
+  }
+  Tensor logits = HeadLogits(Xs, weights_.hc_head, weights_.norm, N);
   const int64_t V = c.vocab_size;
 
   std::vector<SequenceOutput> outs(batch.size());

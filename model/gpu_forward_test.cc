@@ -328,29 +328,87 @@ TEST(GpuForward, SanitizerWorkload) {
   }
 }
 
+// CUDA graph replay against eager execution, bitwise: decode steps of 1 sequence, of 4 sequences (crossing
+// ratio-4 windows, so the eager compressor work between segments changes from step to step) and
+// 4-row verify-shaped steps (all logits). On the EXL3 pack every segment is capturable (fused MoE); the
+// golden model's dense experts sync per layer, so its FFN segments stay eager (a counted failure).
+TEST(GpuForward, GraphReplayEqualsEagerBitwise) {
+  DSMESH_REQUIRE_GPU();
+  for (const std::string& dir : {Exl3PackDir(), GoldenDir()}) {
+    const bool exl3 = dir == Exl3PackDir();
+    CudaBackendOptions eager_options;
+    eager_options.cuda_graphs = false;
+    auto graphs = LoadModel(dir, ShardSpec{}, MakeCudaBackend(0));
+    auto eager = LoadModel(dir, ShardSpec{}, MakeCudaBackend(0, eager_options));
+    const int V = static_cast<int>(graphs->config().vocab_size);
+    const CudaGraphCounts before = CudaGraphCallCounts();
+    std::vector<std::unique_ptr<SequenceState>> sg, se;
+    for (int s = 0; s < 5; ++s) {
+      sg.push_back(graphs->NewState());
+      se.push_back(eager->NewState());
+      const std::vector<int32_t> prompt = Tokens(9 + 13 * s, V, 40 + s);
+      ASSERT_TRUE(Bitwise(graphs->Forward({{sg.back().get(), prompt, false}})[0].logits,
+                          eager->Forward({{se.back().get(), prompt, false}})[0].logits));
+    }
+    for (int step = 0; step < 14; ++step) {
+      // Sequence 4 alone (1 row), sequences 0-3 together (4 rows); every 5th step 4 rows each (16 rows).
+      const int rows = step % 5 == 4 ? 4 : 1;
+      std::vector<SequenceStep> bg, be;
+      for (int s = 0; s < 4; ++s) {
+        const std::vector<int32_t> t = Tokens(rows, V, 300 + step * 8 + s);
+        bg.push_back({sg[s].get(), t, rows > 1});
+        be.push_back({se[s].get(), t, rows > 1});
+      }
+      auto og = graphs->Forward(bg), oe = eager->Forward(be);
+      for (int s = 0; s < 4; ++s) ASSERT_TRUE(Bitwise(og[s].logits, oe[s].logits)) << dir << " step " << step << " seq " << s;
+      const std::vector<int32_t> t = Tokens(1, V, 900 + step);
+      ASSERT_TRUE(Bitwise(graphs->Forward({{sg[4].get(), t, false}})[0].logits,
+                          eager->Forward({{se[4].get(), t, false}})[0].logits))
+          << dir << " step " << step << " alone";
+    }
+    const CudaGraphCounts after = CudaGraphCallCounts();
+    std::printf("%s: graph captures %lld, replays %lld, failed captures %lld, eager segments %lld\n",
+                exl3 ? "exl3-tiny" : "golden", static_cast<long long>(after.captures - before.captures),
+                static_cast<long long>(after.replays - before.replays),
+                static_cast<long long>(after.failures - before.failures),
+                static_cast<long long>(after.eager_segments - before.eager_segments));
+    EXPECT_GT(after.replays, before.replays) << "no segment was replayed from a graph";
+    if (exl3) EXPECT_EQ(after.failures, before.failures) << "a segment of the EXL3 pack could not be captured";
+    EXPECT_EQ(after.scratch_overflows, before.scratch_overflows);
+  }
+}
+
 TEST(GpuForward, DecodeStepTimes) {
   DSMESH_REQUIRE_GPU();
-  // Not a pass/fail timing: prints eager decode ms/step so the per-layer overhead is visible.
+  // Not a pass/fail timing: prints decode ms/step with CUDA graphs and eager, so the per-layer overhead
+  // is visible.
   for (const std::string& dir : {GoldenDir(), Exl3PackDir()}) {
-    auto model = LoadModel(dir, ShardSpec{}, MakeCudaBackend(0));
-    const int V = static_cast<int>(model->config().vocab_size);
-    for (int streams : {1, 4}) {
-      std::vector<std::unique_ptr<SequenceState>> st;
-      for (int s = 0; s < streams; ++s) {
-        st.push_back(model->NewState());
-        model->Forward({{st.back().get(), Tokens(64, V, s), false}});
+    for (bool use_graphs : {true, false}) {
+      CudaBackendOptions options;
+      options.cuda_graphs = use_graphs;
+      auto model = LoadModel(dir, ShardSpec{}, MakeCudaBackend(0, options));
+      const int V = static_cast<int>(model->config().vocab_size);
+      for (int streams : {1, 4}) {
+        std::vector<std::unique_ptr<SequenceState>> st;
+        for (int s = 0; s < streams; ++s) {
+          st.push_back(model->NewState());
+          model->Forward({{st.back().get(), Tokens(64, V, s), false}});
+        }
+        const int warmup = 3, steps = 50;
+        std::chrono::steady_clock::time_point t0;
+        for (int i = 0; i < warmup + steps; ++i) {
+          if (i == warmup) t0 = std::chrono::steady_clock::now();
+          std::vector<SequenceStep> batch;
+          for (int s = 0; s < streams; ++s)
+            batch.push_back({st[s].get(), {Tokens(1, V, 1000 + i * streams + s)[0]}, false});
+          model->Forward(batch);
+        }
+        const double ms =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / steps;
+        std::printf("decode %s %s: %d stream(s), %d layers: %.3f ms/step (%.1f us/layer)\n",
+                    use_graphs ? "graphs" : "eager", dir == GoldenDir() ? "golden" : "exl3-tiny", streams,
+                    model->config().num_layers, ms, 1000.0 * ms / model->config().num_layers);
       }
-      const int steps = 50;
-      auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < steps; ++i) {
-        std::vector<SequenceStep> batch;
-        for (int s = 0; s < streams; ++s) batch.push_back({st[s].get(), {Tokens(1, V, 1000 + i * streams + s)[0]}, false});
-        model->Forward(batch);
-      }
-      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / steps;
-      std::printf("decode eager %s: %d stream(s), %d layers: %.3f ms/step (%.1f us/layer)\n",
-                  dir == GoldenDir() ? "golden" : "exl3-tiny", streams, model->config().num_layers, ms,
-                  1000.0 * ms / model->config().num_layers);
     }
   }
 }

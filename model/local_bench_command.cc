@@ -27,7 +27,8 @@ double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::n
 int32_t TokenAt(int64_t i, int64_t vocab) { return static_cast<int32_t>((i * 7919 + 1000) % vocab); }
 
 int RunLocalBench(const std::vector<std::string>& args) {
-  Flags f(args, {"model", "device", "threads", "streams", "contexts", "rows", "steps", "bits", "json"});
+  Flags f(args, {"model", "device", "threads", "streams", "contexts", "rows", "steps", "bits", "json", "enforce-eager"},
+          {"enforce-eager"});
   const std::string source = f.Require("model");
   int device = -1;
   try {
@@ -62,7 +63,9 @@ int RunLocalBench(const std::vector<std::string>& args) {
   }
   if (device >= 0) RequireCudaDevice(device, "--device " + f.Get("device", "cpu"));
   std::fprintf(stderr, "bench: loading %s on %s\n", source.c_str(), f.Get("device", "cpu").c_str());
-  auto model = LoadModel(source, ShardSpec{}, device >= 0 ? MakeCudaBackend(device)
+  CudaBackendOptions cuda;
+  cuda.cuda_graphs = !f.Has("enforce-eager");
+  auto model = LoadModel(source, ShardSpec{}, device >= 0 ? MakeCudaBackend(device, cuda)
                                                           : MakeCpuBackend(static_cast<int>(f.GetInt("threads", 0))));
   const ModelConfig& c = model->config();
   nlohmann::json out = nlohmann::json::array();

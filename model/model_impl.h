@@ -43,18 +43,33 @@ class ModelImpl {
   };
 
   void Validate(const std::vector<SequenceStep>& batch) const;
-  void AttentionBlock(const BlockWeights& b, const Tensor& x, const std::vector<SeqRows>& seqs,
-                      const std::vector<int64_t>& positions, Tensor* out);
-  // Projects x through a compressor, folds every completed window into new entries of each sequence's
-  // state (normed, roped at the window's first position).
-  void RunCompressor(const CompressorWeights& w, const Tensor& x, int layer, bool indexer,
-                     const std::vector<SeqRows>& seqs);
+  // One block's activations that cross its segments (Backend::Segment), taken from Scratch up front so
+  // that their addresses depend only on the step's row count.
+  struct BlockActivations {
+    Tensor y, post, comb, X2, attn_out, moe_out;  // hyper-connection mixes and the two sublayer outputs
+    Tensor qr, q, kv, o, oa;                      // attention
+    Tensor ckv, cscore;                           // compressor projections (compressed layers)
+    Tensor ikv, iscore, iq, iw, topk;             // the lightning indexer (CSA layers)
+  };
+  BlockActivations AllocateBlockActivations(const BlockWeights& b, const SeqRows& first, int64_t N);
+  // Per-token attention inputs: q, kv (normed, roped), the compressors' projections, the indexer's query.
+  void AttentionInputs(const BlockWeights& b, const std::vector<int64_t>& positions, BlockActivations* a);
+  // The stateful part, one sequence at a time: compressors fold completed windows into entries, the
+  // indexer picks its top-k, attention over window + entries, ring updates.
+  void AttentionCore(const BlockWeights& b, const std::vector<SeqRows>& seqs, const std::vector<int64_t>& positions,
+                     BlockActivations* a);
+  void AttentionOutput(const BlockWeights& b, const std::vector<int64_t>& positions, BlockActivations* a);
+  // Folds every completed window of the projections kvp/score into new entries of each sequence's state
+  // (normed, roped at the window's first position) and keeps the pending rows.
+  void CompressorUpdate(const CompressorWeights& w, const Tensor& kvp, const Tensor& score, int layer, bool indexer,
+                        const std::vector<SeqRows>& seqs);
   void MoeBlock(const BlockWeights& b, const Tensor& x, const std::vector<int32_t>& tokens, Tensor* out);
   // One block (attention and MoE hyper-connection sites) over the residual X [N, hc*D], in place.
   void RunBlock(const BlockWeights& b, const std::vector<SeqRows>& seqs, const std::vector<int64_t>& positions,
                 const std::vector<int32_t>& tokens, Tensor* X);
   // hc head, final norm and the vocabulary-split head over Xs [R, hc*D]: host f32 [R, vocab] on every rank.
-  Tensor HeadLogits(const Tensor& Xs, const HcWeights& hc_head, const Tensor& norm);
+  // step_rows: the step's row count (the head's segment key; 0 outside Forward).
+  Tensor HeadLogits(const Tensor& Xs, const HcWeights& hc_head, const Tensor& norm, int64_t step_rows);
   // Keeps the step's last-block residual rows and tokens of MTP-enabled sequences for Draft.
   void RecordMtpInput(const Tensor& X, const std::vector<SeqRows>& seqs, const std::vector<int32_t>& tokens);
   // The MTP block's input rows: h_proj(hnorm(X) per stream) + e_proj(enorm(embed(token))) on every stream.

@@ -111,7 +111,7 @@ std::vector<DraftResult> ModelImpl::Draft(const std::vector<DraftRequest>& batch
   Tensor state = be.Alloc(DType::kF32, {(int64_t)active.size(), hc * D});  // MTP output rows to chain from
   for (size_t a = 0; a < active.size(); ++a) be.CopyRows(Xin, last_row[active[a]], &state, a, 1);
   for (int step = 0; !active.empty(); ++step) {
-    Tensor logits = HeadLogits(state, m.hc_head, m.norm);
+    Tensor logits = HeadLogits(state, m.hc_head, m.norm, /*step_rows=*/0);
     std::vector<size_t> next;
     std::vector<int64_t> keep;
     for (size_t a = 0; a < active.size(); ++a) {

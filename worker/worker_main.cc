@@ -114,6 +114,7 @@ class Worker {
       RequireCudaDevice(cuda_device_, "dsmesh-worker --device " + device_);
       device_ = "cuda:" + std::to_string(cuda_device_);
     }
+    enforce_eager_ = f.Has("enforce-eager");
     gpu_memory_utilization_ = f.GetDouble("gpu-memory-utilization", 0.9);
     if (!(gpu_memory_utilization_ > 0 && gpu_memory_utilization_ <= 1))
       throw UsageError("--gpu-memory-utilization must be in (0, 1]");
@@ -293,7 +294,7 @@ class Worker {
       comm_.Attach(std::make_unique<GlooCommunicator>(rank_, world_, store, data_host_, collective_timeout_));
       if (!model_) {
         std::shared_ptr<Backend> backend =
-            cuda_device_ >= 0 ? MakeCudaBackend(cuda_device_) : MakeCpuBackend(threads_);
+            cuda_device_ >= 0 ? MakeCudaBackend(cuda_device_, CudaOptions()) : MakeCpuBackend(threads_);
         model_ = LoadModel(model_dir_, ShardSpec{rank_, world_}, backend, &comm_);
         if (!kv_budget_explicit_) kv_budget_ = GpuKvBudget();
         executor_ = std::make_unique<StepExecutor>(model_.get(), &comm_);
@@ -377,7 +378,14 @@ class Worker {
 
   std::string coordinator_;
   MeshCredentials credentials_;
+  CudaBackendOptions CudaOptions() const {
+    CudaBackendOptions o;
+    o.cuda_graphs = !enforce_eager_;
+    return o;
+  }
+
   std::string model_dir_, device_, data_host_;
+  bool enforce_eager_ = false;
   int cuda_device_ = -1;
   double gpu_memory_utilization_ = 0.9;
   bool kv_budget_explicit_ = true;
@@ -406,12 +414,12 @@ int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
   return dsmesh::RunProgram(
       "dsmesh-worker",
-      "dsmesh-worker --rank R --world N --coordinator HOST:PORT --model DIR --device cpu|cuda[:I] [--gpu-memory-utilization F] "
+      "dsmesh-worker --rank R --world N --coordinator HOST:PORT --model DIR --device cpu|cuda[:I] [--gpu-memory-utilization F] [--enforce-eager] "
       "[--kv-memory BYTES | --kv-memory-fraction F] [--threads T]",
       [&] {
         dsmesh::Flags flags(args, dsmesh::WithMeshCredentialFlags({"rank", "world", "coordinator", "model", "device", "kv-memory",
                                    "kv-memory-fraction", "gpu-memory-utilization", "threads", "data-host",
-                                   "collective-timeout-ms"}));
+                                   "collective-timeout-ms", "enforce-eager"}), {"enforce-eager"});
         if (!flags.Has("rank") || !flags.Has("world")) throw dsmesh::UsageError("--rank and --world are required");
         dsmesh::Worker worker(flags);
         return worker.Run();

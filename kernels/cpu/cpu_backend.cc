@@ -52,6 +52,9 @@ class CpuBackend final : public Backend {
   std::string name() const override { return "cpu"; }
 
   Tensor Alloc(DType dtype, std::vector<int64_t> shape) override { return AllocateTensor(dtype, std::move(shape)); }
+  void Zero(Tensor* t) override {
+    if (t->nbytes() > 0) std::memset(t->data, 0, t->nbytes());
+  }
   Tensor Upload(const Tensor& host) override { return host; }
   void ToHost(const Tensor& src, void* dst) override { std::memcpy(dst, src.data, src.nbytes()); }
   void FromHost(const void* src, Tensor* dst) override { std::memcpy(dst->data, src, dst->nbytes()); }

@@ -2,10 +2,18 @@
 // model_ops.h; EXL3 linears go through exl3_gemv.h (m <= 16) and exl3_gemm.h (larger m); routed
 // experts through exl3_moe.h when every expert of the layer suits it and m <= 24, else per expert.
 //
-// Memory: activations come from the stream-ordered pool (cudaMallocAsync on the backend's stream, freed
-// the same way when the last Tensor view drops), weights from cudaMalloc. Host metadata the seam passes
-// (token ids, positions, rope tables) is copied to the device per call; rope tables and hash-routing
-// tables are uploaded once and cached by their host address.
+// Memory: a step's temporaries (Scratch, and the ops' own) come from a fixed arena, bump-allocated and
+// released by mark, so that a step's addresses depend only on its shapes; beyond the arena, and outside
+// a step, from the stream-ordered pool (cudaMallocAsync, freed the same way when the last Tensor view
+// drops). State and weights come from Alloc (stream-ordered pool) and cudaMalloc. The step's token ids
+// and positions are copied once per step (BeginStep) into fixed device buffers that later ops recognise
+// by host address; other host metadata is copied per call; rope tables and hash-routing tables are
+// uploaded once and cached by their host address.
+//
+// CUDA graphs (piecewise, as vLLM's): a Segment of a step of at most kGraphMaxRows rows runs eagerly the
+// first time its key is seen, is captured the second time and replayed from then on; the stateful
+// work between segments (compressors, indexer, attention, collectives) stays eager. A capture that fails
+// is logged once per key and the segment runs eagerly. CudaGraphCallCounts() counts each outcome.
 #include "kernels/cuda/cuda_backend.h"
 
 #include <cuda_runtime.h>
@@ -14,8 +22,10 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -35,6 +45,15 @@ namespace dsmesh {
 namespace {
 
 std::atomic<int64_t> g_fused_moe{0}, g_per_expert_moe{0};
+std::atomic<int64_t> g_graph_captures{0}, g_graph_replays{0}, g_graph_failures{0}, g_eager_segments{0},
+    g_scratch_overflows{0};
+
+// Steps of more rows than this (prefill chunks) run their segments eagerly: decode buckets are 1..4
+// sequences x 1..4 rows.
+constexpr int64_t kGraphMaxRows = 16;
+// Rows whose metadata the fixed step buffers hold (bigger steps copy theirs into scratch).
+constexpr int64_t kStepBufferRows = 64;
+constexpr size_t kScratchAlign = 256;
 
 int64_t RowWidth(const Tensor& t) { return t.shape.empty() || t.shape[0] == 0 ? 0 : t.numel() / t.shape[0]; }
 float* F(const Tensor& t) { return static_cast<float*>(t.data); }
@@ -121,16 +140,33 @@ Exl3Weight SubWeight(const Exl3Weight& w, int64_t k0, int64_t k1, int64_t n0, in
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device) : ctx_(std::make_shared<StreamContext>(device)) {
+  CudaBackend(int device, const CudaBackendOptions& options)
+      : ctx_(std::make_shared<StreamContext>(device)), options_(options) {
     cudaDeviceProp prop{};
     CudaCheck(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
     name_ = "cuda:" + std::to_string(device) + " (" + prop.name + ")";
+    arena_bytes_ = options.scratch_bytes / kScratchAlign * kScratchAlign;
+    if (arena_bytes_ > 0)
+      CudaCheck(cudaMalloc(&arena_, arena_bytes_), "cudaMalloc of the " + std::to_string(arena_bytes_ >> 20) +
+                                                       " MiB scratch arena");
+    CudaCheck(cudaMalloc(&step_tokens_dev_, kStepBufferRows * sizeof(int32_t)), "cudaMalloc for step tokens");
+    CudaCheck(cudaMalloc(&step_positions_dev_, kStepBufferRows * sizeof(int64_t)), "cudaMalloc for step positions");
+    CudaCheck(cudaMallocHost(&step_pinned_, kStepBufferRows * (sizeof(int32_t) + sizeof(int64_t))),
+              "cudaMallocHost for step metadata");
+    CudaCheck(cudaEventCreateWithFlags(&step_uploaded_, cudaEventDisableTiming), "cudaEventCreate");
   }
 
   ~CudaBackend() override {
     Use();
     cudaStreamSynchronize(ctx_->stream);
+    for (auto& [k, g] : graphs_)
+      if (g.exec) cudaGraphExecDestroy(g.exec);
     for (auto& [k, c] : host_cache_) cudaFree(c.device);
+    cudaFree(arena_);
+    cudaFree(step_tokens_dev_);
+    cudaFree(step_positions_dev_);
+    cudaFreeHost(step_pinned_);
+    cudaEventDestroy(step_uploaded_);
   }
 
   std::string name() const override { return name_; }
@@ -153,6 +189,86 @@ class CudaBackend final : public Backend {
       cudaFreeAsync(q, ctx->stream);
     });
     return t;
+  }
+
+  void Zero(Tensor* t) override {
+    Use();
+    if (t->nbytes() > 0) CudaCheck(cudaMemsetAsync(t->data, 0, t->nbytes(), ctx_->stream), "Zero");
+  }
+
+  // ---- step scope ----
+  void BeginStep(const int32_t* tokens, const int64_t* positions, int64_t n) override {
+    Use();
+    Require(!capturing_, "BeginStep", "called inside a graph segment");
+    in_step_ = true;
+    arena_top_ = 0;
+    step_tokens_ = tokens;
+    step_positions_ = positions;
+    step_n_ = n;
+    if (n <= kStepBufferRows) {
+      // The pinned copy is reused: wait for the previous step's upload to have read it.
+      CudaCheck(cudaEventSynchronize(step_uploaded_), "step metadata upload");
+      auto* pt = static_cast<int32_t*>(step_pinned_);
+      auto* pp = reinterpret_cast<int64_t*>(static_cast<char*>(step_pinned_) + kStepBufferRows * sizeof(int32_t));
+      std::memcpy(pt, tokens, static_cast<size_t>(n) * sizeof(int32_t));
+      std::memcpy(pp, positions, static_cast<size_t>(n) * sizeof(int64_t));
+      CudaCheck(cudaMemcpyAsync(step_tokens_dev_, pt, n * sizeof(int32_t), cudaMemcpyHostToDevice, ctx_->stream),
+                "step tokens upload");
+      CudaCheck(cudaMemcpyAsync(step_positions_dev_, pp, n * sizeof(int64_t), cudaMemcpyHostToDevice, ctx_->stream),
+                "step positions upload");
+      CudaCheck(cudaEventRecord(step_uploaded_, ctx_->stream), "cudaEventRecord");
+      step_tokens_on_device_ = static_cast<int32_t*>(step_tokens_dev_);
+      step_positions_on_device_ = static_cast<int64_t*>(step_positions_dev_);
+    } else {
+      Tensor t = Staged(tokens, n), p = Staged(positions, n);
+      step_tokens_on_device_ = static_cast<int32_t*>(t.data);
+      step_positions_on_device_ = static_cast<int64_t*>(p.data);
+      step_meta_keep_ = {t, p};
+    }
+  }
+
+  void EndStep() override {
+    in_step_ = false;
+    arena_top_ = 0;
+    step_tokens_ = nullptr;
+    step_positions_ = nullptr;
+    step_n_ = 0;
+    step_meta_keep_.clear();
+  }
+
+  Tensor Scratch(DType dtype, std::vector<int64_t> shape) override { return Temp(dtype, std::move(shape)); }
+  size_t ScratchMark() override { return arena_top_; }
+  void ReleaseScratch(size_t mark) override {
+    Require(mark <= arena_top_, "ReleaseScratch", "mark above the arena's top");
+    arena_top_ = mark;
+  }
+
+  void Segment(const SegmentKey& key, const std::function<void()>& ops) override {
+    if (!options_.cuda_graphs || !in_step_ || key.rows > kGraphMaxRows || step_n_ > kGraphMaxRows) {
+      ++g_eager_segments;
+      ops();
+      return;
+    }
+    auto [it, first_time] = graphs_.try_emplace(key);
+    Graph& g = it->second;
+    if (first_time || g.failed) {  // first sight: eager, which also builds what the ops create lazily
+      ++g_eager_segments;
+      ops();
+      return;
+    }
+    if (g.exec) {
+      if (arena_top_ != g.scratch_begin)
+        throw std::runtime_error("cuda backend: graph segment (site " + std::to_string(key.site) + ", layer " +
+                                 std::to_string(key.layer) + ", rows " + std::to_string(key.rows) +
+                                 ") replayed at scratch offset " + std::to_string(arena_top_) + ", captured at " +
+                                 std::to_string(g.scratch_begin));
+      Use();
+      CudaCheck(cudaGraphLaunch(g.exec, ctx_->stream), "cudaGraphLaunch");
+      arena_top_ = g.scratch_end;
+      ++g_graph_replays;
+      return;
+    }
+    Capture(key, &g, ops);
   }
 
   Tensor Upload(const Tensor& host) override {
@@ -230,8 +346,9 @@ class CudaBackend final : public Backend {
     Require(out->shape[0] == n && RowWidth(*out) == D, "Embedding", "output shape");
     for (int64_t i = 0; i < n; ++i)
       Require(tokens[i] >= 0 && tokens[i] < table.shape[0], "Embedding", "token id out of range");
-    Tensor ids = Staged(tokens, n);
-    cuda_ops::Embedding(table.data, WTypeOf(table.dtype, "the embedding"), D, I32(ids), n, F(*out), ctx_->stream);
+    Tensor ids;
+    const int32_t* dev = StepTokens(tokens, n, &ids);
+    cuda_ops::Embedding(table.data, WTypeOf(table.dtype, "the embedding"), D, dev, n, F(*out), ctx_->stream);
     Launched("Embedding");
   }
 
@@ -297,9 +414,9 @@ class CudaBackend final : public Backend {
             const std::vector<float>& inv_freq, bool inverse) override {
     const int64_t n = x->shape[0];
     Require(RowWidth(*x) == heads * head_dim && static_cast<int64_t>(inv_freq.size()) == rope_dim / 2, "Rope", "shape");
-    Tensor pos = Staged(positions, n);
-    cuda_ops::Rope(F(*x), n, heads, head_dim, rope_dim, static_cast<const int64_t*>(pos.data), Cached(inv_freq),
-                   inverse, ctx_->stream);
+    Tensor pos;
+    const int64_t* dev = StepPositions(positions, n, &pos);
+    cuda_ops::Rope(F(*x), n, heads, head_dim, rope_dim, dev, Cached(inv_freq), inverse, ctx_->stream);
     Launched("Rope");
   }
 
@@ -310,7 +427,7 @@ class CudaBackend final : public Backend {
     const int64_t n = X.shape[0], D = RowWidth(X) / hc;
     Require(fn.shape.size() == 2 && fn.shape[0] == (2 + hc) * hc && fn.shape[1] == hc * D, "HcPre", "fn shape");
     Use();
-    Tensor mixes = Alloc(DType::kF32, {n, static_cast<int64_t>((2 + hc) * hc)});
+    Tensor mixes = Temp(DType::kF32, {n, static_cast<int64_t>((2 + hc) * hc)});
     cuda_ops::HcPre(F(X), n, D, hc, F(fn), F(base), F(scale), iters, eps, norm_eps, F(mixes), F(*y), F(*post), F(*comb),
                     ctx_->stream);
     Launched("HcPre");
@@ -334,7 +451,7 @@ class CudaBackend final : public Backend {
     const int64_t n = X.shape[0], D = RowWidth(X) / hc;
     Require(fn.shape.size() == 2 && fn.shape[0] == hc && fn.shape[1] == hc * D, "HcHead", "fn shape");
     Use();
-    Tensor mixes = Alloc(DType::kF32, {n, static_cast<int64_t>(hc)});
+    Tensor mixes = Temp(DType::kF32, {n, static_cast<int64_t>(hc)});
     cuda_ops::HcHead(F(X), n, D, hc, F(fn), F(base), F(scale), eps, norm_eps, F(mixes), F(*y), ctx_->stream);
     Launched("HcHead");
   }
@@ -366,10 +483,11 @@ class CudaBackend final : public Backend {
                    int64_t dim, const int64_t* positions, int ratio, int top_k, Tensor* out) override {
     const int64_t n = q.shape[0];
     Require(RowWidth(*out) == top_k && out->dtype == DType::kI32, "IndexerTopK", "output shape");
-    Tensor pos = Staged(positions, n);
-    Tensor scratch = Alloc(DType::kF32, {cuda_ops::IndexerScratchFloats(n, num_keys)});
-    cuda_ops::IndexerTopK(F(q), F(weights), num_keys > 0 ? F(keys) : nullptr, num_keys, heads, dim,
-                          static_cast<const int64_t*>(pos.data), n, ratio, top_k, F(scratch),
+    Tensor pos;
+    const int64_t* dev = StepPositions(positions, n, &pos);
+    Tensor scratch = Temp(DType::kF32, {cuda_ops::IndexerScratchFloats(n, num_keys)});
+    cuda_ops::IndexerTopK(F(q), F(weights), num_keys > 0 ? F(keys) : nullptr, num_keys, heads, dim, dev, n, ratio,
+                          top_k, F(scratch),
                           static_cast<int32_t*>(out->data), ctx_->stream);
     Launched("IndexerTopK");
   }
@@ -401,13 +519,14 @@ class CudaBackend final : public Backend {
     Require(RowWidth(*idx) == p.top_k && RowWidth(*weight) == p.top_k, "MoeRoute", "output shape");
     Tensor toks;
     const int32_t* table = nullptr;
+    const int32_t* dev_tokens = nullptr;
     if (p.hash) {
       Require(p.tid2eid && p.tid2eid->data, "MoeRoute", "hash layer without tid2eid");
-      toks = Staged(tokens, n);
+      dev_tokens = StepTokens(tokens, n, &toks);
       table = CachedTable(*p.tid2eid);
     }
     Use();
-    cuda_ops::MoeRoute(F(logits), n, E, p.hash ? I32(toks) : nullptr, table,
+    cuda_ops::MoeRoute(F(logits), n, E, dev_tokens, table,
                        !p.hash && p.bias && p.bias->data ? F(*p.bias) : nullptr, p.top_k, p.normalize, p.routed_scale,
                        static_cast<int32_t*>(idx->data), F(*weight), ctx_->stream);
     Launched("MoeRoute");
@@ -420,9 +539,9 @@ class CudaBackend final : public Backend {
     FusedMoe* fused = FusedFor(experts, limit, static_cast<int>(k));
     if (fused && n <= kExl3MoeMaxRows) {
       const int64_t D = RowWidth(x);
-      Tensor xh = Alloc(DType::kF16, {n, D});
+      Tensor xh = Temp(DType::kF16, {n, D});
       cuda_ops::ToHalfPadded(F(x), n, D, D, static_cast<uint16_t*>(xh.data), D, 0, ctx_->stream);
-      Tensor y = Alloc(DType::kF32, {n, D});
+      Tensor y = Temp(DType::kF32, {n, D});
       Exl3MoeForward(fused->layer->layer(), static_cast<const uint16_t*>(xh.data), I32(idx), F(weight),
                      static_cast<int>(n), F(y), *fused->workspace, ctx_->stream);
       cuda_ops::Add(F(y), n * D, F(*out), ctx_->stream);
@@ -456,7 +575,7 @@ class CudaBackend final : public Backend {
 
   void SharedExpert(const Tensor& x, const ExpertWeights& expert, float limit, Tensor* out) override {
     const int64_t m = x.shape[0], D = RowWidth(x), I = expert.w1.out;
-    Tensor g = Alloc(DType::kF32, {m, I}), u = Alloc(DType::kF32, {m, I}), y = Alloc(DType::kF32, {m, D});
+    Tensor g = Temp(DType::kF32, {m, I}), u = Temp(DType::kF32, {m, I}), y = Temp(DType::kF32, {m, D});
     Linear(x, expert.w1, &g);
     Linear(x, expert.w3, &u);
     cuda_ops::SwiGlu(F(g), F(u), m * I, limit, ctx_->stream);
@@ -472,7 +591,101 @@ class CudaBackend final : public Backend {
     int topk = 0;
   };
 
+  struct Graph {
+    cudaGraphExec_t exec = nullptr;
+    size_t scratch_begin = 0, scratch_end = 0;
+    bool failed = false;
+  };
+
   void Use() const { CudaCheck(cudaSetDevice(ctx_->device), "cudaSetDevice"); }
+
+  // A temporary of the current step from the arena (contents undefined), or, outside a step or beyond
+  // the arena, a zero-filled Alloc (an overflow is logged once and counted).
+  Tensor Temp(DType dtype, std::vector<int64_t> shape) {
+    Tensor t;
+    t.dtype = dtype;
+    t.shape = std::move(shape);
+    const size_t bytes = (std::max<size_t>(t.nbytes(), 16) + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
+    if (in_step_ && arena_top_ + bytes <= arena_bytes_) {
+      t.data = static_cast<char*>(arena_) + arena_top_;
+      arena_top_ += bytes;
+      return t;
+    }
+    if (in_step_) {
+      if (capturing_) throw std::runtime_error("the scratch arena is full inside a graph segment");
+      ++g_scratch_overflows;
+      if (!logged_overflow_) {
+        std::fprintf(stderr, "[cuda] a step needs more than the %zu MiB scratch arena; the rest comes from cudaMallocAsync\n",
+                     arena_bytes_ >> 20);
+        logged_overflow_ = true;
+      }
+    }
+    return Alloc(t.dtype, t.shape);
+  }
+
+  // The device copy of host metadata: the step's own arrays (BeginStep) without a copy, else a copy.
+  const int32_t* StepTokens(const int32_t* host, int64_t n, Tensor* keep) {
+    if (in_step_ && host >= step_tokens_ && host + n <= step_tokens_ + step_n_)
+      return step_tokens_on_device_ + (host - step_tokens_);
+    *keep = Staged(host, n);
+    return I32(*keep);
+  }
+  const int64_t* StepPositions(const int64_t* host, int64_t n, Tensor* keep) {
+    if (in_step_ && host >= step_positions_ && host + n <= step_positions_ + step_n_)
+      return step_positions_on_device_ + (host - step_positions_);
+    *keep = Staged(host, n);
+    return static_cast<const int64_t*>(keep->data);
+  }
+
+  // Records `ops` as a CUDA graph and launches it; on failure (an op that syncs or copies host metadata,
+  // such as the per-expert MoE path) runs `ops` eagerly and never tries the key again.
+  void Capture(const SegmentKey& key, Graph* g, const std::function<void()>& ops) {
+    Use();
+    const size_t begin = arena_top_;
+    std::string why;
+    cudaGraph_t graph = nullptr;
+    CudaCheck(cudaStreamBeginCapture(ctx_->stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    capturing_ = true;
+    try {
+      ops();
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+    capturing_ = false;
+    const cudaError_t end = cudaStreamEndCapture(ctx_->stream, &graph);
+    if (why.empty() && end != cudaSuccess) why = std::string("cudaStreamEndCapture: ") + cudaGetErrorString(end);
+    if (why.empty()) {
+      const cudaError_t inst = cudaGraphInstantiate(&g->exec, graph, 0);
+      if (inst != cudaSuccess) {
+        why = std::string("cudaGraphInstantiate: ") + cudaGetErrorString(inst);
+        g->exec = nullptr;
+      }
+    }
+    if (graph) cudaGraphDestroy(graph);
+    if (!why.empty()) {
+      cudaGetLastError();
+      g->failed = true;
+      ++g_graph_failures;
+      if (!logged_capture_failure_)
+        std::fprintf(stderr, "[cuda] graph capture failed (site %d, layer %d, rows %lld): %s; such segments run "
+                             "eagerly (counted in CudaGraphCallCounts().failures; logged once)\n",
+                     key.site, key.layer, static_cast<long long>(key.rows), why.c_str());
+      logged_capture_failure_ = true;
+      arena_top_ = begin;
+      ++g_eager_segments;
+      ops();
+      return;
+    }
+    g->scratch_begin = begin;
+    g->scratch_end = arena_top_;
+    if (!logged_graphs_) {
+      std::fprintf(stderr, "[cuda] decode steps of up to %lld rows replay CUDA graphs (attention and collectives "
+                           "stay eager; --enforce-eager turns graphs off)\n", static_cast<long long>(kGraphMaxRows));
+      logged_graphs_ = true;
+    }
+    ++g_graph_captures;
+    CudaCheck(cudaGraphLaunch(g->exec, ctx_->stream), "cudaGraphLaunch");
+  }
 
   // The GEMM workspace is sized for the largest EXL3 block range loaded.
   void NoteExl3Slice(const Exl3Slice& sl) {
@@ -492,7 +705,8 @@ class CudaBackend final : public Backend {
   // A device copy of a small host array, valid for this step.
   template <class T>
   Tensor Staged(const T* host, int64_t n) {
-    Tensor t = Alloc(sizeof(T) == 8 ? DType::kI64 : DType::kI32, {std::max<int64_t>(n, 1)});
+    if (capturing_) throw std::runtime_error("host metadata is copied inside a graph segment");
+    Tensor t = Temp(sizeof(T) == 8 ? DType::kI64 : DType::kI32, {std::max<int64_t>(n, 1)});
     if (n > 0)
       CudaCheck(cudaMemcpyAsync(t.data, host, static_cast<size_t>(n) * sizeof(T), cudaMemcpyHostToDevice, ctx_->stream),
                 "metadata upload");
@@ -519,10 +733,16 @@ class CudaBackend final : public Backend {
   }
   // tid2eid arrives as a host tensor (the loader keeps routing tables on the host) or already on device.
   const int32_t* CachedTable(const Tensor& t) {
-    cudaPointerAttributes a{};
-    if (cudaPointerGetAttributes(&a, t.data) == cudaSuccess && a.type == cudaMemoryTypeDevice) return I32(t);
-    cudaGetLastError();
     std::lock_guard<std::mutex> lock(cache_mu_);
+    auto known = host_cache_.find({t.data, t.nbytes()});
+    if (known != host_cache_.end() && known->second.device) return static_cast<const int32_t*>(known->second.device);
+    if (device_tables_.count(t.data)) return I32(t);
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, t.data) == cudaSuccess && a.type == cudaMemoryTypeDevice) {
+      device_tables_.insert(t.data);
+      return I32(t);
+    }
+    cudaGetLastError();
     CachedCopy& c = host_cache_[{t.data, t.nbytes()}];
     if (!c.device) {
       CudaCheck(cudaMalloc(&c.device, std::max<size_t>(t.nbytes(), 16)), "cudaMalloc for a routing table");
@@ -566,8 +786,8 @@ class CudaBackend final : public Backend {
   void Exl3Apply(const Exl3Part& part, const float* x, int64_t ldx, int64_t m, float* out, int64_t ldo,
                  bool accumulate) {
     const Exl3DeviceLinear& lin = part.buffers->linear();
-    Tensor xh = Alloc(DType::kF16, {m, lin.k});
-    Tensor y = Alloc(DType::kF32, {m, lin.n});
+    Tensor xh = Temp(DType::kF16, {m, lin.k});
+    Tensor y = Temp(DType::kF32, {m, lin.n});
     cuda_ops::ToHalfPadded(x, m, part.kin, ldx, static_cast<uint16_t*>(xh.data), lin.k, part.x_col0, ctx_->stream);
     const uint16_t* xp = static_cast<const uint16_t*>(xh.data);
     if (m <= kExl3GemvMaxRows) {
@@ -655,12 +875,12 @@ class CudaBackend final : public Backend {
                  const ExpertWeights& e, float limit, Tensor* out) {
     const int64_t m = rows.size(), D = RowWidth(x), I = e.w1.out;
     Tensor ri = Staged(rows.data(), m);
-    Tensor wv = Alloc(DType::kF32, {m});
+    Tensor wv = Temp(DType::kF32, {m});
     CudaCheck(cudaMemcpyAsync(wv.data, wts.data(), m * sizeof(float), cudaMemcpyHostToDevice, ctx_->stream),
               "expert weights upload");
-    Tensor xs = Alloc(DType::kF32, {m, D});
+    Tensor xs = Temp(DType::kF32, {m, D});
     cuda_ops::GatherRows(F(x), I32(ri), m, D, F(xs), ctx_->stream);
-    Tensor g = Alloc(DType::kF32, {m, I}), u = Alloc(DType::kF32, {m, I}), y = Alloc(DType::kF32, {m, D});
+    Tensor g = Temp(DType::kF32, {m, I}), u = Temp(DType::kF32, {m, I}), y = Temp(DType::kF32, {m, D});
     Linear(xs, e.w1, &g);
     Linear(xs, e.w3, &u);
     cuda_ops::SwiGlu(F(g), F(u), m * I, limit, ctx_->stream);
@@ -670,7 +890,22 @@ class CudaBackend final : public Backend {
   }
 
   std::shared_ptr<StreamContext> ctx_;
+  CudaBackendOptions options_;
   std::string name_;
+  // The step's scratch arena and metadata (BeginStep); graphs by segment key.
+  void* arena_ = nullptr;
+  size_t arena_bytes_ = 0, arena_top_ = 0;
+  bool in_step_ = false, capturing_ = false, logged_overflow_ = false, logged_graphs_ = false,
+       logged_capture_failure_ = false;
+  const int32_t* step_tokens_ = nullptr;
+  const int64_t* step_positions_ = nullptr;
+  int64_t step_n_ = 0;
+  void *step_tokens_dev_ = nullptr, *step_positions_dev_ = nullptr, *step_pinned_ = nullptr;
+  cudaEvent_t step_uploaded_ = nullptr;
+  const int32_t* step_tokens_on_device_ = nullptr;
+  const int64_t* step_positions_on_device_ = nullptr;
+  std::vector<Tensor> step_meta_keep_;
+  std::map<SegmentKey, Graph> graphs_;
   int64_t max_k_ = 128, max_n_ = 128, max_weights_ = 128 * 128;
   std::unique_ptr<Exl3GemvWorkspace> gemv_ws_;
   std::unique_ptr<Exl3GemmWorkspace> gemm_ws_;
@@ -678,6 +913,7 @@ class CudaBackend final : public Backend {
   bool logged_many_rows_ = false;  // the per-expert path for large steps was logged
   std::mutex cache_mu_, moe_mu_;
   std::map<std::pair<const void*, size_t>, CachedCopy> host_cache_;
+  std::set<const void*> device_tables_;  // routing tables already in device memory
   // Keyed by the experts vector (it lives as long as the model's weights), top-k and clamp limit.
   std::map<std::tuple<const void*, int, float>, std::unique_ptr<FusedMoe>> fused_;
 };
@@ -694,9 +930,14 @@ int ParseDeviceFlag(const std::string& value, const std::string& flag) {
   throw std::runtime_error(flag + " " + value + ": expected cpu, cuda or cuda:N");
 }
 
-std::shared_ptr<Backend> MakeCudaBackend(int device) {
+std::shared_ptr<Backend> MakeCudaBackend(int device, const CudaBackendOptions& options) {
   RequireCudaDevice(device, "the CUDA backend");
-  return std::make_shared<CudaBackend>(device);
+  return std::make_shared<CudaBackend>(device, options);
+}
+
+CudaGraphCounts CudaGraphCallCounts() {
+  return {g_graph_captures.load(), g_graph_replays.load(), g_graph_failures.load(), g_eager_segments.load(),
+          g_scratch_overflows.load()};
 }
 
 CudaMoePathCounts CudaMoePathCallCounts() { return {g_fused_moe.load(), g_per_expert_moe.load()}; }

@@ -2,6 +2,7 @@
 // activations in device memory, dense weights kept in their checkpoint dtype, EXL3 linears through the
 // GEMV (m <= 16) and GEMM (prefill) kernels, routed experts through the single-launch MoE kernel when the
 // layer and row count allow it. All work is enqueued on the backend's own stream; only ToHost waits.
+// Decode steps replay CUDA graphs of the forward's per-token segments (see cuda_backend.cc).
 #pragma once
 
 #include <cstdint>
@@ -16,7 +17,27 @@ namespace dsmesh {
 // Parses "cuda" (device 0) or "cuda:N"; returns -1 for "cpu"; throws naming `flag` on anything else.
 int ParseDeviceFlag(const std::string& value, const std::string& flag = "--device");
 
-std::shared_ptr<Backend> MakeCudaBackend(int device);
+struct CudaBackendOptions {
+  // Decode steps replay CUDA graphs of the forward's segments (Backend::Segment); false is vLLM's
+  // --enforce-eager.
+  bool cuda_graphs = true;
+  // Device memory set aside for a step's temporaries; a step that needs more (a long prefill chunk)
+  // takes the rest from the stream-ordered pool.
+  size_t scratch_bytes = size_t{256} << 20;
+};
+
+std::shared_ptr<Backend> MakeCudaBackend(int device, const CudaBackendOptions& options = {});
+
+// What the graph segments did: captured, replayed, failed captures (then eager), segments run eagerly
+// (first sight of a key, steps too large for graphs, graphs off), and arena overflows.
+struct CudaGraphCounts {
+  int64_t captures = 0;
+  int64_t replays = 0;
+  int64_t failures = 0;
+  int64_t eager_segments = 0;
+  int64_t scratch_overflows = 0;
+};
+CudaGraphCounts CudaGraphCallCounts();
 
 // How often the routed-expert layers took the single-launch MoE kernel and how often they ran the
 // per-expert path (with the reason logged once per layer), for tests and the worker's log.

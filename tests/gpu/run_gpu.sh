@@ -37,7 +37,7 @@ fi
 
 if [[ $PARTS == *sanitize* ]]; then
   step "compute-sanitizer on a full forward (prefill + 8 decode steps, batch of 4)"
-  for tool in memcheck racecheck; do
+  for tool in memcheck racecheck initcheck; do
     timeout 300 /usr/local/cuda/bin/compute-sanitizer --tool $tool --error-exitcode 9 "$B/bin/gpu_forward_test" \
       --gtest_filter='*SanitizerWorkload*' > "$OUT/sanitizer_$tool.log" 2>&1
     rc=$?
@@ -74,21 +74,31 @@ if [[ $PARTS == *cli* ]]; then
 fi
 
 if [[ $PARTS == *flash* ]]; then
-  step "full-size DeepSeek-V4-Flash, synthetic EXL3 pack (experts K2, dense K6) generated on the GPU: one stream, eager"
+  step "full-size DeepSeek-V4-Flash, synthetic EXL3 pack (experts K2, dense K6) generated on the GPU: one stream, graphs and eager"
   prompt=$(python3 -c "print(','.join(str((i * 7919) % 120000 + 1000) for i in range(${FLASH_PROMPT:-16})))")
-  timeout 500 $DS generate --model synthetic:v4-flash:seed=1 --device cuda --tokens "$prompt" \
-    --max-new-tokens ${FLASH_TOKENS:-24} --ignore-eos > "$OUT/flash_tokens.json" 2> "$OUT/flash.log"
-  check test $? = 0
-  grep -E "\[load\] (layer 43|done)|routed experts|prefill|error" "$OUT/flash.log" | head -8
-  head -c 300 "$OUT/flash_tokens.json"; echo
+  for mode in graphs eager; do
+    flag=; [[ $mode == eager ]] && flag=--enforce-eager
+    timeout 500 $DS generate --model synthetic:v4-flash:seed=1 --device cuda --tokens "$prompt" \
+      --max-new-tokens ${FLASH_TOKENS:-24} --ignore-eos $flag \
+      > "$OUT/flash_tokens_$mode.json" 2> "$OUT/flash_$mode.log"
+    check test $? = 0
+    echo "-- $mode"; grep -E "\[load\] (layer 43|done)|routed experts|CUDA graphs|graph capture|prefill|decode|error" "$OUT/flash_$mode.log" | head -8
+  done
+  head -c 300 "$OUT/flash_tokens_graphs.json"; echo
+  check cmp "$OUT/flash_tokens_graphs.json" "$OUT/flash_tokens_eager.json"
   nvidia-smi --query-gpu=memory.used --format=csv
 fi
 
 if [[ $PARTS == *flashbench* ]]; then
   step "dsmesh bench on the full-size synthetic V4-Flash: decode at 1 and 4 streams, 4K context, beside the floor"
-  timeout 500 $DS bench --device cuda --model synthetic:v4-flash:seed=1 --contexts ${FLASH_CONTEXTS:-4096} \
-    --streams 1,4 --steps 10 --json "$OUT/flash_bench.json" 2> "$OUT/flash_bench.log" | tee "$OUT/flash_bench.txt"
-  check test -s "$OUT/flash_bench.json"
+  for mode in graphs eager; do
+    flag=; [[ $mode == eager ]] && flag=--enforce-eager
+    timeout 500 $DS bench --device cuda --model synthetic:v4-flash:seed=1 --contexts ${FLASH_CONTEXTS:-4096} \
+      --streams ${FLASH_STREAMS:-1,4} --steps ${FLASH_STEPS:-10} $flag \
+      --json "$OUT/flash_bench_$mode.json" 2> "$OUT/flash_bench_$mode.log" | tee "$OUT/flash_bench_$mode.txt"
+    check test -s "$OUT/flash_bench_$mode.json"
+    grep -E "CUDA graphs|graph capture|arena" "$OUT/flash_bench_$mode.log" | head -3
+  done
 fi
 
 if [[ $PARTS == *serve* ]]; then
