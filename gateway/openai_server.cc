@@ -14,6 +14,7 @@
 #include "gateway/generation_session.h"
 #include "gateway/request_limits.h"
 #include "gateway/request_options.h"
+#include "gateway/request_schema.h"
 
 namespace dsmesh {
 
@@ -182,6 +183,7 @@ StatsResponse OpenAiServer::RequireReady() const {
 void OpenAiServer::Generation(std::shared_ptr<HttpExchange>& exchange, Context& ctx, bool chat) {
   ojson body = ParseBody(exchange->request());
   RequestOptions options = ParseRequestOptions(body, chat);
+  CheckSchemaFields(body, chat);
   if (!options.model.empty() && options.model != options_.served_model_name)
     throw ApiError(404, "The model `" + options.model + "` does not exist.", "not_found_error",
                    std::string("model"), std::string("model_not_found"));
@@ -208,7 +210,7 @@ void OpenAiServer::Generation(std::shared_ptr<HttpExchange>& exchange, Context& 
       chat_request = ParseChatRequest(body);
       prompt = RenderChatPrompt(options_.chat_format, chat_request);
     } catch (const ChatFormatError& e) {
-      throw BadRequest(e.what(), "messages");
+      throw BadRequest(e.what(), ChatErrorParam(e.what()));
     }
     job.thinking = chat_request.thinking && options_.chat_format == ChatFormat::kDeepSeekV4;
     job.prompt_ids = tokenizer_->Encode(prompt, /*add_special_tokens=*/false);  // the prompt has its BOS
@@ -313,7 +315,7 @@ void OpenAiServer::Tokenize(std::shared_ptr<HttpExchange>& exchange, Context& ct
     try {
       prompt = RenderChatPrompt(options_.chat_format, ParseChatRequest(body));
     } catch (const ChatFormatError& e) {
-      throw BadRequest(e.what(), "messages");
+      throw BadRequest(e.what(), ChatErrorParam(e.what()));
     }
     ids = tokenizer_->Encode(prompt, false);
   } else {

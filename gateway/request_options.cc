@@ -34,9 +34,10 @@ std::optional<long long> Integer(const json& body, const char* name, long long l
   const json* v = Find(body, name);
   if (!v) return std::nullopt;
   bool integral = v->is_number_integer() || (v->is_number_float() && std::isfinite(v->get<double>()) &&
-                                             std::floor(v->get<double>()) == v->get<double>() &&
-                                             std::fabs(v->get<double>()) < 9.2e18);
-  if (!integral) throw BadRequest(std::string("'") + name + "' must be an integer", name);
+                                             std::floor(v->get<double>()) == v->get<double>());
+  if (!integral) throw BadRequest(std::string("'") + name + "' must be an integer, got " + v->dump(), name);
+  if (v->is_number_float() && std::fabs(v->get<double>()) >= 9.2e18)
+    throw BadRequest(std::string("'") + name + "' is out of range: " + v->dump(), name);
   if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<long long>::max()))
     throw BadRequest(std::string("'") + name + "' is out of range: " + v->dump(), name);
   long long x = v->is_number_float() ? static_cast<long long>(v->get<double>()) : v->get<long long>();
@@ -61,7 +62,9 @@ const std::set<std::string> kKnownFields = {
     "presence_penalty", "frequency_penalty", "repetition_penalty", "ignore_eos", "response_format", "tools",
     "tool_choice", "parallel_tool_calls", "chat_template_kwargs", "reasoning_effort", "add_generation_prompt",
     "skip_special_tokens", "echo", "user", "request_id", "priority", "best_of", "suffix", "logit_bias",
-    "include_stop_str_in_output", "add_special_tokens", "metadata", "store", "service_tier"};
+    "include_stop_str_in_output", "add_special_tokens", "metadata", "store", "service_tier", "prompt_cache_key",
+    "safety_identifier", "verbosity", "modalities", "prediction", "functions", "function_call", "audio",
+    "web_search_options"};
 
 }  // namespace
 
@@ -79,6 +82,9 @@ RequestOptions ParseRequestOptions(const json& body, bool chat) {
   if (const json* so = Find(body, "stream_options")) {
     if (!so->is_object()) throw BadRequest("'stream_options' must be an object", "stream_options");
     if (!r.stream) throw BadRequest("'stream_options' is only allowed when 'stream' is true", "stream_options");
+    for (const char* key : {"include_usage", "continuous_usage_stats"})
+      if (const json* v = Find(*so, key); v && !v->is_boolean())
+        throw BadRequest(std::string("'stream_options.") + key + "' must be a boolean", "stream_options");
     r.include_usage = Bool(*so, "include_usage", false);
     r.continuous_usage_stats = Bool(*so, "continuous_usage_stats", false);
   }

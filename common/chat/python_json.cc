@@ -85,8 +85,32 @@ class StrictDomParser : public nlohmann::detail::json_sax_dom_parser<nlohmann::o
     return Base::number_float(value, lexeme);
   }
 
+  // Nesting is bounded here, while parsing: the serializers and walkers that later see the value
+  // (PythonJsonDumps, the JSON library's dump) recurse once per level.
+  bool start_object(std::size_t n) {
+    Enter();
+    return Base::start_object(n);
+  }
+  bool start_array(std::size_t n) {
+    Enter();
+    return Base::start_array(n);
+  }
+  bool end_object() {
+    --depth_;
+    return Base::end_object();
+  }
+  bool end_array() {
+    --depth_;
+    return Base::end_array();
+  }
+
  private:
+  void Enter() {
+    if (++depth_ > kMaxJsonDepth)
+      throw JsonSyntaxError(what_ + ": nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+  }
   std::string what_;
+  int depth_ = 0;
 };
 
 }  // namespace

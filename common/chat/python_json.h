@@ -33,6 +33,9 @@ struct JsonRangeError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Objects and arrays nested deeper than this are refused by ParseJsonText (JsonSyntaxError).
+inline constexpr int kMaxJsonDepth = 512;
+
 // Parses JSON text keeping object key order (duplicate keys: last value at the first key's position,
 // as Python's json.loads does). Messages name `what` (a file or field).
 nlohmann::ordered_json ParseJsonText(std::string_view text, const std::string& what);
