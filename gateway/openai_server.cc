@@ -52,6 +52,9 @@ ojson ParseBody(const HttpRequest& request) {
   ojson parsed;
   try {
     parsed = ParseJsonText(body, "request body");
+  } catch (const JsonRangeError& e) {  // a number no double or 64-bit integer holds: name its field
+    if (e.top_level_key.empty()) throw BadRequest(e.what());
+    throw BadRequest("'" + e.top_level_key + "' is out of range: " + e.what(), e.top_level_key);
   } catch (const std::exception& e) {
     throw BadRequest(std::string("malformed JSON: ") + e.what());
   }
@@ -184,7 +187,7 @@ void OpenAiServer::Generation(std::shared_ptr<HttpExchange>& exchange, Context& 
   ojson body = ParseBody(exchange->request());
   RequestOptions options = ParseRequestOptions(body, chat);
   CheckSchemaFields(body, chat);
-  if (!options.model.empty() && options.model != options_.served_model_name)
+  if (auto m = body.find("model"); m != body.end() && !m->is_null() && options.model != options_.served_model_name)
     throw ApiError(404, "The model `" + options.model + "` does not exist.", "not_found_error",
                    std::string("model"), std::string("model_not_found"));
   if (!options.ignored_fields.empty()) {

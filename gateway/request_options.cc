@@ -1,5 +1,6 @@
 #include "gateway/request_options.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <set>
@@ -103,15 +104,16 @@ RequestOptions ParseRequestOptions(const json& body, bool chat) {
 
   SamplingParams& s = r.sampling;
   s.set_temperature(static_cast<float>(Number(body, "temperature", 1.0, 0.0, 2.0)));
-  s.set_top_p(static_cast<float>(Number(body, "top_p", 1.0, 0.0, 1.0)));
-  if (Find(body, "top_p") && s.top_p() <= 0) throw BadRequest("'top_p' must be in (0, 1]", "top_p");
+  const double top_p = Number(body, "top_p", 1.0, 0.0, 1.0);
+  if (top_p <= 0) throw BadRequest("'top_p' must be in (0, 1]", "top_p");
+  // A positive top_p below float's smallest normal keeps only the most likely token, as FLT_MIN does.
+  s.set_top_p(std::max(static_cast<float>(top_p), std::numeric_limits<float>::min()));
   s.set_top_k(static_cast<int>(Integer(body, "top_k", -1, std::numeric_limits<int>::max()).value_or(-1)));
   s.set_min_p(static_cast<float>(Number(body, "min_p", 0.0, 0.0, 1.0)));
   s.set_presence_penalty(static_cast<float>(Number(body, "presence_penalty", 0.0, -2.0, 2.0)));
   s.set_frequency_penalty(static_cast<float>(Number(body, "frequency_penalty", 0.0, -2.0, 2.0)));
-  s.set_repetition_penalty(static_cast<float>(Number(body, "repetition_penalty", 1.0, 0.0, 100.0)));
-  if (Find(body, "repetition_penalty") && s.repetition_penalty() <= 0)
-    throw BadRequest("'repetition_penalty' must be greater than 0", "repetition_penalty");
+  // Logits are divided by it: below 1e-6 a float logit overflows.
+  s.set_repetition_penalty(static_cast<float>(Number(body, "repetition_penalty", 1.0, 1e-6, 100.0)));
   if (auto seed = Integer(body, "seed", std::numeric_limits<long long>::min(), std::numeric_limits<long long>::max()))
     s.set_seed(static_cast<uint64_t>(*seed));
   s.set_ignore_eos(Bool(body, "ignore_eos", false));

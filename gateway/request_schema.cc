@@ -54,7 +54,7 @@ void Unsupported(const json& body, const char* name, const std::string& why) {
 }  // namespace
 
 void CheckSchemaFields(const json& body, bool chat) {
-  String(body, "user", 256);
+  String(body, "user");
   Boolean(body, "include_stop_str_in_output", /*allow_true=*/false,
           ": stop strings are never part of the output here");
   if (const json* lb = Find(body, "logit_bias")) {
