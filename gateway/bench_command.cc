@@ -301,6 +301,7 @@ int RunLoad(const Flags& flags, const Endpoint& endpoint, const std::string& mod
   // Long prompts, once the streams produce output (or after 2 s): completions with max_tokens 1.
   std::vector<StreamResult> longs(long_count);
   std::vector<std::thread> long_threads;
+  std::string long_body;  // outlives the threads that send it
   if (long_count > 0) {
     while (first_tokens.load() < std::min(clients, requests) / 2 &&
            Clock::now() - t0 < std::chrono::seconds(2))
@@ -309,10 +310,10 @@ int RunLoad(const Flags& flags, const Endpoint& endpoint, const std::string& mod
     text.reserve(long_bytes);
     for (long long k = 0; static_cast<long long>(text.size()) < long_bytes; ++k) text += "word" + std::to_string(k % 9973) + " ";
     text.resize(long_bytes);
-    const std::string body = json{{"model", model}, {"prompt", text}, {"max_tokens", 1}, {"stream", true}}.dump();
+    long_body = json{{"model", model}, {"prompt", text}, {"max_tokens", 1}, {"stream", true}}.dump();
     for (int k = 0; k < long_count; ++k)
       long_threads.emplace_back(
-          [&, k] { longs[k] = RunStream(endpoint, body, api_key, t0, "/v1/completions", timeout_s); });
+          [&, k] { longs[k] = RunStream(endpoint, long_body, api_key, t0, "/v1/completions", timeout_s); });
   }
   for (auto& t : threads) t.join();
   for (auto& t : long_threads) t.join();
@@ -336,7 +337,7 @@ int RunLoad(const Flags& flags, const Endpoint& endpoint, const std::string& mod
     prompt_tokens += r.prompt_tokens;
     ttft.push_back(r.ttft_s - r.start_s);
     e2e.push_back(r.end_s - r.start_s);
-    if (r.tokens > 1) tpot.push_back((r.last_s - r.ttft_s) / (r.tokens - 1));
+    if (r.tokens > 1) tpot.push_back((r.end_s - r.ttft_s) / (r.tokens - 1));  // as vLLM: (e2e - TTFT) / (n - 1)
     for (size_t k = 1; k < r.chunk_s.size(); ++k) itl.push_back(r.chunk_s[k] - r.chunk_s[k - 1]);
   }
   std::printf("%-22s %10s %10s\n", "", "p50 ms", "p99 ms");
@@ -381,6 +382,7 @@ int RunLoad(const Flags& flags, const Endpoint& endpoint, const std::string& mod
       long_to = std::max(long_to, r.end_s);
       long_latency.push_back(r.end_s - r.start_s);
       if (r.status == 200 || r.status == 400) ++long_ok;  // 400: over the context, after tokenizing
+      else std::fprintf(stderr, "dsmesh bench: long prompt: HTTP %d %s\n", r.status, r.error.substr(0, 200).c_str());
     }
     // Gaps of the other streams that overlap the window, and the gaps wholly outside it.
     double worst_in = 0;
