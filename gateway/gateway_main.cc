@@ -4,6 +4,8 @@
 //                  [--served-model-name NAME] [--api-key KEY | --api-key-file F] [--max-queued N]
 //                  [--threads N] [--max-body-bytes N] [--chat-format v4|v3] [--drain-timeout-s S]
 //                  [--sse-ping-s S]  (": ping" comment on a stream silent this long; 0 = never)
+//                  [--idle-timeout-s S]  (per request for headers + body, and keep-alive idle; default 75)
+//                  [--handler-threads N]  (parse, render, tokenize off the HTTP threads; 0 = on them)
 //
 // Startup: load the tokenizer from DIR, listen, then poll the coordinator; /health answers 503 until
 // the mesh is ready, and systemd gets READY=1 only then. SIGTERM/SIGINT: /health turns 503
@@ -38,7 +40,8 @@ namespace {
 const char kUsage[] =
     "dsmesh-gateway --listen HOST:PORT --coordinator HOST:PORT --model DIR [--served-model-name NAME]\n"
     "               [--api-key KEY[,KEY...] | --api-key-file F] [--max-queued N] [--threads N]\n"
-    "               [--max-body-bytes N] [--chat-format v4|v3] [--drain-timeout-s S] [--sse-ping-s S]";
+    "               [--max-body-bytes N] [--chat-format v4|v3] [--drain-timeout-s S] [--sse-ping-s S]\n"
+    "               [--idle-timeout-s S] [--handler-threads N]";
 
 std::pair<std::string, uint16_t> SplitHostPort(const std::string& s) {
   auto colon = s.rfind(':');
@@ -116,7 +119,7 @@ int Run(int argc, char** argv) {
   Flags flags(std::vector<std::string>(argv + 1, argv + argc),
               WithMeshCredentialFlags({"listen", "coordinator", "model", "served-model-name", "api-key", "api-key-file",
                                        "max-queued", "threads", "max-body-bytes", "chat-format", "drain-timeout-s",
-                                       "sse-ping-s", "log-level", "help"}),
+                                       "sse-ping-s", "idle-timeout-s", "handler-threads", "log-level", "help"}),
               {"help"});
   if (flags.Has("help")) {
     std::printf("%s\n", kUsage);
@@ -150,10 +153,29 @@ int Run(int argc, char** argv) {
   http_options.threads = threads;
   http_options.max_body_bytes = static_cast<uint64_t>(flags.GetInt("max-body-bytes", 32ll << 20));
   http_options.stream_ping_s = static_cast<int>(flags.GetInt("sse-ping-s", 15));
+  // A connection gets this long for each request's headers and body (slow-loris clients are cut off)
+  // and may sit idle this long between keep-alive requests.
+  http_options.idle_timeout_s = static_cast<int>(flags.GetInt("idle-timeout-s", 75));
+  if (http_options.idle_timeout_s < 1) throw UsageError("--idle-timeout-s must be >= 1");
   http_options.error_body = [](int status, const std::string& message) { return ErrorBody(status, message); };
 
+  // The --threads HTTP threads only move bytes. Requests with a body (JSON parsing, chat rendering,
+  // tokenizing a prompt that may be megabytes) and /metrics (a coordinator round trip) are handled on
+  // a separate pool, so a long prompt never holds up the event loop that writes other clients' streams.
+  const int handler_threads = static_cast<int>(flags.GetInt("handler-threads", 4));
+  if (handler_threads < 0) throw UsageError("--handler-threads must be >= 0");
+  std::unique_ptr<boost::asio::thread_pool> handler_pool;
+  if (handler_threads > 0) handler_pool = std::make_unique<boost::asio::thread_pool>(handler_threads);
   OpenAiServer* api_ptr = nullptr;
-  HttpServer server(http_options, [&api_ptr](std::shared_ptr<HttpExchange> exchange) { api_ptr->Handle(exchange); });
+  HttpServer server(http_options, [&api_ptr, &handler_pool](std::shared_ptr<HttpExchange> exchange) {
+    const auto& req = exchange->request();
+    const bool heavy = req.method() != http::verb::get || req.target().starts_with("/metrics");
+    if (handler_pool && heavy) {
+      boost::asio::post(*handler_pool, [&api_ptr, exchange] { api_ptr->Handle(exchange); });
+      return;
+    }
+    api_ptr->Handle(exchange);
+  });
 
   // The watchdog's loop probe: a task posted to the HTTP event loop must run within 2 s.
   auto loop_probe = [&server] {
@@ -178,8 +200,10 @@ int Run(int argc, char** argv) {
   uint16_t bound = server.Listen();
   server.Start();
   const std::string where = host + ":" + std::to_string(bound);
-  spdlog::info("dsmesh-gateway listening on {} (model {} from {}, coordinator {}, max queued {}, {} threads)", where,
-               api_options.served_model_name, api_options.model_dir, coordinator, max_queued, threads);
+  spdlog::info("dsmesh-gateway listening on {} (model {} from {}, coordinator {}, max queued {}, {} HTTP threads, "
+               "{} handler threads)",
+               where, api_options.served_model_name, api_options.model_dir, coordinator, max_queued, threads,
+               handler_threads);
   std::printf("listening on %s\n", where.c_str());
   std::fflush(stdout);
   monitor.OnFirstReady([where] {
@@ -201,6 +225,7 @@ int Run(int argc, char** argv) {
   if (admission.in_flight() > 0) spdlog::warn("drain timeout: dropping {} requests", admission.in_flight());
   monitor.Stop();
   server.Stop();
+  if (handler_pool) handler_pool->join();
   spdlog::info("stopped");
   return 0;
 }

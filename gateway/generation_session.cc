@@ -141,7 +141,11 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
     if (m.finish_reason() != FINISH_NONE) {
       if (m.finish_reason() == FINISH_ABORT) {
         EmitDelta(delta, logprobs_content);
-        return Fail(500, m.error().empty() ? "the request was aborted in the mesh" : m.error(), "abort");
+        // The coordinator aborts running requests when the mesh is lost or shuts down: the service is
+        // unavailable (503, retry), not broken; only its own "internal error: ..." aborts are a 500.
+        const bool internal = m.error().rfind("internal error", 0) == 0;
+        return Fail(internal ? 500 : 503, m.error().empty() ? "the request was aborted in the mesh" : m.error(),
+                    "abort");
       }
       Append(FlushText(), &delta);
       EmitDelta(delta, logprobs_content);

@@ -14,6 +14,7 @@
 #include "gateway/generation_session.h"
 #include "gateway/request_limits.h"
 #include "gateway/request_options.h"
+#include "gateway/request_schema.h"
 
 namespace dsmesh {
 
@@ -51,6 +52,9 @@ ojson ParseBody(const HttpRequest& request) {
   ojson parsed;
   try {
     parsed = ParseJsonText(body, "request body");
+  } catch (const JsonRangeError& e) {  // a number no double or 64-bit integer holds: name its field
+    if (e.top_level_key.empty()) throw BadRequest(e.what());
+    throw BadRequest("'" + e.top_level_key + "' is out of range: " + e.what(), e.top_level_key);
   } catch (const std::exception& e) {
     throw BadRequest(std::string("malformed JSON: ") + e.what());
   }
@@ -182,7 +186,8 @@ StatsResponse OpenAiServer::RequireReady() const {
 void OpenAiServer::Generation(std::shared_ptr<HttpExchange>& exchange, Context& ctx, bool chat) {
   ojson body = ParseBody(exchange->request());
   RequestOptions options = ParseRequestOptions(body, chat);
-  if (!options.model.empty() && options.model != options_.served_model_name)
+  CheckSchemaFields(body, chat);
+  if (auto m = body.find("model"); m != body.end() && !m->is_null() && options.model != options_.served_model_name)
     throw ApiError(404, "The model `" + options.model + "` does not exist.", "not_found_error",
                    std::string("model"), std::string("model_not_found"));
   if (!options.ignored_fields.empty()) {
@@ -208,7 +213,7 @@ void OpenAiServer::Generation(std::shared_ptr<HttpExchange>& exchange, Context& 
       chat_request = ParseChatRequest(body);
       prompt = RenderChatPrompt(options_.chat_format, chat_request);
     } catch (const ChatFormatError& e) {
-      throw BadRequest(e.what(), "messages");
+      throw BadRequest(e.what(), ChatErrorParam(e.what()));
     }
     job.thinking = chat_request.thinking && options_.chat_format == ChatFormat::kDeepSeekV4;
     job.prompt_ids = tokenizer_->Encode(prompt, /*add_special_tokens=*/false);  // the prompt has its BOS
@@ -313,7 +318,7 @@ void OpenAiServer::Tokenize(std::shared_ptr<HttpExchange>& exchange, Context& ct
     try {
       prompt = RenderChatPrompt(options_.chat_format, ParseChatRequest(body));
     } catch (const ChatFormatError& e) {
-      throw BadRequest(e.what(), "messages");
+      throw BadRequest(e.what(), ChatErrorParam(e.what()));
     }
     ids = tokenizer_->Encode(prompt, false);
   } else {

@@ -1,5 +1,6 @@
 #include "gateway/request_options.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <set>
@@ -34,9 +35,10 @@ std::optional<long long> Integer(const json& body, const char* name, long long l
   const json* v = Find(body, name);
   if (!v) return std::nullopt;
   bool integral = v->is_number_integer() || (v->is_number_float() && std::isfinite(v->get<double>()) &&
-                                             std::floor(v->get<double>()) == v->get<double>() &&
-                                             std::fabs(v->get<double>()) < 9.2e18);
-  if (!integral) throw BadRequest(std::string("'") + name + "' must be an integer", name);
+                                             std::floor(v->get<double>()) == v->get<double>());
+  if (!integral) throw BadRequest(std::string("'") + name + "' must be an integer, got " + v->dump(), name);
+  if (v->is_number_float() && std::fabs(v->get<double>()) >= 9.2e18)
+    throw BadRequest(std::string("'") + name + "' is out of range: " + v->dump(), name);
   if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<long long>::max()))
     throw BadRequest(std::string("'") + name + "' is out of range: " + v->dump(), name);
   long long x = v->is_number_float() ? static_cast<long long>(v->get<double>()) : v->get<long long>();
@@ -61,7 +63,9 @@ const std::set<std::string> kKnownFields = {
     "presence_penalty", "frequency_penalty", "repetition_penalty", "ignore_eos", "response_format", "tools",
     "tool_choice", "parallel_tool_calls", "chat_template_kwargs", "reasoning_effort", "add_generation_prompt",
     "skip_special_tokens", "echo", "user", "request_id", "priority", "best_of", "suffix", "logit_bias",
-    "include_stop_str_in_output", "add_special_tokens", "metadata", "store", "service_tier"};
+    "include_stop_str_in_output", "add_special_tokens", "metadata", "store", "service_tier", "prompt_cache_key",
+    "safety_identifier", "verbosity", "modalities", "prediction", "functions", "function_call", "audio",
+    "web_search_options"};
 
 }  // namespace
 
@@ -79,6 +83,9 @@ RequestOptions ParseRequestOptions(const json& body, bool chat) {
   if (const json* so = Find(body, "stream_options")) {
     if (!so->is_object()) throw BadRequest("'stream_options' must be an object", "stream_options");
     if (!r.stream) throw BadRequest("'stream_options' is only allowed when 'stream' is true", "stream_options");
+    for (const char* key : {"include_usage", "continuous_usage_stats"})
+      if (const json* v = Find(*so, key); v && !v->is_boolean())
+        throw BadRequest(std::string("'stream_options.") + key + "' must be a boolean", "stream_options");
     r.include_usage = Bool(*so, "include_usage", false);
     r.continuous_usage_stats = Bool(*so, "continuous_usage_stats", false);
   }
@@ -97,15 +104,16 @@ RequestOptions ParseRequestOptions(const json& body, bool chat) {
 
   SamplingParams& s = r.sampling;
   s.set_temperature(static_cast<float>(Number(body, "temperature", 1.0, 0.0, 2.0)));
-  s.set_top_p(static_cast<float>(Number(body, "top_p", 1.0, 0.0, 1.0)));
-  if (Find(body, "top_p") && s.top_p() <= 0) throw BadRequest("'top_p' must be in (0, 1]", "top_p");
+  const double top_p = Number(body, "top_p", 1.0, 0.0, 1.0);
+  if (top_p <= 0) throw BadRequest("'top_p' must be in (0, 1]", "top_p");
+  // A positive top_p below float's smallest normal keeps only the most likely token, as FLT_MIN does.
+  s.set_top_p(std::max(static_cast<float>(top_p), std::numeric_limits<float>::min()));
   s.set_top_k(static_cast<int>(Integer(body, "top_k", -1, std::numeric_limits<int>::max()).value_or(-1)));
   s.set_min_p(static_cast<float>(Number(body, "min_p", 0.0, 0.0, 1.0)));
   s.set_presence_penalty(static_cast<float>(Number(body, "presence_penalty", 0.0, -2.0, 2.0)));
   s.set_frequency_penalty(static_cast<float>(Number(body, "frequency_penalty", 0.0, -2.0, 2.0)));
-  s.set_repetition_penalty(static_cast<float>(Number(body, "repetition_penalty", 1.0, 0.0, 100.0)));
-  if (Find(body, "repetition_penalty") && s.repetition_penalty() <= 0)
-    throw BadRequest("'repetition_penalty' must be greater than 0", "repetition_penalty");
+  // Logits are divided by it: below 1e-6 a float logit overflows.
+  s.set_repetition_penalty(static_cast<float>(Number(body, "repetition_penalty", 1.0, 1e-6, 100.0)));
   if (auto seed = Integer(body, "seed", std::numeric_limits<long long>::min(), std::numeric_limits<long long>::max()))
     s.set_seed(static_cast<uint64_t>(*seed));
   s.set_ignore_eos(Bool(body, "ignore_eos", false));

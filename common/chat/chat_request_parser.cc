@@ -187,7 +187,7 @@ ChatRequest ParseChatRequest(const Json& body) {
       Fail("reasoning_effort '" + e + "' is not one of none, minimal, low, medium, high, xhigh, max");
     }
   }
-  if (auto agp = body.find("add_generation_prompt"); agp != body.end())
+  if (auto agp = body.find("add_generation_prompt"); agp != body.end() && !agp->is_null())
     req.add_generation_prompt = RequireBool(*agp, "add_generation_prompt");
   return req;
 }

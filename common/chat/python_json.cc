@@ -81,12 +81,43 @@ class StrictDomParser : public nlohmann::detail::json_sax_dom_parser<nlohmann::o
 
   bool number_float(double value, const std::string& lexeme) {
     if (lexeme.find_first_of(".eE") == std::string::npos)
-      throw JsonRangeError(what_ + ": integer " + lexeme + " does not fit in 64 bits");
+      throw JsonRangeError(what_ + ": integer " + lexeme + " does not fit in 64 bits", top_key_);
     return Base::number_float(value, lexeme);
   }
 
+  bool key(std::string& k) {
+    if (depth_ == 1) top_key_ = k;
+    return Base::key(k);
+  }
+  const std::string& top_key() const { return top_key_; }
+
+  // Nesting is bounded here, while parsing: the serializers and walkers that later see the value
+  // (PythonJsonDumps, the JSON library's dump) recurse once per level.
+  bool start_object(std::size_t n) {
+    Enter();
+    return Base::start_object(n);
+  }
+  bool start_array(std::size_t n) {
+    Enter();
+    return Base::start_array(n);
+  }
+  bool end_object() {
+    --depth_;
+    return Base::end_object();
+  }
+  bool end_array() {
+    --depth_;
+    return Base::end_array();
+  }
+
  private:
+  void Enter() {
+    if (++depth_ > kMaxJsonDepth)
+      throw JsonSyntaxError(what_ + ": nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+  }
   std::string what_;
+  std::string top_key_;
+  int depth_ = 0;
 };
 
 }  // namespace
@@ -146,7 +177,7 @@ nlohmann::ordered_json ParseJsonText(std::string_view text, const std::string& w
   try {
     nlohmann::ordered_json::sax_parse(text.begin(), text.end(), &sax);
   } catch (const nlohmann::json::out_of_range& e) {
-    throw JsonRangeError(what + ": number out of range: " + e.what());
+    throw JsonRangeError(what + ": number out of range: " + e.what(), sax.top_key());
   } catch (const nlohmann::json::exception& e) {
     throw JsonSyntaxError(what + ": invalid JSON: " + e.what());
   }

@@ -30,8 +30,13 @@ struct JsonSyntaxError : std::runtime_error {
 // JSON that Python reads exactly but this library cannot: integers beyond 64 bits (it would round
 // them to doubles) and numbers beyond the double range (Python reads them as infinity).
 struct JsonRangeError : std::runtime_error {
-  using std::runtime_error::runtime_error;
+  JsonRangeError(const std::string& message, std::string key = "")
+      : std::runtime_error(message), top_level_key(std::move(key)) {}
+  std::string top_level_key;  // the key of the top-level object member holding the number ("" if none)
 };
+
+// Objects and arrays nested deeper than this are refused by ParseJsonText (JsonSyntaxError).
+inline constexpr int kMaxJsonDepth = 512;
 
 // Parses JSON text keeping object key order (duplicate keys: last value at the first key's position,
 // as Python's json.loads does). Messages name `what` (a file or field).

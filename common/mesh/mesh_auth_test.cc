@@ -1,10 +1,15 @@
 // The mesh token end to end over a real gRPC server (the rendezvous store service, which checks it
 // like every coordinator method): no token or a wrong one gets UNAUTHENTICATED, the right one is served.
+// TLS (--tls-cert/--tls-key/--tls-ca, the same MeshChannel / MeshServerCredentials every binary uses)
+// with throwaway certificates made by Debian's openssl: a peer with a certificate from the mesh's CA is
+// served; a plaintext peer, a TLS peer without a client certificate and one whose certificate another
+// CA signed are refused.
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -22,15 +27,19 @@ std::string TempPath(const std::string& name) {
 
 class AuthServer {
  public:
-  explicit AuthServer(const std::string& token) : auth_(token), service_(&store_, &auth_) {
+  explicit AuthServer(const std::string& token, const MeshCredentials& server_credentials = {})
+      : auth_(token), service_(&store_, &auth_) {
     grpc::ServerBuilder b;
-    b.AddListeningPort("127.0.0.1:0", MeshServerCredentials({}), &port_);
+    b.AddListeningPort("127.0.0.1:0", MeshServerCredentials(server_credentials), &port_);
     b.RegisterService(&service_);
     server_ = b.BuildAndStart();
   }
   ~AuthServer() { server_->Shutdown(); }
   grpc::Status Set(const MeshCredentials& c) {
-    auto stub = WorkerControl::NewStub(MeshChannel("127.0.0.1:" + std::to_string(port_), grpc::ChannelArguments(), c));
+    return SetOver(MeshChannel("127.0.0.1:" + std::to_string(port_), grpc::ChannelArguments(), c));
+  }
+  grpc::Status SetOver(std::shared_ptr<grpc::Channel> channel) {
+    auto stub = WorkerControl::NewStub(channel);
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     StoreSetRequest req;
@@ -40,6 +49,7 @@ class AuthServer {
     return stub->StoreSet(&ctx, req, &resp);
   }
   const MeshTokenCheck& auth() const { return auth_; }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
 
  private:
   RendezvousStore store_;
@@ -101,6 +111,76 @@ TEST(MeshAuth, FlagsThenEnvironmentNameTheTokenFile) {
   unsetenv(kMeshTokenFileEnv);
   EXPECT_EQ(MeshCredentialsFromFlags(Flags({}, known)).token, "");
   EXPECT_THROW(MeshCredentialsFromFlags(Flags({"--tls-cert", a}, known)), UsageError);
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+// A CA, a coordinator certificate for 127.0.0.1 and a client certificate signed by it; a second CA and
+// a client certificate signed by that one. Returns the directory.
+std::string MakeCertificates() {
+  const std::string dir = TempPath("tls");
+  const std::string script = "set -e; rm -rf " + dir + "; mkdir -p " + dir + "; cd " + dir + R"(;
+    ca() { openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj "/CN=$1" -keyout $1.key -out $1.crt 2>/dev/null; }
+    leaf() { openssl req -newkey rsa:2048 -nodes -subj "/CN=$1" -keyout $1.key -out $1.csr 2>/dev/null
+             printf 'subjectAltName=IP:127.0.0.1,DNS:localhost
+' > $1.ext
+             openssl x509 -req -in $1.csr -CA $2.crt -CAkey $2.key -CAcreateserial -days 1 -extfile $1.ext -out $1.crt 2>/dev/null; }
+    ca mesh-ca; ca rogue-ca
+    leaf coordinator mesh-ca; leaf worker mesh-ca; leaf stranger rogue-ca)";
+  if (std::system(script.c_str()) != 0) return "";
+  return dir;
+}
+
+MeshCredentials Tls(const std::string& dir, const std::string& leaf, const std::string& ca = "mesh-ca") {
+  MeshCredentials c;
+  c.tls_cert = dir + "/" + leaf + ".crt";
+  c.tls_key = dir + "/" + leaf + ".key";
+  c.tls_ca = dir + "/" + ca + ".crt";
+  return c;
+}
+
+TEST(MeshAuth, TlsWithClientCertificates) {
+  const std::string dir = MakeCertificates();
+  ASSERT_FALSE(dir.empty()) << "openssl failed (Debian's openssl package is one of ./dsmesh's packages)";
+  MeshCredentials server_side = Tls(dir, "coordinator");
+  server_side.token = "tok";
+  AuthServer server("tok", server_side);
+
+  MeshCredentials worker = Tls(dir, "worker");
+  worker.token = "tok";
+  const grpc::Status ok = server.Set(worker);
+  EXPECT_TRUE(ok.ok()) << ok.error_message();
+
+  // TLS alone does not replace the token: a mesh certificate without it is still refused.
+  EXPECT_EQ(server.Set(Tls(dir, "worker")).error_code(), grpc::UNAUTHENTICATED);
+
+  MeshCredentials plaintext;
+  plaintext.token = "tok";
+  const grpc::Status plain = server.Set(plaintext);
+  EXPECT_EQ(plain.error_code(), grpc::UNAVAILABLE) << plain.error_message();
+
+  grpc::SslCredentialsOptions no_cert;  // trusts the mesh CA, shows no certificate of its own
+  no_cert.pem_root_certs = ReadFile(dir + "/mesh-ca.crt");
+  const grpc::Status anonymous =
+      server.SetOver(grpc::CreateChannel(server.address(), grpc::SslCredentials(no_cert)));
+  EXPECT_EQ(anonymous.error_code(), grpc::UNAVAILABLE) << anonymous.error_message();
+
+  MeshCredentials stranger = Tls(dir, "stranger");  // its certificate from another CA, trusting ours
+  stranger.token = "tok";
+  const grpc::Status foreign = server.Set(stranger);
+  EXPECT_EQ(foreign.error_code(), grpc::UNAVAILABLE) << foreign.error_message();
+
+  MeshCredentials wrong_trust = Tls(dir, "worker", "rogue-ca");  // does not trust the coordinator
+  wrong_trust.token = "tok";
+  EXPECT_EQ(server.Set(wrong_trust).error_code(), grpc::UNAVAILABLE);
+
+  // The flags carry all three files to children unchanged.
+  EXPECT_EQ(MeshCredentialArgs(Tls(dir, "worker")),
+            (std::vector<std::string>{"--tls-cert", dir + "/worker.crt", "--tls-key", dir + "/worker.key", "--tls-ca",
+                                      dir + "/mesh-ca.crt"}));
 }
 
 }  // namespace

@@ -146,6 +146,8 @@ const cases = [
     assert(errorAt > 0, `an error event after the kill: ${text.slice(-500)}`);
     assert(errorAt - killedAt <= 2000, `error event ${errorAt - killedAt} ms after the kill (limit 2000)`);
     assert(text.trimEnd().endsWith('data: [DONE]'), `the failed stream ends with [DONE]: ${text.slice(-300)}`);
+    const errorEvent = JSON.parse(text.split('\n\n').find((e) => e.startsWith('data: {"error"')).slice(6));
+    assertEq([errorEvent.error.type, errorEvent.error.code], ['unavailable_error', 503], `the error event says the mesh is unavailable: ${JSON.stringify(errorEvent)}`);
 
     // Served again within 15 s of the kill, without restarting `up`.
     await until(() => requestSucceeds(up), Math.max(1000, killedAt + 15000 - Date.now()),
