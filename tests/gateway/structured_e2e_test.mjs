@@ -30,7 +30,7 @@ async function startUp() {
   assertEq(mk.status, 0, `make-tiny: ${mk.stderr}`);
   const port = await freePort();
   const up = track(spawn(DSMESH, ['up', '--model', model, '--world', '2', '--port', String(port), '--kv-memory', '64M',
-    '--max-num-seqs', '4'], { stdio: ['ignore', 'ignore', 'pipe'] }), 'SIGINT');
+    '--max-num-seqs', '4', '--served-model-name', 'tiny-model'], { stdio: ['ignore', 'ignore', 'pipe'] }), 'SIGINT');
   let log = '';
   up.stderr.on('data', (d) => { log += d; if (process.env.GATEWAY_TEST_VERBOSE) process.stderr.write(d); });
   const base = `http://127.0.0.1:${port}`;
