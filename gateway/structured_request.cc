@@ -19,6 +19,8 @@ std::string Checked(const json& spec, const std::string& field) {
   } catch (const structured::GrammarError& e) {
     std::string where = e.path.empty() ? "" : " (at " + field + e.path + ")";
     throw BadRequest(std::string("unsupported ") + field + ": " + e.what() + where, field);
+  } catch (const std::exception& e) {
+    throw BadRequest(std::string("invalid ") + field + ": " + e.what(), field);
   }
   return spec.dump();
 }

@@ -6,6 +6,10 @@
 namespace dsmesh::structured {
 
 int32_t Nfa::NewState() {
+  // Nested bounded repetitions multiply; a spec this large is refused rather than built.
+  if (states.size() >= kMaxStates)
+    throw GrammarError("the schema is too large to compile (over " + std::to_string(kMaxStates) +
+                       " automaton states; lower maxItems/maxLength or nesting)");
   states.emplace_back();
   return static_cast<int32_t>(states.size() - 1);
 }

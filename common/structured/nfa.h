@@ -39,6 +39,7 @@ struct Frag {
 
 class Nfa {
  public:
+  static constexpr size_t kMaxStates = 1 << 20;
   std::vector<NfaState> states;
   int32_t start = -1, accept = -1;
 
