@@ -14,6 +14,8 @@ const args = process.argv.slice(2);
 const DSMESH = path.resolve(args[args.indexOf('--dsmesh') + 1]);
 const SCHEMAS = JSON.parse(fs.readFileSync(path.join(ROOT, 'common/structured/testdata/schemas.json'), 'utf8'));
 const VALIDATE = path.join(ROOT, 'common/structured/testdata/validate.py');
+// --speculative: the mesh runs MTP speculation (3 drafts): drafts that leave the grammar must be rejected.
+const SPECULATIVE = args.includes('--speculative');
 const PYTHON = fs.existsSync('/usr/bin/python3') ? '/usr/bin/python3' : 'python3';
 
 function freePort() {
@@ -30,13 +32,14 @@ async function startUp() {
   assertEq(mk.status, 0, `make-tiny: ${mk.stderr}`);
   const port = await freePort();
   const up = track(spawn(DSMESH, ['up', '--model', model, '--world', '2', '--port', String(port), '--kv-memory', '64M',
-    '--max-num-seqs', '4', '--served-model-name', 'tiny-model'], { stdio: ['ignore', 'ignore', 'pipe'] }), 'SIGINT');
+    '--max-num-seqs', '4', '--served-model-name', 'tiny-model',
+    ...(SPECULATIVE ? ['--speculative-config', '{"method":"mtp","num_speculative_tokens":3}'] : [])], { stdio: ['ignore', 'ignore', 'pipe'] }), 'SIGINT');
   let log = '';
   up.stderr.on('data', (d) => { log += d; if (process.env.GATEWAY_TEST_VERBOSE) process.stderr.write(d); });
   const base = `http://127.0.0.1:${port}`;
   await waitHealthy(base, 120000).catch((e) => { throw new Error(`${e.message}\n${log}`); });
   return {
-    url: `${base}/v1`, log: () => log,
+    base, url: `${base}/v1`, log: () => log,
     async stop() { up.kill('SIGINT'); await new Promise((r) => { up.once('exit', r); setTimeout(r, 20000); }); },
   };
 }
@@ -140,5 +143,13 @@ const cases = [
     assert(['yes', 'no'].includes(r.choices[0].message.content), `choice output ${r.choices[0].message.content}`);
   }],
 ];
+if (SPECULATIVE) {
+  cases.push(['speculation ran on the constrained requests (drafts proposed and verified)', async ({ m }) => {
+    const text = await (await fetch(`${m.base}/metrics`)).text();
+    const line = text.split('\n').find((l) => l.startsWith('vllm:spec_decode_num_draft_tokens_total'));
+    assert(line && Number(line.trim().split(/\s+/).pop()) > 0, `draft tokens: ${line}`);
+    console.log(`     ${line}; ${text.split('\n').find((l) => l.startsWith('vllm:spec_decode_num_accepted_tokens_total'))}`);
+  }]);
+}
 
 await runCases(cases, { setup: async () => ({ m: await startUp() }), teardown: async ({ m }) => m.stop() });
