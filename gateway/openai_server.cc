@@ -15,6 +15,7 @@
 #include "gateway/request_limits.h"
 #include "gateway/request_options.h"
 #include "gateway/request_schema.h"
+#include "gateway/structured_request.h"
 
 namespace dsmesh {
 
@@ -196,21 +197,19 @@ void OpenAiServer::Generation(std::shared_ptr<HttpExchange>& exchange, Context& 
     spdlog::warn("request {}: the following fields were present in the request but ignored: {}", ctx.request_id, list);
   }
 
+  StructuredRequest structured = ParseStructuredRequest(body, chat);
+  options.sampling.set_structured_output(structured.spec);
   GenerationJob job;
   job.chat = chat;
   if (chat) {
     if (!body.contains("messages")) throw BadRequest("'messages' is required", "messages");
-    if (auto tc = body.find("tool_choice"); tc != body.end() && !tc->is_null()) {
-      if (!tc->is_string() || (*tc != "auto" && *tc != "none"))
-        throw BadRequest("tool_choice must be 'auto' or 'none': forcing a tool needs constrained decoding, "
-                         "which the mesh does not have",
-                         "tool_choice");
-      if (*tc == "none") body.erase("tools");
-    }
+    if (auto tc = body.find("tool_choice"); tc != body.end() && tc->is_string() && *tc == "none") body.erase("tools");
     ChatRequest chat_request;
     std::string prompt;
     try {
       chat_request = ParseChatRequest(body);
+      // Constrained output starts at the first generated token: no reasoning block before it.
+      if (!structured.spec.empty()) chat_request.thinking = false;
       prompt = RenderChatPrompt(options_.chat_format, chat_request);
     } catch (const ChatFormatError& e) {
       throw BadRequest(e.what(), ChatErrorParam(e.what()));

@@ -65,7 +65,7 @@ const std::set<std::string> kKnownFields = {
     "skip_special_tokens", "echo", "user", "request_id", "priority", "best_of", "suffix", "logit_bias",
     "include_stop_str_in_output", "add_special_tokens", "metadata", "store", "service_tier", "prompt_cache_key",
     "safety_identifier", "verbosity", "modalities", "prediction", "functions", "function_call", "audio",
-    "web_search_options"};
+    "web_search_options", "guided_json", "guided_regex", "guided_choice", "structured_outputs"};
 
 }  // namespace
 
@@ -161,11 +161,7 @@ RequestOptions ParseRequestOptions(const json& body, bool chat) {
   if (const json* rf = Find(body, "response_format")) {
     if (!rf->is_object() || !rf->contains("type") || !(*rf)["type"].is_string())
       throw BadRequest("'response_format' must be an object with a string 'type'", "response_format");
-    std::string type = (*rf)["type"].get<std::string>();
-    if (type != "text")
-      throw BadRequest("response_format type '" + type +
-                           "' is not supported: the mesh has no constrained decoding; only 'text' is accepted",
-                       "response_format");
+    // json_object / json_schema: constrained decoding, parsed by gateway/structured_request.h.
   }
   if (const json* rid = Find(body, "request_id")) {
     if (!rid->is_string()) throw BadRequest("'request_id' must be a string", "request_id");

@@ -4,6 +4,7 @@
 #include "worker/rejection_sampler.h"
 
 #include <chrono>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -13,6 +14,35 @@ double Since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 }  // namespace
+
+structured::GrammarCache& StepExecutor::Grammars() {
+  if (!grammars_) {
+    if (!tokenizer_) {
+      if (tokenizer_dir_.empty()) throw std::runtime_error("constrained decoding needs the tokenizer (set_tokenizer_dir)");
+      tokenizer_ = Tokenizer::Load(tokenizer_dir_);
+    }
+    grammars_ = std::make_unique<structured::GrammarCache>(tokenizer_, model_->config().vocab_size);
+  }
+  return *grammars_;
+}
+
+const float* StepExecutor::MaskRow(Sequence& s, int32_t state, int64_t generated, const float* row, int64_t vocab) {
+  masked_.assign(vocab, -std::numeric_limits<float>::infinity());
+  const int64_t budget = s.params.max_tokens() > 0 ? s.params.max_tokens() : (int64_t{1} << 30);
+  if (state < 0) {
+    // Left the grammar (cannot happen for tokens drawn under the mask): end the output.
+    if (const auto eos = tokenizer_->eos_id()) masked_[*eos] = row[*eos];
+    return masked_.data();
+  }
+  const uint64_t* m = s.grammar->Mask(state, std::max<int64_t>(1, budget - generated), &mask_scratch_);
+  const size_t words = std::min<size_t>(s.grammar->words(), (vocab + 63) / 64);
+  for (size_t w = 0; w < words; ++w)
+    for (uint64_t b = m[w]; b; b &= b - 1) {
+      const int64_t t = static_cast<int64_t>(w * 64 + __builtin_ctzll(b));
+      if (t < vocab) masked_[t] = row[t];
+    }
+  return masked_.data();
+}
 
 void StepExecutor::Reset() {
   seqs_.clear();
@@ -60,12 +90,21 @@ StepResult StepExecutor::Run(const StepPlan& plan) {
       s.prompt_len = sp.prompt_len();
       s.params = sp.sampling();
       s.seed = sp.seed();
+      if (!sp.sampling().structured_output().empty()) {
+        try {
+          s.grammar = Grammars().Get(sp.sampling().structured_output());
+        } catch (const structured::GrammarError& e) {
+          throw std::runtime_error(std::string("plan: sequence structured_output: ") + e.what());
+        }
+        s.grammar_state = s.grammar->start();
+      }
       {
         for (int i = 0; i < sp.prompt_tokens_size(); ++i) {
           if (i < sp.prompt_len()) {
             s.penalties.AddPromptToken(sp.prompt_tokens(i));
           } else if (i < sp.start_pos()) {
             s.penalties.AddOutputToken(sp.prompt_tokens(i));  // generated before a preemption, restored from cache
+            Advance(s, sp.prompt_tokens(i));
           }
         }
       }
@@ -109,7 +148,10 @@ StepResult StepExecutor::Run(const StepPlan& plan) {
     Sequence& s = seqs_.at(sp.seq_id());
     if (sp.snapshot_after()) snapshots_[sp.snapshot_after()] = s.state->Clone();
     for (int j = 0; j < sp.tokens_size(); ++j)
-      if (sp.start_pos() + j >= s.prompt_len) s.penalties.AddOutputToken(sp.tokens(j));
+      if (sp.start_pos() + j >= s.prompt_len) {
+        s.penalties.AddOutputToken(sp.tokens(j));
+        Advance(s, sp.tokens(j));
+      }
     SequenceResult* out = rank0 ? result.add_seqs() : &locals[i];
     out->set_seq_id(sp.seq_id());
     out->set_token_id(-1);
@@ -136,6 +178,9 @@ StepResult StepExecutor::Run(const StepPlan& plan) {
     int accepted = 0;
     for (int r = 0; r <= n; ++r) {
       const float* row = data + (first + r) * vocab;
+      // Constrained: the row's logits outside the grammar (at the state after the drafts accepted so far)
+      // are -inf, so a draft that leaves the grammar is rejected and every produced token stays inside.
+      if (s.grammar) row = MaskRow(s, s.grammar_state, position + r - s.prompt_len, row, vocab);
       int32_t token;
       bool pass = false;
       if (r == n) {
@@ -161,6 +206,7 @@ StepResult StepExecutor::Run(const StepPlan& plan) {
       out->add_token_ids(token);
       if (!pass) break;
       s.penalties.AddOutputToken(token);  // an accepted draft was fed like any generated token
+      Advance(s, token);
       ++accepted;
     }
     s.drawn_drafts.clear();

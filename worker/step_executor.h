@@ -15,6 +15,7 @@
 #include "model/model.h"
 #include "proto/mesh.pb.h"
 #include "worker/mesh_communicator.h"
+#include "common/structured/token_grammar.h"
 #include "worker/sampler.h"
 
 namespace dsmesh {
@@ -36,6 +37,10 @@ class StepExecutor {
     draft_hook_ = std::move(hook);
   }
 
+  // Where the tokenizer for constrained decoding is loaded from (the model directory), on first use.
+  void set_tokenizer_dir(std::string dir) { tokenizer_dir_ = std::move(dir); }
+  void set_tokenizer(std::shared_ptr<const Tokenizer> tokenizer) { tokenizer_ = std::move(tokenizer); }
+
   size_t num_sequences() const { return seqs_.size(); }
   size_t num_snapshots() const { return snapshots_.size(); }
   size_t StateBytes() const;
@@ -51,13 +56,28 @@ class StepExecutor {
     // Sampled requests: the drafts this executor drew last step and the distributions q they were drawn from.
     std::vector<int32_t> drawn_drafts;
     std::vector<TokenDist> draft_dists;
+    // Constrained decoding: the grammar and its state after every fed token (-1: left the grammar).
+    std::shared_ptr<structured::CompiledGrammar> grammar;
+    int32_t grammar_state = 0;
   };
+
+  structured::GrammarCache& Grammars();
+  // Copies `row` into masked_ with every token the grammar forbids at `state` set to -inf.
+  const float* MaskRow(Sequence& s, int32_t state, int64_t generated, const float* row, int64_t vocab);
+  static void Advance(Sequence& s, int32_t token) {
+    if (s.grammar && s.grammar_state >= 0) s.grammar_state = s.grammar->AdvanceToken(s.grammar_state, token);
+  }
 
   Model* model_;
   MeshCommunicator* comm_;
   std::unordered_map<uint64_t, Sequence> seqs_;
   std::unordered_map<uint64_t, std::unique_ptr<SequenceState>> snapshots_;
   std::function<void(uint64_t, int64_t, std::vector<int32_t>*)> draft_hook_;
+  std::string tokenizer_dir_;
+  std::shared_ptr<const Tokenizer> tokenizer_;
+  std::unique_ptr<structured::GrammarCache> grammars_;
+  std::vector<float> masked_;
+  std::vector<uint64_t> mask_scratch_;
 };
 
 }  // namespace dsmesh

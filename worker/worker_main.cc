@@ -298,6 +298,7 @@ class Worker {
         model_ = LoadModel(model_dir_, ShardSpec{rank_, world_}, backend, &comm_);
         if (!kv_budget_explicit_) kv_budget_ = GpuKvBudget();
         executor_ = std::make_unique<StepExecutor>(model_.get(), &comm_);
+        executor_->set_tokenizer_dir(model_dir_);
         const auto& c = model_->config();
         const int64_t per_token = model_->StateBytesPerToken();
         std::fprintf(stderr,

@@ -302,7 +302,7 @@ const cases = [
     await expectError(c.chat.completions.create({ model: MODEL, messages: msg, top_logprobs: 3 }), 400, /logprobs/);
     await expectError(c.chat.completions.create({ model: MODEL }), 400, /messages/);
     await expectError(c.chat.completions.create({ model: MODEL, messages: [{ role: 'wizard', content: 'x' }] }), 400);
-    await expectError(c.chat.completions.create({ model: MODEL, messages: msg, response_format: { type: 'json_object' } }), 400, /response_format/);
+    await expectError(c.chat.completions.create({ model: MODEL, messages: msg, response_format: { type: 'yaml' } }), 400, /response_format/);
     await expectError(c.chat.completions.create({ model: MODEL, messages: msg, stream: false, stream_options: { include_usage: true } }), 400);
     const e = await expectError(c.chat.completions.create({ model: MODEL, messages: msg, max_tokens: 10000 }), 400, /maximum context length is 4096 tokens.*you requested \d+ tokens \(\d+ in the messages, 10000 in the completion\)/);
     assertEq(e.code, 'context_length_exceeded', 'code');
