@@ -129,7 +129,7 @@ def ppl_disjoint(model, ids, ctx, dt_ctx, device):
     return math.exp(nll / cnt), n, cnt, hit / mcnt
 
 
-def export(model, seen, out_dir, limit=15_000_000):
+def export(model, seen, out_dir, limit=16_000_000):
     tensors = dsv4.export_tensors(model)
     tensors["embed.weight"] = tensors["embed.weight"][seen]
     tensors["head.weight"] = tensors["head.weight"][seen]
@@ -194,7 +194,7 @@ def main():
     n_emb = model.embed.weight.numel() + model.head.weight.numel()
     log(f"params {n_params/1e6:.2f} M ({(n_params - n_emb)/1e6:.2f} M without embedding and head); "
         f"trained vocab rows {len(seen)} of {args.vocab_size}")
-    json.dump({"args": dsv4.asdict(args), "config": args.config_json()}, open(os.path.join(a.out, "args.json"), "w"))
+    log(json.dumps({"args": dsv4.asdict(args)}))
 
     decay, no_decay = [], []
     for n, p in model.named_parameters():
