@@ -6,6 +6,7 @@
 #include <set>
 
 #include "gateway/api_error.h"
+#include "gateway/json_field.h"
 
 namespace dsmesh {
 
@@ -13,14 +14,8 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-const json* Find(const json& body, const char* name) {
-  auto it = body.find(name);
-  if (it == body.end() || it->is_null()) return nullptr;
-  return &*it;
-}
-
 double Number(const json& body, const char* name, double fallback, double lo, double hi) {
-  const json* v = Find(body, name);
+  const json* v = FindField(body, name);
   if (!v) return fallback;
   if (!v->is_number()) throw BadRequest(std::string("'") + name + "' must be a number", name);
   double d = v->get<double>();
@@ -32,7 +27,7 @@ double Number(const json& body, const char* name, double fallback, double lo, do
 }
 
 std::optional<long long> Integer(const json& body, const char* name, long long lo, long long hi) {
-  const json* v = Find(body, name);
+  const json* v = FindField(body, name);
   if (!v) return std::nullopt;
   bool integral = v->is_number_integer() || (v->is_number_float() && std::isfinite(v->get<double>()) &&
                                              std::floor(v->get<double>()) == v->get<double>());
@@ -50,7 +45,7 @@ std::optional<long long> Integer(const json& body, const char* name, long long l
 }
 
 bool Bool(const json& body, const char* name, bool fallback) {
-  const json* v = Find(body, name);
+  const json* v = FindField(body, name);
   if (!v) return fallback;
   if (!v->is_boolean()) throw BadRequest(std::string("'") + name + "' must be a boolean", name);
   return v->get<bool>();
@@ -75,16 +70,16 @@ RequestOptions ParseRequestOptions(const json& body, bool chat) {
   for (const auto& [key, value] : body.items())
     if (!kKnownFields.count(key)) r.ignored_fields.push_back(key);
 
-  if (const json* m = Find(body, "model")) {
+  if (const json* m = FindField(body, "model")) {
     if (!m->is_string()) throw BadRequest("'model' must be a string", "model");
     r.model = m->get<std::string>();
   }
   r.stream = Bool(body, "stream", false);
-  if (const json* so = Find(body, "stream_options")) {
+  if (const json* so = FindField(body, "stream_options")) {
     if (!so->is_object()) throw BadRequest("'stream_options' must be an object", "stream_options");
     if (!r.stream) throw BadRequest("'stream_options' is only allowed when 'stream' is true", "stream_options");
     for (const char* key : {"include_usage", "continuous_usage_stats"})
-      if (const json* v = Find(*so, key); v && !v->is_boolean())
+      if (const json* v = FindField(*so, key); v && !v->is_boolean())
         throw BadRequest(std::string("'stream_options.") + key + "' must be a boolean", "stream_options");
     r.include_usage = Bool(*so, "include_usage", false);
     r.continuous_usage_stats = Bool(*so, "continuous_usage_stats", false);
@@ -98,7 +93,7 @@ RequestOptions ParseRequestOptions(const json& body, bool chat) {
   if (n && *n != 1) throw BadRequest("'n' must be 1: several choices per request are not supported", "n");
   auto best_of = Integer(body, "best_of", 1, std::numeric_limits<int>::max());
   if (best_of && *best_of != 1) throw BadRequest("'best_of' must be 1: not supported", "best_of");
-  if (const json* s = Find(body, "suffix"))
+  if (const json* s = FindField(body, "suffix"))
     if (!s->is_string() || !s->get<std::string>().empty())
       throw BadRequest("'suffix' is not supported", "suffix");
 
@@ -119,7 +114,7 @@ RequestOptions ParseRequestOptions(const json& body, bool chat) {
   s.set_ignore_eos(Bool(body, "ignore_eos", false));
   r.skip_special_tokens = Bool(body, "skip_special_tokens", true);
 
-  if (const json* stop = Find(body, "stop")) {
+  if (const json* stop = FindField(body, "stop")) {
     if (stop->is_string()) {
       r.stop_strings.push_back(stop->get<std::string>());
     } else if (stop->is_array()) {
@@ -134,7 +129,7 @@ RequestOptions ParseRequestOptions(const json& body, bool chat) {
     for (const auto& st : r.stop_strings)
       if (st.empty()) throw BadRequest("'stop' sequences must not be empty", "stop");
   }
-  if (const json* ids = Find(body, "stop_token_ids")) {
+  if (const json* ids = FindField(body, "stop_token_ids")) {
     if (!ids->is_array()) throw BadRequest("'stop_token_ids' must be an array of integers", "stop_token_ids");
     for (const auto& e : *ids) {
       if (!e.is_number_integer() || e.get<long long>() < 0 || e.get<long long>() > std::numeric_limits<int>::max())
@@ -158,12 +153,12 @@ RequestOptions ParseRequestOptions(const json& body, bool chat) {
   s.set_want_logprobs(r.logprobs);
   s.set_logprobs(r.top_logprobs);
 
-  if (const json* rf = Find(body, "response_format")) {
+  if (const json* rf = FindField(body, "response_format")) {
     if (!rf->is_object() || !rf->contains("type") || !(*rf)["type"].is_string())
       throw BadRequest("'response_format' must be an object with a string 'type'", "response_format");
     // json_object / json_schema: constrained decoding, parsed by gateway/structured_request.h.
   }
-  if (const json* rid = Find(body, "request_id")) {
+  if (const json* rid = FindField(body, "request_id")) {
     if (!rid->is_string()) throw BadRequest("'request_id' must be a string", "request_id");
     r.request_id = rid->get<std::string>();
   }

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "gateway/api_error.h"
+#include "gateway/json_field.h"
 
 namespace dsmesh {
 
@@ -12,25 +13,19 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-const json* Find(const json& body, const char* name) {
-  auto it = body.find(name);
-  if (it == body.end() || it->is_null()) return nullptr;
-  return &*it;
-}
-
 [[noreturn]] void Refuse(const char* name, const std::string& message) {
   throw BadRequest(std::string("'") + name + "' " + message, name);
 }
 
 void Boolean(const json& body, const char* name, bool allow_true = true, const char* why_not = "") {
-  const json* v = Find(body, name);
+  const json* v = FindField(body, name);
   if (!v) return;
   if (!v->is_boolean()) Refuse(name, std::string("must be a boolean, got ") + v->type_name());
   if (!allow_true && v->get<bool>()) Refuse(name, std::string("= true is not supported") + why_not);
 }
 
 void String(const json& body, const char* name, size_t max_bytes = 1 << 20) {
-  const json* v = Find(body, name);
+  const json* v = FindField(body, name);
   if (!v) return;
   if (!v->is_string()) Refuse(name, std::string("must be a string, got ") + v->type_name());
   if (v->get_ref<const std::string&>().size() > max_bytes)
@@ -38,7 +33,7 @@ void String(const json& body, const char* name, size_t max_bytes = 1 << 20) {
 }
 
 void Enum(const json& body, const char* name, const std::set<std::string>& values) {
-  const json* v = Find(body, name);
+  const json* v = FindField(body, name);
   if (!v) return;
   std::string list;
   for (const auto& x : values) list += (list.empty() ? "" : ", ") + x;
@@ -48,7 +43,7 @@ void Enum(const json& body, const char* name, const std::set<std::string>& value
 }
 
 void Unsupported(const json& body, const char* name, const std::string& why) {
-  if (Find(body, name)) Refuse(name, "is not supported: " + why);
+  if (FindField(body, name)) Refuse(name, "is not supported: " + why);
 }
 
 }  // namespace
@@ -57,7 +52,7 @@ void CheckSchemaFields(const json& body, bool chat) {
   String(body, "user");
   Boolean(body, "include_stop_str_in_output", /*allow_true=*/false,
           ": stop strings are never part of the output here");
-  if (const json* lb = Find(body, "logit_bias")) {
+  if (const json* lb = FindField(body, "logit_bias")) {
     if (!lb->is_object()) Refuse("logit_bias", std::string("must be an object, got ") + lb->type_name());
     for (const auto& [key, value] : lb->items()) {
       bool digits = !key.empty() && key.size() <= 10;
@@ -81,7 +76,7 @@ void CheckSchemaFields(const json& body, bool chat) {
   String(body, "safety_identifier", 256);
   Enum(body, "service_tier", {"auto", "default", "flex", "scale", "priority"});
   Enum(body, "verbosity", {"low", "medium", "high"});
-  if (const json* md = Find(body, "metadata")) {
+  if (const json* md = FindField(body, "metadata")) {
     if (!md->is_object()) Refuse("metadata", std::string("must be an object, got ") + md->type_name());
     if (md->size() > 16) Refuse("metadata", "allows at most 16 keys");
     for (const auto& [key, value] : md->items()) {
@@ -90,14 +85,14 @@ void CheckSchemaFields(const json& body, bool chat) {
         Refuse("metadata", "values must be strings of at most 512 characters");
     }
   }
-  if (const json* mod = Find(body, "modalities")) {
+  if (const json* mod = FindField(body, "modalities")) {
     if (!mod->is_array()) Refuse("modalities", std::string("must be an array, got ") + mod->type_name());
     for (const auto& m : *mod) {
       if (!m.is_string()) Refuse("modalities", "must be an array of strings");
       if (m != "text") Refuse("modalities", "'" + m.get<std::string>() + "' is not supported (text only)");
     }
   }
-  if (const json* p = Find(body, "prediction")) {  // a latency hint only: checked, then not used
+  if (const json* p = FindField(body, "prediction")) {  // a latency hint only: checked, then not used
     if (!p->is_object() || !p->contains("type") || (*p)["type"] != "content" || !p->contains("content"))
       Refuse("prediction", "must be an object {\"type\": \"content\", \"content\": ...}");
   }

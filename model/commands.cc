@@ -14,6 +14,7 @@
 #include "kernels/cpu/argmax.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "model/cli_model.h"
 #include "model/model.h"
 #include "model/tiny_model.h"
 
@@ -35,22 +36,6 @@ const CommandInfo* MeshVariant(const std::string& command, const std::vector<std
     return &it->second;
   }
   return nullptr;
-}
-
-// `--device cpu|cuda[:N]` picks the backend (default cpu); `--enforce-eager` turns CUDA graphs off.
-std::unique_ptr<Model> LoadForCli(const Flags& f) {
-  std::string dir = f.Require("model");
-  int threads = static_cast<int>(f.GetInt("threads", 0));
-  int device = -1;
-  try {
-    device = ParseDeviceFlag(f.Get("device", "cpu"));
-  } catch (const std::exception& e) {
-    throw UsageError(e.what());
-  }
-  if (device >= 0) RequireCudaDevice(device, "--device " + f.Get("device", "cpu"));
-  CudaBackendOptions cuda;
-  cuda.cuda_graphs = !f.Has("enforce-eager");
-  return LoadModel(dir, ShardSpec{0, 1}, device >= 0 ? MakeCudaBackend(device, cuda) : MakeCpuBackend(threads));
 }
 
 int RunLogits(const std::vector<std::string>& args) {
@@ -122,6 +107,21 @@ int RunMakeTiny(const std::vector<std::string>& args) {
 }
 
 }  // namespace
+
+std::unique_ptr<Model> LoadForCli(const Flags& f) {
+  std::string dir = f.Require("model");
+  int threads = static_cast<int>(f.GetInt("threads", 0));
+  int device = -1;
+  try {
+    device = ParseDeviceFlag(f.Get("device", "cpu"));
+  } catch (const std::exception& e) {
+    throw UsageError(e.what());
+  }
+  if (device >= 0) RequireCudaDevice(device, "--device " + f.Get("device", "cpu"));
+  CudaBackendOptions cuda;
+  cuda.cuda_graphs = !f.Has("enforce-eager");
+  return LoadModel(dir, ShardSpec{0, 1}, device >= 0 ? MakeCudaBackend(device, cuda) : MakeCpuBackend(threads));
+}
 
 DSMESH_REGISTER_COMMAND(logits, "logits --model DIR --tokens 5,17,9 --out FILE.safetensors [--threads N] [--world N | --coordinator HOST:PORT]", RunLogits);
 DSMESH_REGISTER_COMMAND(generate, "generate --model DIR --tokens 5,17,9 --max-new-tokens N [--ignore-eos] [--threads N] [--world N | --coordinator HOST:PORT]",

@@ -13,8 +13,8 @@
 #include "common/cli_registry.h"
 #include "common/flags.h"
 #include "common/safetensors.h"
-#include "kernels/cpu/cpu_backend.h"
-#include "kernels/cuda/cuda_backend.h"
+#include "kernels/backend.h"
+#include "model/cli_model.h"
 #include "model/model.h"
 #include "model/roofline.h"
 #include "model/synthetic.h"
@@ -30,12 +30,6 @@ int RunLocalBench(const std::vector<std::string>& args) {
   Flags f(args, {"model", "device", "threads", "streams", "contexts", "rows", "steps", "bits", "json", "enforce-eager"},
           {"enforce-eager"});
   const std::string source = f.Require("model");
-  int device = -1;
-  try {
-    device = ParseDeviceFlag(f.Get("device", "cpu"));
-  } catch (const std::exception& e) {
-    throw UsageError(e.what());
-  }
   const std::vector<int32_t> streams = ParseIntList("streams", f.Get("streams", "1,4"), "stream count");
   const std::vector<int32_t> contexts = ParseIntList("contexts", f.Get("contexts", "4096"), "context length");
   const int rows = static_cast<int>(f.GetInt("rows", 1)), steps = static_cast<int>(f.GetInt("steps", 20));
@@ -61,12 +55,8 @@ int RunLocalBench(const std::vector<std::string>& args) {
         break;
       }
   }
-  if (device >= 0) RequireCudaDevice(device, "--device " + f.Get("device", "cpu"));
   std::fprintf(stderr, "bench: loading %s on %s\n", source.c_str(), f.Get("device", "cpu").c_str());
-  CudaBackendOptions cuda;
-  cuda.cuda_graphs = !f.Has("enforce-eager");
-  auto model = LoadModel(source, ShardSpec{}, device >= 0 ? MakeCudaBackend(device, cuda)
-                                                          : MakeCpuBackend(static_cast<int>(f.GetInt("threads", 0))));
+  auto model = LoadForCli(f);
   const ModelConfig& c = model->config();
   nlohmann::json out = nlohmann::json::array();
   std::printf("# %s on %s; floors from the H200 ceilings (kernels/cuda/testdata/anchors-h200.json: copy %.1f TB/s, "

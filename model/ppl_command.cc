@@ -15,15 +15,14 @@
 #include "common/cli_registry.h"
 #include "common/flags.h"
 #include "common/tokenizer/tokenizer.h"
-#include "kernels/cpu/cpu_backend.h"
-#include "kernels/cuda/cuda_backend.h"
+#include "model/cli_model.h"
 #include "model/model.h"
 
 namespace dsmesh {
 namespace {
 
 int RunPpl(const std::vector<std::string>& args) {
-  Flags f(args, {"model", "file", "ctx", "chunks", "threads", "device", "tokenizer"});
+  Flags f(args, {"model", "file", "ctx", "chunks", "threads", "device", "tokenizer", "enforce-eager"}, {"enforce-eager"});
   const std::string dir = f.Require("model");
   const std::string path = f.Require("file");
   const long long ctx = f.GetInt("ctx", 512), max_chunks = f.GetInt("chunks", 0);
@@ -40,15 +39,7 @@ int RunPpl(const std::vector<std::string>& args) {
   if (chunks == 0)
     throw std::runtime_error(path + ": " + std::to_string(ids.size()) + " tokens, fewer than one window of --ctx " +
                              std::to_string(ctx));
-  int device = -1;
-  try {
-    device = ParseDeviceFlag(f.Get("device", "cpu"));
-  } catch (const std::exception& e) {
-    throw UsageError(e.what());
-  }
-  if (device >= 0) RequireCudaDevice(device, "--device " + f.Get("device", "cpu"));
-  auto model = LoadModel(dir, ShardSpec{0, 1},
-                         device >= 0 ? MakeCudaBackend(device) : MakeCpuBackend(static_cast<int>(f.GetInt("threads", 0))));
+  auto model = LoadForCli(f);
   const int64_t V = model->config().vocab_size;
   double nll = 0;
   long long scored = 0;

@@ -624,17 +624,17 @@ class CudaBackend final : public Backend {
   }
 
   // The device copy of host metadata: the step's own arrays (BeginStep) without a copy, else a copy.
-  const int32_t* StepTokens(const int32_t* host, int64_t n, Tensor* keep) {
-    if (in_step_ && host >= step_tokens_ && host + n <= step_tokens_ + step_n_)
-      return step_tokens_on_device_ + (host - step_tokens_);
+  template <class T>
+  const T* StepMeta(const T* host, int64_t n, const T* step_host, const T* step_device, Tensor* keep) {
+    if (in_step_ && host >= step_host && host + n <= step_host + step_n_) return step_device + (host - step_host);
     *keep = Staged(host, n);
-    return I32(*keep);
+    return static_cast<const T*>(keep->data);
+  }
+  const int32_t* StepTokens(const int32_t* host, int64_t n, Tensor* keep) {
+    return StepMeta(host, n, step_tokens_, step_tokens_on_device_, keep);
   }
   const int64_t* StepPositions(const int64_t* host, int64_t n, Tensor* keep) {
-    if (in_step_ && host >= step_positions_ && host + n <= step_positions_ + step_n_)
-      return step_positions_on_device_ + (host - step_positions_);
-    *keep = Staged(host, n);
-    return static_cast<const int64_t*>(keep->data);
+    return StepMeta(host, n, step_positions_, step_positions_on_device_, keep);
   }
 
   // Records `ops` as a CUDA graph and launches it; on failure (an op that syncs or copies host metadata,

@@ -199,6 +199,14 @@ export function metricValue(text, nameWithLabels) {
   return undefined;
 }
 
+// A TCP port free on 127.0.0.1 right now (the OS picks it).
+export function freePort() {
+  return new Promise((resolve) => {
+    const s = net.createServer();
+    s.listen(0, '127.0.0.1', () => { const p = s.address().port; s.close(() => resolve(p)); });
+  });
+}
+
 // The real mesh without the fixture: `dsmesh up --no-gateway` (dsmesh-coordinator + `world` CPU
 // dsmesh-worker ranks on the tiny model from `dsmesh make-tiny`), and dsmesh-gateway started here so
 // its flags (--max-queued) can be chosen. Needs --dsmesh PATH among the script arguments.
@@ -215,10 +223,7 @@ export async function startRealMesh({ world = 2, maxNumSeqs = 4, maxQueued = 256
     p.stderr.on('data', (d) => { err += d; });
     p.on('exit', (c) => (c === 0 ? resolve() : reject(new Error(`make-tiny exited ${c}: ${err}`))));
   });
-  const coordinatorPort = await new Promise((resolve) => {
-    const s = net.createServer();
-    s.listen(0, '127.0.0.1', () => { const p = s.address().port; s.close(() => resolve(p)); });
-  });
+  const coordinatorPort = await freePort();
   // `up` writes its mesh token to LOG_DIR/mesh-token; the gateway started here needs it to be served.
   const logDir = path.join(dir, 'logs');
   const up = track(spawn(dsmesh, ['up', '--no-gateway', '--model', model, '--world', String(world), '--coordinator-port', String(coordinatorPort),

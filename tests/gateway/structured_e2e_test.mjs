@@ -4,10 +4,9 @@
 // python3-jsonschema (common/structured/testdata/validate.py), though the model itself produces noise.
 import { spawn, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
-import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
-import { ROOT, assert, assertEq, loadOpenAI, runCases, track, waitHealthy } from './harness.mjs';
+import { ROOT, assert, assertEq, freePort, loadOpenAI, runCases, track, waitHealthy } from './harness.mjs';
 
 const OpenAI = await loadOpenAI();
 const args = process.argv.slice(2);
@@ -17,13 +16,6 @@ const VALIDATE = path.join(ROOT, 'common/structured/testdata/validate.py');
 // --speculative: the mesh runs MTP speculation (3 drafts): drafts that leave the grammar must be rejected.
 const SPECULATIVE = args.includes('--speculative');
 const PYTHON = fs.existsSync('/usr/bin/python3') ? '/usr/bin/python3' : 'python3';
-
-function freePort() {
-  return new Promise((resolve) => {
-    const s = net.createServer();
-    s.listen(0, '127.0.0.1', () => { const p = s.address().port; s.close(() => resolve(p)); });
-  });
-}
 
 async function startUp() {
   const dir = fs.mkdtempSync(path.join(process.env.TEST_TMPDIR || os.tmpdir(), 'structured-'));
