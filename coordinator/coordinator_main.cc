@@ -19,6 +19,7 @@
 // (which breaks such a wait when a rank stops answering) still runs. Waiting for lost workers to come
 // back counts as healthy: restarting the coordinator would not bring them back sooner, and the
 // workers' own units restart them.
+#include <algorithm>
 #include <signal.h>
 
 #include <atomic>
@@ -155,6 +156,8 @@ int Main(const std::vector<std::string>& args) {
   RendezvousStore store;
   WorkerMesh mesh(world, &store, std::chrono::milliseconds(f.GetInt("heartbeat-timeout-ms", 1500)));
   mesh.set_num_speculative_tokens(ec.scheduler.num_speculative_tokens);
+  // Every running sequence and every prefix snapshot holds a state slot in the workers' pools.
+  mesh.set_state_slots(ec.scheduler.max_num_seqs + std::max(8, ec.scheduler.max_num_seqs));
   Engine engine(ec, &mesh);
   MeshTokenCheck auth(credentials.token);
   GenerateService generate(&engine, &auth);

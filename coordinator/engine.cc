@@ -125,7 +125,8 @@ bool Engine::FormMesh(bool first) {
       }
       std::vector<RankKvCapacity> caps;
       for (const auto& r : readies)
-        caps.push_back({r.kv_budget_bytes(), r.state_bytes_per_token(), r.state_fixed_bytes()});
+        caps.push_back({r.kv_budget_bytes(), r.state_bytes_per_token(), r.state_fixed_bytes(), r.kv_pool_blocks(),
+                        r.kv_block_tokens(), r.kv_state_slots(), r.kv_block_bytes()});
       KvGeometry g = PlanKvGeometry(caps, config_.block_size);
       std::string status;
       {

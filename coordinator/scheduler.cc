@@ -88,14 +88,19 @@ bool Scheduler::HasWork() const {
 }
 
 double Scheduler::kv_usage() const {
-  int64_t used = blocks_.used_blocks();
-  for (uint64_t id : cache_.ids()) used -= static_cast<int64_t>(blocks_.table(id).size());
-  for (const auto& s : pending_snapshots_) used -= static_cast<int64_t>(blocks_.table(s.id).size());
+  // Blocks held by running sequences (snapshots' blocks count only while a running sequence shares them).
+  std::vector<uint64_t> owners;
+  for (const auto& r : running_) owners.push_back(r->seq_id);
+  const int64_t used = blocks_.BlocksOf(owners);
   return geometry().num_blocks ? double(used) / geometry().num_blocks : 0.0;
 }
 
 bool Scheduler::Reserve(uint64_t owner, int64_t tokens, const std::set<uint64_t>& pinned) {
-  while (!blocks_.Grow(owner, tokens)) {
+  return EvictUntil([&] { return blocks_.Grow(owner, tokens); }, pinned);
+}
+
+bool Scheduler::EvictUntil(const std::function<bool()>& fits, const std::set<uint64_t>& pinned) {
+  while (!fits()) {
     auto victim = cache_.EvictLru(pinned);
     if (!victim) return false;
     blocks_.Release(*victim);
@@ -140,8 +145,10 @@ SequencePlan* Scheduler::AddChunk(StepPlan* plan, Request& r, int64_t n, const s
   sp->mutable_tokens()->Add(r.tokens.begin() + r.computed, r.tokens.begin() + r.computed + n);
   sp->set_sample(r.computed + n == static_cast<int64_t>(r.tokens.size()));
   sp->set_return_logits(r.return_logits);
+  sp->mutable_block_table()->Add(blocks_.table(r.seq_id).begin(), blocks_.table(r.seq_id).end());
   if (r.first_chunk) {
     sp->set_is_new(true);
+    sp->set_state_slot(blocks_.slot(r.seq_id));
     sp->set_restore_snapshot(r.restore_snapshot);
     sp->set_prompt_len(r.prompt_len);
     const int64_t history = std::max<int64_t>(r.prompt_len, r.computed);
@@ -153,8 +160,13 @@ SequencePlan* Scheduler::AddChunk(StepPlan* plan, Request& r, int64_t n, const s
   }
   if (r.snapshot_at > 0 && r.computed + n == r.snapshot_at) {
     const uint64_t id = next_id_++;
-    if (Reserve(id, r.snapshot_at, pinned)) {
+    // The snapshot shares the sequence's blocks up to the boundary (neither writes them again) and
+    // takes a slot for its copy of the fixed part.
+    const int64_t shared = r.snapshot_at / geometry().block_size;
+    if (EvictUntil([&] { return blocks_.Share(id, r.seq_id, shared); }, pinned)) {
       sp->set_snapshot_after(id);
+      sp->set_snapshot_slot(blocks_.slot(id));
+      sp->mutable_snapshot_blocks()->Add(blocks_.table(id).begin(), blocks_.table(id).end());
       pending_snapshots_.push_back({id, std::vector<int32_t>(r.tokens.begin(), r.tokens.begin() + r.snapshot_at),
                                     r.snapshot_at});
     }
@@ -282,7 +294,15 @@ StepPlan Scheduler::Schedule() {
     const uint64_t seq_id = next_id_++;
     std::set<uint64_t> pinned_with = pinned;
     if (restore) pinned_with.insert(restore);
-    if (!Reserve(seq_id, start + n, pinned_with)) break;  // the best-ranked waits for blocks; the rest behind it
+    // A restored sequence starts with the snapshot's blocks (shared) and its own from there.
+    const bool reserved =
+        EvictUntil([&] { return !restore || blocks_.Share(seq_id, restore, start / geometry().block_size); },
+                   pinned_with) &&
+        Reserve(seq_id, start + n, pinned_with);
+    if (!reserved) {  // the best-ranked waits for blocks; the rest behind it
+      blocks_.Release(seq_id);
+      break;
+    }
     pinned = std::move(pinned_with);
     waiting_.pop_front();
     if (cacheable) {

@@ -26,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <deque>
 #include <memory>
 #include <optional>
@@ -106,6 +107,8 @@ class Scheduler {
 
  private:
   bool Reserve(uint64_t owner, int64_t tokens, const std::set<uint64_t>& pinned);
+  // Evicts least-recently-used snapshots (never `pinned` ones) until fits() holds; false when none is left.
+  bool EvictUntil(const std::function<bool()>& fits, const std::set<uint64_t>& pinned);
   bool RanksBefore(const Request& a, const Request& b) const;
   void Enqueue(std::shared_ptr<Request> r);     // into waiting_, by rank
   void AddRunning(std::shared_ptr<Request> r);  // into running_, by rank

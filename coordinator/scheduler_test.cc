@@ -69,6 +69,65 @@ TEST(KvGeometry, CapacityFromTheTightestRank) {
   EXPECT_THROW(PlanKvGeometry({{100, 256, 4096}}, 16), std::runtime_error);
 }
 
+TEST(KvGeometry, WorkersStatePoolsDecideBlocksAndSlots) {
+  RankKvCapacity a{1 << 20, 256, 4096, /*pool_blocks=*/40, /*block_tokens=*/256, /*state_slots=*/12, 65536};
+  RankKvCapacity b = a;
+  b.pool_blocks = 30;
+  KvGeometry g = PlanKvGeometry({a, b}, 16);
+  EXPECT_EQ(g.block_size, 256);  // the workers', not the flag's
+  EXPECT_EQ(g.num_blocks, 30);
+  EXPECT_EQ(g.num_slots, 12);
+  EXPECT_EQ(g.fixed_blocks, 0);
+  EXPECT_EQ(g.pool_tokens(), 30 * 256);
+  b.block_tokens = 512;
+  EXPECT_THROW(PlanKvGeometry({a, b}, 16), std::runtime_error);
+}
+
+TEST(Scheduler, SnapshotsAndRestoredSequencesShareBlocksAndTakeSlots) {
+  // Blocks of 4 tokens, 3 state slots, no fixed blocks: the workers' state pool.
+  KvGeometry g = Geometry(20, 4, 0);
+  g.num_slots = 3;
+  Scheduler s(Config(2, 64, true), g);
+  std::vector<int32_t> prefix = {1, 2, 3, 4, 5, 6, 7, 8};
+  auto with = [&](int32_t t) {
+    auto p = prefix;
+    p.push_back(t);
+    return p;
+  };
+  auto a = Req(with(9), 1);
+  s.Add(a);
+  StepPlan p = s.Schedule();  // a's first 8 tokens, then a snapshot of them
+  ASSERT_EQ(p.seqs_size(), 1);
+  const SequencePlan first = p.seqs(0);  // a copy: p is reused below
+  ASSERT_NE(first.snapshot_after(), 0u);
+  ASSERT_EQ(first.block_table_size(), 2);
+  ASSERT_EQ(first.snapshot_blocks_size(), 2);
+  EXPECT_EQ(first.snapshot_blocks(0), first.block_table(0));  // shared, not copied
+  EXPECT_EQ(first.snapshot_blocks(1), first.block_table(1));
+  EXPECT_NE(first.snapshot_slot(), first.state_slot());
+  s.Apply(p, Result(p));
+  while (s.HasWork()) {
+    p = s.Schedule();
+    s.Apply(p, Result(p));
+  }
+  auto b = Req(with(10), 1);
+  s.Add(b);
+  p = s.Schedule();
+  ASSERT_EQ(p.seqs_size(), 1);
+  EXPECT_EQ(p.seqs(0).restore_snapshot(), first.snapshot_after());
+  ASSERT_GE(p.seqs(0).block_table_size(), 3);
+  EXPECT_EQ(p.seqs(0).block_table(0), first.block_table(0));  // the snapshot's blocks head b's table
+  EXPECT_EQ(p.seqs(0).block_table(1), first.block_table(1));
+  EXPECT_NE(p.seqs(0).state_slot(), first.snapshot_slot());
+  s.Apply(p, Result(p));
+  while (s.HasWork()) {
+    p = s.Schedule();
+    s.Apply(p, Result(p));
+  }
+  EXPECT_EQ(Drain(*b).back().finish_reason(), FINISH_LENGTH);
+  EXPECT_EQ(s.kv_usage(), 0.0);  // only the snapshot holds blocks now
+}
+
 TEST(Scheduler, ChunkedPrefillUnderBudgetThenDecode) {
   Scheduler s(Config(4, 8, false), Geometry(100));
   auto r = Req(std::vector<int32_t>(20, 3), 2);

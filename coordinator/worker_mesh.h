@@ -52,6 +52,8 @@ class WorkerMesh {
   // Drafts per step the coordinator schedules (0: no speculation); sent in FormMesh so that the workers
   // report state sizes with the rollback rows and the MTP window included.
   void set_num_speculative_tokens(int k) { num_speculative_tokens_ = k; }
+  // Sequence states each worker's state pool holds (FormMesh.state_slots).
+  void set_state_slots(int n) { state_slots_ = n; }
 
   // Waits until every rank has a session. False on timeout (then MissingRanks() says which).
   bool WaitAllRegistered(std::chrono::milliseconds timeout);
@@ -80,6 +82,7 @@ class WorkerMesh {
 
  private:
   int num_speculative_tokens_ = 0;
+  int state_slots_ = 0;
   struct Session {
     grpc::ServerContext* ctx = nullptr;
     Stream* stream = nullptr;

@@ -56,6 +56,23 @@ struct RouterParams {
   const Tensor* tid2eid = nullptr;  // int [vocab, top_k] (hash layers), host or backend memory
 };
 
+// Rows of one sequence's compressed entries or indexer keys in a paged pool: row e is row
+// table[e / rows_per_block] * rows_per_block + e % rows_per_block of `pool` [blocks * rows_per_block, dim] f32.
+// `table` is a host array of table_len block ids (a device backend copies it).
+struct PagedRows {
+  const Tensor* pool = nullptr;
+  int64_t rows_per_block = 0;
+  const int32_t* table = nullptr;
+  int64_t table_len = 0;
+  int64_t capacity() const { return rows_per_block * table_len; }
+};
+
+// A plain [rows, dim] tensor as paged rows (one block).
+inline PagedRows ContiguousRows(const Tensor& t) {
+  static const int32_t kFirstBlock = 0;
+  return PagedRows{&t, t.shape.empty() || t.shape[0] == 0 ? 1 : t.shape[0], &kFirstBlock, 1};
+}
+
 // The LinearWeight of an EXL3 slice [out_begin, out_end) x [in_begin, in_end) held by a backend's handle.
 inline LinearWeight Exl3LinearWeight(const std::string& name, int64_t out_begin, int64_t out_end, int64_t in_begin,
                                      int64_t in_end, std::shared_ptr<void> handle) {
@@ -83,11 +100,19 @@ class Backend {
   virtual void Zero(Tensor* t) = 0;  // every byte of t = 0
 
   // ---- step scope ----
-  // Starts a forward step whose rows carry these token ids and positions. Later ops of the step may be
-  // passed pointers into these same arrays (Embedding, Rope, MoeRoute); a device backend copies them
-  // once here and recognises them. The arrays must stay unchanged until the next BeginStep. Scratch of
-  // the previous step is released.
-  virtual void BeginStep(const int32_t* tokens, const int64_t* positions, int64_t n) {}
+  // Starts a forward step whose rows carry these token ids and positions, and whose sequences' block
+  // tables (PagedRows::table) lie in `tables`. Later ops of the step may be passed pointers into these
+  // same arrays (Embedding, Rope, MoeRoute, IndexerTopK, Attention); a device backend copies them once
+  // here and recognises them. The arrays must stay unchanged until the next BeginStep. Scratch of the
+  // previous step is released.
+  struct StepMetadata {
+    const int32_t* tokens = nullptr;
+    const int64_t* positions = nullptr;
+    int64_t n = 0;  // rows
+    const int32_t* tables = nullptr;
+    int64_t tables_len = 0;
+  };
+  virtual void BeginStep(const StepMetadata& step) {}
   virtual void EndStep() {}  // forgets the step's metadata and releases its Scratch
   // A temporary of this step, valid until ReleaseScratch of an earlier mark or the next BeginStep.
   // Contents undefined (the CPU backend zero-fills).
@@ -169,10 +194,10 @@ class Backend {
                               int64_t num_windows, int ratio, bool overlap, int64_t d, Tensor* out) = 0;
 
   // ---- lightning indexer ----
-  // q [n, heads*dim], weights [n, heads], keys [>= num_keys, dim]. For query row r at position
+  // q [n, heads*dim], weights [n, heads], keys: >= num_keys rows of dim. For query row r at position
   // positions[r], score(w) = sum_h weights[r,h] * relu(q[r,h] . keys[w]) over w < (pos+1)/ratio;
   // out int32 [n, top_k] gets the top-k w by score (ties: lower w first), -1 where fewer exist.
-  virtual void IndexerTopK(const Tensor& q, const Tensor& weights, const Tensor& keys, int64_t num_keys,
+  virtual void IndexerTopK(const Tensor& q, const Tensor& weights, const PagedRows& keys, int64_t num_keys,
                            int64_t heads, int64_t dim, const int64_t* positions, int ratio, int top_k,
                            Tensor* out) = 0;
 
@@ -180,11 +205,11 @@ class Backend {
   // q [n, heads*d] for positions start .. start+n-1. The shared K=V rows are:
   //   window: positions max(0, t-window+1) .. t; positions < start come from ring [slots, d]
   //   (slots = ring.shape[0] >= window; slot pos % slots), positions >= start from new_kv [n, d];
-  //   compressed (ratio > 0): entries [>= num_entries, d]; with topk (int32 [n, k], -1 = none) the listed
+  //   compressed (ratio > 0): entries (>= num_entries rows of d); with topk (int32 [n, k], -1 = none) the listed
   //   entries, else all entries w < (t+1)/ratio.
   // p_j = exp(s_j) / (sum_j exp(s_j) + exp(sink_h)), s_j = q.k_j * softmax_scale; out [n, heads*d] = sum p_j k_j.
   virtual void Attention(const Tensor& q, int64_t heads, int64_t d, int64_t start, const Tensor& ring,
-                         const Tensor& new_kv, int window, const Tensor* entries, int64_t num_entries,
+                         const Tensor& new_kv, int window, const PagedRows* entries, int64_t num_entries,
                          int ratio, const Tensor* topk, const Tensor& sinks, float softmax_scale,
                          Tensor* out) = 0;
   // Writes the last min(n, slots) rows of new_kv (positions start..start+n-1) into the ring (slot pos % slots,

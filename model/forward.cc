@@ -113,8 +113,7 @@ void ModelImpl::CompressorUpdate(const CompressorWeights& w, const Tensor& kvp, 
       std::vector<int64_t> pos(fresh);
       for (int64_t i = 0; i < fresh; ++i) pos[i] = (emitted + i) * ratio;  // a window's first position
       be.Rope(&entries, 1, dim, c.rope_dim, pos.data(), inv_freq_[layer], false);
-      s.state->EnsureEntries(&cs, emitted_after);
-      be.CopyRows(entries, 0, &cs.entries, emitted, fresh);
+      s.state->PutEntries(layer, indexer, entries, emitted, fresh);
       cs.num_entries = emitted_after;
     }
     // The ring keeps this step's newest rows; older pending rows stay in their slots until overwritten.
@@ -173,8 +172,10 @@ void ModelImpl::AttentionCore(const BlockWeights& b, const std::vector<SeqRows>&
     for (const SeqRows& s : seqs) {
       const CompressorState& ic = s.state->layers[b.layer].indexer;
       Tensor tv = RowView(a->topk, s.offset, s.count);
-      be.IndexerTopK(RowView(a->iq, s.offset, s.count), RowView(a->iw, s.offset, s.count), ic.entries,
-                     ic.num_entries, hi, di, positions.data() + s.offset, b.ratio, c.index_topk, &tv);
+      PagedRows keys = s.state->Entries(b.layer, true);
+      if (s.table) keys.table = s.table;
+      be.IndexerTopK(RowView(a->iq, s.offset, s.count), RowView(a->iw, s.offset, s.count), keys, ic.num_entries, hi, di, positions.data() + s.offset, b.ratio,
+                     c.index_topk, &tv);
     }
   }
 
@@ -186,8 +187,11 @@ void ModelImpl::AttentionCore(const BlockWeights& b, const std::vector<SeqRows>&
     Tensor kvv = RowView(a->kv, s.offset, s.count);
     Tensor tv;
     if (a->topk.data) tv = RowView(a->topk, s.offset, s.count);
+    PagedRows entries;
+    if (compressed) entries = s.state->Entries(b.layer, false);
+    if (s.table) entries.table = s.table;
     be.Attention(RowView(a->q, s.offset, s.count), Hl, d, s.start, ls.ring, kvv, c.sliding_window,
-                 compressed ? &ls.compressor.entries : nullptr, compressed ? ls.compressor.num_entries : 0,
+                 compressed ? &entries : nullptr, compressed ? ls.compressor.num_entries : 0,
                  b.ratio, a->topk.data ? &tv : nullptr, b.attn.sinks, softmax_scale, &ov);
     be.UpdateRing(kvv, s.start, c.sliding_window, &ls.ring);
   }
@@ -318,6 +322,7 @@ std::vector<SequenceOutput> ModelImpl::Forward(const std::vector<SequenceStep>& 
   std::vector<int64_t> positions;
   for (const SequenceStep& step : batch) {
     SequenceStateData* st = &step.state->data();
+    st->EnsureBlocks(st->length + static_cast<int64_t>(step.tokens.size()));
     seqs.push_back({st, (int64_t)tokens.size(), (int64_t)step.tokens.size(), st->length});
     for (size_t i = 0; i < step.tokens.size(); ++i) {
       tokens.push_back(step.tokens[i]);
@@ -325,13 +330,18 @@ std::vector<SequenceOutput> ModelImpl::Forward(const std::vector<SequenceStep>& 
     }
   }
   const int64_t N = tokens.size();
+  // Every sequence's block table, one after the other: uploaded with the tokens and positions.
+  std::vector<int32_t> tables;
+  for (const SeqRows& s : seqs) tables.insert(tables.end(), s.state->blocks.begin(), s.state->blocks.end());
+  for (size_t i = 0, at = 0; i < seqs.size(); at += seqs[i].state->blocks.size(), ++i)
+    seqs[i].table = tables.data() + at;
 
   // The step's metadata reaches the backend once; its temporaries are released when the step ends.
   struct StepScope {
     Backend& be;
     ~StepScope() { be.EndStep(); }
   } scope{be};
-  be.BeginStep(tokens.data(), positions.data(), N);
+  be.BeginStep(Backend::StepMetadata{tokens.data(), positions.data(), N, tables.data(), static_cast<int64_t>(tables.size())});
   Tensor X = be.Scratch(DType::kF32, {N, hc * D});
   Tensor h = be.Scratch(DType::kF32, {N, D});
   be.Segment({kEmbedSite, -1, N, 0}, [&] {

@@ -123,6 +123,56 @@ TEST_F(ForwardTest, CloneEvolvesIndependently) {
   EXPECT_LT(RelMaxDiff(out_b[0].logits.as<float>(), full_b.as<float>() + (ab.size() - 1) * V, V), kTol);
 }
 
+TEST_F(ForwardTest, CloneSharesTheBlocksNeitherWritesAgain) {
+  auto m = Load();
+  const int64_t V = m->config().vocab_size;
+  auto st = m->NewState();
+  const auto a = Tokens(620, V, 11);
+  m->Forward({{st.get(), std::vector<int32_t>(a.begin(), a.begin() + 600), false}});
+  const int T = m->state_pool().block_tokens();
+  ASSERT_EQ(T, 256);
+  auto snap = st->Clone();
+  ASSERT_EQ(st->block_table().size(), 3u);
+  ASSERT_EQ(snap->block_table().size(), 3u);
+  EXPECT_EQ(snap->block_table()[0], st->block_table()[0]);  // tokens 0..511: shared
+  EXPECT_EQ(snap->block_table()[1], st->block_table()[1]);
+  EXPECT_NE(snap->block_table()[2], st->block_table()[2]);  // the open block: copied
+  auto out = m->Forward({{snap.get(), std::vector<int32_t>(a.begin() + 600, a.end()), false}});
+  Tensor full = Full(*m, a);
+  EXPECT_LT(RelMaxDiff(out[0].logits.as<float>(), full.as<float>() + 619 * V, V), kTol);
+}
+
+TEST_F(ForwardTest, AFullStatePoolRefusesClearlyAndRecovers) {
+  auto m = Load();
+  const StatePool& probe = m->state_pool();
+  StatePoolOptions o;
+  o.slots = 2;
+  o.bytes = 2 * probe.slot_bytes() + 3 * probe.block_bytes();  // 3 blocks of 256 tokens
+  const StatePool& pool = m->ConfigureStatePool(o);
+  EXPECT_EQ(pool.num_blocks(), 3);
+  EXPECT_EQ(pool.num_slots(), 2);
+  const int64_t V = m->config().vocab_size;
+  auto a = m->NewState(), b = m->NewState();
+  try {
+    m->NewState();
+    FAIL() << "a third state fit in two slots";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("slots are in use"), std::string::npos) << e.what();
+  }
+  m->Forward({{a.get(), Tokens(600, V, 1), false}});  // 3 blocks: the whole pool
+  try {
+    m->Forward({{b.get(), Tokens(10, V, 2), false}});
+    FAIL() << "a fourth block came from a pool of three";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("raise --kv-memory"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(b->length(), 0);  // nothing ran
+  a.reset();                  // its blocks and slot come back
+  auto c = m->NewState();
+  m->Forward({{b.get(), Tokens(10, V, 2), false}});
+  EXPECT_EQ(b->length(), 10);
+}
+
 TEST_F(ForwardTest, MemoryAccountingBoundsState) {
   auto m = Load();
   auto st = m->NewState();

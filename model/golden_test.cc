@@ -128,10 +128,13 @@ TEST_F(GoldenTest, CompressedEntriesMatchTransformers) {
     Tensor want_t = golden_->Get(name);
     std::vector<float> want = ToFloatVector(want_t);
     const CompressorState& cs = st->data().layers[l].compressor;
+    const PagedRows entries = st->data().Entries(l, false);
     ASSERT_EQ(cs.num_entries, want_t.shape[0]) << name;
-    for (int64_t w = 0; w < cs.num_entries; ++w)
-      EXPECT_LE(RelL2(cs.entries.as<float>() + w * cs.dim, want.data() + w * cs.dim, cs.dim), 1e-4)
+    for (int64_t w = 0; w < cs.num_entries; ++w) {
+      const int64_t row = entries.table[w / entries.rows_per_block] * entries.rows_per_block + w % entries.rows_per_block;
+      EXPECT_LE(RelL2(entries.pool->as<float>() + row * cs.dim, want.data() + w * cs.dim, cs.dim), 1e-4)
           << name << " entry " << w;
+    }
     ++checked;
   }
   EXPECT_EQ(checked, 4);

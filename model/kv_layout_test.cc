@@ -55,6 +55,9 @@ TEST(KvLayout, F32LayoutIsWhatTheModelAccountsFor) {
     auto fresh = model->NewState(k);
     EXPECT_EQ(fresh->MemoryBytes(), model->StateFixedBytes(k)) << "k = " << k;
   }
+  // The state pool's blocks hold exactly the layout's bytes per token.
+  const StatePool& pool = model->state_pool();
+  EXPECT_EQ(static_cast<double>(pool.block_bytes()), f32.BytesPerToken() * pool.block_tokens());
   // And the state a sequence actually holds after 300 tokens is what the layout says.
   auto st = model->NewState();
   model->Forward({{st.get(), testing_util::Tokens(300, 512, 1), false}});

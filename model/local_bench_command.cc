@@ -2,6 +2,7 @@
 // process (no mesh), ms/step and tok/s at each stream count and context, beside the step's floor
 // (model/roofline.h) and measured / floor. Contexts are filled by 512-token prefill chunks first
 // (untimed); `--rows 4` times the verification shape (each stream 1 + 3 draft rows).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -58,6 +59,17 @@ int RunLocalBench(const std::vector<std::string>& args) {
   std::fprintf(stderr, "bench: loading %s on %s\n", source.c_str(), f.Get("device", "cpu").c_str());
   auto model = LoadForCli(f);
   const ModelConfig& c = model->config();
+  {
+    // The state pool holds the largest shape's streams at the longest context (and the measured steps).
+    const StatePool& probe = model->state_pool();
+    const int64_t max_ctx = *std::max_element(contexts.begin(), contexts.end()) + (steps + 1) * rows;
+    const int max_streams = *std::max_element(streams.begin(), streams.end());
+    const int64_t blocks = (max_ctx + probe.block_tokens() - 1) / probe.block_tokens();
+    StatePoolOptions po;
+    po.slots = max_streams;
+    po.bytes = max_streams * (probe.slot_bytes() + blocks * probe.block_bytes()) + probe.block_bytes();
+    std::fprintf(stderr, "bench: %s\n", model->ConfigureStatePool(po).Describe().c_str());
+  }
   nlohmann::json out = nlohmann::json::array();
   std::printf("# %s on %s; floors from the H200 ceilings (kernels/cuda/testdata/anchors-h200.json: copy %.1f TB/s, "
               "LOP3 %.2f Tops/s), KV as stored (f32)\n",

@@ -33,36 +33,63 @@ void ModelImpl::LoadSynthetic(const SyntheticSpec& spec) {
   weights_ = LoadSyntheticWeights(spec, config_, layout_, *backend_);
 }
 
-std::unique_ptr<SequenceState> ModelImpl::NewState(int k) const {
+StatePool& ModelImpl::state_pool() const {
+  if (!pool_) pool_ = std::make_shared<StatePool>(config_, !weights_.mtp.empty(), StatePoolOptions{}, backend_.get());
+  return *pool_;
+}
+
+const StatePool& ModelImpl::ConfigureStatePool(const StatePoolOptions& options) {
+  if (pool_ && pool_.use_count() > 1)
+    throw std::logic_error("ConfigureStatePool: sequence states of the previous pool are still alive");
+  pool_.reset();  // the old pool's memory goes back before the new one is taken
+  pool_ = std::make_shared<StatePool>(config_, !weights_.mtp.empty(), options, backend_.get());
+  return *pool_;
+}
+
+std::unique_ptr<SequenceState> ModelImpl::NewState(int k, int slot) const {
   const ModelConfig& c = config_;
   if (k < 0) throw std::runtime_error("NewState: negative number of speculative tokens");
   if (k > 0 && weights_.mtp.empty())
     throw std::runtime_error("speculative decoding (method mtp) needs an MTP block, and this checkpoint has none "
                              "(num_nextn_predict_layers " + std::to_string(c.num_mtp_layers) + ", no mtp.0.* tensors)");
+  StatePool& pool = state_pool();
+  if (k > pool.max_spare())
+    throw std::runtime_error("NewState: " + std::to_string(k) + " speculative tokens, the state pool keeps " +
+                             std::to_string(pool.max_spare()) + " rows for rollback");
+  if (pool.external() && (slot < 0 || slot >= pool.num_slots()))
+    throw std::runtime_error("NewState: state slot " + std::to_string(slot) + " outside the pool's " +
+                             std::to_string(pool.num_slots()) + " slots");
   auto d = std::make_unique<SequenceStateData>();
   d->backend = backend_.get();
   d->owner_model = this;
+  d->pool = pool_;
+  d->slot = pool.external() ? slot : pool.AllocateSlot();
   d->spare = k;
   // With speculation the MTP block 0's layer state follows the main blocks (BlockWeights::layer indexes it).
   const int layers = c.num_layers + (k > 0 ? 1 : 0);
   for (int l = 0; l < layers; ++l) {
     LayerState ls;
-    ls.ring = backend_->Alloc(DType::kF32, {c.sliding_window + k, c.head_dim});
+    ls.ring = pool.Ring(l, d->slot, c.sliding_window + k);
+    backend_->Zero(&ls.ring);
     AttentionKind kind = c.attention_kind(l);
-    auto init = [&](CompressorState* cs, int64_t dim, bool overlap) {
+    auto init = [&](CompressorState* cs, int64_t dim, bool overlap, bool indexer) {
       cs->ratio = c.compress_ratio(l);
       cs->overlap = overlap;
       cs->dim = dim;
-      int64_t rows = (overlap ? 2 : 1) * cs->ratio + k;
-      cs->pending_kv = backend_->Alloc(DType::kF32, {rows, cs->width()});
-      cs->pending_score = backend_->Alloc(DType::kF32, {rows, cs->width()});
+      const int rows = (overlap ? 2 : 1) * cs->ratio + k;
+      cs->pending_kv = pool.Pending(l, indexer, false, d->slot, rows);
+      cs->pending_score = pool.Pending(l, indexer, true, d->slot, rows);
+      backend_->Zero(&cs->pending_kv);
+      backend_->Zero(&cs->pending_score);
     };
-    if (kind != AttentionKind::kSliding) init(&ls.compressor, c.head_dim, kind == AttentionKind::kCompressedSparse);
-    if (kind == AttentionKind::kCompressedSparse) init(&ls.indexer, c.index_head_dim, true);
+    if (kind != AttentionKind::kSliding)
+      init(&ls.compressor, c.head_dim, kind == AttentionKind::kCompressedSparse, false);
+    if (kind == AttentionKind::kCompressedSparse) init(&ls.indexer, c.index_head_dim, true, true);
     d->layers.push_back(std::move(ls));
   }
   if (k > 0) {
-    d->mtp.hidden = backend_->Alloc(DType::kF32, {c.sliding_window + k, (int64_t)c.hc_mult * c.hidden_size});
+    d->mtp.hidden = pool.MtpHidden(d->slot, c.sliding_window + k);
+    backend_->Zero(&d->mtp.hidden);
     d->mtp.tokens.assign(c.sliding_window + k, 0);
   }
   return std::make_unique<SequenceState>(std::move(d));
@@ -85,8 +112,12 @@ Model::~Model() = default;
 const ModelConfig& Model::config() const { return impl_->config(); }
 const ShardSpec& Model::shard() const { return impl_->shard(); }
 Backend& Model::backend() const { return impl_->backend(); }
-std::unique_ptr<SequenceState> Model::NewState(int speculative_tokens) const {
-  return impl_->NewState(speculative_tokens);
+const StatePool& Model::ConfigureStatePool(const StatePoolOptions& options) {
+  return impl_->ConfigureStatePool(options);
+}
+const StatePool& Model::state_pool() const { return impl_->state_pool(); }
+std::unique_ptr<SequenceState> Model::NewState(int speculative_tokens, int slot) const {
+  return impl_->NewState(speculative_tokens, slot);
 }
 bool Model::has_mtp() const { return !impl_->weights().mtp.empty(); }
 std::vector<SequenceOutput> Model::Forward(const std::vector<SequenceStep>& batch) { return impl_->Forward(batch); }

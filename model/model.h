@@ -30,6 +30,7 @@
 #include "common/communicator.h"
 #include "common/tensor.h"
 #include "model/config.h"
+#include "model/state_pool.h"
 
 namespace dsmesh {
 
@@ -55,8 +56,13 @@ class SequenceState {
 
   // Tokens consumed so far = position of the next token.
   int64_t length() const;
-  // Deep copy: the copy and the original evolve independently (prefix-cache snapshots).
+  // A copy that evolves independently of the original (prefix-cache snapshots): a new slot with a copy of
+  // the fixed part; the blocks neither can write again are shared (reference-counted), the others copied.
+  // Only for a pool that allocates its own blocks (not the worker's, whose coordinator plans them).
   std::unique_ptr<SequenceState> Clone() const;
+  // The same for a pool the coordinator plans (the worker's): the copy takes `slot` and `blocks`; blocks
+  // listed under the original's ids are shared, the others get a copy of the original's rows.
+  std::unique_ptr<SequenceState> CloneInto(int slot, std::vector<int32_t> blocks) const;
   // Forgets positions >= `length` (rejected speculative rows): afterwards the state is exactly that of a
   // sequence that consumed only the first `length` tokens. At most speculative_tokens() positions may be
   // forgotten at once; throws otherwise. Rewinds counters only (every ring is addressed by position).
@@ -65,14 +71,21 @@ class SequenceState {
   int speculative_tokens() const;
   // Bytes this state holds now (all layers, this rank).
   size_t MemoryBytes() const;
-  // Grows the length-proportional buffers so that `total_tokens` tokens fit without reallocation.
+  // Makes the block table hold `total_tokens` tokens (a locally allocating pool; throws when it is full).
   void Reserve(int64_t total_tokens);
+  // The state pool's block ids holding this sequence's entries, block j for tokens [j, j+1) * block_tokens.
+  const std::vector<int32_t>& block_table() const;
+  // External pools (the worker): the coordinator's table for this sequence; blocks already written must
+  // keep their ids. Throws naming a bad id.
+  void SetBlockTable(std::vector<int32_t> blocks);
 
   SequenceStateData& data() { return *data_; }  // for the model implementation
   const SequenceStateData& data() const { return *data_; }
   explicit SequenceState(std::unique_ptr<SequenceStateData> data);
 
  private:
+  std::unique_ptr<SequenceState> CopyInto(int slot, std::vector<int32_t> blocks) const;
+
   std::unique_ptr<SequenceStateData> data_;
 };
 
@@ -114,7 +127,13 @@ class Model {
 
   // A fresh state. speculative_tokens k > 0 (requires an MTP block) makes every ring k rows longer so that
   // k positions can be rolled back, and keeps the MTP block's window and input history for Draft.
-  std::unique_ptr<SequenceState> NewState(int speculative_tokens = 0) const;
+  // The state lives in the model's state pool (created on first use with default options unless
+  // ConfigureStatePool ran): a slot of its own (`slot`, required with an external pool) and blocks.
+  std::unique_ptr<SequenceState> NewState(int speculative_tokens = 0, int slot = -1) const;
+  // Sizes the state pool (model/state_pool.h); before the first NewState. Throws when the budget cannot
+  // hold the slots and one block.
+  const StatePool& ConfigureStatePool(const StatePoolOptions& options);
+  const StatePool& state_pool() const;  // creates the default pool if none
   bool has_mtp() const;
 
   // Runs one step over a batch of sequences (each with >= 1 token, each state at most once in the batch).

@@ -27,7 +27,9 @@ class ModelImpl {
   Backend& backend() const { return *backend_; }
   const ModelWeights& weights() const { return weights_; }
 
-  std::unique_ptr<SequenceState> NewState(int speculative_tokens) const;
+  std::unique_ptr<SequenceState> NewState(int speculative_tokens, int slot) const;
+  StatePool& state_pool() const;  // the default pool on first use
+  const StatePool& ConfigureStatePool(const StatePoolOptions& options);
   std::vector<SequenceOutput> Forward(const std::vector<SequenceStep>& batch);
   std::vector<DraftResult> Draft(const std::vector<DraftRequest>& batch);  // model/mtp.cc
   double StateBytesPerToken() const;
@@ -40,6 +42,7 @@ class ModelImpl {
     int64_t offset;  // first row in the step
     int64_t count;   // new tokens
     int64_t start;   // position of the first new token
+    const int32_t* table = nullptr;  // its block table in the step's array (BeginStep); null: the state's own
   };
 
   void Validate(const std::vector<SequenceStep>& batch) const;
@@ -85,6 +88,7 @@ class ModelImpl {
   Communicator* comm_;
   ModelWeights weights_;
   std::vector<std::vector<float>> inv_freq_;  // per layer
+  mutable std::shared_ptr<StatePool> pool_;     // every sequence state's memory (model/state_pool.h)
 };
 
 }  // namespace dsmesh

@@ -11,23 +11,8 @@ namespace {
 
 size_t Bytes(const Tensor& t) { return t.data ? t.nbytes() : 0; }
 
-Tensor CloneTensor(Backend& be, const Tensor& t) {
-  if (!t.data) return Tensor{};
-  Tensor c = be.Alloc(t.dtype, t.shape);
-  if (!t.shape.empty() && t.shape[0] > 0) be.CopyRows(t, 0, &c, 0, t.shape[0]);
-  return c;
-}
-
-CompressorState CloneCompressor(Backend& be, const CompressorState& s) {
-  CompressorState c = s;
-  c.pending_kv = CloneTensor(be, s.pending_kv);
-  c.pending_score = CloneTensor(be, s.pending_score);
-  c.entries = CloneTensor(be, s.entries);
-  return c;
-}
-
-void ReserveCompressor(SequenceStateData* d, CompressorState* cs, int64_t total_tokens) {
-  if (cs->ratio > 0) d->EnsureEntries(cs, total_tokens / cs->ratio);
+void CopyTensor(Backend& be, const Tensor& src, Tensor* dst) {
+  if (src.data && !src.shape.empty() && src.shape[0] > 0) be.CopyRows(src, 0, dst, 0, src.shape[0]);
 }
 
 }  // namespace
@@ -48,13 +33,39 @@ void RingGet(Backend& be, const Tensor& ring, int64_t pos, int64_t n, Tensor* ds
   if (n > head) be.CopyRows(ring, 0, dst, dst_row + head, n - head);
 }
 
-void SequenceStateData::EnsureEntries(CompressorState* cs, int64_t entries) {
-  int64_t cap = cs->entries.data ? cs->entries.shape[0] : 0;
-  if (entries <= cap) return;
-  int64_t new_cap = std::max<int64_t>({entries, cap * 2, 16});
-  Tensor grown = backend->Alloc(DType::kF32, {new_cap, cs->dim});
-  if (cs->num_entries > 0) backend->CopyRows(cs->entries, 0, &grown, 0, cs->num_entries);
-  cs->entries = grown;
+SequenceStateData::~SequenceStateData() {
+  if (!pool || pool->external()) return;
+  for (int32_t b : blocks) pool->Unref(b);
+  pool->FreeSlot(slot);
+}
+
+void SequenceStateData::EnsureBlocks(int64_t tokens) {
+  if (!pool || pool->block_bytes() == 0) return;
+  const int64_t T = pool->block_tokens();
+  const int64_t need = (tokens + T - 1) / T;
+  if (static_cast<int64_t>(blocks.size()) >= need) return;
+  if (pool->external())
+    throw std::runtime_error("sequence state: its block table holds " + std::to_string(blocks.size() * T) +
+                             " tokens, the step needs " + std::to_string(tokens) +
+                             " (the coordinator plans blocks of " + std::to_string(T) + " tokens)");
+  while (static_cast<int64_t>(blocks.size()) < need) blocks.push_back(pool->AllocateBlock());
+}
+
+PagedRows SequenceStateData::Entries(int layer, bool indexer) const {
+  const int ratio = pool->layers()[layer].ratio;
+  return PagedRows{indexer ? &pool->index_keys(layer) : &pool->entries(layer), pool->entries_per_block(ratio),
+                   blocks.data(), static_cast<int64_t>(blocks.size())};
+}
+
+void SequenceStateData::PutEntries(int layer, bool indexer, const Tensor& src, int64_t first, int64_t n) {
+  const int64_t per = pool->entries_per_block(pool->layers()[layer].ratio);
+  for (int64_t done = 0; done < n;) {
+    const int64_t e = first + done, j = e / per, in_block = std::min(n - done, per - e % per);
+    if (j >= static_cast<int64_t>(blocks.size())) throw std::logic_error("PutEntries: entry past the block table");
+    Tensor dst = pool->BlockRows(layer, indexer, blocks[j]);
+    backend->CopyRows(src, done, &dst, e % per, in_block);
+    done += in_block;
+  }
 }
 
 SequenceState::SequenceState(std::unique_ptr<SequenceStateData> data) : data_(std::move(data)) {}
@@ -64,22 +75,88 @@ int64_t SequenceState::length() const { return data_->length; }
 int SequenceState::speculative_tokens() const { return data_->spare; }
 
 std::unique_ptr<SequenceState> SequenceState::Clone() const {
+  const SequenceStateData& from = *data_;
+  StatePool& pool = *from.pool;
+  if (pool.external()) throw std::logic_error("Clone: the coordinator plans this pool's snapshots (CloneInto)");
+  // Blocks that neither state writes again are shared: those whose tokens all lie below the lowest
+  // length a rollback can reach. The rest are copied into fresh blocks.
+  const int64_t frozen = std::max<int64_t>(0, from.length - from.spare) / pool.block_tokens();
+  const int slot = pool.AllocateSlot();
+  std::vector<int32_t> blocks;
+  try {
+    for (size_t j = 0; j < from.blocks.size(); ++j) {
+      if (static_cast<int64_t>(j) < frozen) pool.Ref(from.blocks[j]);
+      blocks.push_back(static_cast<int64_t>(j) < frozen ? from.blocks[j] : pool.AllocateBlock());
+    }
+  } catch (...) {
+    for (int32_t b : blocks) pool.Unref(b);
+    pool.FreeSlot(slot);
+    throw;
+  }
+  return CopyInto(slot, std::move(blocks));
+}
+
+std::unique_ptr<SequenceState> SequenceState::CloneInto(int slot, std::vector<int32_t> blocks) const {
+  const SequenceStateData& from = *data_;
+  if (!from.pool->external()) throw std::logic_error("CloneInto: this state pool allocates its own (Clone)");
+  if (slot < 0 || slot >= from.pool->num_slots() || slot == from.slot)
+    throw std::runtime_error("snapshot: state slot " + std::to_string(slot) + " is not a free slot of the pool's " +
+                             std::to_string(from.pool->num_slots()));
+  for (int32_t b : blocks)
+    if (b < 0 || b >= from.pool->num_blocks())
+      throw std::runtime_error("snapshot: block id " + std::to_string(b) + " outside the pool's " +
+                               std::to_string(from.pool->num_blocks()) + " blocks");
+  return CopyInto(slot, std::move(blocks));
+}
+
+std::unique_ptr<SequenceState> SequenceState::CopyInto(int slot, std::vector<int32_t> blocks) const {
+  const SequenceStateData& from = *data_;
+  StatePool& pool = *from.pool;
+  Backend& be = *from.backend;
   auto d = std::make_unique<SequenceStateData>();
-  Backend& be = *data_->backend;
-  d->backend = data_->backend;
-  d->owner_model = data_->owner_model;
-  d->length = data_->length;
-  d->spare = data_->spare;
-  for (const LayerState& l : data_->layers) {
-    LayerState c;
-    c.ring = CloneTensor(be, l.ring);
-    c.compressor = CloneCompressor(be, l.compressor);
-    c.indexer = CloneCompressor(be, l.indexer);
+  d->backend = from.backend;
+  d->owner_model = from.owner_model;
+  d->pool = from.pool;
+  d->slot = slot;
+  d->length = from.length;
+  d->spare = from.spare;
+  // A block listed under the same id is shared; any other block the original has written is copied.
+  const int64_t T = pool.block_tokens();
+  const size_t written = std::min<size_t>(from.blocks.size(), static_cast<size_t>((from.length + T - 1) / T));
+  for (size_t j = 0; j < std::min(written, blocks.size()); ++j) {
+    if (blocks[j] == from.blocks[j]) continue;
+    for (size_t l = 0; l < pool.layers().size(); ++l) {
+      if (pool.layers()[l].ratio == 0) continue;
+      for (bool ix : {false, true}) {
+        if (ix && pool.layers()[l].index_dim == 0) continue;
+        Tensor dst = pool.BlockRows(static_cast<int>(l), ix, blocks[j]);
+        be.CopyRows(pool.BlockRows(static_cast<int>(l), ix, from.blocks[j]), 0, &dst, 0, dst.shape[0]);
+      }
+    }
+  }
+  d->blocks = std::move(blocks);
+  for (size_t l = 0; l < from.layers.size(); ++l) {
+    const LayerState& src = from.layers[l];
+    LayerState c = src;
+    c.ring = pool.Ring(static_cast<int>(l), slot, static_cast<int>(src.ring.shape[0]));
+    CopyTensor(be, src.ring, &c.ring);
+    for (bool ix : {false, true}) {
+      const CompressorState& sc = ix ? src.indexer : src.compressor;
+      CompressorState& cc = ix ? c.indexer : c.compressor;
+      if (sc.ratio == 0) continue;
+      cc.pending_kv = pool.Pending(static_cast<int>(l), ix, false, slot, static_cast<int>(sc.slots()));
+      cc.pending_score = pool.Pending(static_cast<int>(l), ix, true, slot, static_cast<int>(sc.slots()));
+      CopyTensor(be, sc.pending_kv, &cc.pending_kv);
+      CopyTensor(be, sc.pending_score, &cc.pending_score);
+    }
     d->layers.push_back(std::move(c));
   }
-  d->mtp.length = data_->mtp.length;
-  d->mtp.hidden = CloneTensor(be, data_->mtp.hidden);
-  d->mtp.tokens = data_->mtp.tokens;
+  d->mtp.length = from.mtp.length;
+  d->mtp.tokens = from.mtp.tokens;
+  if (from.mtp.enabled()) {
+    d->mtp.hidden = pool.MtpHidden(slot, static_cast<int>(from.mtp.hidden.shape[0]));
+    CopyTensor(be, from.mtp.hidden, &d->mtp.hidden);
+  }
   return std::make_unique<SequenceState>(std::move(d));
 }
 
@@ -102,18 +179,31 @@ size_t SequenceState::MemoryBytes() const {
   size_t total = 0;
   for (const LayerState& l : data_->layers) {
     total += Bytes(l.ring);
-    for (const CompressorState* c : {&l.compressor, &l.indexer})
-      total += Bytes(c->pending_kv) + Bytes(c->pending_score) + Bytes(c->entries);
+    for (const CompressorState* c : {&l.compressor, &l.indexer}) total += Bytes(c->pending_kv) + Bytes(c->pending_score);
   }
   total += Bytes(data_->mtp.hidden) + data_->mtp.tokens.size() * sizeof(int32_t);
+  if (data_->pool) total += data_->blocks.size() * static_cast<size_t>(data_->pool->block_bytes());
   return total;
 }
 
-void SequenceState::Reserve(int64_t total_tokens) {
-  for (LayerState& l : data_->layers) {
-    ReserveCompressor(data_.get(), &l.compressor, total_tokens);
-    ReserveCompressor(data_.get(), &l.indexer, total_tokens);
-  }
+void SequenceState::Reserve(int64_t total_tokens) { data_->EnsureBlocks(total_tokens); }
+
+const std::vector<int32_t>& SequenceState::block_table() const { return data_->blocks; }
+
+void SequenceState::SetBlockTable(std::vector<int32_t> blocks) {
+  SequenceStateData& d = *data_;
+  if (!d.pool->external()) throw std::logic_error("SetBlockTable: the state pool allocates its own blocks");
+  const int64_t T = d.pool->block_tokens();
+  const int64_t written = (d.length + T - 1) / T;
+  for (int64_t j = 0; j < std::min<int64_t>(written, blocks.size()); ++j)
+    if (j < static_cast<int64_t>(d.blocks.size()) && blocks[j] != d.blocks[j])
+      throw std::runtime_error("block table: block " + std::to_string(j) + " of a live sequence changed from " +
+                               std::to_string(d.blocks[j]) + " to " + std::to_string(blocks[j]));
+  for (int32_t b : blocks)
+    if (b < 0 || b >= d.pool->num_blocks())
+      throw std::runtime_error("block table: block id " + std::to_string(b) + " outside the pool's " +
+                               std::to_string(d.pool->num_blocks()) + " blocks");
+  d.blocks = std::move(blocks);
 }
 
 }  // namespace dsmesh

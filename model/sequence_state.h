@@ -1,16 +1,17 @@
-// What one sequence carries between steps, per layer (see dsv4-model.md section 4):
-//   - ring: the raw K=V rows of the last positions, slot = position % slots, where slots = sliding_window +
-//     spare: `spare` rows may be written past the sequence's length and then forgotten (speculative rows
-//     that were rejected) without overwriting a row the window still needs;
-//   - a compressor state (compressed layers): a ring of projected kv/score rows (slot = position % slots)
-//     holding the rows not yet folded into an entry (for the overlapping CSA compressor also the previous
-//     window, whose first halves the next entry needs), plus `spare` slots for the same reason, and the
-//     emitted entries (normed, roped); entries past length / ratio are stale and ignored;
-//   - CSA layers also the indexer's compressor state; its entries are the indexer keys;
-//   - with speculation, the MTP block's layers (after the main ones) and its input history (MtpState).
+// What one sequence carries between steps, per layer (see dsv4-model.md section 4), all of it in the
+// model's StatePool (model/state_pool.h):
+//   - in the state's slot: the ring of raw K=V rows of the last positions, slot = position % slots, where
+//     slots = sliding_window + spare: `spare` rows may be written past the sequence's length and then
+//     forgotten (speculative rows that were rejected) without overwriting a row the window still needs;
+//     for compressed layers the compressor's ring of projected kv/score rows not yet folded into an
+//     entry (for the overlapping CSA compressor also the previous window, whose first halves the next
+//     entry needs), plus `spare` rows for the same reason; CSA layers the same for the indexer; with
+//     speculation the MTP block's layers (after the main ones) and its input history (MtpState);
+//   - in the state's blocks (its block table): the emitted entries (normed, roped) and the indexer keys,
+//     entry e of a ratio-r layer in block blocks[e * r / block_tokens]; entries past length / ratio are
+//     stale and ignored.
 // Every piece is addressed by position, so rolling a sequence back to an earlier length only rewinds
-// counters (SequenceState::Rollback); nothing is copied.
-// All tensors are f32 in the memory of the backend that made them.
+// counters (SequenceState::Rollback); nothing is copied. All rows are f32.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +20,7 @@
 
 #include "common/tensor.h"
 #include "kernels/backend.h"
+#include "model/state_pool.h"
 
 namespace dsmesh {
 
@@ -28,7 +30,6 @@ struct CompressorState {
   int64_t dim = 0;            // entry width d_out
   Tensor pending_kv;          // ring [(overlap ? 2 : 1) * ratio + spare, width()]
   Tensor pending_score;       // same shape; ape already added
-  Tensor entries;             // [capacity, dim]
   int64_t num_entries = 0;    // emitted so far = length / ratio
 
   int64_t width() const { return (overlap ? 2 : 1) * dim; }
@@ -56,15 +57,25 @@ struct MtpState {
 };
 
 struct SequenceStateData {
+  ~SequenceStateData();  // returns the slot and blocks of a locally allocated state to the pool
+
   Backend* backend = nullptr;
   const void* owner_model = nullptr;  // the ModelImpl that created it (checked by Forward)
+  std::shared_ptr<StatePool> pool;
+  int slot = -1;
+  std::vector<int32_t> blocks;        // the block table: block j holds tokens [j, j+1) * block_tokens
   int64_t length = 0;
   int spare = 0;                      // positions that may be rolled back (speculative tokens)
   std::vector<LayerState> layers;     // main blocks, then the MTP blocks when speculation is on
   MtpState mtp;
 
-  // Makes room for `entries` compressed entries (capacity grows geometrically).
-  void EnsureEntries(CompressorState* cs, int64_t entries);
+  // Makes the block table cover `tokens` tokens: a local state takes blocks from the pool (throws when it
+  // is full); an externally planned one must already hold them (throws naming the shortfall).
+  void EnsureBlocks(int64_t tokens);
+  // The entries (indexer keys with indexer) of `layer` as paged rows for the attention ops.
+  PagedRows Entries(int layer, bool indexer) const;
+  // Writes rows [0, n) of src as entries first .. first+n-1 of `layer`.
+  void PutEntries(int layer, bool indexer, const Tensor& src, int64_t first, int64_t n);
 };
 
 // Ring copies by position: rows for positions pos .. pos+n-1 at slot p % ring.shape[0] (n <= slots).

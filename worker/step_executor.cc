@@ -10,6 +10,8 @@
 
 namespace dsmesh {
 namespace {
+
+std::vector<int32_t> Table(const google::protobuf::RepeatedField<int32_t>& t) { return {t.begin(), t.end()}; }
 double Since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -65,6 +67,8 @@ StepResult StepExecutor::Run(const StepPlan& plan) {
   for (uint64_t id : plan.drop_snapshots()) snapshots_.erase(id);
   if (plan.seqs_size() == 0) return result;
 
+  // With the coordinator planning the state pool, every state lives in the slot and blocks it is sent.
+  const bool external = model_->state_pool().external();
   std::vector<SequenceStep> batch;
   batch.reserve(plan.seqs_size());
   for (const auto& sp : plan.seqs()) {
@@ -76,13 +80,14 @@ StepResult StepExecutor::Run(const StepPlan& plan) {
         auto it = snapshots_.find(sp.restore_snapshot());
         if (it == snapshots_.end())
           throw std::runtime_error("plan: unknown prefix-cache snapshot " + std::to_string(sp.restore_snapshot()));
-        s.state = it->second->Clone();
+        s.state = external ? it->second->CloneInto(sp.state_slot(), Table(sp.block_table()))
+                           : it->second->Clone();
         if (s.state->speculative_tokens() != sp.num_speculative_tokens())
           throw std::runtime_error("plan: snapshot " + std::to_string(sp.restore_snapshot()) + " keeps " +
                                    std::to_string(s.state->speculative_tokens()) + " speculative rows, the sequence wants " +
                                    std::to_string(sp.num_speculative_tokens()));
       } else {
-        s.state = model_->NewState(sp.num_speculative_tokens());
+        s.state = model_->NewState(sp.num_speculative_tokens(), external ? sp.state_slot() : -1);
       }
       // Drafting needs no logprobs per produced token (one result carries one token's) and no raw logits.
       const bool logprobs = sp.sampling().want_logprobs() || sp.sampling().logprobs() > 0;
@@ -122,6 +127,7 @@ StepResult StepExecutor::Run(const StepPlan& plan) {
                                std::to_string(sp.draft_tokens_size()) + " drafts after " +
                                std::to_string(sp.tokens_size()) + " tokens (speculating " +
                                std::to_string(it->second.speculative_tokens) + ")");
+    if (external) it->second.state->SetBlockTable(Table(sp.block_table()));
     SequenceStep step;
     step.state = it->second.state.get();
     step.tokens.assign(sp.tokens().begin(), sp.tokens().end());
@@ -146,7 +152,9 @@ StepResult StepExecutor::Run(const StepPlan& plan) {
   for (int i = 0; i < plan.seqs_size(); ++i) {
     const auto& sp = plan.seqs(i);
     Sequence& s = seqs_.at(sp.seq_id());
-    if (sp.snapshot_after()) snapshots_[sp.snapshot_after()] = s.state->Clone();
+    if (sp.snapshot_after())
+      snapshots_[sp.snapshot_after()] = external ? s.state->CloneInto(sp.snapshot_slot(), Table(sp.snapshot_blocks()))
+                                                 : s.state->Clone();
     for (int j = 0; j < sp.tokens_size(); ++j)
       if (sp.start_pos() + j >= s.prompt_len) {
         s.penalties.AddOutputToken(sp.tokens(j));

@@ -314,6 +314,18 @@ class Worker {
       if (spec > 0 && !model_->has_mtp())
         throw std::runtime_error("speculative decoding (method mtp) needs an MTP block, and " + model_dir_ +
                                  " has none (no mtp.0.* tensors)");
+      // The whole KV budget becomes the state pool now; the coordinator plans its blocks and slots.
+      StatePoolOptions pool_options;
+      pool_options.bytes = kv_budget_;
+      pool_options.slots = form.state_slots();
+      pool_options.max_speculative_tokens = spec;
+      pool_options.external = form.state_slots() > 0;
+      const StatePool& pool = model_->ConfigureStatePool(pool_options);
+      std::fprintf(stderr, "[worker %d/%d] %s\n", rank_, world_, pool.Describe().c_str());
+      ready->set_kv_pool_blocks(pool.num_blocks());
+      ready->set_kv_block_tokens(pool.block_tokens());
+      ready->set_kv_state_slots(pool.num_slots());
+      ready->set_kv_block_bytes(pool.block_bytes());
       ready->set_weight_bytes(model_->WeightBytes());
       ready->set_kv_budget_bytes(kv_budget_);
       ready->set_state_bytes_per_token(model_->StateBytesPerToken());

@@ -26,6 +26,12 @@ using cpu::Axpy;
 using cpu::Dot;
 
 float* F(const Tensor& t) { return static_cast<float*>(t.data); }
+
+// Row e of paged rows of width dim.
+const float* Row(const PagedRows& p, int64_t e, int64_t dim) {
+  const int64_t block = p.table[e / p.rows_per_block];
+  return F(*p.pool) + (block * p.rows_per_block + e % p.rows_per_block) * dim;
+}
 int64_t RowWidth(const Tensor& t) { return t.shape.empty() || t.shape[0] == 0 ? 0 : t.numel() / t.shape[0]; }
 
 void Require(bool ok, const char* op, const std::string& what) {
@@ -341,9 +347,10 @@ class CpuBackend final : public Backend {
   }
 
   // ---- indexer ----
-  void IndexerTopK(const Tensor& q, const Tensor& weights, const Tensor& keys, int64_t num_keys, int64_t heads,
+  void IndexerTopK(const Tensor& q, const Tensor& weights, const PagedRows& keys, int64_t num_keys, int64_t heads,
                    int64_t dim, const int64_t* positions, int ratio, int top_k, Tensor* out) override {
     const int64_t n = q.shape[0];
+    Require(num_keys <= keys.capacity(), "IndexerTopK", "more keys than the block table holds");
     int32_t* o = static_cast<int32_t*>(out->data);
     cpu::ParallelFor(n, n * num_keys * heads * dim, [&](int64_t r) {
       const int64_t valid = std::min<int64_t>(num_keys, (positions[r] + 1) / ratio);
@@ -351,7 +358,7 @@ class CpuBackend final : public Backend {
       const float* qr = F(q) + r * heads * dim;
       const float* wr = F(weights) + r * heads;
       for (int64_t w = 0; w < valid; ++w) {
-        const float* k = F(keys) + w * dim;
+        const float* k = Row(keys, w, dim);
         float s = 0;
         for (int64_t h = 0; h < heads; ++h) s += wr[h] * std::max(0.0f, Dot(qr + h * dim, k, dim));
         score[w] = s;
@@ -368,9 +375,10 @@ class CpuBackend final : public Backend {
 
   // ---- attention ----
   void Attention(const Tensor& q, int64_t heads, int64_t d, int64_t start, const Tensor& ring, const Tensor& new_kv,
-                 int window, const Tensor* entries, int64_t num_entries, int ratio, const Tensor* topk,
+                 int window, const PagedRows* entries, int64_t num_entries, int ratio, const Tensor* topk,
                  const Tensor& sinks, float softmax_scale, Tensor* out) override {
     const int64_t n = q.shape[0];
+    Require(!entries || num_entries <= entries->capacity(), "Attention", "more entries than the block table holds");
     const int64_t k_cols = topk ? RowWidth(*topk) : 0;
     // Parallel only when the keys x dims work pays for waking the team (the machine may be shared).
     const int64_t work = n * heads * (window + std::min<int64_t>(num_entries, topk ? k_cols : num_entries)) * d;
@@ -389,9 +397,9 @@ class CpuBackend final : public Backend {
         if (topk) {
           const int32_t* sel = static_cast<const int32_t*>(topk->data) + r * k_cols;
           for (int64_t i = 0; i < k_cols; ++i)
-            if (sel[i] >= 0 && sel[i] < visible) keys.push_back(F(*entries) + sel[i] * d);
+            if (sel[i] >= 0 && sel[i] < visible) keys.push_back(Row(*entries, sel[i], d));
         } else {
-          for (int64_t w = 0; w < visible; ++w) keys.push_back(F(*entries) + w * d);
+          for (int64_t w = 0; w < visible; ++w) keys.push_back(Row(*entries, w, d));
         }
       }
       const float* qh = F(q) + (r * heads + h) * d;

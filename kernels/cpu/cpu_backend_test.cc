@@ -280,7 +280,7 @@ TEST_F(CpuOpsTest, IndexerTopKIsTheBruteForceSelection) {
   Tensor q = Rand({n, heads * dim}), w = Rand({n, heads}), keys = Rand({keys_n, dim});
   Tensor out = be_->Alloc(DType::kI32, {n, top_k});
   std::vector<int64_t> pos = {2, 9, 40, 79};  // visible entries: 0, 2, 10, 20
-  be_->IndexerTopK(q, w, keys, keys_n, heads, dim, pos.data(), ratio, top_k, &out);
+  be_->IndexerTopK(q, w, ContiguousRows(keys), keys_n, heads, dim, pos.data(), ratio, top_k, &out);
   for (int64_t r = 0; r < n; ++r) {
     int64_t visible = std::min<int64_t>(keys_n, (pos[r] + 1) / ratio);
     std::vector<std::pair<double, int>> sc;
@@ -299,6 +299,30 @@ TEST_F(CpuOpsTest, IndexerTopKIsTheBruteForceSelection) {
     for (int i = 0; i < top_k; ++i) got.push_back(out.as<int32_t>()[r * top_k + i]);
     EXPECT_EQ(got, want) << "row " << r;
   }
+}
+
+TEST_F(CpuOpsTest, PagedEntriesEqualContiguousOnes) {
+  // 10 entries in blocks of 4 rows spread over a pool of 5 blocks in table order {3, 0, 4}: attention and
+  // the indexer read row e from block table[e / 4] and give exactly the contiguous results.
+  const int64_t heads = 2, d = 8, n = 3, start = 40, per = 4, num = 10;
+  const int window = 4, ratio = 4, top_k = 3;
+  Tensor entries = Rand({num, d}), pool = Rand({5 * per, d});
+  const std::vector<int32_t> table = {3, 0, 4};
+  for (int64_t e = 0; e < num; ++e)
+    std::copy_n(entries.as<float>() + e * d, d, pool.as<float>() + (table[e / per] * per + e % per) * d);
+  const PagedRows paged{&pool, per, table.data(), 3}, flat = ContiguousRows(entries);
+  Tensor q = Rand({n, heads * d}), ring = Rand({window, d}), kv = Rand({n, d}), sinks = Rand({heads});
+  Tensor a = be_->Alloc(DType::kF32, {n, heads * d}), b = be_->Alloc(DType::kF32, {n, heads * d});
+  be_->Attention(q, heads, d, start, ring, kv, window, &flat, num, ratio, nullptr, sinks, 0.25f, &a);
+  be_->Attention(q, heads, d, start, ring, kv, window, &paged, num, ratio, nullptr, sinks, 0.25f, &b);
+  for (int64_t i = 0; i < n * heads * d; ++i) ASSERT_EQ(a.as<float>()[i], b.as<float>()[i]) << i;
+  Tensor w = Rand({n, heads});
+  Tensor ta = be_->Alloc(DType::kI32, {n, top_k}), tb = be_->Alloc(DType::kI32, {n, top_k});
+  std::vector<int64_t> pos = {40, 41, 42};
+  be_->IndexerTopK(q, w, flat, num, heads, d, pos.data(), ratio, top_k, &ta);
+  be_->IndexerTopK(q, w, paged, num, heads, d, pos.data(), ratio, top_k, &tb);
+  for (int64_t i = 0; i < n * top_k; ++i) ASSERT_EQ(ta.as<int32_t>()[i], tb.as<int32_t>()[i]) << i;
+  EXPECT_THROW(be_->IndexerTopK(q, w, paged, 13, heads, d, pos.data(), ratio, top_k, &tb), std::runtime_error);
 }
 
 TEST_F(CpuOpsTest, RingWithSpareSlotsKeepsTheWindowAcrossForgottenWrites) {
@@ -328,7 +352,8 @@ TEST_F(CpuOpsTest, AttentionWithSinksWindowAndEntries) {
   std::copy(sel.begin(), sel.end(), topk.as<int32_t>());
   for (bool sparse : {false, true}) {
     Tensor out = be_->Alloc(DType::kF32, {n, heads * d});
-    be_->Attention(q, heads, d, start, ring, kv, window, &entries, 3, ratio, sparse ? &topk : nullptr, sinks, 0.25f, &out);
+    const PagedRows pe = ContiguousRows(entries);
+    be_->Attention(q, heads, d, start, ring, kv, window, &pe, 3, ratio, sparse ? &topk : nullptr, sinks, 0.25f, &out);
     std::vector<double> want;
     for (int64_t r = 0; r < n; ++r) {
       const int64_t t = start + r;

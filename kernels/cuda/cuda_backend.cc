@@ -163,6 +163,8 @@ class CudaBackend final : public Backend {
       if (g.exec) cudaGraphExecDestroy(g.exec);
     for (auto& [k, c] : host_cache_) cudaFree(c.device);
     cudaFree(arena_);
+    cudaFree(step_tables_dev_);
+    cudaFreeHost(step_tables_pinned_);
     cudaFree(step_tokens_dev_);
     cudaFree(step_positions_dev_);
     cudaFreeHost(step_pinned_);
@@ -197,11 +199,15 @@ class CudaBackend final : public Backend {
   }
 
   // ---- step scope ----
-  void BeginStep(const int32_t* tokens, const int64_t* positions, int64_t n) override {
+  void BeginStep(const StepMetadata& step) override {
+    const int32_t* tokens = step.tokens;
+    const int64_t* positions = step.positions;
+    const int64_t n = step.n;
     Use();
     Require(!capturing_, "BeginStep", "called inside a graph segment");
     in_step_ = true;
     arena_top_ = 0;
+    UploadTables(step.tables, step.tables_len);
     step_tokens_ = tokens;
     step_positions_ = positions;
     step_n_ = n;
@@ -230,6 +236,8 @@ class CudaBackend final : public Backend {
   void EndStep() override {
     in_step_ = false;
     arena_top_ = 0;
+    step_tables_ = nullptr;
+    step_tables_len_ = 0;
     step_tokens_ = nullptr;
     step_positions_ = nullptr;
     step_n_ = 0;
@@ -479,14 +487,16 @@ class CudaBackend final : public Backend {
   }
 
   // ---- indexer ----
-  void IndexerTopK(const Tensor& q, const Tensor& weights, const Tensor& keys, int64_t num_keys, int64_t heads,
+  void IndexerTopK(const Tensor& q, const Tensor& weights, const PagedRows& keys, int64_t num_keys, int64_t heads,
                    int64_t dim, const int64_t* positions, int ratio, int top_k, Tensor* out) override {
     const int64_t n = q.shape[0];
     Require(RowWidth(*out) == top_k && out->dtype == DType::kI32, "IndexerTopK", "output shape");
-    Tensor pos;
+    Require(num_keys <= keys.capacity(), "IndexerTopK", "more keys than the block table holds");
+    Tensor pos, table;
     const int64_t* dev = StepPositions(positions, n, &pos);
+    const cuda_ops::PagedRowsDev paged = Paged(keys, num_keys, &table);
     Tensor scratch = Temp(DType::kF32, {cuda_ops::IndexerScratchFloats(n, num_keys)});
-    cuda_ops::IndexerTopK(F(q), F(weights), num_keys > 0 ? F(keys) : nullptr, num_keys, heads, dim, dev, n, ratio,
+    cuda_ops::IndexerTopK(F(q), F(weights), paged, num_keys, heads, dim, dev, n, ratio,
                           top_k, F(scratch),
                           static_cast<int32_t*>(out->data), ctx_->stream);
     Launched("IndexerTopK");
@@ -494,12 +504,15 @@ class CudaBackend final : public Backend {
 
   // ---- attention ----
   void Attention(const Tensor& q, int64_t heads, int64_t d, int64_t start, const Tensor& ring, const Tensor& new_kv,
-                 int window, const Tensor* entries, int64_t num_entries, int ratio, const Tensor* topk,
+                 int window, const PagedRows* entries, int64_t num_entries, int ratio, const Tensor* topk,
                  const Tensor& sinks, float softmax_scale, Tensor* out) override {
     Require(RowWidth(q) == heads * d && RowWidth(*out) == heads * d, "Attention", "shape");
+    Require(!entries || num_entries <= entries->capacity(), "Attention", "more entries than the block table holds");
     Use();
+    Tensor table;
+    const cuda_ops::PagedRowsDev paged = entries ? Paged(*entries, num_entries, &table) : cuda_ops::PagedRowsDev{};
     cuda_ops::Attention(F(q), q.shape[0], heads, d, start, F(ring), ring.shape[0], F(new_kv), window,
-                        entries && entries->data ? F(*entries) : nullptr, num_entries, ratio,
+                        paged, num_entries, ratio,
                         topk ? I32(*topk) : nullptr, topk ? RowWidth(*topk) : 0, F(sinks), softmax_scale, F(*out),
                         ctx_->stream);
     Launched("Attention");
@@ -623,18 +636,56 @@ class CudaBackend final : public Backend {
     return Alloc(t.dtype, t.shape);
   }
 
+  // Paged rows with the block table on the device (only the blocks `rows` rows touch are copied).
+  // An empty pool (no rows yet) gives a null pool pointer.
+  cuda_ops::PagedRowsDev Paged(const PagedRows& p, int64_t rows, Tensor* keep) {
+    cuda_ops::PagedRowsDev d;
+    if (rows <= 0 || !p.pool || !p.pool->data) return d;
+    d.pool = F(*p.pool);
+    d.rows_per_block = p.rows_per_block;
+    d.table = StepTables(p.table, (rows + p.rows_per_block - 1) / p.rows_per_block, keep);
+    return d;
+  }
+
   // The device copy of host metadata: the step's own arrays (BeginStep) without a copy, else a copy.
   template <class T>
-  const T* StepMeta(const T* host, int64_t n, const T* step_host, const T* step_device, Tensor* keep) {
-    if (in_step_ && host >= step_host && host + n <= step_host + step_n_) return step_device + (host - step_host);
+  const T* StepMeta(const T* host, int64_t n, const T* step_host, int64_t step_len, const T* step_device,
+                    Tensor* keep) {
+    if (in_step_ && step_host && host >= step_host && host + n <= step_host + step_len)
+      return step_device + (host - step_host);
     *keep = Staged(host, n);
     return static_cast<const T*>(keep->data);
   }
   const int32_t* StepTokens(const int32_t* host, int64_t n, Tensor* keep) {
-    return StepMeta(host, n, step_tokens_, step_tokens_on_device_, keep);
+    return StepMeta(host, n, step_tokens_, step_n_, step_tokens_on_device_, keep);
   }
   const int64_t* StepPositions(const int64_t* host, int64_t n, Tensor* keep) {
-    return StepMeta(host, n, step_positions_, step_positions_on_device_, keep);
+    return StepMeta(host, n, step_positions_, step_n_, step_positions_on_device_, keep);
+  }
+  const int32_t* StepTables(const int32_t* host, int64_t n, Tensor* keep) {
+    return StepMeta(host, n, step_tables_, step_tables_len_, static_cast<const int32_t*>(step_tables_dev_), keep);
+  }
+
+  // The step's block tables into their own device buffer (not the arena, whose offsets the graphs
+  // check), through a pinned copy; both grow as tables do. Called after the previous upload finished.
+  void UploadTables(const int32_t* tables, int64_t len) {
+    step_tables_ = tables;
+    step_tables_len_ = len;
+    if (len <= 0) return;
+    CudaCheck(cudaEventSynchronize(step_uploaded_), "step metadata upload");
+    if (len > step_tables_cap_) {
+      const int64_t cap = std::max<int64_t>(len * 2, 1024);
+      if (step_tables_dev_) CudaCheck(cudaFree(step_tables_dev_), "cudaFree of the step's block tables");
+      if (step_tables_pinned_) CudaCheck(cudaFreeHost(step_tables_pinned_), "cudaFreeHost of the step's block tables");
+      CudaCheck(cudaMalloc(&step_tables_dev_, cap * sizeof(int32_t)), "cudaMalloc for the step's block tables");
+      CudaCheck(cudaMallocHost(&step_tables_pinned_, cap * sizeof(int32_t)), "cudaMallocHost for block tables");
+      step_tables_cap_ = cap;
+    }
+    std::memcpy(step_tables_pinned_, tables, static_cast<size_t>(len) * sizeof(int32_t));
+    CudaCheck(cudaMemcpyAsync(step_tables_dev_, step_tables_pinned_, len * sizeof(int32_t), cudaMemcpyHostToDevice,
+                              ctx_->stream),
+              "block tables upload");
+    CudaCheck(cudaEventRecord(step_uploaded_, ctx_->stream), "cudaEventRecord");
   }
 
   // Records `ops` as a CUDA graph and launches it; on failure (an op that syncs or copies host metadata,
@@ -899,6 +950,9 @@ class CudaBackend final : public Backend {
        logged_capture_failure_ = false;
   const int32_t* step_tokens_ = nullptr;
   const int64_t* step_positions_ = nullptr;
+  const int32_t* step_tables_ = nullptr;
+  int64_t step_tables_len_ = 0, step_tables_cap_ = 0;
+  void *step_tables_dev_ = nullptr, *step_tables_pinned_ = nullptr;
   int64_t step_n_ = 0;
   void *step_tokens_dev_ = nullptr, *step_positions_dev_ = nullptr, *step_pinned_ = nullptr;
   cudaEvent_t step_uploaded_ = nullptr;

@@ -132,6 +132,26 @@ class CudaBackendTest : public ::testing::Test {
     return Both(t);
   }
   Pair Zeros(DType dt, std::vector<int64_t> shape) { return {cpu_->Alloc(dt, shape), gpu().Alloc(dt, shape)}; }
+  // The rows of `rows` [n, dim] spread over a pool of blocks of `per` rows, listed in reverse order after
+  // one unused block, as a sequence's entries sit in the state pool.
+  struct PagedPair {
+    Pair pool;
+    std::vector<int32_t> table;
+    PagedRows c, g;
+  };
+  std::unique_ptr<PagedPair> Paged(const Tensor& rows, int64_t per) {
+    auto p = std::make_unique<PagedPair>();
+    const int64_t n = rows.shape[0], dim = rows.numel() / std::max<int64_t>(n, 1), blocks = (n + per - 1) / per;
+    Tensor pool = AllocateTensor(DType::kF32, {(blocks + 1) * per, dim});
+    for (int64_t j = 0; j < blocks; ++j) p->table.push_back(static_cast<int32_t>(blocks - j));
+    for (int64_t e = 0; e < n; ++e)
+      std::memcpy(pool.as<float>() + (p->table[e / per] * per + e % per) * dim, rows.as<float>() + e * dim,
+                  dim * sizeof(float));
+    p->pool = Both(pool);
+    p->c = PagedRows{&p->pool.c, per, p->table.data(), blocks};
+    p->g = PagedRows{&p->pool.g, per, p->table.data(), blocks};
+    return p;
+  }
   // A separate copy of p.c on both backends (the "before" of an in-place op).
   Pair Copy(const Pair& p) {
     Tensor h = AllocateTensor(p.c.dtype, p.c.shape);
@@ -445,8 +465,10 @@ TEST_F(CudaBackendTest, IndexerTopK) {
       keys.g = gpu().Upload(keys.c);
     }
     Pair out = Zeros(DType::kI32, {n, k.top_k});
-    cpu_->IndexerTopK(q.c, w.c, keys.c, k.num_keys, heads, dim, k.positions.data(), ratio, k.top_k, &out.c);
-    gpu().IndexerTopK(q.g, w.g, keys.g, k.num_keys, heads, dim, k.positions.data(), ratio, k.top_k, &out.g);
+    auto paged = Paged(keys.c, 64);  // the GPU reads the keys from a paged pool, the CPU from one block
+    cpu_->IndexerTopK(q.c, w.c, ContiguousRows(keys.c), k.num_keys, heads, dim, k.positions.data(), ratio, k.top_k,
+                      &out.c);
+    gpu().IndexerTopK(q.g, w.g, paged->g, k.num_keys, heads, dim, k.positions.data(), ratio, k.top_k, &out.g);
     ExpectSame(out, std::string("IndexerTopK ") + k.what);
     if (k.num_keys == 5) {
       EXPECT_EQ(out.c.as<int32_t>()[0], -1) << "position 2 sees no key";
@@ -479,9 +501,11 @@ TEST_F(CudaBackendTest, Attention) {
     Pair topk = Ints({k.n, std::max(k.topk_cols, 1)}, -1, static_cast<int>(k.num_entries) + 2);
     Pair out = Zeros(DType::kF32, {k.n, heads * d});
     const bool comp = k.ratio > 0;
-    cpu_->Attention(q.c, heads, d, k.start, ring.c, new_kv.c, k.window, comp ? &entries.c : nullptr, k.num_entries,
+    const PagedRows flat = ContiguousRows(entries.c);
+    auto paged = Paged(entries.c, 16);  // the GPU reads the entries from a paged pool, the CPU from one block
+    cpu_->Attention(q.c, heads, d, k.start, ring.c, new_kv.c, k.window, comp ? &flat : nullptr, k.num_entries,
                     k.ratio, k.topk_cols ? &topk.c : nullptr, sinks.c, softmax_scale, &out.c);
-    gpu().Attention(q.g, heads, d, k.start, ring.g, new_kv.g, k.window, comp ? &entries.g : nullptr, k.num_entries,
+    gpu().Attention(q.g, heads, d, k.start, ring.g, new_kv.g, k.window, comp ? &paged->g : nullptr, k.num_entries,
                     k.ratio, k.topk_cols ? &topk.g : nullptr, sinks.g, softmax_scale, &out.g);
     ExpectClose(out, kF32Tol, std::string("Attention ") + k.what);
   }
@@ -697,7 +721,8 @@ TEST_F(CudaBackendTest, ErrorsSurfaceAsExceptions) {
   const std::vector<int64_t> pos = {100};
   Pair q = Rand({1, 64}), w = Rand({1, 1}), keys = Rand({10, 64});
   Tensor topk = gpu().Alloc(DType::kI32, {1, 4096});
-  EXPECT_THROW(gpu().IndexerTopK(q.g, w.g, keys.g, 10, 1, 64, pos.data(), 4, 4096, &topk), std::runtime_error);
+  EXPECT_THROW(gpu().IndexerTopK(q.g, w.g, ContiguousRows(keys.g), 10, 1, 64, pos.data(), 4, 4096, &topk),
+               std::runtime_error);
   Tensor ring = gpu().Alloc(DType::kF32, {50000, 64}), kv = gpu().Alloc(DType::kF32, {1, 64});
   Tensor sinks = gpu().Alloc(DType::kF32, {1}), ao = gpu().Alloc(DType::kF32, {1, 64});
   EXPECT_THROW(gpu().Attention(q.g, 1, 64, 60000, ring, kv, 50000, nullptr, 0, 0, nullptr, sinks, 0.125f, &ao),

@@ -11,6 +11,19 @@
 
 namespace dsmesh::cuda_ops {
 
+// Rows of a paged pool (Backend's PagedRows on the device): row e is row
+// table[e / rows_per_block] * rows_per_block + e % rows_per_block of pool.
+struct PagedRowsDev {
+  const float* pool = nullptr;
+  int64_t rows_per_block = 1;
+  const int32_t* table = nullptr;
+#ifdef __CUDACC__
+  __device__ const float* Row(int64_t e, int64_t dim) const {
+    return pool + (static_cast<int64_t>(table[e / rows_per_block]) * rows_per_block + e % rows_per_block) * dim;
+  }
+#endif
+};
+
 // Weight/table element types the dense kernels read (the order of the template instantiations).
 enum class WType { kF32, kBF16, kF16 };
 
@@ -64,7 +77,7 @@ void CompressorPool(const float* kv, const float* score, int64_t width, int64_t 
 // ---- lightning indexer ----
 // Scratch floats IndexerTopK needs for n rows over num_keys keys.
 int64_t IndexerScratchFloats(int64_t n, int64_t num_keys);
-void IndexerTopK(const float* q, const float* weights, const float* keys, int64_t num_keys, int64_t heads,
+void IndexerTopK(const float* q, const float* weights, PagedRowsDev keys, int64_t num_keys, int64_t heads,
                  int64_t dim, const int64_t* positions, int64_t n, int ratio, int top_k, float* scratch,
                  int32_t* out, cudaStream_t s);
 
@@ -73,7 +86,7 @@ void IndexerTopK(const float* q, const float* weights, const float* keys, int64_
 int64_t AttentionMaxKeys();
 // The ring holds ring_slots >= window rows (slot = position % ring_slots).
 void Attention(const float* q, int64_t n, int64_t heads, int64_t d, int64_t start, const float* ring,
-               int64_t ring_slots, const float* new_kv, int window, const float* entries, int64_t num_entries, int ratio,
+               int64_t ring_slots, const float* new_kv, int window, PagedRowsDev entries, int64_t num_entries, int ratio,
                const int32_t* topk, int64_t topk_cols, const float* sinks, float softmax_scale, float* out,
                cudaStream_t s);
 void UpdateRing(const float* new_kv, int64_t n, int64_t d, int64_t start, int64_t ring_slots, float* ring,

@@ -53,7 +53,7 @@ __global__ void CompressorPoolKernel(const float* kv, const float* score, int64_
 }
 
 // scores[r, w] = sum_h weights[r, h] * relu(q[r, h] . keys[w]) for w < valid(r); one warp per key.
-__global__ void IndexerScoresKernel(const float* q, const float* weights, const float* keys, int64_t num_keys,
+__global__ void IndexerScoresKernel(const float* q, const float* weights, PagedRowsDev keys, int64_t num_keys,
                                     int64_t heads, int64_t dim, const int64_t* positions, int ratio,
                                     int64_t ld_scores, float* scores) {
   extern __shared__ float qs[];  // heads * dim
@@ -65,7 +65,7 @@ __global__ void IndexerScoresKernel(const float* q, const float* weights, const 
   __syncthreads();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   for (int64_t w = first + warp; w < min(valid, first + warps * 8); w += warps) {
-    const float* k = keys + w * dim;
+    const float* k = keys.Row(w, dim);
     float s = 0.0f;
     for (int64_t h = 0; h < heads; ++h) {
       float dot = 0.0f;
@@ -212,7 +212,7 @@ __global__ void TopKKernel(const float* scores, int64_t ld_scores, int64_t num_k
 struct AttnKeys {
   const float* ring;
   const float* new_kv;
-  const float* entries;
+  PagedRowsDev entries;
   const int32_t* topk;
   int64_t topk_cols, start, num_entries, d, ring_slots;
   int window, ratio;
@@ -224,7 +224,7 @@ struct AttnKeys {
     }
     const int64_t i = j - nwin;
     const int64_t e = topk ? topk[r * topk_cols + i] : i;
-    return e >= 0 && e < visible ? entries + e * d : nullptr;
+    return e >= 0 && e < visible ? entries.Row(e, d) : nullptr;
   }
 };
 
@@ -239,7 +239,7 @@ __global__ void AttentionKernel(const float* q, int64_t heads, AttnKeys keys, co
   const int64_t lo = t - keys.window + 1 > 0 ? t - keys.window + 1 : 0;
   const int64_t nwin = t - lo + 1;
   int64_t visible = 0, ncomp = 0;
-  if (keys.entries && keys.ratio > 0) {
+  if (keys.entries.pool && keys.ratio > 0) {
     visible = min(keys.num_entries, (t + 1) / keys.ratio);
     ncomp = keys.topk ? keys.topk_cols : visible;
   }
@@ -305,7 +305,7 @@ void CompressorPool(const float* kv, const float* score, int64_t width, int64_t 
 
 int64_t IndexerScratchFloats(int64_t n, int64_t num_keys) { return n * (num_keys > 0 ? num_keys : 1); }
 
-void IndexerTopK(const float* q, const float* weights, const float* keys, int64_t num_keys, int64_t heads,
+void IndexerTopK(const float* q, const float* weights, PagedRowsDev keys, int64_t num_keys, int64_t heads,
                  int64_t dim, const int64_t* positions, int64_t n, int ratio, int top_k, float* scratch,
                  int32_t* out, cudaStream_t s) {
   if (n <= 0) return;
@@ -331,12 +331,12 @@ void IndexerTopK(const float* q, const float* weights, const float* keys, int64_
 int64_t AttentionMaxKeys() { return kAttnMaxKeys; }
 
 void Attention(const float* q, int64_t n, int64_t heads, int64_t d, int64_t start, const float* ring,
-               int64_t ring_slots, const float* new_kv, int window, const float* entries, int64_t num_entries, int ratio,
+               int64_t ring_slots, const float* new_kv, int window, PagedRowsDev entries, int64_t num_entries, int ratio,
                const int32_t* topk, int64_t topk_cols, const float* sinks, float softmax_scale, float* out,
                cudaStream_t s) {
   if (n <= 0) return;
   if (d > kAttnFixedSmemFloats) throw std::runtime_error("cuda Attention: head_dim above 512");
-  const int64_t ncomp = entries && ratio > 0 ? (topk ? topk_cols : num_entries) : 0;
+  const int64_t ncomp = entries.pool && ratio > 0 ? (topk ? topk_cols : num_entries) : 0;
   const int64_t max_keys = window + ncomp;
   if (max_keys > kAttnMaxKeys)
     throw std::runtime_error("cuda Attention: " + std::to_string(max_keys) + " keys per query, the kernel holds " +

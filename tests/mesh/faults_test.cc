@@ -147,10 +147,10 @@ TEST(MeshFaults, MissingWorkersTimeOutNamingTheRanks) {
 }
 
 TEST(MeshFaults, TightKvPoolPreemptsAndRecomputesWithoutChangingOutputs) {
-  // 1552 bytes/block/rank and 32 fixed blocks per sequence on this model: 80 blocks admit two sequences
-  // (36 blocks each at admission), which then outgrow the pool (~42 blocks each by the end).
+  // 5 blocks of 256 tokens: four sequences of 200-221 prompt tokens are admitted with one block each and
+  // then outgrow the pool (80 more tokens cross into a second block).
   LocalMeshOptions o = MeshOptions(1, {"--max-num-seqs", "4", "--enable-prefix-caching", "false"});
-  o.kv_memory = std::to_string(80 * 1552);
+  o.kv_memory = KvMemoryForBlocks(5);
   LocalMesh mesh(o);
   mesh.Start();
   MeshClient client(mesh.coordinator_address());
@@ -158,7 +158,7 @@ TEST(MeshFaults, TightKvPoolPreemptsAndRecomputesWithoutChangingOutputs) {
   Reference reference;
   const int n = 4, max_tokens = 80;
   std::vector<std::vector<int32_t>> prompts;
-  for (int i = 0; i < n; ++i) prompts.push_back(Tokens(60 + 7 * i, 50 + i));
+  for (int i = 0; i < n; ++i) prompts.push_back(Tokens(200 + 7 * i, 50 + i));
   std::vector<GenerateResult> results(n);
   std::vector<std::thread> threads;
   for (int i = 0; i < n; ++i)

@@ -65,6 +65,18 @@ inline LocalMeshOptions MeshOptions(int world, std::vector<std::string> coordina
   return o;
 }
 
+// --kv-memory for a worker whose state pool holds exactly `blocks` blocks beside the state slots the
+// coordinator asks for (max_num_seqs + max(8, max_num_seqs)), on the tiny model without speculation.
+inline std::string KvMemoryForBlocks(int blocks, int max_num_seqs = 4) {
+  auto m = LoadModel(TinyModelDir(), ShardSpec{0, 1}, MakeCpuBackend(1));
+  StatePoolOptions o;
+  o.slots = max_num_seqs + std::max(8, max_num_seqs);
+  o.max_speculative_tokens = 0;
+  o.external = true;
+  const StatePool& p = m->ConfigureStatePool(o);
+  return std::to_string(o.slots * p.slot_bytes() + blocks * p.block_bytes());
+}
+
 // The oracle: the same model in this process, one rank, greedy, no batching.
 class Reference {
  public:

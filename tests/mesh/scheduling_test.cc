@@ -146,10 +146,10 @@ TEST(MeshScheduling, FcfsRefusesANonZeroPriority) {
 }
 
 TEST(MeshScheduling, PreemptionUnderThePriorityPolicyKeepsOutputsAndCounts) {
-  // As faults_test's tight pool: 80 blocks of 1552 bytes admit two sequences, which outgrow the pool.
+  // As faults_test's tight pool: 5 blocks of 256 tokens admit four sequences, which outgrow the pool.
   LocalMeshOptions o = MeshOptions(1, {"--max-num-seqs", "4", "--enable-prefix-caching", "false",
                                        "--scheduling-policy", "priority"});
-  o.kv_memory = std::to_string(80 * 1552);
+  o.kv_memory = KvMemoryForBlocks(5);
   LocalMesh mesh(o);
   mesh.Start();
   MeshClient client(mesh.coordinator_address());
@@ -157,7 +157,7 @@ TEST(MeshScheduling, PreemptionUnderThePriorityPolicyKeepsOutputsAndCounts) {
   Reference reference;
   const int n = 4, max_tokens = 80;
   std::vector<std::vector<int32_t>> prompts;
-  for (int i = 0; i < n; ++i) prompts.push_back(Tokens(60 + 7 * i, 70 + i));
+  for (int i = 0; i < n; ++i) prompts.push_back(Tokens(200 + 7 * i, 70 + i));
   std::vector<std::unique_ptr<Call>> calls;
   for (int i = 0; i < n; ++i)
     calls.push_back(std::make_unique<Call>(mesh.coordinator_address(),
@@ -176,7 +176,7 @@ TEST(MeshScheduling, PreemptionUnderThePriorityPolicyKeepsOutputsAndCounts) {
 
 TEST(MeshScheduling, ARequestThatCanNeverFitIsRefusedAtOnceNamingBothNumbers) {
   LocalMeshOptions o = MeshOptions(1);
-  o.kv_memory = std::to_string(80 * 1552);
+  o.kv_memory = KvMemoryForBlocks(3);  // 768 tokens
   LocalMesh mesh(o);
   mesh.Start();
   MeshClient client(mesh.coordinator_address());

@@ -1,0 +1,167 @@
+#include "model/state_pool.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+
+namespace dsmesh {
+namespace {
+
+// Pool memory. Host pools are anonymous mappings: zero pages that cost nothing until a state writes
+// them, so a CPU worker can reserve its whole budget up front.
+Tensor PoolTensor(Backend* be, std::vector<int64_t> shape) {
+  if (!be->host_memory()) return be->Alloc(DType::kF32, std::move(shape));
+  Tensor t;
+  t.dtype = DType::kF32;
+  t.shape = std::move(shape);
+  const size_t bytes = std::max<size_t>(t.nbytes(), 64);
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED)
+    throw std::runtime_error("state pool: cannot reserve " + std::to_string(bytes) + " bytes of host memory");
+  t.data = p;
+  t.owner = std::shared_ptr<void>(p, [bytes](void* q) { munmap(q, bytes); });
+  return t;
+}
+
+std::string MiB(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / 1048576.0);
+  return buf;
+}
+
+}  // namespace
+
+StatePool::StatePool(const ModelConfig& c, bool has_mtp, const StatePoolOptions& o, Backend* backend)
+    : backend_(backend), external_(o.external) {
+  max_spare_ = o.max_speculative_tokens >= 0 ? o.max_speculative_tokens : (has_mtp ? 4 : 0);
+  num_slots_ = o.slots > 0 ? o.slots : 32;
+  const int64_t budget = o.bytes > 0 ? o.bytes : (int64_t{1} << 30);
+  const bool mtp = has_mtp && max_spare_ > 0;
+
+  // A block spans a multiple of every compression ratio (each window's entry lies in one block) and at
+  // least 256 tokens, vLLM's logical block for V4.
+  const int layers = c.num_layers + (mtp ? 1 : 0);
+  int64_t lcm = 1;
+  for (int l = 0; l < layers; ++l)
+    if (c.compress_ratio(l) > 0) lcm = std::lcm(lcm, static_cast<int64_t>(c.compress_ratio(l)));
+  block_tokens_ = static_cast<int>((256 + lcm - 1) / lcm * lcm);
+
+  for (int l = 0; l < layers; ++l) {
+    LayerGeometry g;
+    g.ring_rows = c.sliding_window + max_spare_;
+    if (c.attention_kind(l) != AttentionKind::kSliding) {
+      g.ratio = c.compress_ratio(l);
+      g.overlap = c.attention_kind(l) == AttentionKind::kCompressedSparse;
+      g.dim = c.head_dim;
+      g.pending_rows = (g.overlap ? 2 : 1) * g.ratio + max_spare_;
+      if (g.overlap) {
+        g.index_dim = c.index_head_dim;
+        g.index_pending_rows = 2 * g.ratio + max_spare_;
+      }
+    }
+    layers_.push_back(g);
+    const int64_t f = sizeof(float);
+    block_bytes_ += entries_per_block(g.ratio) * (g.dim + g.index_dim) * f;
+    slot_bytes_ += (g.ring_rows * c.head_dim + g.pending_rows * 2 * (g.overlap ? 2 : 1) * g.dim +
+                    g.index_pending_rows * 2 * 2 * g.index_dim) * f;
+  }
+  if (mtp) {
+    mtp_rows_ = c.sliding_window + max_spare_;
+    mtp_width_ = static_cast<int64_t>(c.hc_mult) * c.hidden_size;
+    slot_bytes_ += mtp_rows_ * mtp_width_ * sizeof(float);
+  }
+
+  const int64_t fixed = slot_bytes_ * num_slots_;
+  if (fixed + block_bytes_ > budget)
+    throw std::runtime_error("state pool: " + MiB(budget) + " cannot hold " + std::to_string(num_slots_) +
+                             " sequence states of " + MiB(slot_bytes_) + " and one block of " + MiB(block_bytes_) +
+                             "; raise --kv-memory or lower the number of state slots");
+  // A model whose state does not grow with length gets table entries that address no memory.
+  num_blocks_ = block_bytes_ > 0 ? (budget - fixed) / block_bytes_ : int64_t{1} << 20;
+
+  const auto n_slots = static_cast<int64_t>(num_slots_);
+  for (int l = 0; l < layers; ++l) {
+    const LayerGeometry& g = layers_[l];
+    const int64_t epb = entries_per_block(g.ratio);
+    entries_.push_back(g.ratio > 0 ? PoolTensor(backend, {num_blocks_ * epb, g.dim}) : Tensor{});
+    index_keys_.push_back(g.index_dim > 0 ? PoolTensor(backend, {num_blocks_ * epb, g.index_dim}) : Tensor{});
+    rings_.push_back(PoolTensor(backend, {n_slots * g.ring_rows, c.head_dim}));
+    const int64_t w = (g.overlap ? 2 : 1) * g.dim;
+    pending_kv_.push_back(g.ratio > 0 ? PoolTensor(backend, {n_slots * g.pending_rows, w}) : Tensor{});
+    pending_score_.push_back(g.ratio > 0 ? PoolTensor(backend, {n_slots * g.pending_rows, w}) : Tensor{});
+    index_kv_.push_back(g.index_dim > 0 ? PoolTensor(backend, {n_slots * g.index_pending_rows, 2 * g.index_dim})
+                                        : Tensor{});
+    index_score_.push_back(g.index_dim > 0 ? PoolTensor(backend, {n_slots * g.index_pending_rows, 2 * g.index_dim})
+                                           : Tensor{});
+  }
+  if (mtp) mtp_hidden_ = PoolTensor(backend, {n_slots * mtp_rows_, mtp_width_});
+
+  block_refs_.assign(static_cast<size_t>(num_blocks_), 0);
+  if (!external_) {
+    for (int64_t b = num_blocks_ - 1; b >= 0; --b) free_blocks_.push_back(static_cast<int32_t>(b));
+    for (int s = num_slots_ - 1; s >= 0; --s) free_slots_.push_back(s);
+  }
+}
+
+std::string StatePool::Describe() const {
+  return "state pool: " + std::to_string(num_blocks_) + " blocks of " + std::to_string(block_tokens_) +
+         " tokens (" + MiB(block_bytes_) + " each, " + std::to_string(num_blocks_ * block_tokens_) +
+         " tokens of context in all), " + std::to_string(num_slots_) + " state slots of " + MiB(slot_bytes_) +
+         " (windows and open compressor windows, " + std::to_string(max_spare_) + " speculative rows); " +
+         MiB(static_cast<double>(num_blocks_) * block_bytes_ + static_cast<double>(num_slots_) * slot_bytes_) +
+         " on " + backend_->name();
+}
+
+Tensor StatePool::Ring(int layer, int slot, int rows) const {
+  return RowView(rings_[layer], slot * layers_[layer].ring_rows, rows);
+}
+
+Tensor StatePool::Pending(int layer, bool indexer, bool score, int slot, int rows) const {
+  const LayerGeometry& g = layers_[layer];
+  const Tensor& t = indexer ? (score ? index_score_[layer] : index_kv_[layer])
+                            : (score ? pending_score_[layer] : pending_kv_[layer]);
+  return RowView(t, slot * (indexer ? g.index_pending_rows : g.pending_rows), rows);
+}
+
+Tensor StatePool::MtpHidden(int slot, int rows) const { return RowView(mtp_hidden_, slot * mtp_rows_, rows); }
+
+Tensor StatePool::BlockRows(int layer, bool indexer, int32_t block) const {
+  const int64_t epb = entries_per_block(layers_[layer].ratio);
+  return RowView(indexer ? index_keys_[layer] : entries_[layer], static_cast<int64_t>(block) * epb, epb);
+}
+
+int StatePool::AllocateSlot() {
+  if (external_) throw std::logic_error("state pool: slots are assigned by the coordinator");
+  if (free_slots_.empty())
+    throw std::runtime_error("state pool: all " + std::to_string(num_slots_) +
+                             " sequence state slots are in use (live sequences and prefix snapshots)");
+  const int s = free_slots_.back();
+  free_slots_.pop_back();
+  return s;
+}
+
+void StatePool::FreeSlot(int slot) {
+  if (!external_ && slot >= 0) free_slots_.push_back(slot);
+}
+
+int32_t StatePool::AllocateBlock() {
+  if (external_) throw std::logic_error("state pool: blocks are assigned by the coordinator");
+  if (free_blocks_.empty())
+    throw std::runtime_error("state pool: all " + std::to_string(num_blocks_) + " blocks of " +
+                             std::to_string(block_tokens_) + " tokens are in use; raise --kv-memory");
+  const int32_t b = free_blocks_.back();
+  free_blocks_.pop_back();
+  block_refs_[b] = 1;
+  return b;
+}
+
+void StatePool::Unref(int32_t block) {
+  if (external_) return;
+  if (--block_refs_.at(block) == 0) free_blocks_.push_back(block);
+}
+
+}  // namespace dsmesh
