@@ -39,7 +39,6 @@ StatePool::StatePool(const ModelConfig& c, bool has_mtp, const StatePoolOptions&
     : backend_(backend), external_(o.external) {
   max_spare_ = o.max_speculative_tokens >= 0 ? o.max_speculative_tokens : (has_mtp ? 4 : 0);
   num_slots_ = o.slots > 0 ? o.slots : 32;
-  const int64_t budget = o.bytes > 0 ? o.bytes : (int64_t{1} << 30);
   const bool mtp = has_mtp && max_spare_ > 0;
 
   // A block spans a multiple of every compression ratio (each window's entry lies in one block) and at
@@ -75,7 +74,9 @@ StatePool::StatePool(const ModelConfig& c, bool has_mtp, const StatePoolOptions&
     slot_bytes_ += mtp_rows_ * mtp_width_ * sizeof(float);
   }
 
+  // Without a budget: the slots and 1 GiB of blocks (at least 64).
   const int64_t fixed = slot_bytes_ * num_slots_;
+  const int64_t budget = o.bytes > 0 ? o.bytes : fixed + std::max<int64_t>(int64_t{1} << 30, 64 * block_bytes_);
   if (fixed + block_bytes_ > budget)
     throw std::runtime_error("state pool: " + MiB(budget) + " cannot hold " + std::to_string(num_slots_) +
                              " sequence states of " + MiB(slot_bytes_) + " and one block of " + MiB(block_bytes_) +
@@ -102,7 +103,8 @@ StatePool::StatePool(const ModelConfig& c, bool has_mtp, const StatePoolOptions&
 
   block_refs_.assign(static_cast<size_t>(num_blocks_), 0);
   if (!external_) {
-    for (int64_t b = num_blocks_ - 1; b >= 0; --b) free_blocks_.push_back(static_cast<int32_t>(b));
+    // Handed out from the highest id down, so that no table is the identity by accident.
+    for (int64_t b = 0; b < num_blocks_; ++b) free_blocks_.push_back(static_cast<int32_t>(b));
     for (int s = num_slots_ - 1; s >= 0; --s) free_slots_.push_back(s);
   }
 }

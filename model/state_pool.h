@@ -23,7 +23,7 @@
 namespace dsmesh {
 
 struct StatePoolOptions {
-  int64_t bytes = 0;                // blocks + slots; 0: 1 GiB
+  int64_t bytes = 0;                // blocks + slots; 0: the slots and 1 GiB of blocks
   int slots = 0;                    // sequence states at once (live + prefix snapshots); 0: 32
   int max_speculative_tokens = -1;  // rows a ring keeps for rollback; -1: 4 when the model has MTP, else 0
   bool external = false;            // the coordinator assigns blocks and slots (worker)

@@ -298,6 +298,9 @@ class CudaBackend final : public Backend {
 
   void ToHost(const Tensor& src, void* dst) override {
     Use();
+    // A copy to the host cannot be part of a graph: refuse before the stream sees it, so that the
+    // capture ends cleanly and the segment runs eagerly (Capture counts the failure).
+    if (capturing_) throw std::runtime_error("ToHost inside a graph segment (the op needs its result on the host)");
     if (src.nbytes() > 0)
       CudaCheck(cudaMemcpyAsync(dst, src.data, src.nbytes(), cudaMemcpyDeviceToHost, ctx_->stream), "ToHost copy");
     CudaCheck(cudaStreamSynchronize(ctx_->stream), "ToHost (an earlier kernel of this step failed)");
