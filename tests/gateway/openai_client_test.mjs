@@ -296,7 +296,7 @@ const cases = [
     const c = client(mesh);
     const msg = [{ role: 'user', content: 'hi' }];
     await expectError(c.chat.completions.create({ model: 'other-model', messages: msg }), 404, /does not exist/);
-    await expectError(c.chat.completions.create({ model: MODEL, messages: msg, n: 2 }), 400, /'n'/);
+    await expectError(c.chat.completions.create({ model: MODEL, messages: msg, n: 129 }), 400, /'n'/);
     await expectError(c.chat.completions.create({ model: MODEL, messages: msg, temperature: 'hot' }), 400, /temperature/);
     await expectError(c.chat.completions.create({ model: MODEL, messages: msg, temperature: 5 }), 400, /temperature/);
     await expectError(c.chat.completions.create({ model: MODEL, messages: msg, top_logprobs: 3 }), 400, /logprobs/);
