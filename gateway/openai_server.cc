@@ -204,9 +204,8 @@ void OpenAiServer::Responses(std::shared_ptr<HttpExchange>& exchange, Context& c
       const std::string from = *e.param, to = ResponsesParam(from);
       if (to != from) {
         std::string message = e.what();
-        for (size_t at = message.find("'" + from + "'"); at != std::string::npos;
-             at = message.find("'" + from + "'", at + to.size() + 2))
-          message.replace(at, from.size() + 2, "'" + to + "'");
+        for (size_t at = message.find(from); at != std::string::npos; at = message.find(from, at + to.size()))
+          message.replace(at, from.size(), to);
         throw ApiError(e.status, message, e.type, to, e.code);
       }
     }

@@ -236,6 +236,9 @@ std::string ResponsesParam(const std::string& chat_param) {
                                                           {"max_completion_tokens", "max_output_tokens"},
                                                           {"response_format", "text.format"},
                                                           {"reasoning_effort", "reasoning.effort"}};
+  // response_format.json_schema.schema... -> text.format.schema...
+  const std::string schema_prefix = "response_format.json_schema";
+  if (chat_param.rfind(schema_prefix, 0) == 0) return "text.format" + chat_param.substr(schema_prefix.size());
   auto it = kMap.find(chat_param);
   return it == kMap.end() ? chat_param : it->second;
 }

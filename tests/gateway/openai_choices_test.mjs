@@ -211,7 +211,7 @@ const cases = [
     await expectError(c.responses.create({ model: MODEL, input: 'x', tools: [{ type: 'web_search' }] }), 400, 'tools[0].type');
     await expectError(c.responses.create({ model: MODEL, input: 'x', max_output_tokens: 0 }), 400, 'max_output_tokens');
     await expectError(c.responses.create({ model: MODEL, input: 'x', text: { format: { type: 'json_schema', name: 'a', schema: { not: {} } } } }),
-      400, 'text.format');
+      400, 'text.format.schema', /'not' is not supported \(at text\.format\.schema\/not\)/);
   }],
 
   ['chat response_format from zod (zodResponseFormat): the output parses with the zod schema', async ({ m }) => {
