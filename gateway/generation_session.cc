@@ -2,14 +2,15 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 #include <mutex>
-#include <nlohmann/json.hpp>
-#include <set>
+#include <optional>
 
 #include "gateway/api_error.h"
-#include "gateway/output_splitter.h"
+#include "gateway/choice_decoder.h"
+#include "gateway/generation_writer.h"
 
 namespace dsmesh {
 
@@ -17,19 +18,15 @@ double SteadySeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-namespace {
-
-using json = nlohmann::json;
-
-std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
-
-std::string FinishName(FinishReason r) {
-  switch (r) {
-    case FINISH_STOP: return "stop";
-    case FINISH_LENGTH: return "length";
-    default: return "abort";
-  }
+uint64_t ChoiceSeed(uint64_t seed, int choice) {
+  if (choice == 0) return seed;
+  uint64_t z = seed + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(choice);  // splitmix64
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
 }
+
+namespace {
 
 int HttpStatusFor(const grpc::Status& s) {
   switch (s.error_code()) {
@@ -50,115 +47,128 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
         services_(services),
         job_(std::move(job)),
         ticket_(std::move(ticket)),
-        // The chat parser needs special-token text ("</think>", DSML markers, EOS) to split the output.
-        detok_(services.tokenizer, job_.options.stop_strings, job_.chat ? false : job_.options.skip_special_tokens),
-        splitter_(job_.chat ? MakeChatOutputSplitter(job_.thinking, job_.request_id) : MakePlainOutputSplitter()),
         created_(static_cast<int64_t>(std::time(nullptr))) {
-    stop_ids_.insert(job_.options.sampling.stop_token_ids().begin(), job_.options.sampling.stop_token_ids().end());
+    writer_ = job_.api == GenerationApi::kResponses ? MakeResponsesWriter(job_, created_)
+                                                    : MakeChatCompletionWriter(job_, created_);
+    const int sequences = std::max(1, job_.options.best_of);
+    for (int i = 0; i < sequences; ++i) {
+      Sequence s;
+      s.decoder = std::make_unique<ChoiceDecoder>(i, services_.tokenizer, job_.options, job_.chat, job_.thinking,
+                                                  SequenceId(i));
+      sequences_.push_back(std::move(s));
+    }
+    send_ = [this](const std::string& bytes) { exchange_->SendChunk(bytes); };
   }
 
   void Start() {
-    GenerateRequest request;
-    request.set_request_id(job_.request_id);
-    for (int id : job_.prompt_ids) request.add_prompt_token_ids(id);
-    *request.mutable_sampling() = job_.options.sampling;
-    request.mutable_sampling()->set_max_tokens(job_.max_tokens);
-    request.set_priority(job_.options.priority);
-
     if (job_.options.stream) {
       exchange_->StartStream(200, "text/event-stream", job_.response_headers, ": ping\n\n");
-      if (job_.chat) {
-        json delta = {{"role", "assistant"}, {"content", ""}};
-        SendChunk(ChatChunk(delta, nullptr, nullptr));
-      }
+      writer_->Start(send_);
     }
-    auto self = shared_from_this();
-    std::weak_ptr<GenerationSession> weak = self;
+    std::weak_ptr<GenerationSession> weak = shared_from_this();
     exchange_->OnDisconnect([weak] {
       if (auto s = weak.lock()) s->CancelForDisconnect();
     });
-    auto call = services_.mesh->Generate(
-        request, [self](const GenerateResponse& m) { self->OnMessage(m); },
-        [self](const grpc::Status& s) { self->OnDone(s); });
-    std::lock_guard<std::mutex> lock(call_mu_);
-    call_ = call;
-    if (cancel_requested_) call_->Cancel();
+    Submit(0, 1);
   }
 
  private:
-  // ---- events (gRPC threads, serialized per call) -------------------------------------------
+  struct Sequence {
+    std::unique_ptr<ChoiceDecoder> decoder;
+    std::shared_ptr<GenerateCall> call;
+    bool call_done = false;
+  };
 
-  void OnMessage(const GenerateResponse& m) {
-    if (finished_) return;
-    // An exception must not escape into gRPC's callback thread (it would terminate the gateway): a
-    // token id outside the vocabulary, say, ends this request with an error instead.
-    try {
-      HandleMessage(m);
-    } catch (const std::exception& e) {
-      Fail(500, std::string("cannot process the engine's output: ") + e.what(), "error");
-      CancelCall();
+  std::string SequenceId(int i) const { return i == 0 ? job_.request_id : job_.request_id + "-" + std::to_string(i); }
+
+  // Opens the Generate streams of sequences [first, last).
+  void Submit(int first, int last) {
+    std::vector<std::pair<int, GenerateRequest>> requests;
+    {
+      std::lock_guard<std::recursive_mutex> lock(mu_);
+      if (finished_ || cancel_requested_) return MaybeRelease();
+      for (int i = first; i < last; ++i) {
+        GenerateRequest request;
+        request.set_request_id(SequenceId(i));
+        for (int id : job_.prompt_ids) request.add_prompt_token_ids(id);
+        *request.mutable_sampling() = job_.options.sampling;
+        SamplingParams* sp = request.mutable_sampling();
+        sp->set_max_tokens(job_.max_tokens);
+        if (sp->has_seed()) sp->set_seed(ChoiceSeed(sp->seed(), i));
+        if (job_.options.best_of > job_.options.n) sp->set_want_logprobs(true);  // ranked by cumulative logprob
+        request.set_priority(job_.options.priority);
+        requests.emplace_back(i, std::move(request));
+        ++calls_started_;
+      }
+    }
+    auto self = shared_from_this();
+    for (auto& [i, request] : requests) {
+      const int index = i;
+      auto call = services_.mesh->Generate(
+          request, [self, index](const GenerateResponse& m) { self->OnMessage(index, m); },
+          [self, index](const grpc::Status& s) { self->OnDone(index, s); });
+      std::lock_guard<std::recursive_mutex> lock(mu_);
+      sequences_[index].call = call;
+      if (cancel_requested_ || finished_) call->Cancel();
     }
   }
 
-  void HandleMessage(const GenerateResponse& m) {
+  // ---- events (gRPC threads; one mutex for all of the request's streams) ----------------------
+
+  void OnMessage(int index, const GenerateResponse& m) {
+    bool submit_rest = false;
+    {
+      std::lock_guard<std::recursive_mutex> lock(mu_);
+      if (index == 0 && !rest_submitted_) {
+        rest_submitted_ = true;
+        submit_rest = sequences_.size() > 1;
+      }
+      if (!finished_) {
+        // An exception must not escape into gRPC's callback thread (it would terminate the gateway): a
+        // token id outside the vocabulary, say, ends this request with an error instead.
+        try {
+          HandleMessage(index, m);
+        } catch (const std::exception& e) {
+          Fail(500, std::string("cannot process the engine's output: ") + e.what(), "error");
+        }
+      }
+    }
+    if (submit_rest) Submit(1, static_cast<int>(sequences_.size()));
+  }
+
+  void HandleMessage(int index, const GenerateResponse& m) {
     const double now = SteadySeconds();
-    if (m.prompt_tokens() > 0) prompt_tokens_ = m.prompt_tokens();
-    cached_tokens_ = std::max(cached_tokens_, m.cached_prompt_tokens());
-    if (m.queue_time_s() > 0 && !queue_s_) queue_s_ = m.queue_time_s();
-    if (m.token_ids_size() > 0) {
-      if (!first_token_s_) first_token_s_ = now;
-      else services_.metrics->ObserveInterTokenLatency(now - last_token_s_);
-      last_token_s_ = now;
-    }
-    engine_completion_tokens_ = std::max(engine_completion_tokens_, m.completion_tokens());
-
-    OutputDelta delta;
-    json logprobs_content = json::array();
-    for (int i = 0; i < m.token_ids_size(); ++i) {
-      const int id = m.token_ids(i);
-      ++consumed_tokens_;
-      // A stop token id that ends the request is not part of the text (OpenAI/vLLM behaviour).
-      bool is_final_stop = m.finish_reason() == FINISH_STOP && i + 1 == m.token_ids_size() && stop_ids_.count(id);
-      if (is_final_stop) {
-        stop_reason_ = id;
-        break;
+    if (index == 0) {
+      if (m.queue_time_s() > 0 && !queue_s_) queue_s_ = m.queue_time_s();
+      if (m.token_ids_size() > 0) {
+        if (!first_token_s_) first_token_s_ = now;
+        else services_.metrics->ObserveInterTokenLatency(now - last_token_s_);
+        last_token_s_ = now;
       }
-      std::string text = detok_.Push(id);
-      if (i < m.logprobs_size() && job_.options.logprobs) AddLogprobs(m.logprobs(i), &logprobs_content);
-      Append(splitter_->Push(text), &delta);
-      if (detok_.stopped()) {
-        stopped_by_string_ = true;
-        break;
-      }
+    } else if (m.token_ids_size() > 0) {
+      last_token_s_ = std::max(last_token_s_, now);
     }
-    if (stopped_by_string_) {
-      Append(splitter_->Finish(), &delta);
-      EmitDelta(delta, logprobs_content);
-      Finish("stop");
-      CancelCall();  // we are done even if the engine is not
-      return;
-    }
-    if (m.finish_reason() != FINISH_NONE) {
-      if (m.finish_reason() == FINISH_ABORT) {
-        EmitDelta(delta, logprobs_content);
-        // The coordinator aborts running requests when the mesh is lost or shuts down: the service is
-        // unavailable (503, retry), not broken; only its own "internal error: ..." aborts are a 500.
-        const bool internal = m.error().rfind("internal error", 0) == 0;
-        return Fail(internal ? 500 : 503, m.error().empty() ? "the request was aborted in the mesh" : m.error(),
-                    "abort");
-      }
-      Append(FlushText(), &delta);
-      EmitDelta(delta, logprobs_content);
-      return Finish(FinishName(m.finish_reason()));
-    }
-    EmitDelta(delta, logprobs_content);
+    Sequence& seq = sequences_[index];
+    ChoiceStep step = seq.decoder->Consume(m);
+    if (step.aborted) return Fail(step.error_status, step.error, "abort");
+    // Sequences beyond n (best_of) are never streamed; streaming with best_of > n is refused up front.
+    if (job_.options.stream && (!step.delta.empty() || !step.logprobs.empty()))
+      writer_->Delta(send_, index, step.delta, step.logprobs, Usage());
+    if (!step.finished) return;
+    if (step.stop_call && seq.call) seq.call->Cancel();
+    if (job_.options.stream) writer_->ChoiceEnd(send_, seq.decoder->output(), Usage());
+    if (++finished_sequences_ == static_cast<int>(sequences_.size())) Complete();
   }
 
-  void OnDone(const grpc::Status& status) {
-    if (!finished_) {
+  void OnDone(int index, const grpc::Status& status) {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    sequences_[index].call_done = true;
+    ++calls_done_;
+    if (index == 0 && !rest_submitted_) rest_submitted_ = true;  // nothing more will be submitted for it
+    if (!finished_ && !sequences_[index].decoder->finished()) {
       if (client_gone_) {
-        Record("abort");
         finished_ = true;
+        Record("abort");
       } else if (status.ok()) {
         // The stream ended without a finishing message: the engine broke its contract.
         Fail(500, "the coordinator ended the stream without a finish reason", "error");
@@ -166,195 +176,73 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
         Fail(HttpStatusFor(status), "mesh error: " + status.error_message(), "error");
       }
     }
-    ticket_.reset();  // the slot is free once the engine side is done
+    MaybeRelease();
+  }
+
+  // The admission slot is free once the engine side is done with every sequence it will ever run.
+  void MaybeRelease() {
+    const bool no_more = finished_ || cancel_requested_ || (rest_submitted_ && calls_started_ == static_cast<int>(sequences_.size()));
+    if (no_more && calls_done_ == calls_started_) ticket_.reset();
   }
 
   void CancelForDisconnect() {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
     client_gone_ = true;
     spdlog::info("request {}: client disconnected, aborting in the mesh", job_.request_id);
-    CancelCall();
-  }
-
-  void CancelCall() {
-    std::lock_guard<std::mutex> lock(call_mu_);
-    cancel_requested_ = true;
-    if (call_) call_->Cancel();
-  }
-
-  // ---- text --------------------------------------------------------------------------------
-
-  OutputDelta FlushText() {
-    OutputDelta d = splitter_->Push(detok_.Flush());
-    Append(splitter_->Finish(), &d);
-    return d;
-  }
-
-  static void Append(const OutputDelta& in, OutputDelta* out) {
-    out->reasoning += in.reasoning;
-    out->content += in.content;
-    for (const auto& tc : in.tool_calls) {
-      if (!out->tool_calls.empty() && out->tool_calls.back().index == tc.index) {
-        out->tool_calls.back().arguments += tc.arguments;
-        if (!tc.name.empty()) out->tool_calls.back().name = tc.name;
-        if (!tc.id.empty()) out->tool_calls.back().id = tc.id;
-      } else {
-        out->tool_calls.push_back(tc);
-      }
+    CancelAll();
+    if (!finished_ && calls_started_ == calls_done_) {
+      finished_ = true;
+      Record("abort");
     }
+    MaybeRelease();
   }
 
-  void AddLogprobs(const TokenLogprobs& lp, json* content) {
-    auto entry = [&](int id, float logprob) {
-      std::string text = services_.tokenizer->Decode({id});
-      json bytes = json::array();
-      for (unsigned char c : text) bytes.push_back(static_cast<int>(c));
-      return json{{"token", text}, {"logprob", logprob}, {"bytes", bytes}};
-    };
-    json e = entry(lp.token_id(), lp.logprob());
-    json top = json::array();
-    for (const auto& t : lp.top()) top.push_back(entry(t.token_id(), t.logprob()));
-    e["top_logprobs"] = top;
-    content->push_back(e);
+  void CancelAll() {
+    cancel_requested_ = true;
+    for (auto& s : sequences_)
+      if (s.call && !s.call_done) s.call->Cancel();
   }
 
   // ---- output ------------------------------------------------------------------------------
 
-  void EmitDelta(const OutputDelta& d, const json& logprobs_content) {
-    if (d.empty() && logprobs_content.empty()) return;
-    // Accumulate for the non-streaming answer (and for the final tool-call list).
-    Append(d, &total_);
-    for (const auto& lp : logprobs_content) all_logprobs_.push_back(lp);
-    if (!job_.options.stream) return;
-    json logprobs = nullptr;
-    if (job_.options.logprobs) logprobs = LogprobsJson(logprobs_content);
-    if (job_.chat) {
-      json delta = json::object();
-      if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
-      if (!d.content.empty()) delta["content"] = d.content;
-      if (!d.tool_calls.empty()) {
-        json calls = json::array();
-        for (const auto& tc : d.tool_calls) {
-          json c = {{"index", tc.index}};
-          json fn = {{"arguments", tc.arguments}};
-          if (!tc.id.empty()) {
-            c["id"] = tc.id;
-            c["type"] = "function";
-          }
-          if (!tc.name.empty()) fn["name"] = tc.name;
-          c["function"] = fn;
-          calls.push_back(c);
-        }
-        delta["tool_calls"] = calls;
-      }
-      SendChunk(ChatChunk(delta, nullptr, logprobs));
-    } else {
-      SendChunk(CompletionChunk(d.content, nullptr, logprobs));
+  UsageCounts Usage() const {
+    UsageCounts u;
+    for (const auto& s : sequences_) {
+      u.prompt_tokens = std::max(u.prompt_tokens, s.decoder->prompt_tokens());
+      // Choices 1.. start from choice 0's prefix-cache snapshot: the most any sequence found cached.
+      u.cached_tokens = std::max(u.cached_tokens, s.decoder->cached_tokens());
+      u.completion_tokens += s.decoder->completion_tokens();
     }
-  }
-
-  json LogprobsJson(const json& content) const {
-    if (job_.chat) return json{{"content", content}};
-    // Completions shape: tokens, token_logprobs, top_logprobs [{token: logprob}], text_offset.
-    json tokens = json::array(), token_logprobs = json::array(), top = json::array(), offsets = json::array();
-    for (const auto& e : content) {
-      tokens.push_back(e["token"]);
-      token_logprobs.push_back(e["logprob"]);
-      json t = json::object();
-      for (const auto& x : e["top_logprobs"]) t[x["token"].get<std::string>()] = x["logprob"];
-      top.push_back(t);
-      offsets.push_back(0);
-    }
-    return json{{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}, {"text_offset", offsets}};
-  }
-
-  json Usage() const {
-    // Engine counts. When a stop string ended the request early the engine may have produced tokens
-    // past it (a speculative step); only those up to the stop count, as in vLLM.
-    int completion = stopped_by_string_ ? consumed_tokens_ : std::max(engine_completion_tokens_, consumed_tokens_);
-    json u = {{"prompt_tokens", prompt_tokens_},
-              {"completion_tokens", completion},
-              {"total_tokens", prompt_tokens_ + completion}};
-    if (cached_tokens_ > 0) u["prompt_tokens_details"] = {{"cached_tokens", cached_tokens_}};
     return u;
   }
 
-  json ChatChunk(const json& delta, const json& finish_reason, const json& logprobs) const {
-    json choice = {{"index", 0}, {"delta", delta}, {"logprobs", logprobs}, {"finish_reason", finish_reason}};
-    if (!finish_reason.is_null()) choice["stop_reason"] = StopReasonJson();
-    json chunk = {{"id", job_.response_id},   {"object", "chat.completion.chunk"}, {"created", created_},
-                  {"model", job_.model_name}, {"choices", json::array({choice})}};
-    if (job_.options.include_usage) chunk["usage"] = job_.options.continuous_usage_stats ? Usage() : json(nullptr);
-    return chunk;
-  }
-
-  json CompletionChunk(const std::string& text, const json& finish_reason, const json& logprobs) const {
-    json choice = {{"index", 0}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", finish_reason}};
-    if (!finish_reason.is_null()) choice["stop_reason"] = StopReasonJson();
-    json chunk = {{"id", job_.response_id},   {"object", "text_completion"}, {"created", created_},
-                  {"model", job_.model_name}, {"choices", json::array({choice})}};
-    if (job_.options.include_usage) chunk["usage"] = job_.options.continuous_usage_stats ? Usage() : json(nullptr);
-    return chunk;
-  }
-
-  json StopReasonJson() const {
-    if (stop_reason_) return *stop_reason_;
-    if (stopped_by_string_ && !detok_.matched_stop().empty()) return detok_.matched_stop();
-    return nullptr;
-  }
-
-  void SendChunk(const json& chunk) { exchange_->SendChunk("data: " + Dump(chunk) + "\n\n"); }
-
-  void Finish(std::string reason) {
-    if (finished_) return;
+  void Complete() {
     finished_ = true;
-    if (job_.chat && splitter_->tool_calls_seen() > 0 && reason == "stop") reason = "tool_calls";
+    std::vector<ChoiceOutput> outputs;
+    for (const auto& s : sequences_) outputs.push_back(s.decoder->output());
+    UsageCounts usage = Usage();
+    for (const auto& o : outputs) usage.reasoning_tokens += o.reasoning_tokens;
+    if (static_cast<int>(outputs.size()) > job_.options.n) {
+      // best_of: the n sequences with the highest cumulative logprob, best first (vLLM).
+      std::stable_sort(outputs.begin(), outputs.end(), [](const ChoiceOutput& a, const ChoiceOutput& b) {
+        return a.cumulative_logprob > b.cumulative_logprob;
+      });
+      outputs.resize(job_.options.n);
+      for (int i = 0; i < job_.options.n; ++i) outputs[i].index = i;
+    }
     if (job_.options.stream) {
-      if (job_.chat) SendChunk(ChatChunk(json::object(), reason, nullptr));
-      else SendChunk(CompletionChunk("", reason, nullptr));
-      if (job_.options.include_usage) {
-        json usage_chunk = {{"id", job_.response_id},
-                            {"object", job_.chat ? "chat.completion.chunk" : "text_completion"},
-                            {"created", created_},
-                            {"model", job_.model_name},
-                            {"choices", json::array()},
-                            {"usage", Usage()}};
-        SendChunk(usage_chunk);
-      }
-      exchange_->SendChunk("data: [DONE]\n\n");
+      writer_->End(send_, outputs, usage);
       exchange_->FinishStream();
     } else {
-      json choice;
-      json logprobs = job_.options.logprobs ? LogprobsJson(all_logprobs_) : json(nullptr);
-      if (job_.chat) {
-        json message = {{"role", "assistant"},
-                        {"content", total_.content.empty() && !total_.tool_calls.empty() ? json(nullptr)
-                                                                                          : json(total_.content)}};
-        if (!total_.reasoning.empty()) message["reasoning_content"] = total_.reasoning;
-        if (!total_.tool_calls.empty()) {
-          json calls = json::array();
-          for (const auto& tc : total_.tool_calls)
-            calls.push_back({{"id", tc.id}, {"type", "function"}, {"function", {{"name", tc.name}, {"arguments", tc.arguments}}}});
-          message["tool_calls"] = calls;
-        }
-        choice = {{"index", 0}, {"message", message}, {"logprobs", logprobs}, {"finish_reason", reason},
-                  {"stop_reason", StopReasonJson()}};
-      } else {
-        choice = {{"index", 0}, {"text", total_.content}, {"logprobs", logprobs}, {"finish_reason", reason},
-                  {"stop_reason", StopReasonJson()}};
-      }
-      json body = {{"id", job_.response_id},
-                   {"object", job_.chat ? "chat.completion" : "text_completion"},
-                   {"created", created_},
-                   {"model", job_.model_name},
-                   {"choices", json::array({choice})},
-                   {"usage", Usage()}};
-      exchange_->Respond(200, "application/json", Dump(body), job_.response_headers);
+      exchange_->Respond(200, "application/json", writer_->Body(outputs, usage), job_.response_headers);
     }
+    const std::string& reason = outputs.front().finish_reason;
     Record(reason == "tool_calls" ? "stop" : reason);
+    CancelAll();  // sequences that stopped on a string may still be running in the engine
   }
 
   // Ends the request with an error: a status code when nothing was sent yet, else an error event
-  // followed by [DONE] (a stream must never just go silent).
+  // (a stream must never just go silent). Every other sequence is cancelled.
   void Fail(int status, const std::string& message, const std::string& reason) {
     if (finished_) return;
     finished_ = true;
@@ -362,8 +250,7 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
     ApiError error(status, message, status == 503 ? "unavailable_error" : status == 400 ? "invalid_request_error"
                                                                                            : "server_error");
     if (job_.options.stream) {
-      exchange_->SendChunk("data: " + ErrorBody(error) + "\n\n");
-      exchange_->SendChunk("data: [DONE]\n\n");
+      writer_->Error(send_, error);
       exchange_->FinishStream();
     } else {
       HeaderList headers = job_.response_headers;
@@ -371,14 +258,16 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
       exchange_->Respond(status, "application/json", ErrorBody(error), headers);
     }
     Record(reason);
+    CancelAll();
   }
 
   void Record(const std::string& reason) {
     const double now = SteadySeconds();
     FinishedRequestFigures f;
     f.finished_reason = reason;
-    f.prompt_tokens = prompt_tokens_ > 0 ? prompt_tokens_ : static_cast<int>(job_.prompt_ids.size());
-    f.generation_tokens = stopped_by_string_ ? consumed_tokens_ : std::max(engine_completion_tokens_, consumed_tokens_);
+    const UsageCounts usage = Usage();
+    f.prompt_tokens = usage.prompt_tokens > 0 ? usage.prompt_tokens : static_cast<int>(job_.prompt_ids.size());
+    f.generation_tokens = usage.completion_tokens;
     f.max_tokens_param = job_.options.max_tokens.value_or(0);
     if (first_token_s_) {
       f.ttft_s = *first_token_s_ - job_.arrival_s;
@@ -388,32 +277,27 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
     f.e2e_s = now - job_.arrival_s;
     f.queue_s = queue_s_;
     services_.metrics->ObserveFinished(f);
-    spdlog::info("request {}: {} prompt={} completion={} ttft={:.3f}s e2e={:.3f}s", job_.request_id, reason,
-                 f.prompt_tokens, f.generation_tokens, f.ttft_s.value_or(-1), f.e2e_s);
+    spdlog::info("request {}: {} prompt={} completion={} sequences={} ttft={:.3f}s e2e={:.3f}s", job_.request_id,
+                 reason, f.prompt_tokens, f.generation_tokens, sequences_.size(), f.ttft_s.value_or(-1), f.e2e_s);
   }
 
   std::shared_ptr<HttpExchange> exchange_;
   GenerationServices services_;
   GenerationJob job_;
   std::unique_ptr<Admission::Ticket> ticket_;
-  IncrementalDetokenizer detok_;
-  std::unique_ptr<OutputSplitter> splitter_;
   const int64_t created_;
-  std::set<int> stop_ids_;
+  std::unique_ptr<GenerationWriter> writer_;
+  GenerationWriter::Send send_;
 
-  std::mutex call_mu_;
-  std::shared_ptr<GenerateCall> call_;
+  std::recursive_mutex mu_;  // recursive: a Cancel() may run a stream's on_done on this thread
+  std::vector<Sequence> sequences_;
+  int calls_started_ = 0, calls_done_ = 0, finished_sequences_ = 0;
+  bool rest_submitted_ = false;
   bool cancel_requested_ = false;
-  std::atomic<bool> client_gone_{false};
-
+  bool client_gone_ = false;
   bool finished_ = false;
-  bool stopped_by_string_ = false;
-  std::optional<int> stop_reason_;
-  int prompt_tokens_ = 0, cached_tokens_ = 0, engine_completion_tokens_ = 0, consumed_tokens_ = 0;
   std::optional<double> first_token_s_, queue_s_;
   double last_token_s_ = 0;
-  OutputDelta total_;
-  json all_logprobs_ = json::array();
 };
 
 }  // namespace

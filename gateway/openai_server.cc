@@ -15,6 +15,7 @@
 #include "gateway/request_limits.h"
 #include "gateway/request_options.h"
 #include "gateway/request_schema.h"
+#include "gateway/responses_request.h"
 #include "gateway/structured_request.h"
 
 namespace dsmesh {
@@ -127,8 +128,18 @@ void OpenAiServer::Route(std::shared_ptr<HttpExchange>& exchange, Context& ctx) 
     ctx.handler = path;
     require(http::verb::post);
     ctx.handler = "generation";
-    return Generation(exchange, ctx, path == "/v1/chat/completions");
+    return Generation(exchange, ctx, path == "/v1/chat/completions" ? GenerationApi::kChat : GenerationApi::kCompletions,
+                      ParseBody(exchange->request()), nullptr);
   }
+  if (path == "/v1/responses") {
+    ctx.handler = path;
+    require(http::verb::post);
+    ctx.handler = "generation";
+    return Responses(exchange, ctx);
+  }
+  if (path.rfind("/v1/responses/", 0) == 0)
+    throw ApiError(404, "responses are not stored here (store: false), so there is nothing at " + path,
+                   "not_found_error");
   if (path == "/v1/models" || path.rfind("/v1/models/", 0) == 0) {
     ctx.handler = "/v1/models";
     require(http::verb::get);
@@ -184,8 +195,27 @@ StatsResponse OpenAiServer::RequireReady() const {
   return *stats;
 }
 
-void OpenAiServer::Generation(std::shared_ptr<HttpExchange>& exchange, Context& ctx, bool chat) {
-  ojson body = ParseBody(exchange->request());
+void OpenAiServer::Responses(std::shared_ptr<HttpExchange>& exchange, Context& ctx) {
+  ResponsesRequest request = TranslateResponsesRequest(ParseBody(exchange->request()));
+  try {
+    Generation(exchange, ctx, GenerationApi::kResponses, std::move(request.chat_body), std::move(request.echo));
+  } catch (ApiError& e) {  // name the Responses field, not the chat field it became
+    if (e.param) {
+      const std::string from = *e.param, to = ResponsesParam(from);
+      if (to != from) {
+        std::string message = e.what();
+        for (size_t at = message.find(from); at != std::string::npos; at = message.find(from, at + to.size()))
+          message.replace(at, from.size(), to);
+        throw ApiError(e.status, message, e.type, to, e.code);
+      }
+    }
+    throw;
+  }
+}
+
+void OpenAiServer::Generation(std::shared_ptr<HttpExchange>& exchange, Context& ctx, GenerationApi api, ojson body,
+                              nlohmann::json echo) {
+  const bool chat = api != GenerationApi::kCompletions;
   RequestOptions options = ParseRequestOptions(body, chat);
   CheckSchemaFields(body, chat);
   if (auto m = body.find("model"); m != body.end() && !m->is_null() && options.model != options_.served_model_name)
@@ -200,7 +230,9 @@ void OpenAiServer::Generation(std::shared_ptr<HttpExchange>& exchange, Context& 
   StructuredRequest structured = ParseStructuredRequest(body, chat);
   options.sampling.set_structured_output(structured.spec);
   GenerationJob job;
+  job.api = api;
   job.chat = chat;
+  job.echo = std::move(echo);
   if (chat) {
     if (!body.contains("messages")) throw BadRequest("'messages' is required", "messages");
     if (auto tc = body.find("tool_choice"); tc != body.end() && tc->is_string() && *tc == "none") body.erase("tools");
@@ -258,11 +290,14 @@ void OpenAiServer::Generation(std::shared_ptr<HttpExchange>& exchange, Context& 
   if (options.request_id) spdlog::debug("request {}: body request_id {}", ctx.request_id, *options.request_id);
   job.options = std::move(options);
   job.request_id = ctx.request_id;
-  job.response_id = (chat ? "chatcmpl-" : "cmpl-") + ctx.request_id;
+  job.response_id = (api == GenerationApi::kResponses ? "resp_" : chat ? "chatcmpl-" : "cmpl-") + ctx.request_id;
   job.model_name = options_.served_model_name;
   job.arrival_s = ctx.arrival_s;
   job.response_headers = ctx.headers;
-  metrics_->CountHttpRequest(chat ? "/v1/chat/completions" : "/v1/completions", "POST", 200);
+  metrics_->CountHttpRequest(api == GenerationApi::kResponses ? "/v1/responses"
+                             : chat                             ? "/v1/chat/completions"
+                                                                : "/v1/completions",
+                             "POST", 200);
   StartGeneration(exchange, GenerationServices{tokenizer_, mesh_, metrics_}, std::move(job), std::move(ticket));
 }
 

@@ -1,15 +1,17 @@
 // The OpenAI-compatible surface of the gateway: routing, API keys, request ids, and the handlers
-// for /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics, /tokenize, /detokenize.
+// for /v1/chat/completions, /v1/completions, /v1/responses, /v1/models, /health, /metrics, /tokenize, /detokenize.
 // Generation itself is in generation_session.h; HTTP mechanics in http_server.h.
 #pragma once
 
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 
 #include "common/chat/chat_format.h"
 #include "common/tokenizer/tokenizer.h"
 #include "gateway/admission.h"
+#include "gateway/generation_session.h"
 #include "gateway/http_server.h"
 #include "common/mesh/mesh_client.h"
 #include "gateway/mesh_monitor.h"
@@ -34,7 +36,11 @@ class OpenAiServer {
  private:
   struct Context;  // one request's id, headers, arrival time
   void Route(std::shared_ptr<HttpExchange>& exchange, Context& ctx);
-  void Generation(std::shared_ptr<HttpExchange>& exchange, Context& ctx, bool chat);
+  // `body`: a chat or completions request (the Responses API's translated to chat; `echo` is what its
+  // response object repeats).
+  void Generation(std::shared_ptr<HttpExchange>& exchange, Context& ctx, GenerationApi api, nlohmann::ordered_json body,
+                  nlohmann::json echo);
+  void Responses(std::shared_ptr<HttpExchange>& exchange, Context& ctx);
   void Models(std::shared_ptr<HttpExchange>& exchange, Context& ctx, const std::string& path);
   void Health(std::shared_ptr<HttpExchange>& exchange, Context& ctx);
   void Metrics(std::shared_ptr<HttpExchange>& exchange, Context& ctx);

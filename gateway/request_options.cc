@@ -89,10 +89,16 @@ RequestOptions ParseRequestOptions(const json& body, bool chat) {
   if (max_completion) r.max_tokens = static_cast<int>(*max_completion);
   else if (max_tokens) r.max_tokens = static_cast<int>(*max_tokens);
 
-  auto n = Integer(body, "n", 1, std::numeric_limits<int>::max());
-  if (n && *n != 1) throw BadRequest("'n' must be 1: several choices per request are not supported", "n");
-  auto best_of = Integer(body, "best_of", 1, std::numeric_limits<int>::max());
-  if (best_of && *best_of != 1) throw BadRequest("'best_of' must be 1: not supported", "best_of");
+  r.n = static_cast<int>(Integer(body, "n", 1, kMaxChoices).value_or(1));
+  r.best_of = static_cast<int>(Integer(body, "best_of", 1, kMaxChoices).value_or(r.n));
+  if (r.best_of < r.n)
+    throw BadRequest("'best_of' must be greater than or equal to 'n', got best_of " + std::to_string(r.best_of) +
+                         " and n " + std::to_string(r.n),
+                     "best_of");
+  if (r.stream && r.best_of > r.n)
+    throw BadRequest("'best_of' greater than 'n' is not supported when streaming (the best sequences are only "
+                     "known at the end)",
+                     "best_of");
   if (const json* s = FindField(body, "suffix"))
     if (!s->is_string() || !s->get<std::string>().empty())
       throw BadRequest("'suffix' is not supported", "suffix");

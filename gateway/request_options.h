@@ -27,8 +27,14 @@ struct RequestOptions {
   bool echo = false;                      // completions only
   std::optional<std::string> request_id;  // body "request_id" (vLLM extension)
   int priority = 0;                       // body "priority" (vLLM extension): lower runs first
+  int n = 1;                              // choices returned, 1..kMaxChoices
+  int best_of = 1;                        // sequences generated (>= n); the n with the highest cumulative logprob win
   std::vector<std::string> ignored_fields;
 };
+
+// The bound on n and best_of (vLLM has none beyond max_num_seqs; 128 keeps one request from flooding the
+// scheduler's queue).
+inline constexpr int kMaxChoices = 128;
 
 // `chat` selects chat-completions rules (logprobs bool + top_logprobs) over completions rules
 // (logprobs integer). Throws ApiError(400).

@@ -51,7 +51,7 @@ const COMMON = {
   top_p: opt((v) => isNum(v) && v > 0 && v <= 1),
   seed: opt((v) => isInt(v) && Math.abs(v) <= 2 ** 62),
   stop: opt((v) => (isStr(v) && v !== '') || (Array.isArray(v) && v.length <= 16 && v.every((s) => isStr(s) && s !== ''))),
-  n: opt(oneOf(1)),
+  n: opt((v) => isInt(v) && v >= 1 && v <= 128),  // choices (the base sends no best_of)
   presence_penalty: opt(between(-2, 2)),
   frequency_penalty: opt(between(-2, 2)),
   logit_bias: opt((v) => isObj(v) && Object.keys(v).length === 0),  // a bias is not applied, so refused
@@ -101,7 +101,7 @@ const COMPLETIONS = {
     (Array.isArray(v) && v.length > 0 && v.every((x) => isInt(x) && x >= 0 && x < VOCAB)),
   logprobs: opt((v) => isInt(v) && v >= 0 && v <= 20),
   echo: opt(oneOf(false)),
-  best_of: opt(oneOf(1)),
+  best_of: opt((v) => isInt(v) && v >= 1 && v <= 128),  // >= n (1 in the base), not streaming
   suffix: opt(oneOf('')),
 };
 const STREAMING = {

@@ -41,22 +41,24 @@ function checkCommon(o, object, where) {
   assertEq(o.model, MODEL, `${where}.model`);
   assert(Array.isArray(o.choices), `${where}.choices`);
 }
-function validateChatCompletion(r) {
+function validateChatCompletion(r, n = 1) {
   checkCommon(r, 'chat.completion', 'chat.completion');
-  assertEq(r.choices.length, 1, 'one choice');
-  const c = r.choices[0];
-  assertEq(c.index, 0, 'choice.index');
+  assertEq(r.choices.length, n, 'n choices');
+  r.choices.forEach((c, i) => validateChatChoice(c, i));
+  checkUsage(r.usage, 'chat.completion');
+}
+function validateChatChoice(c, i) {
+  assertEq(c.index, i, 'choice.index');
   assert(FINISH.has(c.finish_reason), `finish_reason ${c.finish_reason}`);
   assertEq(c.message.role, 'assistant', 'message.role');
   assert(c.message.content === null || typeof c.message.content === 'string', 'message.content');
   if (c.message.tool_calls) checkToolCalls(c.message.tool_calls, 'message', false);
   assert(c.logprobs === null || Array.isArray(c.logprobs.content), 'choice.logprobs');
-  checkUsage(r.usage, 'chat.completion');
 }
-function validateChunk(c, object = 'chat.completion.chunk') {
+function validateChunk(c, object = 'chat.completion.chunk', n = 1) {
   checkCommon(c, object, object);
   for (const ch of c.choices) {
-    assertEq(ch.index, 0, 'chunk choice index');
+    assert(Number.isInteger(ch.index) && ch.index >= 0 && ch.index < n, `chunk choice index ${ch.index} of n ${n}`);
     assert(ch.finish_reason === null || FINISH.has(ch.finish_reason), `chunk finish_reason ${ch.finish_reason}`);
     if (object === 'chat.completion.chunk') {
       assert(typeof ch.delta === 'object', 'delta');
@@ -71,10 +73,13 @@ function validateChunk(c, object = 'chat.completion.chunk') {
   if (c.usage) checkUsage(c.usage, object);
   if (!c.choices.length) assert(c.usage, 'a chunk without choices is the usage chunk');
 }
-function validateCompletion(r) {
+function validateCompletion(r, n = 1) {
   checkCommon(r, 'text_completion', 'text_completion');
-  assertEq(r.choices.length, 1, 'one choice');
-  assert(typeof r.choices[0].text === 'string' && FINISH.has(r.choices[0].finish_reason), 'completion choice');
+  assertEq(r.choices.length, n, 'n choices');
+  r.choices.forEach((c, i) => {
+    assertEq(c.index, i, 'choice.index');
+    assert(typeof c.text === 'string' && FINISH.has(c.finish_reason), 'completion choice');
+  });
   checkUsage(r.usage, 'text_completion');
 }
 
@@ -82,10 +87,11 @@ function validateCompletion(r) {
 function validated(c) {
   const wrap = (create, whole, chunkObject) => async (body, opts) => {
     const res = await create(body, opts);
+    const n = body?.n ?? 1;
     if (res && typeof res[Symbol.asyncIterator] === 'function') {
-      return (async function* () { for await (const ch of res) { validateChunk(ch, chunkObject); yield ch; } })();
+      return (async function* () { for await (const ch of res) { validateChunk(ch, chunkObject, n); yield ch; } })();
     }
-    whole(res);
+    whole(res, n);
     return res;
   };
   const chatCreate = c.chat.completions.create.bind(c.chat.completions);
@@ -93,7 +99,7 @@ function validated(c) {
   c.chat.completions.create = (body, opts) => {
     const p = chatCreate(body, opts);
     const out = wrap(() => p, validateChatCompletion, 'chat.completion.chunk')(body, opts);
-    out.withResponse = async () => { const r = await p.withResponse(); validateChatCompletion(r.data); return r; };
+    out.withResponse = async () => { const r = await p.withResponse(); validateChatCompletion(r.data, body?.n ?? 1); return r; };
     return out;
   };
   c.completions.create = (body, opts) => wrap(complCreate, validateCompletion, 'text_completion')(body, opts);
@@ -212,6 +218,22 @@ const cases = [
     assertEq(chunks[chunks.length - 1].choices[0].finish_reason, 'stop', 'stream finish_reason');
   }],
 
+  ['n: 2 with stop strings: each choice stops on its own (non-stream and stream), usage sums', async ({ mesh }) => {
+    const messages = [{ role: 'user', content: 'alpha beta gamma delta' }];
+    const r = await client(mesh).chat.completions.create({ model: MODEL, messages, n: 2, stop: ['gamma'], temperature: 0, chat_template_kwargs: { thinking: false } });
+    assertEq(r.choices.map((c) => [c.index, c.message.content, c.finish_reason, c.stop_reason]),
+      [[0, 'alpha beta ', 'stop', 'gamma'], [1, 'alpha beta ', 'stop', 'gamma']], 'choices');
+    const chunks = await collect(await client(mesh).chat.completions.create({ model: MODEL, messages, n: 2, stop: 'delta', stream: true,
+      stream_options: { include_usage: true }, temperature: 0, chat_template_kwargs: { thinking: false } }));
+    const text = ['', ''], finish = [null, null];
+    for (const c of chunks) for (const ch of c.choices) { text[ch.index] += ch.delta.content ?? ''; if (ch.finish_reason) finish[ch.index] = ch.finish_reason; }
+    assertEq(text, ['alpha beta gamma ', 'alpha beta gamma '], 'streamed text per choice');
+    assertEq(finish, ['stop', 'stop'], 'finish per choice');
+    const usage = chunks[chunks.length - 1].usage;
+    const one = await client(mesh).chat.completions.create({ model: MODEL, messages, stop: 'delta', temperature: 0, chat_template_kwargs: { thinking: false } });
+    assertEq(usage.completion_tokens, 2 * one.usage.completion_tokens, 'usage counts both choices');
+  }],
+
   ['max_tokens and max_completion_tokens -> length', async ({ mesh }) => {
     const messages = [{ role: 'user', content: 'a b c d e f g h i j k l m n o p' }];
     const r = await client(mesh).chat.completions.create({ model: MODEL, messages, max_tokens: 3, temperature: 0, chat_template_kwargs: { thinking: false } });
@@ -296,7 +318,7 @@ const cases = [
     const c = client(mesh);
     const msg = [{ role: 'user', content: 'hi' }];
     await expectError(c.chat.completions.create({ model: 'other-model', messages: msg }), 404, /does not exist/);
-    await expectError(c.chat.completions.create({ model: MODEL, messages: msg, n: 2 }), 400, /'n'/);
+    await expectError(c.chat.completions.create({ model: MODEL, messages: msg, n: 129 }), 400, /'n'/);
     await expectError(c.chat.completions.create({ model: MODEL, messages: msg, temperature: 'hot' }), 400, /temperature/);
     await expectError(c.chat.completions.create({ model: MODEL, messages: msg, temperature: 5 }), 400, /temperature/);
     await expectError(c.chat.completions.create({ model: MODEL, messages: msg, top_logprobs: 3 }), 400, /logprobs/);
@@ -342,6 +364,29 @@ const cases = [
     assert(raw.text.includes('\n\n: ping\n\n'), `ping comment in ${JSON.stringify(raw.text.slice(0, 400))}`);
     const chunks = await collect(await client(sleepy).chat.completions.create(body));
     assertEq(chunks[chunks.length - 1].choices[0].finish_reason, 'length', 'client parsed the stream');
+  }],
+
+  ['client disconnect with n: 3 aborts every choice in the mesh', async ({ slow }) => {
+    const controller = new AbortController();
+    const text = Array.from({ length: 200 }, (_, i) => `w${i}`).join(' ');
+    const before = metricValue(await metricsText(slow.base), 'vllm:request_success_total{model_name="dsmesh-test",engine="0",finished_reason="abort"}') ?? 0;
+    const stream = await client(slow).chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: text }], stream: true, n: 3,
+      chat_template_kwargs: { thinking: false } }, { signal: controller.signal });
+    let seen = 0;
+    try {
+      for await (const c of stream) { if (++seen === 9) controller.abort(); }
+    } catch (e) { /* aborted */ }
+    const deadline = Date.now() + 3000;
+    let running, aborts;
+    while (Date.now() < deadline) {
+      const m = await metricsText(slow.base);
+      running = metricValue(m, 'vllm:num_requests_running{model_name="dsmesh-test",engine="0"}');
+      aborts = metricValue(m, 'vllm:request_success_total{model_name="dsmesh-test",engine="0",finished_reason="abort"}');
+      if (running === 0 && aborts > before) break;
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    assertEq(running, 0, 'all three sequences are gone (num_requests_running)');
+    assertEq(aborts, before + 1, 'one request counted as abort');
   }],
 
   ['client disconnect aborts the request in the mesh and frees its slot', async ({ slow }) => {
