@@ -64,14 +64,10 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
     *request.mutable_sampling() = job_.options.sampling;
     request.mutable_sampling()->set_max_tokens(job_.max_tokens);
     request.set_priority(job_.options.priority);
+    if (job_.max_queued) request.set_max_queued(*job_.max_queued);
 
-    if (job_.options.stream) {
-      exchange_->StartStream(200, "text/event-stream", job_.response_headers, ": ping\n\n");
-      if (job_.chat) {
-        json delta = {{"role", "assistant"}, {"content", ""}};
-        SendChunk(ChatChunk(delta, nullptr, nullptr));
-      }
-    }
+    // Nothing is answered before the coordinator admits the request (admission is its decision, shared by
+    // every gateway): a refusal is still a plain 429/503/400 answer, even for a streaming request.
     auto self = shared_from_this();
     std::weak_ptr<GenerationSession> weak = self;
     exchange_->OnDisconnect([weak] {
@@ -79,7 +75,7 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
     });
     auto call = services_.mesh->Generate(
         request, [self](const GenerateResponse& m) { self->OnMessage(m); },
-        [self](const grpc::Status& s) { self->OnDone(s); });
+        [self](const grpc::Status& s) { self->OnDone(s); }, [self] { self->OnAdmitted(); });
     std::lock_guard<std::mutex> lock(call_mu_);
     call_ = call;
     if (cancel_requested_) call_->Cancel();
@@ -87,6 +83,19 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
 
  private:
   // ---- events (gRPC threads, serialized per call) -------------------------------------------
+
+  void OnAdmitted() {
+    if (finished_) return;
+    admitted_ = true;
+    services_.metrics->CountHttpRequest(job_.chat ? "/v1/chat/completions" : "/v1/completions", "POST", 200);
+    if (job_.options.stream) {
+      exchange_->StartStream(200, "text/event-stream", job_.response_headers, ": ping\n\n");
+      if (job_.chat) {
+        json delta = {{"role", "assistant"}, {"content", ""}};
+        SendChunk(ChatChunk(delta, nullptr, nullptr));
+      }
+    }
+  }
 
   void OnMessage(const GenerateResponse& m) {
     if (finished_) return;
@@ -162,6 +171,8 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
       } else if (status.ok()) {
         // The stream ended without a finishing message: the engine broke its contract.
         Fail(500, "the coordinator ended the stream without a finish reason", "error");
+      } else if (!admitted_) {
+        Refuse(HttpStatusFor(status), status.error_message());
       } else {
         Fail(HttpStatusFor(status), "mesh error: " + status.error_message(), "error");
       }
@@ -353,15 +364,43 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
     Record(reason == "tool_calls" ? "stop" : reason);
   }
 
+  // The coordinator refused the request before admitting it (nothing was sent yet): queue full (429,
+  // shared by every gateway), not ready or draining (503), invalid (400). Not a finished request.
+  void Refuse(int status, const std::string& message) {
+    finished_ = true;
+    const std::string path = job_.chat ? "/v1/chat/completions" : "/v1/completions";
+    spdlog::warn("request {}: {} {}", job_.request_id, status, message);
+    std::optional<std::string> code;
+    if (status == 429) {
+      services_.metrics->CountRejected("queue_full");
+      code = "queue_full";
+    } else if (status == 503) {
+      services_.metrics->CountRejected("not_ready");
+    }
+    services_.metrics->CountHttpRequest(path, "POST", status);
+    ApiError error(status, message, ErrorType(status), std::nullopt, code);
+    HeaderList headers = job_.response_headers;
+    if (status == 503) headers.emplace_back("Retry-After", kRetryAfterSeconds);
+    exchange_->Respond(status, "application/json", ErrorBody(error), headers);
+  }
+
+  static std::string ErrorType(int status) {
+    switch (status) {
+      case 400: return "invalid_request_error";
+      case 429: return "rate_limit_error";
+      case 503: return "unavailable_error";
+      default: return "server_error";
+    }
+  }
+
   // Ends the request with an error: a status code when nothing was sent yet, else an error event
   // followed by [DONE] (a stream must never just go silent).
   void Fail(int status, const std::string& message, const std::string& reason) {
     if (finished_) return;
     finished_ = true;
     spdlog::warn("request {}: {}", job_.request_id, message);
-    ApiError error(status, message, status == 503 ? "unavailable_error" : status == 400 ? "invalid_request_error"
-                                                                                           : "server_error");
-    if (job_.options.stream) {
+    ApiError error(status, message, ErrorType(status));
+    if (job_.options.stream && admitted_) {
       exchange_->SendChunk("data: " + ErrorBody(error) + "\n\n");
       exchange_->SendChunk("data: [DONE]\n\n");
       exchange_->FinishStream();
@@ -407,6 +446,7 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
   std::atomic<bool> client_gone_{false};
 
   bool finished_ = false;
+  bool admitted_ = false;  // the coordinator admitted the request (a stream's 200 is sent then)
   bool stopped_by_string_ = false;
   std::optional<int> stop_reason_;
   int prompt_tokens_ = 0, cached_tokens_ = 0, engine_completion_tokens_ = 0, consumed_tokens_ = 0;

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,7 @@ struct GenerationJob {
   std::string model_name;
   double arrival_s = 0;  // steady clock seconds when the HTTP request was read (TTFT counts from here)
   HeaderList response_headers;  // X-Request-Id
+  std::optional<int> max_queued;  // this gateway's --max-queued, forwarded to the coordinator's admission
 };
 
 struct GenerationServices {
