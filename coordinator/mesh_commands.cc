@@ -163,8 +163,13 @@ int RunUp(const std::vector<std::string>& args) {
   LocalMesh mesh(o);
   std::fprintf(stderr, "dsmesh up: model %s, %d worker(s) on %s; coordinator (gRPC Generate) on %s\n", model.c_str(),
                world, o.device.c_str(), mesh.coordinator_address().c_str());
-  std::fprintf(stderr, "dsmesh up: logs in %s; gRPC clients of the coordinator need --mesh-token-file %s\n",
-               o.log_dir.c_str(), mesh.credentials().token_file.c_str());
+  const std::string client_flags =
+      (mesh.credentials().token_file.empty() ? "" : "--mesh-token-file " + mesh.credentials().token_file) +
+      (mesh.credentials().tls() ? std::string(mesh.credentials().token_file.empty() ? "" : " and ") +
+                                      "a certificate of the --tls-ca CA (--tls-cert/--tls-key/--tls-ca)"
+                                : "");
+  std::fprintf(stderr, "dsmesh up: logs in %s; gRPC clients of the coordinator need %s\n", o.log_dir.c_str(),
+               client_flags.c_str());
   SupervisorOptions so;
   so.ready_timeout = std::chrono::seconds(f.GetInt("ready-timeout-s", 300));
   if (o.gateway_bin.empty()) {
