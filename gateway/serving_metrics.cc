@@ -81,7 +81,7 @@ std::string ServingMetrics::Render(const std::optional<StatsResponse>& stats, in
   };
 
   gauge("dsmesh_coordinator_up", "1 when the coordinator answered the Stats RPC for this scrape.", stats ? 1 : 0);
-  gauge("dsmesh_gateway_requests_in_flight", "Requests this gateway has admitted and not finished.",
+  gauge("dsmesh_gateway_requests_in_flight", "Requests this gateway has taken (handed to the coordinator) and not finished.",
         gateway_in_flight);
   if (stats) {
     gauge("vllm:num_requests_running", "Number of requests in model execution batches.", stats->num_requests_running());
