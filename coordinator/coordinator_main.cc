@@ -4,11 +4,13 @@
 //                      [--max-batched-tokens 512] [--max-model-len L] [--block-size 16]
 //                      [--long-prefill-token-threshold 128] [--scheduling-policy fcfs|priority]
 //                      [--enable-prefix-caching true|false] [--register-timeout-s 120]
-//                      [--heartbeat-timeout-ms 1500] [--drain-timeout-s 30]
+//                      [--heartbeat-timeout-ms 1500] [--drain-timeout-s 30] [--max-queued 256]
 //                      [--speculative-config '{"method":"mtp","num_speculative_tokens":3}']
 //                      [--mesh-token-file F] [--tls-cert F --tls-key F --tls-ca F]
 // Every call must carry the mesh token when one is set (UNAUTHENTICATED otherwise); listening beyond
 // loopback requires a token or TLS, so an open port never serves prompts to anyone who reaches it.
+// Admission is decided here, so every gateway of the mesh shares one limit: a Generate arriving while
+// max-num-seqs + max-queued requests are running or waiting gets RESOURCE_EXHAUSTED (the gateway's 429).
 // SIGTERM/SIGINT drain: stop admitting, finish running requests (up to the drain timeout), exit 0.
 //
 // Under systemd (Type=notify, deploy/systemd/dsmesh-coordinator.service): READY=1 once the mesh has
@@ -106,7 +108,8 @@ int Main(const std::vector<std::string>& args) {
   Flags f(args, WithMeshCredentialFlags({"listen", "world", "model", "max-num-seqs", "max-batched-tokens",
                                          "max-model-len", "block-size", "enable-prefix-caching", "register-timeout-s",
                                          "ready-timeout-s", "heartbeat-timeout-ms", "step-timeout-s", "drain-timeout-s",
-                                         "long-prefill-token-threshold", "scheduling-policy", "speculative-config"}));
+                                         "long-prefill-token-threshold", "scheduling-policy", "speculative-config",
+                                         "max-queued"}));
   const std::string listen = f.Get("listen", kDefaultListen);
   const MeshCredentials credentials = MeshCredentialsFromFlags(f);
   if (!IsLoopback(listen) && credentials.token.empty() && !credentials.tls())
@@ -143,6 +146,9 @@ int Main(const std::vector<std::string>& args) {
   ec.ready_timeout = std::chrono::seconds(f.GetInt("ready-timeout-s", 600));
   ec.step_timeout = std::chrono::seconds(f.GetInt("step-timeout-s", 600));
   ec.drain_timeout = std::chrono::seconds(f.GetInt("drain-timeout-s", 30));
+  const long long max_queued = f.GetInt("max-queued", 256);
+  if (max_queued < 0 || max_queued > std::numeric_limits<int>::max()) throw UsageError("--max-queued must be >= 0");
+  ec.max_queued = static_cast<int>(max_queued);
   bool notified_ready = false;  // engine thread only
   ec.on_state = [&notified_ready](bool ready, const std::string& status) {
     if (ready && !notified_ready) {
@@ -174,12 +180,12 @@ int Main(const std::vector<std::string>& args) {
   if (!server || port == 0) throw std::runtime_error("cannot listen on " + listen);
   std::fprintf(stderr, "[coordinator] listening on %s (port %d, %s, %s); waiting for %d worker(s); max-num-seqs %d, "
                "max-batched-tokens %d, max-model-len %d, prefix caching %s, scheduling policy %s, "
-               "long-prefill-token-threshold %d, speculative tokens %d (mtp)\n",
+               "long-prefill-token-threshold %d, speculative tokens %d (mtp), max queued %d\n",
                listen.c_str(), port, credentials.token.empty() ? "no mesh token" : "mesh token required",
                credentials.tls() ? "TLS with client certificates" : "plaintext", world, ec.scheduler.max_num_seqs, ec.scheduler.max_batched_tokens,
                ec.scheduler.max_model_len, ec.scheduler.prefix_caching ? "on" : "off",
                SchedulingPolicyName(ec.scheduler.policy), ec.scheduler.long_prefill_token_threshold,
-               ec.scheduler.num_speculative_tokens);
+               ec.scheduler.num_speculative_tokens, ec.max_queued);
 
   std::thread signals([&] {
     sigset_t set;
@@ -234,6 +240,6 @@ int main(int argc, char** argv) {
   return dsmesh::RunProgram("dsmesh-coordinator",
                             "dsmesh-coordinator [--listen 127.0.0.1:7000] --world N --model DIR [--max-num-seqs 4] "
                             "[--max-batched-tokens 512] [--max-model-len L] [--long-prefill-token-threshold 128] "
-                            "[--scheduling-policy fcfs|priority] [--mesh-token-file F] [--tls-cert F --tls-key F --tls-ca F]",
+                            "[--scheduling-policy fcfs|priority] [--max-queued 256] [--mesh-token-file F] [--tls-cert F --tls-key F --tls-ca F]",
                             [&] { return dsmesh::Main(std::vector<std::string>(argv + 1, argv + argc)); });
 }

@@ -1,5 +1,6 @@
 #include "coordinator/engine.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <random>
 
@@ -64,6 +65,17 @@ std::shared_ptr<Request> Engine::Submit(const GenerateRequest& req) {
   if (!ready_ || !scheduler_) throw Unavailable("the mesh is not ready: " + not_ready_reason_);
   scheduler_->Validate(req);
   ValidateSamplingParams(req.sampling(), scheduler_->config().vocab_size);
+  const int max_queued = req.has_max_queued() ? std::min(config_.max_queued, std::max(0, req.max_queued()))
+                                              : config_.max_queued;
+  const size_t in_flight = scheduler_->num_running() + scheduler_->num_waiting() + incoming_.size();
+  const size_t limit = static_cast<size_t>(config_.scheduler.max_num_seqs) + max_queued;
+  if (in_flight >= limit) {
+    ++rejected_;
+    throw QueueFull("the server is overloaded: " + std::to_string(in_flight) +
+                    " requests running or waiting in the coordinator, limit " +
+                    std::to_string(config_.scheduler.max_num_seqs) + " running + " + std::to_string(max_queued) +
+                    " queued (--max-queued); retry later");
+  }
   auto r = std::make_shared<Request>();
   r->request_id = req.request_id();
   r->tokens.assign(req.prompt_token_ids().begin(), req.prompt_token_ids().end());
@@ -79,6 +91,29 @@ std::shared_ptr<Request> Engine::Submit(const GenerateRequest& req) {
   return r;
 }
 
+void Engine::Cancel(const std::shared_ptr<Request>& r) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (r->cancelled.exchange(true)) return;
+    pending_cancels_.push_back({r, planned_steps_});
+  }
+  cv_.notify_all();
+}
+
+void Engine::CountCancelledFrees() {
+  for (size_t i = 0; i < pending_cancels_.size();) {
+    const PendingCancel& p = pending_cancels_[i];
+    if (p.r->phase != Request::Phase::kFinished) {
+      ++i;
+      continue;
+    }
+    ++cancelled_freed_;
+    cancel_free_steps_max_ = std::max(cancel_free_steps_max_, planned_steps_ - p.planned_at_cancel);
+    pending_cancels_[i] = std::move(pending_cancels_.back());
+    pending_cancels_.pop_back();
+  }
+}
+
 bool Engine::FormMesh(bool first) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -91,7 +126,7 @@ bool Engine::FormMesh(bool first) {
     Announce(false, std::string("mesh formation failed: ") + why + "; retrying");
     {
       std::lock_guard<std::mutex> lock(mu_);
-      not_ready_reason_ = why;
+      not_ready_reason_ = lost_reason_.empty() ? why : lost_reason_ + "; mesh re-forming: " + why;
     }
     mesh_->ResetAll(why);
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
@@ -104,7 +139,9 @@ bool Engine::FormMesh(bool first) {
       for (int r : missing) list += (list.empty() ? "" : ", ") + std::to_string(r);
       {
         std::lock_guard<std::mutex> lock(mu_);
-        not_ready_reason_ = "waiting for worker rank(s) " + list + " to register";
+        // After a loss /health says which worker went and that the mesh is re-forming.
+        not_ready_reason_ = (lost_reason_.empty() ? "" : lost_reason_ + "; mesh re-forming: ") +
+                            "waiting for worker rank(s) " + list + " to register";
       }
       Announce(false, "waiting for worker rank(s) " + list + " to register (world " + std::to_string(mesh_->world()) + ")");
       if (first && std::chrono::steady_clock::now() > deadline) {
@@ -142,6 +179,7 @@ bool Engine::FormMesh(bool first) {
         }
         ready_ = true;
         not_ready_reason_.clear();
+        lost_reason_.clear();
         std::fprintf(stderr, "[coordinator] mesh epoch %lld ready: %d ranks; %s\n", (long long)mesh_->epoch(),
                      mesh_->world(), g.Describe(sc.max_num_seqs).c_str());
         status = "serving: mesh epoch " + std::to_string(mesh_->epoch()) + ", " + std::to_string(mesh_->world()) +
@@ -172,7 +210,8 @@ void Engine::Fail(const std::string& reason) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     ready_ = false;
-    not_ready_reason_ = reason;
+    lost_reason_ = "mesh lost: " + reason;
+    not_ready_reason_ = lost_reason_ + "; mesh re-forming";
     for (auto& r : incoming_) scheduler_->Add(r);
     incoming_.clear();
     scheduler_->FailAll(error);
@@ -189,6 +228,8 @@ void Engine::Step() {
     for (auto& r : incoming_) scheduler_->Add(r);
     incoming_.clear();
     plan = scheduler_->Schedule();
+    CountCancelledFrees();
+    if (plan.seqs_size() > 0) ++planned_steps_;
   }
   double sched = Since(t0);
   if (plan.seqs_size() == 0 && plan.free_seqs_size() == 0 && plan.drop_snapshots_size() == 0) return;
@@ -286,6 +327,10 @@ StatsResponse Engine::Stats() {
   s.set_max_model_len(config_.scheduler.max_model_len);
   s.set_scheduling_policy(SchedulingPolicyName(config_.scheduler.policy));
   s.set_long_prefill_token_threshold(config_.scheduler.long_prefill_token_threshold);
+  s.set_max_queued(config_.max_queued);
+  s.set_num_requests_rejected(rejected_);
+  s.set_num_cancelled_requests(cancelled_freed_);
+  s.set_cancel_free_steps_max(cancel_free_steps_max_);
   if (scheduler_) {
     s.set_num_requests_running(static_cast<int32_t>(scheduler_->num_running()));
     s.set_num_requests_waiting(static_cast<int32_t>(scheduler_->num_waiting() + incoming_.size()));

@@ -26,6 +26,10 @@ struct EngineConfig {
   std::chrono::milliseconds ready_timeout{600000};
   std::chrono::milliseconds step_timeout{600000};
   std::chrono::milliseconds drain_timeout{30000};
+  // Admission, shared by every gateway: a Generate is refused (QueueFull) once max_num_seqs + max_queued
+  // requests are running or waiting; a request's own GenerateRequest.max_queued (its gateway's flag) can
+  // only lower the bound.
+  int max_queued = 256;
   // Called (from the engine thread, no lock held) whenever the state line changes: `ready` is true
   // while the mesh is formed and serving. coordinator_main turns it into sd_notify READY=1 / STATUS=.
   std::function<void(bool ready, const std::string& status)> on_state;
@@ -36,13 +40,21 @@ struct Unavailable : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Submit() refuses a request beyond the admission bound (RESOURCE_EXHAUSTED, the gateway's 429).
+struct QueueFull : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 class Engine {
  public:
   Engine(const EngineConfig& config, WorkerMesh* mesh);
 
   // Runs until drained; returns the process exit code (0 after a drain, 1 when the first formation failed).
   int Run();
-  std::shared_ptr<Request> Submit(const GenerateRequest& req);  // throws std::invalid_argument, Unavailable
+  // Throws std::invalid_argument, Unavailable, QueueFull.
+  std::shared_ptr<Request> Submit(const GenerateRequest& req);
+  // The request's client went away: the next plan frees its slot and KV blocks (counted in Stats).
+  void Cancel(const std::shared_ptr<Request>& r);
   void Wake();
   void BeginDrain();
   StatsResponse Stats();
@@ -69,12 +81,24 @@ class Engine {
   std::vector<std::shared_ptr<Request>> incoming_;
   bool ready_ = false;
   std::string not_ready_reason_ = "waiting for workers";
+  std::string lost_reason_;  // "mesh lost: <why>" from a loss until the mesh is formed again
   std::atomic<bool> draining_{false};
   std::atomic<std::chrono::steady_clock::rep> progress_{std::chrono::steady_clock::now().time_since_epoch().count()};
   std::atomic<bool> waiting_on_workers_{false};
   std::mutex announce_mu_;
   std::string announced_;
   uint64_t next_seed_;
+  // Admission and cancellation figures.
+  int64_t rejected_ = 0;
+  int64_t planned_steps_ = 0;  // plans with sequences built so far
+  struct PendingCancel {
+    std::shared_ptr<Request> r;
+    int64_t planned_at_cancel;
+  };
+  std::vector<PendingCancel> pending_cancels_;
+  int64_t cancelled_freed_ = 0;
+  int64_t cancel_free_steps_max_ = 0;
+  void CountCancelledFrees();  // mu_ held, after a Schedule()
   // Step time split (sums).
   int64_t steps_ = 0;
   StepTiming timing_sum_;

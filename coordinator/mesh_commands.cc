@@ -1,6 +1,7 @@
 // CLI commands of the mesh:
 //   dsmesh up [--model DIR] [--world N] [--port 8000] ...      local coordinator + N CPU workers (+ gateway,
-//                                                              with --served-model-name/--api-key[-file]/--max-queued),
+//                                                              with --served-model-name/--api-key[-file]; --max-queued
+//                                                              goes to the coordinator, which holds admission),
 //                                                              supervised: a child that fails is started again
 //                                                              (coordinator/supervisor.h)
 //   dsmesh bench --coordinator HOST:PORT | --world N [...]     per-step time split at 1 and 4 streams
@@ -88,7 +89,7 @@ std::string Sibling(const std::string& package, const std::string& name) {
 
 const std::vector<std::string> kCoordinatorFlags = {"max-num-seqs", "max-batched-tokens", "max-model-len",
                                                     "enable-prefix-caching", "long-prefill-token-threshold",
-                                                    "scheduling-policy", "speculative-config"};
+                                                    "scheduling-policy", "speculative-config", "max-queued"};
 
 LocalMeshOptions OptionsFromFlags(const Flags& f, const std::string& model, int world) {
   LocalMeshOptions o;
@@ -121,7 +122,7 @@ std::string MakeLogDir() {
 int RunUp(const std::vector<std::string>& args) {
   std::set<std::string> known = {"model", "world", "port", "coordinator-port", "kv-memory", "threads", "device",
                                  "ready-timeout-s", "no-gateway", "served-model-name", "api-key", "api-key-file",
-                                 "max-queued", "log-dir", "enforce-eager"};
+                                 "log-dir", "enforce-eager"};
   known.insert(kCoordinatorFlags.begin(), kCoordinatorFlags.end());
   known = WithMeshCredentialFlags(known);
   Flags f(args, known, {"no-gateway", "enforce-eager"});
@@ -134,9 +135,10 @@ int RunUp(const std::vector<std::string>& args) {
   const std::string gateway = Sibling("gateway", "dsmesh-gateway");
   if (access(gateway.c_str(), X_OK) == 0 && !f.GetBool("no-gateway", false)) o.gateway_bin = gateway;
   // The gateway's own flags, passed through only when given (the gateway checks them: --api-key with
-  // --api-key-file, an unreadable key file or a bad --max-queued make it exit and `up` says so).
+  // --api-key-file or an unreadable key file make it exit and `up` says so). --max-queued is the
+  // coordinator's (kCoordinatorFlags): admission is held there, shared by every gateway.
   if (f.Has("api-key") && f.Has("api-key-file")) throw UsageError("give --api-key or --api-key-file, not both");
-  const char* const gateway_flags[] = {"served-model-name", "api-key", "api-key-file", "max-queued"};
+  const char* const gateway_flags[] = {"served-model-name", "api-key", "api-key-file"};
   bool any_gateway_flag = false;
   for (const char* name : gateway_flags) {
     if (!f.Has(name)) continue;
@@ -144,7 +146,7 @@ int RunUp(const std::vector<std::string>& args) {
     o.gateway_args.insert(o.gateway_args.end(), {std::string("--") + name, f.Get(name)});
   }
   if (any_gateway_flag && o.gateway_bin.empty())
-    throw UsageError("--served-model-name, --api-key, --api-key-file and --max-queued are gateway flags; there is no "
+    throw UsageError("--served-model-name, --api-key and --api-key-file are gateway flags; there is no "
                      "gateway here (--no-gateway, or no binary at " + gateway + ")");
 
   // Ctrl-C / SIGTERM come to us (children run in their own process groups) and we stop them in order.
@@ -161,8 +163,13 @@ int RunUp(const std::vector<std::string>& args) {
   LocalMesh mesh(o);
   std::fprintf(stderr, "dsmesh up: model %s, %d worker(s) on %s; coordinator (gRPC Generate) on %s\n", model.c_str(),
                world, o.device.c_str(), mesh.coordinator_address().c_str());
-  std::fprintf(stderr, "dsmesh up: logs in %s; gRPC clients of the coordinator need --mesh-token-file %s\n",
-               o.log_dir.c_str(), mesh.credentials().token_file.c_str());
+  const std::string client_flags =
+      (mesh.credentials().token_file.empty() ? "" : "--mesh-token-file " + mesh.credentials().token_file) +
+      (mesh.credentials().tls() ? std::string(mesh.credentials().token_file.empty() ? "" : " and ") +
+                                      "a certificate of the --tls-ca CA (--tls-cert/--tls-key/--tls-ca)"
+                                : "");
+  std::fprintf(stderr, "dsmesh up: logs in %s; gRPC clients of the coordinator need %s\n", o.log_dir.c_str(),
+               client_flags.c_str());
   SupervisorOptions so;
   so.ready_timeout = std::chrono::seconds(f.GetInt("ready-timeout-s", 300));
   if (o.gateway_bin.empty()) {

@@ -10,21 +10,24 @@ grpc::Status GenerateService::Generate(grpc::ServerContext* ctx, const GenerateR
     r = engine_->Submit(*req);
   } catch (const Unavailable& e) {
     return grpc::Status(grpc::UNAVAILABLE, e.what());
+  } catch (const QueueFull& e) {
+    return grpc::Status(grpc::RESOURCE_EXHAUSTED, e.what());
   } catch (const std::invalid_argument& e) {
     return grpc::Status(grpc::INVALID_ARGUMENT, e.what());
   }
+  // Admitted: the initial metadata tells the client so before the first token (a gateway answers its
+  // streaming client's 200 only then; a refusal above is a trailers-only 429/503/400).
+  writer->SendInitialMetadata();
   GenerateResponse resp;
   while (true) {
     if (ctx->IsCancelled()) {
-      r->cancelled = true;
-      engine_->Wake();
+      engine_->Cancel(r);
       return grpc::Status(grpc::CANCELLED, "client cancelled");
     }
     if (!r->out->Pop(&resp, std::chrono::milliseconds(10))) continue;
     const bool last = resp.finish_reason() != FINISH_NONE;
     if (!writer->Write(resp)) {
-      r->cancelled = true;
-      engine_->Wake();
+      engine_->Cancel(r);
       return grpc::Status(grpc::CANCELLED, "client went away");
     }
     if (last) return grpc::Status::OK;

@@ -18,7 +18,9 @@ class GenerateService final : public Generate::Service {
   // Streams one response per step that produced tokens; the client closing the stream cancels the request
   // (its sequence is freed in the next step). A failed request ends with finish_reason FINISH_ABORT and
   // `error` set on the last message, and status OK; a request refused at admission gets INVALID_ARGUMENT
-  // (bad parameters, context overflow) or UNAVAILABLE (not ready, draining) and no message.
+  // (bad parameters, context overflow), UNAVAILABLE (not ready, draining) or RESOURCE_EXHAUSTED (more
+  // than max_num_seqs + --max-queued requests running or waiting, over all gateways) and no message; an
+  // admitted one gets its initial metadata at once.
   grpc::Status Generate(grpc::ServerContext* ctx, const GenerateRequest* req,
                         grpc::ServerWriter<GenerateResponse>* writer) override;
   grpc::Status Stats(grpc::ServerContext* ctx, const StatsRequest* req, StatsResponse* resp) override;

@@ -34,7 +34,8 @@ Supervisor::Supervisor(LocalMesh* mesh, const SupervisorOptions& options)
       options_(options),
       policy_(options.limits),
       follower_(stderr),
-      client_(mesh->coordinator_address()) {}
+      // The mesh's own credentials (its token, or its TLS certificates under `up --tls-*`).
+      client_(mesh->coordinator_address(), mesh->credentials()) {}
 
 int Supervisor::Run(const sigset_t& stop_signals) {
   for (const std::string& name : mesh_->ChildNames()) follower_.Follow(mesh_->log_path(name));

@@ -1,22 +1,25 @@
-// Admission control in front of the mesh (serving-conventions.md section 3: the scheduler itself never
-// refuses, so refusal happens here). A request is admitted while this gateway has fewer than
-// slots + max_queued requests in flight, where slots is the coordinator's max_num_seqs; beyond that
-// it gets 429 at once instead of waiting without bound. The count is per gateway process.
+// The gateway's side of admission. The bound itself is held by the coordinator so that several gateways
+// share one limit: a Generate arriving while max_num_seqs + max-queued requests are running or waiting in
+// the coordinator is refused with RESOURCE_EXHAUSTED, which the gateway answers as 429 queue_full (before
+// any byte of a stream: the coordinator's initial metadata says "admitted"). This gateway's --max-queued,
+// when given, travels with each request (GenerateRequest.max_queued) and can only lower the coordinator's
+// bound. What stays here is the count of this gateway's own requests in flight (drain, /metrics).
 #pragma once
 
 #include <atomic>
 #include <memory>
+#include <optional>
 
 namespace dsmesh {
 
 class Admission {
  public:
-  explicit Admission(int max_queued) : max_queued_(max_queued) {}
+  explicit Admission(std::optional<int> max_queued) : max_queued_(max_queued) {}
 
-  // Holds one in-flight slot until destroyed.
+  // Holds one in-flight count until destroyed.
   class Ticket {
    public:
-    explicit Ticket(std::atomic<int>* counter) : counter_(counter) {}
+    explicit Ticket(std::atomic<int>* counter) : counter_(counter) { counter_->fetch_add(1); }
     ~Ticket() { counter_->fetch_sub(1); }
     Ticket(const Ticket&) = delete;
     Ticket& operator=(const Ticket&) = delete;
@@ -25,21 +28,14 @@ class Admission {
     std::atomic<int>* counter_;
   };
 
-  // nullptr when full.
-  std::unique_ptr<Ticket> TryAdmit(int slots) {
-    const int limit = slots + max_queued_;
-    int current = in_flight_.load();
-    while (current < limit) {
-      if (in_flight_.compare_exchange_weak(current, current + 1)) return std::make_unique<Ticket>(&in_flight_);
-    }
-    return nullptr;
-  }
+  std::unique_ptr<Ticket> Enter() { return std::make_unique<Ticket>(&in_flight_); }
 
   int in_flight() const { return in_flight_.load(); }
-  int max_queued() const { return max_queued_; }
+  // This gateway's --max-queued (forwarded to the coordinator), if given.
+  const std::optional<int>& max_queued() const { return max_queued_; }
 
  private:
-  const int max_queued_;
+  const std::optional<int> max_queued_;
   std::atomic<int> in_flight_{0};
 };
 

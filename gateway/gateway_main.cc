@@ -7,6 +7,9 @@
 //                  [--idle-timeout-s S]  (per request for headers + body, and keep-alive idle; default 75)
 //                  [--handler-threads N]  (parse, render, tokenize off the HTTP threads; 0 = on them)
 //
+// --max-queued N: admission (429 queue_full) is held by the coordinator, shared by every gateway of the
+// mesh; N, when given, is sent with each request and can only lower the coordinator's own --max-queued.
+//
 // Startup: load the tokenizer from DIR, listen, then poll the coordinator; /health answers 503 until
 // the mesh is ready, and systemd gets READY=1 only then. SIGTERM/SIGINT: /health turns 503
 // (draining), new connections are refused, in-flight requests get up to --drain-timeout-s to finish.
@@ -16,6 +19,8 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <limits>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
@@ -129,8 +134,12 @@ int Run(int argc, char** argv) {
   auto [host, port] = SplitHostPort(flags.Get("listen", "127.0.0.1:8000"));
   const std::string coordinator = flags.Require("coordinator");
   const std::string model_dir = flags.Require("model");
-  const int max_queued = static_cast<int>(flags.GetInt("max-queued", 256));
-  if (max_queued < 0) throw UsageError("--max-queued must be >= 0");
+  std::optional<int> max_queued;
+  if (flags.Has("max-queued")) {
+    const long long n = flags.GetInt("max-queued", 0);
+    if (n < 0 || n > std::numeric_limits<int>::max()) throw UsageError("--max-queued must be >= 0");
+    max_queued = static_cast<int>(n);
+  }
   const int threads = static_cast<int>(flags.GetInt("threads", 4));
   if (threads < 1) throw UsageError("--threads must be >= 1");
 
@@ -202,8 +211,10 @@ int Run(int argc, char** argv) {
   const std::string where = host + ":" + std::to_string(bound);
   spdlog::info("dsmesh-gateway listening on {} (model {} from {}, coordinator {}, max queued {}, {} HTTP threads, "
                "{} handler threads)",
-               where, api_options.served_model_name, api_options.model_dir, coordinator, max_queued, threads,
-               handler_threads);
+               where, api_options.served_model_name, api_options.model_dir, coordinator,
+               max_queued ? std::to_string(*max_queued) + " (forwarded; the coordinator holds admission)"
+                          : std::string("the coordinator's"),
+               threads, handler_threads);
   std::printf("listening on %s\n", where.c_str());
   std::fflush(stdout);
   monitor.OnFirstReady([where] {

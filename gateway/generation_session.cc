@@ -61,10 +61,9 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
   }
 
   void Start() {
-    if (job_.options.stream) {
-      exchange_->StartStream(200, "text/event-stream", job_.response_headers, ": ping\n\n");
-      writer_->Start(send_);
-    }
+    // Nothing is answered before the coordinator admits the request (admission is its decision, shared by
+    // every gateway): a refusal is still a plain 429/503/400 answer, even for a streaming request. The
+    // stream opens when choice 0 is admitted (OnAdmitted).
     std::weak_ptr<GenerationSession> weak = shared_from_this();
     exchange_->OnDisconnect([weak] {
       if (auto s = weak.lock()) s->CancelForDisconnect();
@@ -97,6 +96,7 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
         if (sp->has_seed()) sp->set_seed(ChoiceSeed(sp->seed(), i));
         if (job_.options.best_of > job_.options.n) sp->set_want_logprobs(true);  // ranked by cumulative logprob
         request.set_priority(job_.options.priority);
+        if (job_.max_queued) request.set_max_queued(*job_.max_queued);
         requests.emplace_back(i, std::move(request));
         ++calls_started_;
       }
@@ -106,10 +106,30 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
       const int index = i;
       auto call = services_.mesh->Generate(
           request, [self, index](const GenerateResponse& m) { self->OnMessage(index, m); },
-          [self, index](const grpc::Status& s) { self->OnDone(index, s); });
+          [self, index](const grpc::Status& s) { self->OnDone(index, s); },
+          [self, index] {
+            if (index == 0) self->OnAdmitted();
+          });
       std::lock_guard<std::recursive_mutex> lock(mu_);
       sequences_[index].call = call;
       if (cancel_requested_ || finished_) call->Cancel();
+    }
+  }
+
+  const char* Path() const {
+    return job_.api == GenerationApi::kResponses ? "/v1/responses"
+           : job_.chat                          ? "/v1/chat/completions"
+                                                : "/v1/completions";
+  }
+
+  void OnAdmitted() {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    if (finished_ || admitted_) return;
+    admitted_ = true;
+    services_.metrics->CountHttpRequest(Path(), "POST", 200);
+    if (job_.options.stream) {
+      exchange_->StartStream(200, "text/event-stream", job_.response_headers, ": ping\n\n");
+      writer_->Start(send_);
     }
   }
 
@@ -172,6 +192,8 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
       } else if (status.ok()) {
         // The stream ended without a finishing message: the engine broke its contract.
         Fail(500, "the coordinator ended the stream without a finish reason", "error");
+      } else if (!admitted_) {
+        Refuse(HttpStatusFor(status), status.error_message());
       } else {
         Fail(HttpStatusFor(status), "mesh error: " + status.error_message(), "error");
       }
@@ -241,15 +263,43 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
     CancelAll();  // sequences that stopped on a string may still be running in the engine
   }
 
+  // The coordinator refused the request before admitting it (nothing was sent yet): queue full (429,
+  // shared by every gateway), not ready or draining (503), invalid (400). Not a finished request.
+  void Refuse(int status, const std::string& message) {
+    finished_ = true;
+    const std::string path = Path();
+    spdlog::warn("request {}: {} {}", job_.request_id, status, message);
+    std::optional<std::string> code;
+    if (status == 429) {
+      services_.metrics->CountRejected("queue_full");
+      code = "queue_full";
+    } else if (status == 503) {
+      services_.metrics->CountRejected("not_ready");
+    }
+    services_.metrics->CountHttpRequest(path, "POST", status);
+    ApiError error(status, message, ErrorType(status), std::nullopt, code);
+    HeaderList headers = job_.response_headers;
+    if (status == 503) headers.emplace_back("Retry-After", kRetryAfterSeconds);
+    exchange_->Respond(status, "application/json", ErrorBody(error), headers);
+  }
+
+  static std::string ErrorType(int status) {
+    switch (status) {
+      case 400: return "invalid_request_error";
+      case 429: return "rate_limit_error";
+      case 503: return "unavailable_error";
+      default: return "server_error";
+    }
+  }
+
   // Ends the request with an error: a status code when nothing was sent yet, else an error event
   // (a stream must never just go silent). Every other sequence is cancelled.
   void Fail(int status, const std::string& message, const std::string& reason) {
     if (finished_) return;
     finished_ = true;
     spdlog::warn("request {}: {}", job_.request_id, message);
-    ApiError error(status, message, status == 503 ? "unavailable_error" : status == 400 ? "invalid_request_error"
-                                                                                           : "server_error");
-    if (job_.options.stream) {
+    ApiError error(status, message, ErrorType(status));
+    if (job_.options.stream && admitted_) {
       writer_->Error(send_, error);
       exchange_->FinishStream();
     } else {
@@ -296,6 +346,7 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
   bool cancel_requested_ = false;
   bool client_gone_ = false;
   bool finished_ = false;
+  bool admitted_ = false;  // the coordinator admitted choice 0 (a stream's 200 is sent then)
   std::optional<double> first_token_s_, queue_s_;
   double last_token_s_ = 0;
 };

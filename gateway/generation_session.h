@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,7 @@ struct GenerationJob {
   double arrival_s = 0;  // steady clock seconds when the HTTP request was read (TTFT counts from here)
   HeaderList response_headers;  // X-Request-Id
   nlohmann::json echo;  // Responses API: the request parameters the response object repeats
+  std::optional<int> max_queued;  // this gateway's --max-queued, forwarded to the coordinator's admission
 };
 
 struct GenerationServices {

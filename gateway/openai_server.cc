@@ -278,15 +278,9 @@ void OpenAiServer::Generation(std::shared_ptr<HttpExchange>& exchange, Context& 
   StatsResponse stats = RequireReady();
   job.max_tokens = CheckRequestLimits(stats, static_cast<int>(job.prompt_ids.size()), options, chat);
 
-  auto ticket = admission_->TryAdmit(std::max(1, stats.max_num_seqs()));
-  if (!ticket) {
-    metrics_->CountRejected("queue_full");
-    throw ApiError(429,
-                   "the server is overloaded: " + std::to_string(admission_->in_flight()) +
-                       " requests in flight, limit " + std::to_string(stats.max_num_seqs()) + " running + " +
-                       std::to_string(admission_->max_queued()) + " queued (--max-queued); retry later",
-                   "rate_limit_error", std::nullopt, std::string("queue_full"));
-  }
+  // Admission is the coordinator's (shared by every gateway): a request beyond its bound ends, before any
+  // byte was sent, with 429 queue_full (generation_session.cc).
+  job.max_queued = admission_->max_queued();
   if (options.request_id) spdlog::debug("request {}: body request_id {}", ctx.request_id, *options.request_id);
   job.options = std::move(options);
   job.request_id = ctx.request_id;
@@ -294,11 +288,7 @@ void OpenAiServer::Generation(std::shared_ptr<HttpExchange>& exchange, Context& 
   job.model_name = options_.served_model_name;
   job.arrival_s = ctx.arrival_s;
   job.response_headers = ctx.headers;
-  metrics_->CountHttpRequest(api == GenerationApi::kResponses ? "/v1/responses"
-                             : chat                             ? "/v1/chat/completions"
-                                                                : "/v1/completions",
-                             "POST", 200);
-  StartGeneration(exchange, GenerationServices{tokenizer_, mesh_, metrics_}, std::move(job), std::move(ticket));
+  StartGeneration(exchange, GenerationServices{tokenizer_, mesh_, metrics_}, std::move(job), admission_->Enter());
 }
 
 void OpenAiServer::Models(std::shared_ptr<HttpExchange>& exchange, Context& ctx, const std::string& path) {

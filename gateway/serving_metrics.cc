@@ -81,7 +81,7 @@ std::string ServingMetrics::Render(const std::optional<StatsResponse>& stats, in
   };
 
   gauge("dsmesh_coordinator_up", "1 when the coordinator answered the Stats RPC for this scrape.", stats ? 1 : 0);
-  gauge("dsmesh_gateway_requests_in_flight", "Requests this gateway has admitted and not finished.",
+  gauge("dsmesh_gateway_requests_in_flight", "Requests this gateway has taken (handed to the coordinator) and not finished.",
         gateway_in_flight);
   if (stats) {
     gauge("vllm:num_requests_running", "Number of requests in model execution batches.", stats->num_requests_running());
@@ -101,6 +101,14 @@ std::string ServingMetrics::Render(const std::optional<StatsResponse>& stats, in
     counter("dsmesh_worker_restarts", "Worker processes that registered for a rank an earlier process held "
             "(restarted workers), since the coordinator started.", stats->worker_restarts());
     counter("dsmesh_engine_steps", "Engine steps run by the coordinator.", stats->steps());
+    gauge("dsmesh_coordinator_max_queued", "Admission bound: max_num_seqs + this many requests may run or wait "
+          "(shared by every gateway).", stats->max_queued());
+    counter("dsmesh_coordinator_requests_rejected", "Requests the coordinator refused at admission (queue full), "
+            "from every gateway.", stats->num_requests_rejected());
+    counter("dsmesh_cancelled_requests_freed", "Requests whose client went away and whose slot and KV blocks the "
+            "scheduler released.", stats->num_cancelled_requests());
+    gauge("dsmesh_cancel_free_steps_max", "Most engine steps planned with a cancelled request after its cancel "
+          "was seen (0: freed by the next plan).", stats->cancel_free_steps_max());
     counter("dsmesh_step_wall_seconds", "Step time, plan written to every rank's result received.",
             stats->step_wall_seconds_sum());
     counter("dsmesh_step_forward_seconds", "Rank 0 forward time, collectives excluded.", stats->forward_seconds_sum());

@@ -12,8 +12,9 @@ namespace {
 class GenerateCallImpl : public GenerateCall, public grpc::ClientReadReactor<GenerateResponse> {
  public:
   GenerateCallImpl(const GenerateRequest& request, std::function<void(const GenerateResponse&)> on_message,
-                   std::function<void(const grpc::Status&)> on_done)
-      : request_(request), on_message_(std::move(on_message)), on_done_(std::move(on_done)) {}
+                   std::function<void(const grpc::Status&)> on_done, std::function<void()> on_admitted)
+      : request_(request), on_message_(std::move(on_message)), on_done_(std::move(on_done)),
+        on_admitted_(std::move(on_admitted)) {}
 
   void Start(Generate::Stub* stub, std::shared_ptr<GenerateCallImpl> self) {
     self_ = std::move(self);  // released in OnDone: the reactor must outlive the call
@@ -29,9 +30,19 @@ class GenerateCallImpl : public GenerateCall, public grpc::ClientReadReactor<Gen
     if (!done_) context_.TryCancel();
   }
 
+  // ok is false for a trailers-only answer (the coordinator refused the call before admitting it).
+  void OnReadInitialMetadataDone(bool ok) override {
+    std::lock_guard<std::mutex> lock(callback_mu_);
+    if (ok) Admitted();
+  }
+
   void OnReadDone(bool ok) override {
     if (!ok) return;  // stream over; OnDone follows with the status
-    on_message_(response_);
+    {
+      std::lock_guard<std::mutex> lock(callback_mu_);
+      Admitted();  // a server that sends no initial metadata of its own admits with its first message
+      on_message_(response_);
+    }
     StartRead(&response_);
   }
 
@@ -40,9 +51,13 @@ class GenerateCallImpl : public GenerateCall, public grpc::ClientReadReactor<Gen
       std::lock_guard<std::mutex> lock(mu_);
       done_ = true;
     }
-    on_done_(status);
+    {
+      std::lock_guard<std::mutex> lock(callback_mu_);
+      on_done_(status);
+    }
     on_message_ = nullptr;
     on_done_ = nullptr;
+    on_admitted_ = nullptr;
     self_.reset();  // may delete this
   }
 
@@ -52,9 +67,18 @@ class GenerateCallImpl : public GenerateCall, public grpc::ClientReadReactor<Gen
   GenerateResponse response_;
   std::function<void(const GenerateResponse&)> on_message_;
   std::function<void(const grpc::Status&)> on_done_;
+  std::function<void()> on_admitted_;
   std::shared_ptr<GenerateCallImpl> self_;
   std::mutex mu_;
   bool done_ = false;
+  std::mutex callback_mu_;  // the callbacks never run concurrently
+  bool admitted_ = false;
+
+  void Admitted() {  // callback_mu_ held
+    if (admitted_) return;
+    admitted_ = true;
+    if (on_admitted_) on_admitted_();
+  }
 };
 
 }  // namespace
@@ -73,8 +97,10 @@ MeshClient::MeshClient(const std::string& address, const MeshCredentials& creden
 
 std::shared_ptr<GenerateCall> MeshClient::Generate(const GenerateRequest& request,
                                                    std::function<void(const GenerateResponse&)> on_message,
-                                                   std::function<void(const grpc::Status&)> on_done) {
-  auto call = std::make_shared<GenerateCallImpl>(request, std::move(on_message), std::move(on_done));
+                                                   std::function<void(const grpc::Status&)> on_done,
+                                                   std::function<void()> on_admitted) {
+  auto call = std::make_shared<GenerateCallImpl>(request, std::move(on_message), std::move(on_done),
+                                                 std::move(on_admitted));
   call->Start(stub_.get(), call);
   return call;
 }

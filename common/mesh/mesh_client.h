@@ -41,11 +41,14 @@ class MeshClient {
  public:
   explicit MeshClient(const std::string& address, const MeshCredentials& credentials = ProcessMeshCredentials());
 
-  // Asynchronous: callbacks run on gRPC threads, never concurrently for one call; on_message for each
-  // streamed message, then on_done exactly once. Keep them short (no blocking).
+  // Asynchronous: callbacks run on gRPC threads, never concurrently for one call; on_admitted once the
+  // coordinator has admitted the request (its initial metadata, or else the first message, arrived; never
+  // for a refused call), on_message for each streamed message, then on_done exactly once. Keep them
+  // short (no blocking).
   std::shared_ptr<GenerateCall> Generate(const GenerateRequest& request,
                                          std::function<void(const GenerateResponse&)> on_message,
-                                         std::function<void(const grpc::Status&)> on_done);
+                                         std::function<void(const grpc::Status&)> on_done,
+                                         std::function<void()> on_admitted = nullptr);
   // Blocking: the whole answer. Throws std::runtime_error with the gRPC status for a refused or broken call.
   GenerateResult Generate(const GenerateRequest& request);
 

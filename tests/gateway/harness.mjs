@@ -208,9 +208,13 @@ export function freePort() {
 }
 
 // The real mesh without the fixture: `dsmesh up --no-gateway` (dsmesh-coordinator + `world` CPU
-// dsmesh-worker ranks on the tiny model from `dsmesh make-tiny`), and dsmesh-gateway started here so
-// its flags (--max-queued) can be chosen. Needs --dsmesh PATH among the script arguments.
-export async function startRealMesh({ world = 2, maxNumSeqs = 4, maxQueued = 256, kvMemory = '256M' } = {}) {
+// dsmesh-worker ranks on the tiny model from `dsmesh make-tiny`), and `gateways` dsmesh-gateway processes
+// started here against that one coordinator, so their flags can be chosen (`maxQueued`: each gateway's
+// --max-queued, forwarded to the coordinator; null: none). `upArgs` go to `up` (coordinator flags such as
+// --max-queued, the bound the coordinator holds for every gateway). Needs --dsmesh PATH among the script
+// arguments. The first gateway is `base`/`url`/`gateway`; all of them are in `gateways`.
+export async function startRealMesh({ world = 2, maxNumSeqs = 4, maxQueued = 256, kvMemory = '256M', gateways = 1,
+                                      upArgs = [] } = {}) {
   const args = process.argv.slice(2);
   const i = args.indexOf('--dsmesh');
   if (i < 0) throw new Error('missing --dsmesh PATH argument');
@@ -224,10 +228,10 @@ export async function startRealMesh({ world = 2, maxNumSeqs = 4, maxQueued = 256
     p.on('exit', (c) => (c === 0 ? resolve() : reject(new Error(`make-tiny exited ${c}: ${err}`))));
   });
   const coordinatorPort = await freePort();
-  // `up` writes its mesh token to LOG_DIR/mesh-token; the gateway started here needs it to be served.
+  // `up` writes its mesh token to LOG_DIR/mesh-token; the gateways started here need it to be served.
   const logDir = path.join(dir, 'logs');
   const up = track(spawn(dsmesh, ['up', '--no-gateway', '--model', model, '--world', String(world), '--coordinator-port', String(coordinatorPort),
-    '--max-num-seqs', String(maxNumSeqs), '--kv-memory', kvMemory, '--log-dir', logDir], { stdio: ['ignore', 'ignore', 'pipe'] }), 'SIGINT');
+    '--max-num-seqs', String(maxNumSeqs), '--kv-memory', kvMemory, '--log-dir', logDir, ...upArgs], { stdio: ['ignore', 'ignore', 'pipe'] }), 'SIGINT');
   let upLog = '';
   await new Promise((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error(`dsmesh up not ready in 120 s:\n${upLog}`)), 120000);
@@ -235,15 +239,29 @@ export async function startRealMesh({ world = 2, maxNumSeqs = 4, maxQueued = 256
     up.on('exit', (c) => { clearTimeout(timer); reject(new Error(`dsmesh up exited ${c}:\n${upLog}`)); });
   });
   const gwBin = path.join(path.dirname(fs.realpathSync(dsmesh)), '../gateway/dsmesh-gateway');
-  const gateway = await startAndWaitForLine(gwBin, ['--listen', '127.0.0.1:0', '--coordinator', `127.0.0.1:${coordinatorPort}`, '--model', model,
-    '--served-model-name', 'dsmesh-test', '--max-queued', String(maxQueued), '--mesh-token-file', path.join(logDir, 'mesh-token')],
-    /listening on ([\d.]+:\d+)/, 'gateway');
-  const base = `http://${gateway.match[1]}`;
-  await waitHealthy(base, 60000);
+  const list = [];
+  for (let g = 0; g < gateways; g++) {
+    const gwArgs = ['--listen', '127.0.0.1:0', '--coordinator', `127.0.0.1:${coordinatorPort}`, '--model', model,
+      '--served-model-name', 'dsmesh-test', '--mesh-token-file', path.join(logDir, 'mesh-token')];
+    const mq = Array.isArray(maxQueued) ? maxQueued[g] : maxQueued;
+    if (mq !== null && mq !== undefined) gwArgs.push('--max-queued', String(mq));
+    const gateway = await startAndWaitForLine(gwBin, gwArgs, /listening on ([\d.]+:\d+)/, `gateway${g}`);
+    const base = `http://${gateway.match[1]}`;
+    await waitHealthy(base, 60000);
+    list.push({ base, url: `${base}/v1`, proc: gateway.proc, stderr: gateway.stderr });
+  }
   return {
-    real: true, base, url: `${base}/v1`, gateway: gateway.proc, gatewayStderr: gateway.stderr,
+    real: true, base: list[0].base, url: list[0].url, gateway: list[0].proc, gatewayStderr: list[0].stderr,
+    gateways: list, logDir, coordinatorPort, upLog: () => upLog,
+    // The pid of the named child's latest start, from up's "... NAME pid N" / "NAME restarted as pid N".
+    pid(name) {
+      const re = new RegExp(`\\b${name} (?:restarted as )?pid (\\d+)`, 'g');
+      let m, last = null;
+      while ((m = re.exec(upLog))) last = Number(m[1]);
+      return last;
+    },
     async stop() {
-      for (const [p, sig] of [[gateway.proc, 'SIGTERM'], [up, 'SIGINT']]) {
+      for (const [p, sig] of [...list.map((g) => [g.proc, 'SIGTERM']), [up, 'SIGINT']]) {
         if (p.exitCode === null) {
           p.kill(sig);
           await new Promise((r) => { p.once('exit', r); setTimeout(r, 20000); });

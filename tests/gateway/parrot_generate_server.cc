@@ -53,8 +53,18 @@ class ParrotService final : public Generate::Service {
     uint64_t ticket;
     {
       std::unique_lock<std::mutex> lock(mu_);
+      // Admission as the coordinator holds it: beyond slots + max_queued running or waiting (the gateway's
+      // --max-queued travels with the request), RESOURCE_EXHAUSTED before anything is sent.
+      if (request->has_max_queued() && running_ + static_cast<int>(waiting_.size()) >= o_.slots + request->max_queued()) {
+        ++rejected_;
+        return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                            "the server is overloaded: " + std::to_string(running_ + waiting_.size()) +
+                                " requests running or waiting, limit " + std::to_string(o_.slots) + " running + " +
+                                std::to_string(request->max_queued()) + " queued (--max-queued); retry later");
+      }
       ticket = next_ticket_++;
       waiting_.push_back(ticket);
+      writer->SendInitialMetadata();  // admitted (the coordinator does the same)
       while (!(waiting_.front() == ticket && running_ < o_.slots)) {
         cv_.wait_for(lock, std::chrono::milliseconds(20));
         if (context->IsCancelled()) {
@@ -159,6 +169,7 @@ class ParrotService final : public Generate::Service {
     for (int64_t n : accepted_per_pos_) out->add_spec_decode_num_accepted_tokens_per_pos(n);
     out->set_max_model_len(o_.max_model_len);
     out->set_max_num_seqs(o_.slots);
+    out->set_num_requests_rejected(rejected_);
     out->set_world(1);
     auto* w = out->add_workers();
     w->set_rank(0);
@@ -196,6 +207,7 @@ class ParrotService final : public Generate::Service {
   uint64_t next_ticket_ = 0;
   int running_ = 0;
   std::vector<int64_t> accepted_per_pos_;
+  int64_t rejected_ = 0;
   int64_t aborted_ = 0, generated_ = 0, prefix_queries_ = 0, drafts_ = 0, draft_tokens_ = 0, accepted_ = 0;
 };
 
