@@ -7,6 +7,8 @@
 //                      [--heartbeat-timeout-ms 1500] [--drain-timeout-s 30] [--max-queued 256]
 //                      [--speculative-config '{"method":"mtp","num_speculative_tokens":3}']
 //                      [--mesh-token-file F] [--tls-cert F --tls-key F --tls-ca F]
+// KV blocks and state slots are those of the workers' state pools (WorkerReady: blocks of 256 tokens for
+// V4); --block-size applies only to workers that report a budget without a pool.
 // Every call must carry the mesh token when one is set (UNAUTHENTICATED otherwise); listening beyond
 // loopback requires a token or TLS, so an open port never serves prompts to anyone who reaches it.
 // Admission is decided here, so every gateway of the mesh shares one limit: a Generate arriving while
