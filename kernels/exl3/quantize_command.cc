@@ -1,5 +1,5 @@
-// `dsmesh quantize --model IN --out OUT --bits experts=2,dense=6[,layer.13=3][,mtp=2] [--codebook mcg]
-//  [--force] [--shard-size-mb N]`
+// `dsmesh quantize --model IN --out OUT --bits experts=2,dense=6[,layer.13=3][,mtp=2][,head=6][,embed=fp8]
+//  [--codebook mcg] [--force] [--shard-size-mb N]`; prints a summary line and the pack's size by tensor class.
 #include <cstdio>
 #include <iostream>
 
@@ -35,13 +35,15 @@ int RunQuantize(const std::vector<std::string>& args) {
               opt.bits.ToString().c_str(), Exl3CodebookName(opt.codebook), s.average_bits,
               static_cast<long long>(s.tiles), static_cast<long long>(s.tensors_kept), s.shards, s.seconds,
               Exl3ThreadCount(), Exl3EncoderCanUseAvx512() ? "AVX-512" : "AVX2");
+  std::printf("quantize: pack size %s (%lld bytes of tensors, %lld bytes of safetensors files)\n",
+              s.bytes.ToString().c_str(), static_cast<long long>(s.bytes.total()), static_cast<long long>(s.file_bytes));
   return 0;
 }
 
 }  // namespace
 
 DSMESH_REGISTER_COMMAND(quantize,
-                        "quantize --model IN_DIR --out OUT_DIR --bits experts=2,dense=6[,layer.13=3][,mtp=2] "
+                        "quantize --model IN_DIR --out OUT_DIR --bits experts=2,dense=6[,layer.13=3][,mtp=2][,head=6][,embed=fp8] "
                         "[--codebook mcg|mul1|3inst] [--force] [--shard-size-mb 8192] [--quiet]",
                         RunQuantize);
 
