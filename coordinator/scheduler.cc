@@ -54,8 +54,6 @@ void Scheduler::Validate(const GenerateRequest& req) const {
     throw std::invalid_argument("Got priority " + std::to_string(req.priority()) +
                                 " but Priority scheduling is not enabled (the coordinator runs "
                                 "--scheduling-policy fcfs).");
-  if (req.return_logits() && req.sampling().temperature() != 0)
-    throw std::invalid_argument("return_logits requires temperature 0");
 }
 
 void Scheduler::Add(std::shared_ptr<Request> r) {

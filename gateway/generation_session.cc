@@ -10,6 +10,7 @@
 
 #include "gateway/api_error.h"
 #include "gateway/output_splitter.h"
+#include "gateway/prompt_logprobs.h"
 
 namespace dsmesh {
 
@@ -55,6 +56,11 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
         splitter_(job_.chat ? MakeChatOutputSplitter(job_.thinking, job_.request_id) : MakePlainOutputSplitter()),
         created_(static_cast<int64_t>(std::time(nullptr))) {
     stop_ids_.insert(job_.options.sampling.stop_token_ids().begin(), job_.options.sampling.stop_token_ids().end());
+    if (job_.options.prompt_logprobs) {
+      auto tokenizer = services.tokenizer;
+      prompt_logprobs_ = std::make_unique<PromptLogprobs>(job_.prompt_ids, *job_.options.prompt_logprobs,
+                                                          [tokenizer](int id) { return tokenizer->Decode({id}); });
+    }
   }
 
   void Start() {
@@ -64,6 +70,8 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
     *request.mutable_sampling() = job_.options.sampling;
     request.mutable_sampling()->set_max_tokens(job_.max_tokens);
     request.set_priority(job_.options.priority);
+    // prompt_logprobs: every prompt position's logits come back (and the prefix cache is bypassed).
+    request.set_return_logits(prompt_logprobs_ != nullptr);
 
     if (job_.options.stream) {
       exchange_->StartStream(200, "text/event-stream", job_.response_headers, ": ping\n\n");
@@ -111,6 +119,8 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
       last_token_s_ = now;
     }
     engine_completion_tokens_ = std::max(engine_completion_tokens_, m.completion_tokens());
+    if (prompt_logprobs_)
+      for (const LogitsRow& row : m.logits()) prompt_logprobs_->AddRow(row.position(), row.values().data(), row.values_size());
 
     OutputDelta delta;
     json logprobs_content = json::array();
@@ -341,6 +351,13 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
       } else {
         choice = {{"index", 0}, {"text", total_.content}, {"logprobs", logprobs}, {"finish_reason", reason},
                   {"stop_reason", StopReasonJson()}};
+        if (prompt_logprobs_) {
+          if (auto missing = prompt_logprobs_->FirstMissing()) {
+            finished_ = false;
+            return Fail(500, "the mesh returned no logits for prompt position " + std::to_string(*missing), "error");
+          }
+          choice["prompt_logprobs"] = prompt_logprobs_->ToJson();
+        }
       }
       json body = {{"id", job_.response_id},
                    {"object", job_.chat ? "chat.completion" : "text_completion"},
@@ -414,6 +431,7 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
   double last_token_s_ = 0;
   OutputDelta total_;
   json all_logprobs_ = json::array();
+  std::unique_ptr<PromptLogprobs> prompt_logprobs_;  // when the request asked for prompt_logprobs
 };
 
 }  // namespace
