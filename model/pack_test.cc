@@ -238,6 +238,57 @@ TEST_F(PackTest, ShippingConfigRunsAndSizesAddUp) {
   EXPECT_LT(full_summary_->file_bytes, stored + (1 << 20));
   std::printf("pack size %s\n", bytes.ToString().c_str());
   for (int c = 0; c < kPackClasses; ++c) EXPECT_GT(bytes.by_class[c], 0) << PackClassName(static_cast<PackClass>(c));
+  // --size-only's figures (from the plan and shapes) are the pack's.
+  EXPECT_EQ(full_summary_->planned_bytes.by_class, bytes.by_class);
+  QuantizeCheckpointOptions opt;
+  opt.model_dir = *bf16_;
+  opt.bits = Exl3BitsSpec::Parse("experts=4,dense=6,head=6,embed=fp8");
+  opt.size_only = true;
+  EXPECT_EQ(QuantizeCheckpoint(opt).planned_bytes.by_class, bytes.by_class);
+}
+
+// The trained model of docs/trained-model.md (42.1 M parameters: vocab 129,280 x hidden 128, 6 layers
+// [0, 4, 128, 4, 128, 4] + 1 MTP, 8 experts of width 256) has these shapes; its pack with experts K4, dense
+// K6, fp8 embedding and the head at K4 or K6 must fit the 40 MB target (sized from the shapes, not encoded).
+TEST(TrainedModelPack, FitsTheTarget) {
+  TinyModelSpec s;
+  s.vocab_size = 129280;
+  s.hidden_size = 128;
+  s.compress_ratios = {0, 4, 128, 4, 128, 4};
+  s.num_mtp_layers = 1;
+  s.num_heads = 4;
+  s.head_dim = 128;
+  s.rope_dim = 32;
+  s.q_lora_rank = 128;
+  s.o_groups = 2;
+  s.o_lora_rank = 128;
+  s.sliding_window = 128;
+  s.index_n_heads = 32;
+  s.index_head_dim = 64;
+  s.index_topk = 16;
+  s.n_routed_experts = 8;
+  s.num_experts_per_tok = 2;
+  s.moe_intermediate_size = 256;
+  s.num_hash_layers = 2;
+  const std::string dir = TempDir("pack_test_trained_shapes");
+  WriteTinyModel(dir, 1, s);
+  int64_t params = 0;
+  const Checkpoint ck = Checkpoint::Open(dir);
+  for (const std::string& n : ck.names())
+    if (n.find("tid2eid") == std::string::npos) params += ck.Get(n).numel();
+  std::printf("trained-model shapes: %.2f M parameters (tid2eid tables not counted)\n", params / 1e6);
+  EXPECT_NEAR(params / 1e6, 42.1, 0.1);
+  for (const char* bits : {"experts=4,dense=6", "experts=4,dense=6,head=4,embed=fp8", "experts=4,dense=6,head=6,embed=fp8",
+                           "experts=4,dense=6,head=6", "experts=3,dense=4,head=3,embed=fp8"}) {
+    QuantizeCheckpointOptions opt;
+    opt.model_dir = dir;
+    opt.bits = Exl3BitsSpec::Parse(bits);
+    opt.size_only = true;
+    const PackBytes b = QuantizeCheckpoint(opt).planned_bytes;
+    std::printf("trained-model pack %-38s %s\n", bits, b.ToString().c_str());
+    if (opt.bits.embed_fp8 && opt.bits.head) EXPECT_LE(b.total(), 40000000) << bits;
+  }
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -56,9 +56,9 @@ std::string PackBytes::ToString() const {
   return s;
 }
 
-int64_t Exl3LinearBytes(int64_t out_features, int64_t in_features, int K) {
+int64_t Exl3LinearBytes(int64_t out_features, int64_t in_features, int K, Exl3Codebook codebook) {
   const int64_t k = (in_features + 127) / 128 * 128, n = (out_features + 127) / 128 * 128;
-  return k * n * K / 8 + 2 * (k + n) + 4;
+  return k * n * K / 8 + 2 * (k + n) + (codebook == Exl3Codebook::k3Inst ? 0 : 4);
 }
 
 }  // namespace dsmesh

@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/exl3/codebook.h"
+
 namespace dsmesh {
 
 enum class PackClass { kExperts, kDense, kHead, kEmbedding, kOther };
@@ -29,7 +31,7 @@ struct PackBytes {
 };
 
 // Bytes of an EXL3 [out, in] linear at K bits: trellis (k x n padded to 128, K bits each) + fp16 suh, svh
-// + the 4-byte codebook marker.
-int64_t Exl3LinearBytes(int64_t out_features, int64_t in_features, int K);
+// + the 4-byte codebook marker (mcg, mul1; 3inst has none).
+int64_t Exl3LinearBytes(int64_t out_features, int64_t in_features, int K, Exl3Codebook codebook = Exl3Codebook::kMcg);
 
 }  // namespace dsmesh

@@ -153,8 +153,21 @@ void BuildPack(const QuantizeCheckpointOptions& opt, const fs::path& tmp, Quanti
     plans[name] = plan;
     modules[ModuleOf(name)].push_back(name);
   }
-  if (total_tiles == 0)
+  if (total_tiles == 0 && !(opt.bits.embed_fp8 && ckpt.Has("embed.weight")))
     throw std::runtime_error("quantize: " + opt.model_dir + " has no linear weights in DeepSeek naming to quantize");
+
+  // The pack's size by class, from the plan and the shapes alone (what --size-only prints).
+  for (const std::string& name : names) {
+    const Exl3TensorPlan& plan = plans[name];
+    const Tensor t = ckpt.Get(name);
+    if (plan.cls != Exl3TensorClass::kKeep)
+      summary->planned_bytes.Add(PackClassOf(name), Exl3LinearBytes(t.shape[0], t.shape[1], plan.K, opt.codebook));
+    else if (name == "embed.weight" && opt.bits.embed_fp8 && t.dtype != DType::kF8E4M3)
+      summary->planned_bytes.Add(PackClass::kEmbedding, t.numel() + t.shape[0] * 4);  // fp8 + f32 scale per row
+    else
+      summary->planned_bytes.Add(PackClassOf(name), t.nbytes());
+  }
+  if (opt.size_only) return;
 
   ShardSet shards(tmp, opt.shard_bytes);
   ProgressBar bar("quantize");
@@ -284,6 +297,14 @@ void BuildPack(const QuantizeCheckpointOptions& opt, const fs::path& tmp, Quanti
 
 QuantizeCheckpointSummary QuantizeCheckpoint(const QuantizeCheckpointOptions& opt) {
   const auto start = std::chrono::steady_clock::now();
+  if (opt.size_only) {
+    if (opt.model_dir.empty()) throw std::runtime_error("quantize: --model is required");
+    if (!fs::is_directory(opt.model_dir)) throw std::runtime_error("quantize: --model " + opt.model_dir + " is not a directory");
+    QuantizeCheckpointSummary summary;
+    BuildPack(opt, fs::path(), &summary);  // plans, validates and sizes; writes nothing
+    summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return summary;
+  }
   if (opt.model_dir.empty() || opt.out_dir.empty()) throw std::runtime_error("quantize: --model and --out are required");
   if (!fs::is_directory(opt.model_dir)) throw std::runtime_error("quantize: --model " + opt.model_dir + " is not a directory");
   const fs::path out = fs::absolute(opt.out_dir).lexically_normal();

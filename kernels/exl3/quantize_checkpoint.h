@@ -23,6 +23,7 @@ struct QuantizeCheckpointOptions {
   bool force = false;                      // replace an existing out_dir
   int64_t shard_bytes = 8192ll << 20;      // exllamav3's default shard size
   bool progress = true;                    // progress bar on stderr
+  bool size_only = false;                  // plan, validate and size the pack; encode and write nothing
 };
 
 struct QuantizeCheckpointSummary {
@@ -30,7 +31,8 @@ struct QuantizeCheckpointSummary {
   double average_bits = 0;  // over quantized linears, weighted by weights (padding excluded)
   double seconds = 0;
   int shards = 0;
-  PackBytes bytes;           // tensor bytes written, by class
+  PackBytes planned_bytes;   // tensor bytes by class computed from the plan and shapes (also with size_only)
+  PackBytes bytes;           // tensor bytes written, by class (equals planned_bytes)
   int64_t file_bytes = 0;    // the safetensors shards on disk (tensor bytes + headers)
 };
 
