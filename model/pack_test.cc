@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <thread>
 
@@ -183,13 +184,27 @@ TEST_F(PackTest, Fp8EmbeddingRoundTrip) {
   std::printf("fp8 embedding: table rel L2 %.3e, worst relative error of a normal value %.4f (e4m3 bound 1/16)\n",
               std::sqrt(err2 / ref2), worst_rel);
 
+  // The loader's table is exactly the dequantized fp8: the pack's logits equal those of a bf16 checkpoint
+  // holding that table.
+  const std::string ref = TempDir("pack_test_embed_ref");
+  SafetensorsWriter wr;
+  for (const std::string& name : src.names())
+    if (name != "embed.weight") wr.Add(name, src.Get(name));
+  wr.Add("embed.weight", w.embed);
+  wr.Write(ref + "/model.safetensors");
+  fs::copy_file(*bf16_ + "/config.json", ref + "/config.json");
   const auto tokens = Tokens(120, kVocab, 5);
+  auto d = LoadModel(ref, ShardSpec{}, MakeCpuBackend());
   auto r = LoadModel(*bf16_, ShardSpec{}, MakeCpuBackend());
-  const Tensor a = AllLogits(*q, tokens), b = AllLogits(*r, tokens);
+  const Tensor a = AllLogits(*q, tokens), b = AllLogits(*r, tokens), c = AllLogits(*d, tokens);
+  EXPECT_EQ(std::memcmp(a.data, c.data, a.nbytes()), 0) << "fp8 pack vs bf16 checkpoint of the dequantized table";
+  // Against the bf16 model the difference is the fp8 rounding itself (2.6 % of the table), carried through a
+  // random model whose top-2 routers flip on small changes: printed, not a quality figure.
   const double whole = RelL2(a.as<float>(), b.as<float>(), a.numel());
-  std::printf("fp8 embedding vs bf16: logits rel L2 %.3e overall, worst row %.3e\n", whole, WorstRowRelL2(a, b, 120, kVocab));
-  EXPECT_LT(whole, 0.05);
+  std::printf("fp8 embedding vs bf16 (random tiny model): logits rel L2 %.3e overall, worst row %.3e\n", whole,
+              WorstRowRelL2(a, b, 120, kVocab));
   EXPECT_GT(whole, 1e-5);
+  for (int64_t i = 0; i < a.numel(); ++i) ASSERT_TRUE(std::isfinite(a.as<float>()[i])) << i;
 }
 
 TEST_F(PackTest, Fp8EmbeddingWithoutScaleIsRefused) {
@@ -221,9 +236,9 @@ TEST_F(PackTest, ShippingConfigRunsAndSizesAddUp) {
   auto r = LoadModel(*bf16_, ShardSpec{}, MakeCpuBackend());
   const Tensor a = AllLogits(*q, tokens), b = AllLogits(*r, tokens);
   for (int64_t i = 0; i < a.numel(); ++i) ASSERT_TRUE(std::isfinite(a.as<float>()[i])) << i;
-  std::printf("experts K4 + dense K6 + head K6 + fp8 embedding vs bf16: logits rel L2 %.3e\n",
+  // Every block quantized too, on a random model: printed, not a quality figure (docs/exl3.md measures KL).
+  std::printf("experts K4 + dense K6 + head K6 + fp8 embedding vs bf16 (random tiny model): logits rel L2 %.3e\n",
               RelL2(a.as<float>(), b.as<float>(), a.numel()));
-  EXPECT_LT(RelL2(a.as<float>(), b.as<float>(), a.numel()), 0.2);
 
   // Sizes by class: the head and embedding exactly as computed from their shapes; the classes add up to
   // the tensors written, and the files hold those plus their headers.
