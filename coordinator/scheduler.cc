@@ -218,6 +218,12 @@ StepPlan Scheduler::Schedule() {
       n = std::min({remaining, cap, prefill_bound});
     }
     n = cut_at_snapshot(*r, n);
+    // A request that returns logits (prompt_logprobs, the logits oracle) gets a vocab-wide f32 row back for
+    // every planned token. The rows travel in the step result on the worker's stream, which also carries
+    // its heartbeats: keep one step's rows within kMaxLogitsBytesPerStep so a long prefill chunk cannot
+    // stall that stream past the heartbeat timeout.
+    if (r->return_logits && config_.vocab_size > 0)
+      n = std::min<int64_t>(n, std::max<int64_t>(1, kMaxLogitsBytesPerStep / (4 * config_.vocab_size)));
     if (n <= 0) {
       ++i;
       continue;

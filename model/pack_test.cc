@@ -301,7 +301,9 @@ TEST(TrainedModelPack, FitsTheTarget) {
     opt.size_only = true;
     const PackBytes b = QuantizeCheckpoint(opt).planned_bytes;
     std::printf("trained-model pack %-38s %s\n", bits, b.ToString().c_str());
-    if (opt.bits.embed_fp8 && opt.bits.head) EXPECT_LE(b.total(), 40000000) << bits;
+    if (opt.bits.embed_fp8 && opt.bits.head) {
+      EXPECT_LE(b.total(), 40000000) << bits;
+    }
   }
   fs::remove_all(dir);
 }
