@@ -44,8 +44,10 @@ ctx=48
 
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 cport=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+# A generous heartbeat timeout: the test machine may be shared by several builds (the logits rows of a
+# prompt_logprobs step are capped at 8 MiB by the scheduler, but a starved worker can still miss 1.5 s).
 "$dsmesh" up --model "$tmp/m" --world 2 --threads 1 --port "$port" --coordinator-port "$cport" --kv-memory 256M \
-  --log-dir "$tmp/logs" 2>"$tmp/up.err" &
+  --heartbeat-timeout-ms 10000 --log-dir "$tmp/logs" 2>"$tmp/up.err" &
 up_pid=$!
 for _ in $(seq 240); do
   grep -q "dsmesh up: ready" "$tmp/up.err" && break
