@@ -89,7 +89,8 @@ std::string Sibling(const std::string& package, const std::string& name) {
 
 const std::vector<std::string> kCoordinatorFlags = {"max-num-seqs", "max-batched-tokens", "max-model-len",
                                                     "enable-prefix-caching", "long-prefill-token-threshold",
-                                                    "scheduling-policy", "speculative-config", "max-queued"};
+                                                    "scheduling-policy", "speculative-config", "max-queued",
+                                                    "heartbeat-timeout-ms"};
 
 LocalMeshOptions OptionsFromFlags(const Flags& f, const std::string& model, int world) {
   LocalMeshOptions o;

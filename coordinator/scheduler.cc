@@ -54,8 +54,6 @@ void Scheduler::Validate(const GenerateRequest& req) const {
     throw std::invalid_argument("Got priority " + std::to_string(req.priority()) +
                                 " but Priority scheduling is not enabled (the coordinator runs "
                                 "--scheduling-policy fcfs).");
-  if (req.return_logits() && req.sampling().temperature() != 0)
-    throw std::invalid_argument("return_logits requires temperature 0");
 }
 
 void Scheduler::Add(std::shared_ptr<Request> r) {
@@ -202,6 +200,14 @@ StepPlan Scheduler::Schedule() {
   const bool alone = running_.size() + waiting_.size() == 1;
   const int64_t cap = fair && !alone ? config_.long_prefill_token_threshold : kNoCap;
   int64_t budget = config_.max_batched_tokens;
+  // A request that returns logits (prompt_logprobs, the logits oracle) gets a vocab-wide f32 row back for
+  // every planned token. The rows travel in the step result on the worker's stream, which also carries
+  // its heartbeats: one step's rows stay within kMaxLogitsBytesPerStep so a long prefill chunk cannot
+  // stall that stream past the heartbeat timeout.
+  auto cap_logits_rows = [this](const Request& r, int64_t n) {
+    if (!r.return_logits || config_.vocab_size <= 0) return n;
+    return std::min<int64_t>(n, std::max<int64_t>(1, kMaxLogitsBytesPerStep / (4 * config_.vocab_size)));
+  };
   auto cut_at_snapshot = [](const Request& r, int64_t n) {
     return r.snapshot_at > r.computed ? std::min<int64_t>(n, r.snapshot_at - r.computed) : n;
   };
@@ -231,7 +237,7 @@ StepPlan Scheduler::Schedule() {
     } else {
       n = std::min({remaining, cap, prefill_bound});
     }
-    n = cut_at_snapshot(*r, n);
+    n = cap_logits_rows(*r, cut_at_snapshot(*r, n));
     if (n <= 0) {
       ++i;
       continue;
@@ -289,7 +295,7 @@ StepPlan Scheduler::Schedule() {
       const int64_t b = (total - 1) / geometry().block_size * geometry().block_size;
       if (b > start && !cache_.Contains(r->tokens, b)) snapshot_at = b;
     }
-    int64_t n = std::min({total - start, budget, cap});
+    int64_t n = cap_logits_rows(*r, std::min({total - start, budget, cap}));
     if (snapshot_at > 0) n = std::min<int64_t>(n, snapshot_at - start);
     const uint64_t seq_id = next_id_++;
     std::set<uint64_t> pinned_with = pinned;

@@ -48,6 +48,9 @@ enum class SchedulingPolicy { kFcfs, kPriority };
 SchedulingPolicy ParseSchedulingPolicy(const std::string& name);
 const char* SchedulingPolicyName(SchedulingPolicy policy);
 
+// Logits rows a return_logits request may get back from one step (8 MiB: 16 rows at vocab 129,280).
+constexpr int64_t kMaxLogitsBytesPerStep = 8ll << 20;
+
 // The default long_prefill_token_threshold: a quarter of the default budget.
 constexpr int kDefaultLongPrefillTokenThreshold = 128;
 

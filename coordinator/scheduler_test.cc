@@ -145,6 +145,27 @@ TEST(Scheduler, ChunkedPrefillUnderBudgetThenDecode) {
   EXPECT_EQ(out.back().completion_tokens(), 2);
 }
 
+TEST(Scheduler, ReturnLogitsChunksKeepTheirRowsWithinTheStepCap) {
+  SchedulerConfig c = Config(4, 512, false);
+  c.vocab_size = 129280;  // 8 MiB of f32 rows: 16 per step
+  Scheduler s(c, Geometry(100));
+  auto r = Req(std::vector<int32_t>(40, 3), 1);
+  r->return_logits = true;
+  r->params.set_temperature(0.7f);  // any sampling (prompt_logprobs)
+  s.Add(r);
+  std::vector<int> chunks;
+  for (int step = 0; step < 10 && s.HasWork(); ++step) {
+    StepPlan p = s.Schedule();
+    if (p.seqs_size()) chunks.push_back(p.seqs(0).tokens_size());
+    s.Apply(p, Result(p));
+  }
+  EXPECT_EQ(chunks, (std::vector<int>{16, 16, 8}));
+  auto plain = Req(std::vector<int32_t>(40, 3), 1);
+  Scheduler s2(c, Geometry(100));
+  s2.Add(plain);
+  EXPECT_EQ(s2.Schedule().seqs(0).tokens_size(), 40);  // only logits requests are capped
+}
+
 TEST(Scheduler, FcfsUpToMaxNumSeqsAndDecodeMixedWithPrefill) {
   Scheduler s(Config(2, 16, false), Geometry(100));
   auto a = Req({1, 2, 3}, 5), b = Req({4, 5, 6, 7}, 5), c = Req({8}, 5);

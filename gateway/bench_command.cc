@@ -27,6 +27,7 @@
 
 #include "common/cli_registry.h"
 #include "common/flags.h"
+#include "common/http_client.h"
 
 namespace dsmesh {
 namespace {
@@ -38,32 +39,8 @@ using tcp = net::ip::tcp;
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-struct Endpoint {
-  std::string host, port, prefix;  // prefix: path before /v1 (usually empty)
-};
-
-Endpoint ParseUrl(const std::string& url) {
-  const std::string scheme = "http://";
-  if (url.rfind(scheme, 0) != 0)
-    throw UsageError("--url must start with http:// (TLS is not supported by the bench client): " + url);
-  std::string rest = url.substr(scheme.size());
-  std::string hostport = rest.substr(0, rest.find('/'));
-  Endpoint e;
-  e.prefix = rest.size() > hostport.size() ? rest.substr(hostport.size()) : "";
-  while (!e.prefix.empty() && e.prefix.back() == '/') e.prefix.pop_back();
-  if (e.prefix.size() >= 3 && e.prefix.compare(e.prefix.size() - 3, 3, "/v1") == 0)
-    e.prefix.resize(e.prefix.size() - 3);
-  auto colon = hostport.rfind(':');
-  e.host = colon == std::string::npos ? hostport : hostport.substr(0, colon);
-  e.port = colon == std::string::npos ? "80" : hostport.substr(colon + 1);
-  if (e.host.empty()) throw UsageError("--url has no host: " + url);
-  return e;
-}
-
-struct HttpResult {
-  int status = 0;
-  std::string body;
-};
+using Endpoint = HttpEndpoint;
+Endpoint ParseUrl(const std::string& url) { return ParseHttpUrl(url, "--url"); }
 
 // An HTTP/1.1 request with a JSON body (and the API key as a bearer token when given).
 http::request<http::string_body> JsonRequest(const Endpoint& e, http::verb verb, const std::string& path,
@@ -80,19 +57,7 @@ http::request<http::string_body> JsonRequest(const Endpoint& e, http::verb verb,
 // Plain request/response (GET /metrics, /v1/models).
 HttpResult Fetch(const Endpoint& e, http::verb verb, const std::string& path, const std::string& body,
                  const std::string& api_key) {
-  net::io_context io;
-  tcp::resolver resolver(io);
-  beast::tcp_stream stream(io);
-  stream.expires_after(std::chrono::seconds(60));
-  stream.connect(resolver.resolve(e.host, e.port));
-  http::write(stream, JsonRequest(e, verb, path, body, api_key));
-  beast::flat_buffer buffer;
-  http::response_parser<http::string_body> parser;
-  parser.body_limit(256u << 20);
-  http::read(stream, buffer, parser);
-  beast::error_code ignored;
-  stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
-  return {static_cast<int>(parser.get().result_int()), parser.get().body()};
+  return HttpFetch(e, verb == http::verb::get ? "GET" : "POST", path, body, api_key);
 }
 
 struct StreamResult {

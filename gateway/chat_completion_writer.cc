@@ -100,6 +100,7 @@ class ChatCompletionWriter : public GenerationWriter {
       } else {
         choice = {{"index", c.index}, {"text", c.total.content}, {"logprobs", logprobs},
                   {"finish_reason", c.finish_reason}, {"stop_reason", c.stop_reason}};
+        if (!c.prompt_logprobs.is_null()) choice["prompt_logprobs"] = c.prompt_logprobs;
       }
       list.push_back(choice);
     }

@@ -39,6 +39,7 @@ struct ChoiceOutput {
   int completion_tokens = 0;
   int reasoning_tokens = 0;    // tokens consumed before the first content or tool call (thinking prompts)
   double cumulative_logprob = 0;
+  nlohmann::json prompt_logprobs;  // completions with prompt_logprobs (gateway/prompt_logprobs.h), else null
 };
 
 class ChoiceDecoder {

@@ -11,6 +11,7 @@
 #include "gateway/api_error.h"
 #include "gateway/choice_decoder.h"
 #include "gateway/generation_writer.h"
+#include "gateway/prompt_logprobs.h"
 
 namespace dsmesh {
 
@@ -58,6 +59,11 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
       sequences_.push_back(std::move(s));
     }
     send_ = [this](const std::string& bytes) { exchange_->SendChunk(bytes); };
+    if (job_.options.prompt_logprobs) {
+      auto tokenizer = services_.tokenizer;
+      prompt_logprobs_ = std::make_unique<PromptLogprobs>(job_.prompt_ids, *job_.options.prompt_logprobs,
+                                                          [tokenizer](int id) { return tokenizer->Decode({id}); });
+    }
   }
 
   void Start() {
@@ -97,6 +103,9 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
         if (job_.options.best_of > job_.options.n) sp->set_want_logprobs(true);  // ranked by cumulative logprob
         request.set_priority(job_.options.priority);
         if (job_.max_queued) request.set_max_queued(*job_.max_queued);
+        // prompt_logprobs: every prompt position's logits come back (and the prefix cache is bypassed). The
+        // prompt rows are the same for every choice, so only choice 0 asks for them.
+        request.set_return_logits(prompt_logprobs_ != nullptr && i == 0);
         requests.emplace_back(i, std::move(request));
         ++calls_started_;
       }
@@ -168,6 +177,8 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
     } else if (m.token_ids_size() > 0) {
       last_token_s_ = std::max(last_token_s_, now);
     }
+    if (index == 0 && prompt_logprobs_)
+      for (const LogitsRow& row : m.logits()) prompt_logprobs_->AddRow(row.position(), row.values().data(), row.values_size());
     Sequence& seq = sequences_[index];
     ChoiceStep step = seq.decoder->Consume(m);
     if (step.aborted) return Fail(step.error_status, step.error, "abort");
@@ -239,9 +250,17 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
   }
 
   void Complete() {
+    if (prompt_logprobs_)
+      if (auto missing = prompt_logprobs_->FirstMissing())
+        return Fail(500, "the mesh returned no logits for prompt position " + std::to_string(*missing), "error");
     finished_ = true;
     std::vector<ChoiceOutput> outputs;
     for (const auto& s : sequences_) outputs.push_back(s.decoder->output());
+    if (prompt_logprobs_) {
+      // vLLM repeats the prompt's logprobs in every choice (they do not depend on the sampled tokens).
+      const nlohmann::json prompt_logprobs = prompt_logprobs_->ToJson();
+      for (auto& o : outputs) o.prompt_logprobs = prompt_logprobs;
+    }
     UsageCounts usage = Usage();
     for (const auto& o : outputs) usage.reasoning_tokens += o.reasoning_tokens;
     if (static_cast<int>(outputs.size()) > job_.options.n) {
@@ -349,6 +368,7 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
   bool admitted_ = false;  // the coordinator admitted choice 0 (a stream's 200 is sent then)
   std::optional<double> first_token_s_, queue_s_;
   double last_token_s_ = 0;
+  std::unique_ptr<PromptLogprobs> prompt_logprobs_;  // when the request asked for prompt_logprobs (choice 0's rows)
 };
 
 }  // namespace

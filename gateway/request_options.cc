@@ -60,7 +60,7 @@ const std::set<std::string> kKnownFields = {
     "skip_special_tokens", "echo", "user", "request_id", "priority", "best_of", "suffix", "logit_bias",
     "include_stop_str_in_output", "add_special_tokens", "metadata", "store", "service_tier", "prompt_cache_key",
     "safety_identifier", "verbosity", "modalities", "prediction", "functions", "function_call", "audio",
-    "web_search_options", "guided_json", "guided_regex", "guided_choice", "structured_outputs"};
+    "web_search_options", "guided_json", "guided_regex", "guided_choice", "structured_outputs", "prompt_logprobs"};
 
 }  // namespace
 
@@ -155,7 +155,13 @@ RequestOptions ParseRequestOptions(const json& body, bool chat) {
     r.top_logprobs = static_cast<int>(lp.value_or(0));
     r.echo = Bool(body, "echo", false);
     if (r.echo) throw BadRequest("'echo' is not supported", "echo");
+    if (auto k = Integer(body, "prompt_logprobs", 0, 20)) {
+      if (r.stream) throw BadRequest("'prompt_logprobs' is not supported with 'stream'", "prompt_logprobs");
+      r.prompt_logprobs = static_cast<int>(*k);
+    }
   }
+  if (chat && FindField(body, "prompt_logprobs"))
+    throw BadRequest("'prompt_logprobs' is supported on /v1/completions only", "prompt_logprobs");
   s.set_want_logprobs(r.logprobs);
   s.set_logprobs(r.top_logprobs);
 

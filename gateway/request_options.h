@@ -25,6 +25,8 @@ struct RequestOptions {
   int top_logprobs = 0;
   bool skip_special_tokens = true;
   bool echo = false;                      // completions only
+  std::optional<int> prompt_logprobs;     // completions, not streamed (vLLM extension): per prompt token
+                                          // logprob + this many top alternatives (gateway/prompt_logprobs.h)
   std::optional<std::string> request_id;  // body "request_id" (vLLM extension)
   int priority = 0;                       // body "priority" (vLLM extension): lower runs first
   int n = 1;                              // choices returned, 1..kMaxChoices

@@ -120,7 +120,9 @@ std::unique_ptr<Model> LoadForCli(const Flags& f) {
   if (device >= 0) RequireCudaDevice(device, "--device " + f.Get("device", "cpu"));
   CudaBackendOptions cuda;
   cuda.cuda_graphs = !f.Has("enforce-eager");
-  return LoadModel(dir, ShardSpec{0, 1}, device >= 0 ? MakeCudaBackend(device, cuda) : MakeCpuBackend(threads));
+  auto model = LoadModel(dir, ShardSpec{0, 1}, device >= 0 ? MakeCudaBackend(device, cuda) : MakeCpuBackend(threads));
+  std::fprintf(stderr, "[load] %s: %s\n", dir.c_str(), model->WeightsDescription().c_str());
+  return model;
 }
 
 DSMESH_REGISTER_COMMAND(logits, "logits --model DIR --tokens 5,17,9 --out FILE.safetensors [--threads N] [--world N | --coordinator HOST:PORT]", RunLogits);

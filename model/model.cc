@@ -125,6 +125,7 @@ std::vector<DraftResult> Model::Draft(const std::vector<DraftRequest>& batch) { 
 size_t Model::StateBytesPerToken() const { return static_cast<size_t>(std::ceil(impl_->StateBytesPerToken())); }
 size_t Model::StateFixedBytes(int speculative_tokens) const { return impl_->StateFixedBytes(speculative_tokens); }
 size_t Model::WeightBytes() const { return impl_->weights().bytes; }
+std::string Model::WeightsDescription() const { return DescribeWeights(impl_->weights()); }
 
 std::unique_ptr<Model> LoadModel(const std::string& dir, const ShardSpec& shard, std::shared_ptr<Backend> backend,
                                  Communicator* comm) {

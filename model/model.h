@@ -158,6 +158,9 @@ class Model {
 
   // Bytes of weights this rank holds (after sharding).
   size_t WeightBytes() const;
+  // How the weights are stored, one line (model/weights.h DescribeWeights): embedding dtype, head EXL3 K
+  // or dense, EXL3 and dense linear counts.
+  std::string WeightsDescription() const;
 
   ModelImpl& impl() { return *impl_; }
   explicit Model(std::unique_ptr<ModelImpl> impl);

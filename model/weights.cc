@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "common/fp8_blocks.h"
 #include "common/half.h"
 #include "kernels/exl3/synthetic_hash.h"
 #include "model/synthetic.h"
@@ -122,6 +123,31 @@ class WeightLoader {
   }
 
   size_t bytes() const { return bytes_; }
+  int exl3_linears() const { return exl3_linears_; }
+  int dense_linears() const { return dense_linears_; }
+  int head_bits() const { return head_bits_; }
+
+  // The embedding table [V, D] as a dense float tensor: as stored, or an F8_E4M3 table with its block
+  // scale (`embed.scale`, or `embed.weight_scale_inv`) dequantized to bf16. `*storage` says which.
+  Tensor Embedding(int64_t V, int64_t D, std::string* storage) const {
+    Tensor embed = Fetch("embed.weight", {V, D});
+    CheckShape(embed, {V, D}, "embed.weight");
+    *storage = DTypeName(embed.dtype);
+    if (IsDenseFloat(embed.dtype)) return embed;
+    const std::string file = ckpt_.FileOf(Find("embed.weight"));
+    if (embed.dtype != DType::kF8E4M3)
+      throw std::runtime_error(file + ": tensor \"embed.weight\" has dtype " + DTypeName(embed.dtype) +
+                               ", expected bf16/fp16/f32, or F8_E4M3 with a scale");
+    std::string scale_name;
+    for (const char* n : {"embed.scale", "embed.weight_scale_inv", "model.embed_tokens.weight_scale_inv"})
+      if (scale_name.empty()) scale_name = Find(n);
+    if (scale_name.empty())
+      throw std::runtime_error(file + ": tensor \"embed.weight\" is F8_E4M3 but the checkpoint has no scale for it "
+                               "(\"embed.scale\" or \"embed.weight_scale_inv\")");
+    const Tensor scale = ckpt_.Get(scale_name);
+    *storage += " + " + std::string(DTypeName(scale.dtype)) + " scale " + scale.ShapeString() + " (dequantized to BF16)";
+    return DequantizeFp8ToBf16(embed, scale, ckpt_.FileOf(scale_name) + ": \"embed.weight\" with \"" + scale_name + "\"");
+  }
 
   // The stored name of a DeepSeek-named tensor, or "" when the checkpoint has it under no known spelling.
   std::string Find(const std::string& ds) const {
@@ -208,6 +234,7 @@ class WeightLoader {
     lw.in = c1 - c0;
     lw.dense = be_.Upload(Slice2D(w, r0, r1, c0, c1));
     bytes_ += lw.dense.nbytes();
+    ++dense_linears_;
     return lw;
   }
 
@@ -221,6 +248,8 @@ class WeightLoader {
       const Exl3TensorPlan plan = PlanExl3Tensor(ds, synth_->bits);
       if (plan.cls == Exl3TensorClass::kKeep) return DenseLinear(ds, SyntheticDense(*synth_, ds, {out, in}), r0, r1, c0, c1);
       LinearWeight lw = be_.SyntheticExl3Linear(prefix, out, in, r0, r1, c0, c1, plan.K, SyntheticSeed(*synth_, ds));
+      ++exl3_linears_;
+      if (prefix == "head") head_bits_ = plan.K;
       const int64_t k = (c1 + 127) / 128 * 128 - c0 / 128 * 128, n = (r1 + 127) / 128 * 128 - r0 / 128 * 128;
       bytes_ += static_cast<size_t>(k * n * plan.K / 8 + 2 * (k + n));
       return lw;
@@ -231,6 +260,11 @@ class WeightLoader {
         if (!ckpt_.Has(p + ".trellis")) continue;
         LinearWeight lw = be_.LoadExl3Linear(ckpt_, p, out, in, r0, r1, c0, c1);
         lw.name = p;
+        ++exl3_linears_;
+        if (prefix == "head") {
+          const Tensor trellis = ckpt_.Get(p + ".trellis");  // [k/16, n/16, 16K] (validated by the backend)
+          head_bits_ = static_cast<int>(trellis.shape.at(2) / 16);
+        }
         return lw;
       }
     }
@@ -361,6 +395,7 @@ class WeightLoader {
   Backend& be_;
   const SyntheticSpec* synth_;
   size_t bytes_ = 0;
+  int exl3_linears_ = 0, dense_linears_ = 0, head_bits_ = 0;
 };
 
 }  // namespace
@@ -397,11 +432,7 @@ ModelWeights LoadAll(WeightLoader& ld, const Checkpoint& ckpt, const ModelConfig
     std::fprintf(stderr, "[load] %s (%.1f GiB so far, %.1f s)\n", what.c_str(), ld.bytes() / 1073741824.0, s);
   };
   const int64_t D = c.hidden_size, V = c.vocab_size;
-  Tensor embed = ld.Fetch("embed.weight", {V, D});
-  ld.CheckShape(embed, {V, D}, "embed.weight");
-  if (!IsDenseFloat(embed.dtype))
-    throw std::runtime_error(ckpt.dir() + ": tensor \"embed.weight\" has dtype " + std::string(DTypeName(embed.dtype)) +
-                             ", expected bf16/fp16/f32");
+  const Tensor embed = ld.Embedding(V, D, &w.embed_storage);
   w.embed = be.Upload(embed);
   w.head_rows_per_rank = (V + l.world - 1) / l.world;
   w.head_rows_begin = std::min<int64_t>(V, l.rank * w.head_rows_per_rank);
@@ -436,11 +467,23 @@ ModelWeights LoadAll(WeightLoader& ld, const Checkpoint& ckpt, const ModelConfig
     w.mtp.push_back(std::move(mw));
   }
   w.bytes = ld.bytes() + embed.nbytes();
+  w.exl3_linears = ld.exl3_linears();
+  w.dense_linears = ld.dense_linears();
+  w.head_bits = ld.head_bits();
   report("done");
   return w;
 }
 
 }  // namespace
+
+std::string DescribeWeights(const ModelWeights& w) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, ", %d EXL3 + %d dense linears, %.1f MiB on this rank", w.exl3_linears, w.dense_linears,
+                w.bytes / 1048576.0);
+  return "embedding " + w.embed_storage + ", head " +
+         (w.head_bits > 0 ? "EXL3 K" + std::to_string(w.head_bits) : std::string("dense ") + DTypeName(w.head.dense.dtype)) +
+         buf;
+}
 
 ModelWeights LoadWeights(const Checkpoint& ckpt, const ModelConfig& c, const ShardLayout& l, Backend& be) {
   WeightLoader ld(ckpt, c, l, be);

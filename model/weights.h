@@ -67,7 +67,7 @@ struct MtpWeights {
 };
 
 struct ModelWeights {
-  Tensor embed;         // [vocab, D] (replicated)
+  Tensor embed;         // [vocab, D] (replicated); an F8_E4M3 + scale checkpoint table is dequantized to bf16
   LinearWeight head;    // [vocab rows of this rank, D]
   int64_t head_rows_begin = 0, head_rows_per_rank = 0;  // vocab split: rank r holds rows r*per..
   Tensor norm;
@@ -75,7 +75,14 @@ struct ModelWeights {
   std::vector<BlockWeights> layers;
   std::vector<MtpWeights> mtp;
   size_t bytes = 0;     // weight bytes held by this rank
+  // How the checkpoint stored them (for the load log line and tests).
+  std::string embed_storage;  // "BF16", "F8_E4M3 + F32 scale [129280, 1] (dequantized to BF16)", ...
+  int head_bits = 0;          // K of an EXL3 head, 0 when dense
+  int exl3_linears = 0, dense_linears = 0;
 };
+
+// One line: "embedding F8_E4M3 + ... , head EXL3 K6, 243 EXL3 + 10 dense linears, 12.3 MiB on this rank".
+std::string DescribeWeights(const ModelWeights& w);
 
 // Tensor-parallel layout derived from the config and the shard.
 struct ShardLayout {

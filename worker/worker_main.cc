@@ -299,6 +299,7 @@ class Worker {
         if (!kv_budget_explicit_) kv_budget_ = GpuKvBudget();
         executor_ = std::make_unique<StepExecutor>(model_.get(), &comm_);
         executor_->set_tokenizer_dir(model_dir_);
+        std::fprintf(stderr, "[worker %d/%d] weights: %s\n", rank_, world_, model_->WeightsDescription().c_str());
         const auto& c = model_->config();
         const int64_t per_token = model_->StateBytesPerToken();
         std::fprintf(stderr,

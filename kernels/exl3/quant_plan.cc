@@ -10,17 +10,25 @@ Exl3BitsSpec Exl3BitsSpec::Parse(const std::string& text) {
   Exl3BitsSpec spec;
   std::stringstream ss(text);
   std::string item;
-  const std::regex item_re(R"((experts|dense|mtp|layer\.(\d+))=(\d+))");
+  const std::regex item_re(R"((experts|dense|mtp|head|layer\.(\d+))=(\d+))");
   while (std::getline(ss, item, ',')) {
     std::smatch m;
+    if (item == "embed=fp8" || item == "embed=bf16") {
+      spec.embed_fp8 = item == "embed=fp8";
+      continue;
+    }
+    if (item.rfind("embed=", 0) == 0)
+      throw std::invalid_argument("--bits: '" + item + "': the embedding is stored as fp8 or bf16 (embed=fp8 or embed=bf16)");
     if (!std::regex_match(item, m, item_re))
-      throw std::invalid_argument("--bits: cannot parse '" + item + "' (expected experts=K, dense=K, layer.N=K or mtp=K)");
+      throw std::invalid_argument("--bits: cannot parse '" + item +
+                                  "' (expected experts=K, dense=K, layer.N=K, mtp=K, head=K or embed=fp8)");
     const int K = std::stoi(m[3]);
     if (K < 1 || K > 8) throw std::invalid_argument("--bits: '" + item + "': K must be 1..8");
     const std::string key = m[1];
     if (key == "experts") spec.experts = K;
     else if (key == "dense") spec.dense = K;
     else if (key == "mtp") spec.mtp = K;
+    else if (key == "head") spec.head = K;
     else spec.layer[std::stoi(m[2])] = K;
   }
   if (spec.experts == 0 || spec.dense == 0)
@@ -32,6 +40,8 @@ std::string Exl3BitsSpec::ToString() const {
   std::string s = "experts=" + std::to_string(experts) + ",dense=" + std::to_string(dense);
   for (auto [l, K] : layer) s += ",layer." + std::to_string(l) + "=" + std::to_string(K);
   if (mtp) s += ",mtp=" + std::to_string(*mtp);
+  if (head) s += ",head=" + std::to_string(head);
+  if (embed_fp8) s += ",embed=fp8";
   return s;
 }
 
@@ -53,9 +63,13 @@ Exl3TensorPlan PlanExl3Tensor(const std::string& name, const Exl3BitsSpec& bits)
   } else if (std::regex_match(name, dense_re)) {
     plan.cls = Exl3TensorClass::kDense;
     plan.K = bits.dense;
+  } else if (name == "head.weight") {
+    plan.cls = Exl3TensorClass::kHead;
+    plan.K = bits.head;
   } else {
     return plan;
   }
+  if (plan.K == 0) return Exl3TensorPlan{};
   plan.prefix = name.substr(0, name.size() - std::string(".weight").size());
   return plan;
 }

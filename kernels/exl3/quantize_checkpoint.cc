@@ -14,6 +14,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "common/fp8_blocks.h"
 #include "common/safetensors.h"
 #include "kernels/exl3/parallel.h"
 #include "kernels/exl3/progress.h"
@@ -54,8 +55,10 @@ class ShardSet {
     writer_.Add(name, t);
     current_bytes_ += t.nbytes();
     total_bytes_ += t.nbytes();
+    by_class_.Add(PackClassOf(name), t.nbytes());
     pending_names_.push_back(name);
   }
+  const PackBytes& bytes() const { return by_class_; }
   // Writes the last shard and names them model.safetensors or model-0000i-of-0000N.safetensors (+ index).
   int Finish() {
     Flush();
@@ -89,6 +92,7 @@ class ShardSet {
   SafetensorsWriter writer_;
   std::vector<std::string> pending_names_;
   int64_t current_bytes_ = 0, total_bytes_ = 0;
+  PackBytes by_class_;
   std::vector<std::pair<fs::path, std::vector<std::string>>> written_;
 };
 
@@ -135,11 +139,35 @@ void BuildPack(const QuantizeCheckpointOptions& opt, const fs::path& tmp, Quanti
                                  ".scale\" exists: block-scaled FP8/FP4 weights must be dequantized first");
       total_tiles += ((t.shape[1] + 127) / 128 * 8) * ((t.shape[0] + 127) / 128 * 8);
     }
+    if (name == "embed.weight" && opt.bits.embed_fp8) {
+      const Tensor t = ckpt.Get(name);
+      if (t.shape.size() != 2 || (t.dtype != DType::kBF16 && t.dtype != DType::kF16 && t.dtype != DType::kF32 &&
+                                  t.dtype != DType::kF8E4M3))
+        throw std::runtime_error("quantize: " + ckpt.FileOf(name) + ": tensor \"embed.weight\" is " +
+                                 DTypeName(t.dtype) + " " + t.ShapeString() +
+                                 "; embed=fp8 needs a 2-D BF16, F16 or F32 table");
+      if (t.dtype == DType::kF8E4M3 && !ckpt.Has("embed.scale"))
+        throw std::runtime_error("quantize: " + ckpt.FileOf(name) + ": tensor \"embed.weight\" is F8_E4M3 without "
+                                 "\"embed.scale\"");
+    }
     plans[name] = plan;
     modules[ModuleOf(name)].push_back(name);
   }
-  if (total_tiles == 0)
+  if (total_tiles == 0 && !(opt.bits.embed_fp8 && ckpt.Has("embed.weight")))
     throw std::runtime_error("quantize: " + opt.model_dir + " has no linear weights in DeepSeek naming to quantize");
+
+  // The pack's size by class, from the plan and the shapes alone (what --size-only prints).
+  for (const std::string& name : names) {
+    const Exl3TensorPlan& plan = plans[name];
+    const Tensor t = ckpt.Get(name);
+    if (plan.cls != Exl3TensorClass::kKeep)
+      summary->planned_bytes.Add(PackClassOf(name), Exl3LinearBytes(t.shape[0], t.shape[1], plan.K, opt.codebook));
+    else if (name == "embed.weight" && opt.bits.embed_fp8 && t.dtype != DType::kF8E4M3)
+      summary->planned_bytes.Add(PackClass::kEmbedding, t.numel() + t.shape[0] * 4);  // fp8 + f32 scale per row
+    else
+      summary->planned_bytes.Add(PackClassOf(name), t.nbytes());
+  }
+  if (opt.size_only) return;
 
   ShardSet shards(tmp, opt.shard_bytes);
   ProgressBar bar("quantize");
@@ -164,6 +192,16 @@ void BuildPack(const QuantizeCheckpointOptions& opt, const fs::path& tmp, Quanti
       const Exl3TensorPlan& plan = plans[name];
       const Tensor src = ckpt.Get(name);
       if (plan.cls == Exl3TensorClass::kKeep) {
+        if (name == "embed.weight" && opt.bits.embed_fp8 && src.dtype != DType::kF8E4M3) {
+          const std::vector<float> w = ToFloatVector(src);
+          Fp8RowQuantized q = QuantizeFp8Rows(w.data(), src.shape[0], src.shape[1]);
+          out.emplace_back("embed.weight", q.weight);
+          out.emplace_back("embed.scale", q.scale);
+          storage["embed"] = {{"quant_format", "fp8_e4m3"}, {"scale", "per row, f32 power of two (embed.scale [rows, 1])"},
+                              {"shape", src.shape}, {"source_dtype", DTypeName(src.dtype)}};
+          ++summary->tensors_kept;
+          continue;
+        }
         out.emplace_back(name, src);
         ++summary->tensors_kept;
         continue;
@@ -188,7 +226,9 @@ void BuildPack(const QuantizeCheckpointOptions& opt, const fs::path& tmp, Quanti
       nlohmann::json entry;
       entry["quant_format"] = "exl3";
       entry["bits_per_weight"] = plan.K;
-      entry["tensor_class"] = plan.cls == Exl3TensorClass::kRoutedExpert ? "experts" : "dense";
+      entry["tensor_class"] = plan.cls == Exl3TensorClass::kRoutedExpert ? "experts"
+                              : plan.cls == Exl3TensorClass::kHead       ? "head"
+                                                                         : "dense";
       entry["in_features"] = src.shape[1];
       entry["out_features"] = src.shape[0];
       entry["rotated_mse_over_var"] = q.stats.rotated_var > 0 ? q.stats.rotated_mse / q.stats.rotated_var : 0.0;
@@ -205,7 +245,10 @@ void BuildPack(const QuantizeCheckpointOptions& opt, const fs::path& tmp, Quanti
     for (auto& [n, t] : out) shards.Add(n, t);
   }
   if (opt.progress) bar.Finish();
+  summary->bytes = shards.bytes();
   summary->shards = shards.Finish();
+  for (const fs::directory_entry& e : fs::directory_iterator(tmp))
+    if (e.path().extension() == ".safetensors") summary->file_bytes += static_cast<int64_t>(e.file_size());
   summary->tiles = total_tiles;
   summary->average_bits = weights > 0 ? weighted_bits / weights : 0;
 
@@ -214,7 +257,8 @@ void BuildPack(const QuantizeCheckpointOptions& opt, const fs::path& tmp, Quanti
   qc["quant_method"] = "exl3";
   qc["version"] = "dsmesh-exl3-1";
   qc["bits"] = std::round(summary->average_bits * 100) / 100;
-  qc["head_bits"] = 16;  // head (and embeddings) kept as stored
+  qc["head_bits"] = opt.bits.head ? opt.bits.head : 16;  // 16: the head kept as stored
+  qc["embed_dtype"] = opt.bits.embed_fp8 ? "fp8_e4m3" : "as stored";
   qc["codebook"] = Exl3CodebookName(opt.codebook);
   qc["out_scales"] = "always";
   qc["calibration"] = nullptr;  // no calibration data: no Hessian, no LDLQ
@@ -222,9 +266,14 @@ void BuildPack(const QuantizeCheckpointOptions& opt, const fs::path& tmp, Quanti
   qc["bits_per_class"] = {{"experts", opt.bits.experts}, {"dense", opt.bits.dense}};
   for (auto [l, K] : opt.bits.layer) qc["bits_per_class"]["layer." + std::to_string(l)] = K;
   if (opt.bits.mtp) qc["bits_per_class"]["mtp"] = *opt.bits.mtp;
+  if (opt.bits.head) qc["bits_per_class"]["head"] = opt.bits.head;
   qc["bits_spec"] = opt.bits.ToString();
-  qc["kept_unquantized"] = "embeddings, head, norms, hc parameters, attention sinks, compressor position bias, "
+  qc["kept_unquantized"] = std::string(opt.bits.embed_fp8 ? "" : "embeddings, ") + (opt.bits.head ? "" : "head, ") +
+                           "norms, hc parameters, attention sinks, compressor position bias, "
                            "router gate/bias/tid2eid, indexer weights_proj, mtp e_proj/h_proj";
+  qc["pack_bytes"] = {{"total", summary->bytes.total()}};
+  for (int c = 0; c < kPackClasses; ++c)
+    qc["pack_bytes"][PackClassName(static_cast<PackClass>(c))] = summary->bytes.by_class[c];
   if (config.contains("quantization_config") && !(config["quantization_config"].is_object() &&
                                                    config["quantization_config"].value("quant_method", "") == "exl3"))
     config["original_quantization_config"] = config["quantization_config"];
@@ -248,6 +297,14 @@ void BuildPack(const QuantizeCheckpointOptions& opt, const fs::path& tmp, Quanti
 
 QuantizeCheckpointSummary QuantizeCheckpoint(const QuantizeCheckpointOptions& opt) {
   const auto start = std::chrono::steady_clock::now();
+  if (opt.size_only) {
+    if (opt.model_dir.empty()) throw std::runtime_error("quantize: --model is required");
+    if (!fs::is_directory(opt.model_dir)) throw std::runtime_error("quantize: --model " + opt.model_dir + " is not a directory");
+    QuantizeCheckpointSummary summary;
+    BuildPack(opt, fs::path(), &summary);  // plans, validates and sizes; writes nothing
+    summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return summary;
+  }
   if (opt.model_dir.empty() || opt.out_dir.empty()) throw std::runtime_error("quantize: --model and --out are required");
   if (!fs::is_directory(opt.model_dir)) throw std::runtime_error("quantize: --model " + opt.model_dir + " is not a directory");
   const fs::path out = fs::absolute(opt.out_dir).lexically_normal();

@@ -27,6 +27,8 @@ expect() {
 expect 2 "both experts=K and dense=K" --model "$tmp/in" --out "$tmp/o1" --bits experts=2
 expect 2 "K must be 1..8" --model "$tmp/in" --out "$tmp/o1" --bits experts=2,dense=9
 expect 2 "cannot parse 'layers.3=3'" --model "$tmp/in" --out "$tmp/o1" --bits experts=2,dense=6,layers.3=3
+expect 2 "'head=9': K must be 1..8" --model "$tmp/in" --out "$tmp/o1" --bits experts=2,dense=6,head=9
+expect 2 "embed=fp8 or embed=bf16" --model "$tmp/in" --out "$tmp/o1" --bits experts=2,dense=6,embed=fp4
 expect 2 "unknown EXL3 codebook 'mcg2'" --model "$tmp/in" --out "$tmp/o1" --bits experts=2,dense=6 --codebook mcg2
 expect 2 "model" --out "$tmp/o1" --bits experts=2,dense=6
 expect 1 "already exists (pass --force" --model "$tmp/in" --out "$tmp/existing" --bits experts=2,dense=6
@@ -48,6 +50,18 @@ for d, name in (("norm_only", "norm.weight"), ("hf", "model.layers.0.self_attn.q
 PY
 expect 1 "no linear weights in DeepSeek naming" --model "$tmp/norm_only" --out "$tmp/o1" --bits experts=2,dense=6
 expect 1 "uses transformers naming" --model "$tmp/hf" --out "$tmp/o1" --bits experts=2,dense=6
+# --size-only: the pack's size by class from the shapes, nothing written (make-tiny: vocab 129,280 x 128).
+"$dsmesh" make-tiny --out "$tmp/tiny" >/dev/null 2>&1 || { echo "FAIL: make-tiny" >&2; status=1; }
+out=$("$dsmesh" quantize --model "$tmp/tiny" --size-only --bits experts=4,dense=6,head=6,embed=fp8 2>&1)
+rc=$?
+# head K6: 129,280 x 128 x 6 / 8 + 2 x (128 + 129,280) + 4 bytes = 12,669,700; embedding 129,280 x (128 + 4) = 17,064,960.
+if [[ $rc != 0 ]] || ! grep -q "would be a pack of .* head 12.67 MB, embedding 17.06 MB" <<<"$out"; then
+  echo "FAIL: quantize --size-only -> exit $rc: $out" >&2
+  status=1
+else
+  echo "ok: $out"
+fi
+ls "$tmp" | grep -qv "^\(in\|existing\|norm_only\|hf\|tiny\)$" && { echo "FAIL: --size-only wrote something: $(ls "$tmp")" >&2; status=1; }
 [[ -e $tmp/o1 ]] && { echo "FAIL: a failed run left $tmp/o1 behind" >&2; status=1; }
 ls -A "$tmp" | grep -q partial && { echo "FAIL: a failed run left a temporary directory" >&2; status=1; }
 exit $status
