@@ -165,7 +165,7 @@ int Main(const std::vector<std::string>& args) {
   WorkerMesh mesh(world, &store, std::chrono::milliseconds(f.GetInt("heartbeat-timeout-ms", 1500)));
   mesh.set_num_speculative_tokens(ec.scheduler.num_speculative_tokens);
   // Every running sequence and every prefix snapshot holds a state slot in the workers' pools.
-  mesh.set_state_slots(ec.scheduler.max_num_seqs + std::max(8, ec.scheduler.max_num_seqs));
+  mesh.set_state_slots(StateSlotsFor(ec.scheduler.max_num_seqs));
   Engine engine(ec, &mesh);
   MeshTokenCheck auth(credentials.token);
   GenerateService generate(&engine, &auth);

@@ -37,6 +37,9 @@ struct KvGeometry {
   std::string Describe(int max_num_seqs) const;  // the "KV cache size: N tokens" line
 };
 
+// State slots the workers' pools keep for `max_num_seqs` running sequences and their prefix snapshots.
+inline int StateSlotsFor(int max_num_seqs) { return max_num_seqs + (max_num_seqs > 8 ? max_num_seqs : 8); }
+
 // Throws std::runtime_error when the budget cannot hold even one block plus a fixed part. Ranks that
 // report their state pool decide the geometry themselves (block_size is then theirs, and every rank must
 // agree on it); the others are planned from their budget in blocks of `block_size`.

@@ -172,9 +172,8 @@ void ModelImpl::AttentionCore(const BlockWeights& b, const std::vector<SeqRows>&
     for (const SeqRows& s : seqs) {
       const CompressorState& ic = s.state->layers[b.layer].indexer;
       Tensor tv = RowView(a->topk, s.offset, s.count);
-      PagedRows keys = s.state->Entries(b.layer, true);
-      if (s.table) keys.table = s.table;
-      be.IndexerTopK(RowView(a->iq, s.offset, s.count), RowView(a->iw, s.offset, s.count), keys, ic.num_entries, hi, di, positions.data() + s.offset, b.ratio,
+      be.IndexerTopK(RowView(a->iq, s.offset, s.count), RowView(a->iw, s.offset, s.count),
+                     s.state->Entries(b.layer, true, s.table), ic.num_entries, hi, di, positions.data() + s.offset, b.ratio,
                      c.index_topk, &tv);
     }
   }
@@ -188,8 +187,7 @@ void ModelImpl::AttentionCore(const BlockWeights& b, const std::vector<SeqRows>&
     Tensor tv;
     if (a->topk.data) tv = RowView(a->topk, s.offset, s.count);
     PagedRows entries;
-    if (compressed) entries = s.state->Entries(b.layer, false);
-    if (s.table) entries.table = s.table;
+    if (compressed) entries = s.state->Entries(b.layer, false, s.table);
     be.Attention(RowView(a->q, s.offset, s.count), Hl, d, s.start, ls.ring, kvv, c.sliding_window,
                  compressed ? &entries : nullptr, compressed ? ls.compressor.num_entries : 0,
                  b.ratio, a->topk.data ? &tv : nullptr, b.attn.sinks, softmax_scale, &ov);

@@ -51,10 +51,10 @@ void SequenceStateData::EnsureBlocks(int64_t tokens) {
   while (static_cast<int64_t>(blocks.size()) < need) blocks.push_back(pool->AllocateBlock());
 }
 
-PagedRows SequenceStateData::Entries(int layer, bool indexer) const {
+PagedRows SequenceStateData::Entries(int layer, bool indexer, const int32_t* table) const {
   const int ratio = pool->layers()[layer].ratio;
   return PagedRows{indexer ? &pool->index_keys(layer) : &pool->entries(layer), pool->entries_per_block(ratio),
-                   blocks.data(), static_cast<int64_t>(blocks.size())};
+                   table ? table : blocks.data(), static_cast<int64_t>(blocks.size())};
 }
 
 void SequenceStateData::PutEntries(int layer, bool indexer, const Tensor& src, int64_t first, int64_t n) {

@@ -72,8 +72,9 @@ struct SequenceStateData {
   // Makes the block table cover `tokens` tokens: a local state takes blocks from the pool (throws when it
   // is full); an externally planned one must already hold them (throws naming the shortfall).
   void EnsureBlocks(int64_t tokens);
-  // The entries (indexer keys with indexer) of `layer` as paged rows for the attention ops.
-  PagedRows Entries(int layer, bool indexer) const;
+  // The entries (indexer keys with indexer) of `layer` as paged rows for the attention ops; `table`, when
+  // given, is this state's block table as the step uploaded it (Backend::StepMetadata).
+  PagedRows Entries(int layer, bool indexer, const int32_t* table = nullptr) const;
   // Writes rows [0, n) of src as entries first .. first+n-1 of `layer`.
   void PutEntries(int layer, bool indexer, const Tensor& src, int64_t first, int64_t n);
 };

@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include "coordinator/kv_blocks.h"
 #include "coordinator/local_mesh.h"
 #include "common/mesh/mesh_client.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -66,11 +67,11 @@ inline LocalMeshOptions MeshOptions(int world, std::vector<std::string> coordina
 }
 
 // --kv-memory for a worker whose state pool holds exactly `blocks` blocks beside the state slots the
-// coordinator asks for (max_num_seqs + max(8, max_num_seqs)), on the tiny model without speculation.
+// coordinator asks for (StateSlotsFor), on the tiny model without speculation.
 inline std::string KvMemoryForBlocks(int blocks, int max_num_seqs = 4) {
   auto m = LoadModel(TinyModelDir(), ShardSpec{0, 1}, MakeCpuBackend(1));
   StatePoolOptions o;
-  o.slots = max_num_seqs + std::max(8, max_num_seqs);
+  o.slots = StateSlotsFor(max_num_seqs);
   o.max_speculative_tokens = 0;
   o.external = true;
   const StatePool& p = m->ConfigureStatePool(o);
