@@ -21,7 +21,9 @@ text of each source goes to OUT/test_<source>.txt (what `dsmesh ppl --file` read
 to the test stream.
 
 Output (OUT/): ids_<split>_<source>.u32 (uint32 token ids; documents BOS ... EOS back to back),
-test_<source>.txt, chat_test.jsonl (held-out questions with the expected word), manifest.json.
+test_<source>.txt, chat_test.jsonl (held-out questions with the expected word), seen.npy (the token ids
+the train split contains), heldout.txt + heldout_ids.json (25,000 characters of each of sotu, bible, factbook
+and pydoc's held-out text: what `dsmesh ppl --file` scores), manifest.json.
 """
 import argparse
 import glob
@@ -40,6 +42,8 @@ BOS, EOS = 0, 1
 BOS_T, EOS_T = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
 USER_T, ASSIST_T, THINK_T, ENDTHINK_T = "<｜User｜>", "<｜Assistant｜>", "<think>", "</think>"
 TEST_PERCENT = 4
+HELDOUT_SOURCES = ("sotu", "bible", "factbook", "pydoc")
+HELDOUT_CHARS = 25_000
 
 
 def is_test(name):
@@ -298,6 +302,21 @@ def main():
                     f.write("\n\n".join(texts) + "\n")
             print(f"{name:9s} {split:5s} docs {len(texts):7d} tokens {arr.size:10d}", flush=True)
         manifest["sources"][name] = entry
+    # The vocabulary rows training updates (train.py freezes the others) and the held-out file that
+    # `dsmesh ppl --file` and train.py's final evaluation score: 25,000 characters of each prose source.
+    seen = np.unique(np.concatenate([np.fromfile(os.path.join(args.out, f"ids_train_{n}.u32"), dtype=np.uint32)
+                                     for n in manifest["sources"]]))
+    np.save(os.path.join(args.out, "seen.npy"), seen.astype(np.int64))
+    parts = []
+    for name in HELDOUT_SOURCES:
+        with open(os.path.join(args.out, f"test_{name}.txt"), encoding="utf-8") as f:
+            parts.append(f.read()[:HELDOUT_CHARS])
+    heldout = "\n\n".join(parts)
+    with open(os.path.join(args.out, "heldout.txt"), "w", encoding="utf-8") as f:
+        f.write(heldout)
+    with open(os.path.join(args.out, "heldout_ids.json"), "w") as f:
+        json.dump({"ids": tokenize(args.dsmesh, args.tokenizer, [heldout])[0]}, f)
+    manifest["seen_vocab_rows"] = int(seen.size)
     with open(os.path.join(args.out, "chat_test.jsonl"), "w") as f:
         for r in chat_test:
             f.write(json.dumps(r) + "\n")

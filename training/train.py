@@ -39,11 +39,10 @@ def log(*a):
 
 class Data:
     def __init__(self, corpus, split, device):
-        self.streams, self.bos = {}, {}
+        self.streams = {}
         for s in SOURCES:
             a = np.fromfile(os.path.join(corpus, f"ids_{split}_{s}.u32"), dtype=np.uint32).astype(np.int64)
             self.streams[s] = torch.from_numpy(a)
-            self.bos[s] = torch.from_numpy(np.nonzero(a == 0)[0])
         self.device = device
 
     def batch(self, gen, weights, B, S):
@@ -53,11 +52,9 @@ class Data:
         rows = []
         for k in src.tolist():
             s = self.streams[names[k]]
-            bos = self.bos[names[k]]
-            while True:
-                start = int(bos[torch.randint(len(bos), (1,), generator=gen)])
-                if start + S + 1 <= len(s):
-                    break
+            # A window starts anywhere in the stream (documents lie back to back, BOS ... EOS), so every
+            # token of a long document is trained on, not only each document's first S tokens.
+            start = int(torch.randint(len(s) - S, (1,), generator=gen))
             rows.append(s[start: start + S + 1])
         return torch.stack(rows).to(self.device, non_blocking=True)
 

@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -645,7 +646,11 @@ class CudaBackend final : public Backend {
     cuda_ops::PagedRowsDev d;
     if (rows <= 0 || !p.pool || !p.pool->data) return d;
     d.pool = F(*p.pool);
-    d.rows_per_block = p.rows_per_block;
+    if (p.rows_per_block <= 0 || p.rows_per_block > INT32_MAX || p.capacity() > INT32_MAX)
+      throw std::invalid_argument("paged rows: " + std::to_string(p.rows_per_block) + " rows per block x " +
+                                  std::to_string(p.table_len) + " blocks exceeds the kernels' 32-bit row index");
+    d.rows_per_block = static_cast<int32_t>(p.rows_per_block);
+    d.block_shift = (p.rows_per_block & (p.rows_per_block - 1)) == 0 ? __builtin_ctzll(p.rows_per_block) : -1;
     d.table = StepTables(p.table, (rows + p.rows_per_block - 1) / p.rows_per_block, keep);
     return d;
   }

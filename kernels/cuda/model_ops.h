@@ -15,11 +15,17 @@ namespace dsmesh::cuda_ops {
 // table[e / rows_per_block] * rows_per_block + e % rows_per_block of pool.
 struct PagedRowsDev {
   const float* pool = nullptr;
-  int64_t rows_per_block = 1;
+  int32_t rows_per_block = 1;
+  // log2(rows_per_block) when it is a power of two (every state pool's block is), else -1: the key
+  // loops call Row() once per key, and a shift and mask cost far less than an integer division.
+  int32_t block_shift = 0;
   const int32_t* table = nullptr;
 #ifdef __CUDACC__
   __device__ const float* Row(int64_t e, int64_t dim) const {
-    return pool + (static_cast<int64_t>(table[e / rows_per_block]) * rows_per_block + e % rows_per_block) * dim;
+    const int32_t i = static_cast<int32_t>(e);  // entries of one sequence: far below 2^31
+    const int32_t block = block_shift >= 0 ? i >> block_shift : i / rows_per_block;
+    const int32_t row = block_shift >= 0 ? i & (rows_per_block - 1) : i - block * rows_per_block;
+    return pool + (static_cast<int64_t>(table[block]) * rows_per_block + row) * dim;
   }
 #endif
 };
