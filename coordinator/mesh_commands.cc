@@ -26,6 +26,7 @@
 
 #include "common/cli_registry.h"
 #include "common/flags.h"
+#include "common/repo_file.h"
 #include "common/safetensors.h"
 #include "coordinator/local_mesh.h"
 #include "common/mesh/mesh_client.h"
@@ -61,7 +62,18 @@ bool IsCurrentTinyModel(const std::string& dir) {
 
 }  // namespace
 
+// The trained small model the repository ships (docs/trained-model.md), found from the working directory,
+// the executable's runfiles or $DSMESH_ROOT; without it (a dsmesh outside its repository) make-tiny's
+// random model, made once in the data directory.
 std::string DefaultModel() {
+  try {
+    const std::string config = RepoFile(std::string(kTrainedModelDir) + "/config.json");
+    const std::string dir = std::filesystem::absolute(std::filesystem::path(config).parent_path()).string();
+    std::fprintf(stderr, "dsmesh up: serving the trained small model %s (no --model given)\n", dir.c_str());
+    return dir;
+  } catch (const std::runtime_error&) {
+    // Not in a checkout: fall through to the random demo model.
+  }
   const std::string dir = DataDir() + "/tiny-model";
   if (IsCurrentTinyModel(dir)) return dir;
   auto it = CommandRegistry().find("make-tiny");

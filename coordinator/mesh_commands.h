@@ -11,7 +11,12 @@
 
 namespace dsmesh {
 
-// The embedded tiny model, made with `make-tiny` and cached under the data directory.
+// Where the repository keeps the trained default model (an EXL3 pack; tokenizer files linked from
+// common/tokenizer/data/deepseek_v4).
+inline constexpr char kTrainedModelDir[] = "models/dsv4-small";
+
+// The model `dsmesh up` serves without --model: the trained pack in the checkout (absolute path), else
+// the random tiny model `make-tiny` writes, cached under the data directory.
 std::string DefaultModel();
 
 // Flags every mesh-target command takes (--world N / --coordinator HOST:PORT, --model, ...).

@@ -102,10 +102,14 @@ if [[ $PARTS == *flashbench* ]]; then
 fi
 
 if [[ $PARTS == *serve* ]]; then
+  # The random tiny model by name (served as "tiny-model"), so that these checks do not depend on the
+  # trained pack being in the carried tree.
+  TINY=/tmp/tiny-model
+  [[ -f $TINY/config.json ]] || $DS make-tiny --out $TINY > /dev/null
   for world in 1 2; do
     step "dsmesh up --device cuda --world $world: chat, streaming, disconnect (curl)"
     port=$((8100 + world))
-    $DS up --device cuda --world $world --port $port --kv-memory 2G > "$OUT/up_w$world.log" 2>&1 &
+    $DS up --model $TINY --device cuda --world $world --port $port --kv-memory 2G > "$OUT/up_w$world.log" 2>&1 &
     up=$!
     for _ in $(seq 1 240); do
       curl -sf localhost:$port/health >/dev/null && break
@@ -133,7 +137,7 @@ if [[ $PARTS == *serve* ]]; then
     kill -INT $up; wait $up
   done
   step "dsmesh up --device cuda with MTP speculation (3 drafts): greedy output equals speculation off"
-  $DS up --device cuda --world 1 --port 8110 --kv-memory 2G \
+  $DS up --model $TINY --device cuda --world 1 --port 8110 --kv-memory 2G \
     --speculative-config '{"method":"mtp","num_speculative_tokens":3}' > "$OUT/up_spec.log" 2>&1 &
   up=$!
   for _ in $(seq 1 240); do curl -sf localhost:8110/health >/dev/null && break; sleep 0.5; done
