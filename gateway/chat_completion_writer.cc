@@ -85,8 +85,10 @@ class ChatCompletionWriter : public GenerationWriter {
       json choice;
       if (job_.chat) {
         const OutputDelta& t = c.total;
-        json message = {{"role", "assistant"},
-                        {"content", t.content.empty() && !t.tool_calls.empty() ? json(nullptr) : json(t.content)}};
+        // No answer text beside reasoning or tool calls is null, as vLLM returns it (a reasoning the
+        // budget cut short, a call-only answer); an output with nothing at all stays "".
+        const bool no_content = t.content.empty() && (!t.tool_calls.empty() || !t.reasoning.empty());
+        json message = {{"role", "assistant"}, {"content", no_content ? json(nullptr) : json(t.content)}};
         if (!t.reasoning.empty()) message["reasoning_content"] = t.reasoning;
         if (!t.tool_calls.empty()) {
           json calls = json::array();

@@ -89,6 +89,57 @@ struct Cursor {
   }
 };
 
+// Whether the text at c.pos opens an element: `<｜DSML｜parameter name="K" string="true|false">` or
+// `<｜DSML｜invoke name="N">`.
+Cursor::Result OpensParameter(Cursor c) {
+  std::string name, is_string;
+  for (auto r : {c.Expect(kParamOpen), c.Expect(" name=\""), c.ReadAttribute("\"", &name), c.Expect(" string=\"")})
+    if (r != Cursor::kOk) return r;
+  if (Cursor::Result r = c.ReadAttribute("\">", &is_string); r != Cursor::kOk) return r;
+  return is_string == "true" || is_string == "false" ? Cursor::kOk : Cursor::kMismatch;
+}
+Cursor::Result OpensInvoke(Cursor c) {
+  std::string name;
+  for (auto r : {c.Expect(kInvokeOpen), c.Expect(" name=\"")})
+    if (r != Cursor::kOk) return r;
+  return c.ReadAttribute("\">", &name);
+}
+
+// Where the value of a parameter that starts at `from` ends. A value may itself contain the text
+// "</｜DSML｜parameter>" (a model writing about DSML, code that parses it): a closing tag only ends the
+// value when what follows continues the invoke the way the format does - the next parameter's opening
+// tag, or "</｜DSML｜invoke>" followed by the next invoke's opening tag, "</｜DSML｜tool_calls>" or the
+// end of sentence (whitespace allowed between). Any other closing tag is part of the value. kNeedMore while the first
+// closing tag not yet ruled out could still go either way; at the end of the output (`final`) that
+// one is taken. The answer only depends on the text, not on how it was split.
+Cursor::Result FindValueEnd(std::string_view text, size_t from, bool final, size_t* close) {
+  for (size_t at = text.find(kParamClose, from); at != std::string_view::npos; at = text.find(kParamClose, at + 1)) {
+    Cursor c{text, at + kParamClose.size()};
+    Cursor::Result r = c.SkipSpace();
+    if (r == Cursor::kOk) {
+      if (c.LooksLike(kParamOpen)) {
+        r = OpensParameter(c);
+      } else if (c.LooksLike(kInvokeClose)) {
+        r = c.Expect(kInvokeClose);
+        if (r == Cursor::kOk) r = c.SkipSpace();
+        if (r == Cursor::kOk) {
+          if (c.LooksLike(kInvokeOpen)) r = OpensInvoke(c);
+          else if (c.LooksLike(kBlockClose)) r = c.Expect(kBlockClose);
+          else if (c.LooksLike(kEos)) r = c.Expect(kEos);
+          else r = Cursor::kMismatch;
+        }
+      } else {
+        r = Cursor::kMismatch;
+      }
+    }
+    if (r == Cursor::kMismatch) continue;
+    if (r == Cursor::kNeedMore && !final) return Cursor::kNeedMore;
+    *close = at;
+    return Cursor::kOk;
+  }
+  return Cursor::kNeedMore;
+}
+
 }  // namespace
 
 DeepSeekV4OutputParser::DeepSeekV4OutputParser(Options options)
@@ -157,20 +208,34 @@ bool DeepSeekV4OutputParser::StepText(bool final, std::vector<ChatOutputEvent>* 
       at_reasoning_start_ = false;
     }
   }
-  const std::string_view end_marker = reasoning ? kThinkEnd : kBlockOpen;
-  size_t at_end = pending_.find(end_marker);
-  size_t at_eos = pending_.find(kEos);
-  if (at_end != std::string::npos || at_eos != std::string::npos) {
-    bool eos_first = at_end == std::string::npos || (at_eos != std::string::npos && at_eos < at_end);
-    size_t at = eos_first ? at_eos : at_end;
+  // The first of the markers that end this section wins: EOS, "</think>" (reasoning), the DSML block
+  // opener (both: a tool-call block inside reasoning ends the reasoning, as vLLM's V4 reasoning parser
+  // does), and, after a block that ended the reasoning, a stray "</think>" in content (dropped).
+  enum class Marker { kNone, kEos, kThinkEnd, kBlock };
+  Marker marker = Marker::kNone;
+  size_t at = std::string::npos;
+  auto consider = [&](Marker m, std::string_view text) {
+    size_t p = pending_.find(text);
+    if (p < at) {
+      at = p;
+      marker = m;
+    }
+  };
+  consider(Marker::kEos, kEos);
+  consider(Marker::kBlock, kBlockOpen);
+  if (reasoning || reasoning_cut_by_block_) consider(Marker::kThinkEnd, kThinkEnd);
+  if (marker != Marker::kNone) {
+    const std::string_view text_of = marker == Marker::kEos ? kEos : marker == Marker::kBlock ? kBlockOpen : kThinkEnd;
     std::string text = pending_.substr(0, at);
-    pending_.erase(0, at + (eos_first ? kEos.size() : end_marker.size()));
-    if (eos_first) {
+    pending_.erase(0, at + text_of.size());
+    if (marker == Marker::kEos) {
       state_ = State::kDone;
-    } else if (reasoning) {
+    } else if (marker == Marker::kThinkEnd) {
       state_ = State::kContent;
+      reasoning_cut_by_block_ = false;
     } else {
-      block_opener_ = std::string(end_marker);
+      if (reasoning) reasoning_cut_by_block_ = true;
+      block_opener_ = std::string(kBlockOpen);
       if (text.size() >= kBlockSeparator.size() &&
           text.compare(text.size() - kBlockSeparator.size(), kBlockSeparator.size(), kBlockSeparator) == 0) {
         text.resize(text.size() - kBlockSeparator.size());
@@ -184,11 +249,10 @@ bool DeepSeekV4OutputParser::StepText(bool final, std::vector<ChatOutputEvent>* 
   }
   size_t emit = pending_.size();
   if (!final) {
-    size_t hold = std::max(PartialMarkerSuffix(pending_, end_marker), PartialMarkerSuffix(pending_, kEos));
-    if (!reasoning) {
-      std::string separated = std::string(kBlockSeparator) + std::string(kBlockOpen);
-      hold = std::max(hold, PartialMarkerSuffix(pending_, separated));
-    }
+    const std::string separated = std::string(kBlockSeparator) + std::string(kBlockOpen);
+    size_t hold = std::max({PartialMarkerSuffix(pending_, separated), PartialMarkerSuffix(pending_, kBlockOpen),
+                            PartialMarkerSuffix(pending_, kEos)});
+    if (reasoning || reasoning_cut_by_block_) hold = std::max(hold, PartialMarkerSuffix(pending_, kThinkEnd));
     emit = CompleteUtf8Prefix(pending_, pending_.size() - hold);
   }
   Emit(kind, pending_.substr(0, emit), events);
@@ -208,15 +272,24 @@ bool DeepSeekV4OutputParser::StepToolCalls(bool final, std::vector<ChatOutputEve
     state_ = State::kContent;
     return true;
   }
+  if (c.LooksLike(kEos) && c.text.size() - c.pos >= kEos.size()) {
+    // The model ended without closing the block: the calls it completed stand.
+    errors_.push_back("<｜DSML｜tool_calls> block not closed before <｜end▁of▁sentence｜>");
+    pending_.erase(0, c.pos + kEos.size());
+    state_ = State::kDone;
+    return true;
+  }
   if (c.LooksLike(kInvokeOpen) && c.text.size() - c.pos >= kInvokeOpen.size()) {
-    // Every element of an invoke ends with '>': without a new one the answer is still "need more", so
-    // a long argument streamed in many pieces is not re-parsed for each piece.
+    // Every element of an invoke, and every text that confirms the end of a value, ends with '>':
+    // without a new one the invoke cannot have become complete, so a long argument streamed in many
+    // pieces is not re-parsed for each piece (a malformed invoke may be noticed a piece later; the
+    // result is the same).
     if (!final && invoke_wait_from_ > 0 && pending_.find('>', invoke_wait_from_) == std::string::npos) return false;
     invoke_wait_from_ = 0;
     GeneratedToolCall call;
     size_t end = 0;
     std::string error;
-    InvokeStatus status = ParseInvoke(c.pos, &call, &end, &error);
+    InvokeStatus status = ParseInvoke(c.pos, final, &call, &end, &error);
     if (status == InvokeStatus::kComplete) {
       call.id = options_.make_tool_call_id();
       ChatOutputEvent event{ChatOutputEvent::Kind::kToolCall};
@@ -235,13 +308,14 @@ bool DeepSeekV4OutputParser::StepToolCalls(bool final, std::vector<ChatOutputEve
     invoke_wait_from_ = pending_.size();
     return final;
   }
-  if (!final && (c.LooksLike(kBlockClose) || c.LooksLike(kInvokeOpen))) return false;
+  if (!final && (c.LooksLike(kBlockClose) || c.LooksLike(kInvokeOpen) || c.LooksLike(kEos))) return false;
   AbandonToolBlock(c.pos, "unexpected text in <｜DSML｜tool_calls> block", events);
   return true;
 }
 
-DeepSeekV4OutputParser::InvokeStatus DeepSeekV4OutputParser::ParseInvoke(size_t start, GeneratedToolCall* call,
-                                                                          size_t* end, std::string* error) {
+DeepSeekV4OutputParser::InvokeStatus DeepSeekV4OutputParser::ParseInvoke(size_t start, bool final,
+                                                                          GeneratedToolCall* call, size_t* end,
+                                                                          std::string* error) {
   Cursor c{pending_, start + kInvokeOpen.size()};
   auto fail = [&](const std::string& what) {
     *error = "malformed <｜DSML｜invoke>: " + what;
@@ -275,8 +349,8 @@ DeepSeekV4OutputParser::InvokeStatus DeepSeekV4OutputParser::ParseInvoke(size_t 
     if (auto s = check(c.Expect(" string=\""), "expected string=\"true|false\"")) return *s;
     if (auto s = check(c.ReadAttribute("\">", &is_string), "bad string attribute")) return *s;
     if (is_string != "true" && is_string != "false") return fail("string=\"" + is_string + "\" is not true|false");
-    size_t close = pending_.find(kParamClose, c.pos);
-    if (close == std::string::npos) return InvokeStatus::kNeedMore;
+    size_t close = 0;
+    if (FindValueEnd(pending_, c.pos, final, &close) != Cursor::kOk) return InvokeStatus::kNeedMore;
     std::string value = pending_.substr(c.pos, close - c.pos);
     c.pos = close + kParamClose.size();
     if (!seen.insert(key).second) return fail("duplicate parameter '" + key + "'");

@@ -13,6 +13,14 @@
 //     </｜DSML｜tool_calls>
 //   each invoke becomes one tool call as soon as it closes; its arguments are the JSON object the
 //   official parser builds: string="true" values quoted, string="false" values copied verbatim.
+//   A value may contain DSML text itself: "</｜DSML｜parameter>" only ends it when the next parameter,
+//   or "</｜DSML｜invoke>" and then the next invoke / the block's end / EOS, follows.
+// Output the official format does not foresee:
+//   - reasoning that never reaches "</think>" (max_tokens) is reasoning to the end;
+//   - a DSML block inside the reasoning ends the reasoning (as vLLM's DeepSeek-V4 reasoning parser
+//     does): its calls are tool calls, the text after the block is content, and a "</think>" there is
+//     dropped;
+//   - a block the model ends with EOS instead of "</｜DSML｜tool_calls>" keeps the calls it completed.
 // A malformed DSML block is not fatal: the unparsed text is returned as content and the problem is
 // recorded in errors() for the gateway to log and count.
 #pragma once
@@ -66,13 +74,14 @@ class DeepSeekV4OutputParser {
   void Process(bool final, std::vector<ChatOutputEvent>* events);
   bool StepText(bool final, std::vector<ChatOutputEvent>* events);
   bool StepToolCalls(bool final, std::vector<ChatOutputEvent>* events);
-  InvokeStatus ParseInvoke(size_t start, GeneratedToolCall* call, size_t* end, std::string* error);
+  InvokeStatus ParseInvoke(size_t start, bool final, GeneratedToolCall* call, size_t* end, std::string* error);
   void Emit(ChatOutputEvent::Kind kind, std::string text, std::vector<ChatOutputEvent>* events);
   void AbandonToolBlock(size_t from, const std::string& error, std::vector<ChatOutputEvent>* events);
 
   Options options_;
   State state_;
   bool at_reasoning_start_;
+  bool reasoning_cut_by_block_ = false;  // a DSML block ended the reasoning: a later "</think>" is dropped
   std::string pending_;       // text not yet emitted in the current state
   std::string block_opener_;  // the text that opened the current DSML block (for malformed fallback)
   size_t calls_in_block_ = 0;

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include "common/chat/chat_test_util.h"
 #include "common/chat/deepseek_v4_prompt.h"
 #include "common/chat/python_json.h"
@@ -198,6 +200,147 @@ TEST(DeepSeekV4OutputParserTest, FinishReasonHintAndIds) {
   EXPECT_EQ(two.tool_calls[0].id.size(), 29u);
   EXPECT_EQ(two.tool_calls[0].id.rfind("call_", 0), 0u);
   EXPECT_NE(two.tool_calls[0].id, two.tool_calls[1].id);
+}
+
+// The hard cases users report for DeepSeek-V4 output behind other servers. Each is checked one-shot
+// against the expected split and, split at every byte (CJK and emoji included) and one byte at a time,
+// against the one-shot result.
+namespace hard {
+const std::string kEos = "<｜end▁of▁sentence｜>";
+const std::string kOpen = "<｜DSML｜tool_calls>\n";
+const std::string kClose = "</｜DSML｜tool_calls>";
+std::string Invoke(const std::string& name, const std::vector<std::tuple<std::string, bool, std::string>>& params) {
+  std::string s = "<｜DSML｜invoke name=\"" + name + "\">\n";
+  for (const auto& [k, is_string, v] : params)
+    s += "<｜DSML｜parameter name=\"" + k + "\" string=\"" + (is_string ? "true" : "false") + "\">" + v +
+         "</｜DSML｜parameter>\n";
+  return s + "</｜DSML｜invoke>\n";
+}
+}  // namespace hard
+
+// (a) max_tokens ran out before "</think>": all of it is reasoning, nothing is content, even when it
+// ends in a piece of a marker or of a character.
+TEST(DeepSeekV4OutputParserTest, ReasoningThatNeverCloses) {
+  const std::vector<std::string> texts = {
+      "I need to weigh 日本語 and 🧠 options; first, the <｜DSML｜invoke tag is only named here",
+      "long reasoning that stops inside the end marker </thi",
+      "stops inside a DSML opener \n\n<｜DSML｜tool_c",
+      "stops inside the end of sentence <｜end▁of▁sen",
+  };
+  for (const std::string& text : texts) {
+    SCOPED_TRACE(text);
+    ParsedCompletion p = ParseDeepSeekV4Completion(text, Opts(true));
+    EXPECT_EQ(p.reasoning_content, text);
+    EXPECT_EQ(p.content, "");
+    EXPECT_TRUE(p.tool_calls.empty());
+    ExpectStreamingMatchesOneShot(text, true);
+  }
+}
+
+// (b) A tool-call block inside the reasoning (no "</think>" before it) ends the reasoning: its calls are
+// tool calls, what follows is content, a "</think>" after the block is dropped. A malformed block there
+// falls back to content like anywhere else.
+TEST(DeepSeekV4OutputParserTest, ToolCallsInsideReasoning) {
+  using namespace hard;
+  const std::string call = Invoke("get_weather", {{"city", true, "Paris"}, {"days", false, "3"}});
+  struct Case {
+    std::string text, reasoning, content;
+    size_t calls;
+    bool errors;
+  };
+  const std::vector<Case> cases = {
+      {"I should look it up.\n\n" + kOpen + call + kClose + kEos, "I should look it up.", "", 1, false},
+      {"No separator." + kOpen + call + kClose + kEos, "No separator.", "", 1, false},
+      {"Call first.\n\n" + kOpen + call + kClose + " then text</think>Answer." + kEos, "Call first.",
+       " then textAnswer.", 1, false},
+      {"Bad block.\n\n" + kOpen + "<｜DSML｜invoke name=oops>\n" + kClose + kEos, "Bad block.",
+       "\n\n" + kOpen + "<｜DSML｜invoke name=oops>\n" + kClose, 0, true},
+      // A closed reasoning keeps the usual rule: the block after "</think>" is the answer's.
+      {"Thought.</think>Calling.\n\n" + kOpen + call + kClose + kEos, "Thought.", "Calling.", 1, false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.text);
+    ParsedCompletion p = ParseDeepSeekV4Completion(c.text, Opts(true));
+    EXPECT_EQ(p.reasoning_content, c.reasoning);
+    EXPECT_EQ(p.content, c.content);
+    ASSERT_EQ(p.tool_calls.size(), c.calls);
+    if (c.calls) {
+      EXPECT_EQ(p.tool_calls[0].name, "get_weather");
+      EXPECT_EQ(p.tool_calls[0].arguments, R"({"city": "Paris", "days": 3})");
+    }
+    EXPECT_EQ(!p.errors.empty(), c.errors);
+    ExpectStreamingMatchesOneShot(c.text, true);
+  }
+}
+
+// (c) Several calls in one block, the way V4 writes parallel calls, with every kind of value.
+TEST(DeepSeekV4OutputParserTest, ParallelCallsInOneBlock) {
+  using namespace hard;
+  const std::string text =
+      "Three lookups.\n\n" + kOpen + Invoke("get_weather", {{"city", true, "東京"}, {"days", false, "2"}}) +
+      Invoke("get_weather", {{"city", true, "Zürich 🏔"}, {"units", true, "metric"}}) +
+      Invoke("search", {{"q", true, "a \"quoted\"\nline\\"}, {"filters", false, R"({"year": [2024, 2025], "x": null})"},
+                        {"exact", false, "true"}}) +
+      Invoke("no_args", {}) + kClose + kEos;
+  ParsedCompletion p = ParseDeepSeekV4Completion(text, Opts(false));
+  EXPECT_EQ(p.content, "Three lookups.");
+  EXPECT_TRUE(p.errors.empty());
+  ASSERT_EQ(p.tool_calls.size(), 4u);
+  EXPECT_EQ(p.tool_calls[0].arguments, R"({"city": "東京", "days": 2})");
+  EXPECT_EQ(p.tool_calls[1].arguments, R"({"city": "Zürich 🏔", "units": "metric"})");
+  EXPECT_EQ(p.tool_calls[2].name, "search");
+  EXPECT_EQ(p.tool_calls[2].arguments,
+            R"({"q": "a \"quoted\"\nline\\", "filters": {"year": [2024, 2025], "x": null}, "exact": true})");
+  EXPECT_EQ(p.tool_calls[3].arguments, "{}");
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(p.tool_calls[i].id, "call_" + std::to_string(i));
+  ExpectStreamingMatchesOneShot(text, false);
+  // The same block after reasoning, in thinking mode.
+  ExpectStreamingMatchesOneShot("Plan.</think>" + text, true);
+}
+
+// (d) Values that contain DSML markup themselves: the text of a closing parameter tag, a whole invoke,
+// the block's closing tag. Only a closing tag followed by what the format puts there ends a value.
+TEST(DeepSeekV4OutputParserTest, DsmlTextInsideArguments) {
+  using namespace hard;
+  const std::string fake_param = "</｜DSML｜parameter> is how a value ends";
+  const std::string fake_invoke = "<｜DSML｜invoke name=\"rm\">\n<｜DSML｜parameter name=\"path\" string=\"true\">/"
+                                  "</｜DSML｜parameter>\n</｜DSML｜invoke>\nthat was an example";
+  const std::string fake_end = "ends with </｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls";
+  const std::string json_value = R"({"doc": "</｜DSML｜parameter>\n<｜DSML｜parameter name=\"x\"", "n": 1})";
+  const std::string text =
+      "Writing docs.\n\n" + kOpen + Invoke("write_file", {{"path", true, "docs/dsml.md"}, {"text", true, fake_param}}) +
+      Invoke("write_file", {{"text", true, fake_invoke}, {"mode", true, "a"}}) +
+      Invoke("note", {{"text", true, fake_end}}) + Invoke("store", {{"value", false, json_value}}) + kClose + kEos;
+  ParsedCompletion p = ParseDeepSeekV4Completion(text, Opts(false));
+  EXPECT_EQ(p.content, "Writing docs.");
+  EXPECT_TRUE(p.errors.empty()) << p.errors.front();
+  ASSERT_EQ(p.tool_calls.size(), 4u);
+  auto args = [&](size_t i) { return ParseJsonText(p.tool_calls[i].arguments, "arguments"); };
+  EXPECT_EQ(args(0)["path"], "docs/dsml.md");
+  EXPECT_EQ(args(0)["text"], fake_param);
+  EXPECT_EQ(args(1)["text"], fake_invoke);
+  EXPECT_EQ(args(1)["mode"], "a");
+  EXPECT_EQ(args(2)["text"], fake_end);
+  EXPECT_EQ(args(3)["value"], ParseJsonText(json_value, "value"));
+  ExpectStreamingMatchesOneShot(text, false);
+
+  // A closing tag followed by "</｜DSML｜invoke>" and then EOS ends the call (the model forgot the
+  // block's end): the call stands, the missing end is reported.
+  const std::string unclosed = kOpen + Invoke("f", {{"a", true, "x</｜DSML｜parameter>y"}}) + kEos;
+  p = ParseDeepSeekV4Completion(unclosed, Opts(false));
+  ASSERT_EQ(p.tool_calls.size(), 1u);
+  EXPECT_EQ(p.tool_calls[0].arguments, R"({"a": "x</｜DSML｜parameter>y"})");
+  EXPECT_EQ(p.content, "");
+  EXPECT_EQ(p.errors.size(), 1u);
+  ExpectStreamingMatchesOneShot(unclosed, false);
+
+  // Cut off by max_tokens inside such a value: nothing is a call, the text is content.
+  const std::string cut = "x\n\n" + kOpen + "<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"a\" "
+                          "string=\"true\">v</｜DSML｜parameter> and more";
+  p = ParseDeepSeekV4Completion(cut, Opts(false));
+  EXPECT_TRUE(p.tool_calls.empty());
+  EXPECT_EQ(p.content, cut);
+  ExpectStreamingMatchesOneShot(cut, false);
 }
 
 // What the renderer writes for an assistant's tool calls parses back to the same arguments.

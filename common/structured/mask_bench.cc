@@ -43,6 +43,13 @@ int main() {
   cache.Get(specs[0]);  // builds the vocabulary trie once
   std::printf("vocabulary trie: %.1f ms (once per worker)\n", Us(t0) / 1000);
   std::vector<double> compile, cold, warm, warm_far;
+  struct Slow {
+    double us;
+    size_t spec, allowed;
+    int step;
+    bool tail, walked;  // walked: a mask computed by walking the whole vocabulary
+  };
+  std::vector<Slow> slow;  // the slowest cold steps, to say where the cost is
   const int budget = 256;
   for (int pass = 0; pass < 2; ++pass) {
     for (size_t i = 0; i < specs.size(); ++i) {
@@ -54,9 +61,12 @@ int main() {
         std::vector<uint64_t> scratch;
         int32_t state = g->start();
         for (int step = 0; step < budget; ++step) {
+          const auto before = g->cache_stats();
           auto s0 = std::chrono::steady_clock::now();
           const uint64_t* m = g->Mask(state, budget - step, &scratch);
           double us = Us(s0);
+          const auto after = g->cache_stats();
+          const bool walked = after.full_masks > before.full_masks && after.text_shortcut == before.text_shortcut;
           // Pick the k-th allowed token (uniform), outside the timing: that is the sampler's job.
           size_t count = 0;
           for (size_t w = 0; w < g->words(); ++w) count += __builtin_popcountll(m[w]);
@@ -69,16 +79,43 @@ int main() {
             while (k--) b &= b - 1;
             tok_id = static_cast<int32_t>(w * 64 + __builtin_ctzll(b));
           }
+          const bool tail = budget - step <= g->Distance(state) + 64;
           if (tok_id == *tok->eos_id()) { (pass ? warm : cold).push_back(us); break; }
           auto a0 = std::chrono::steady_clock::now();
           state = g->AdvanceToken(state, tok_id);
           us += Us(a0);
           (pass ? warm : cold).push_back(us);
+          if (!pass) slow.push_back({us, i, count, step, tail, walked});
           if (pass && budget - step > g->Distance(state) + 64) warm_far.push_back(us);
         }
       }
     }
   }
+  // What the mask caches hold after both passes (bounded per grammar), and how many masks used the
+  // text-token table instead of walking the whole vocabulary.
+  size_t bytes = 0, entries = 0, states = 0;
+  uint64_t evictions = 0, masks = 0, shortcut = 0;
+  for (const auto& spec : specs) {
+    auto g = cache.Get(spec);
+    auto s = g->cache_stats();
+    bytes += s.bytes;
+    entries += s.entries;
+    evictions += s.evictions;
+    masks += s.full_masks;
+    shortcut += s.text_shortcut;
+    states += g->num_states();
+  }
+  std::printf("DFA states %zu; masks computed %llu (%llu with the text-token table); cache %zu entries, %.1f MiB "
+              "(bound %.0f MiB per grammar), %llu evictions\n",
+              states, static_cast<unsigned long long>(masks), static_cast<unsigned long long>(shortcut), entries,
+              bytes / 1048576.0, CompiledGrammar::kDefaultCacheBytes / 1048576.0,
+              static_cast<unsigned long long>(evictions));
+  std::sort(slow.begin(), slow.end(), [](const Slow& a, const Slow& b) { return a.us > b.us; });
+  for (size_t k = 0; k < std::min<size_t>(5, slow.size()); ++k)
+    std::printf("slow cold step: %8.1f us  %s (spec %zu), step %d, %zu tokens allowed%s%s\n", slow[k].us,
+                slow[k].spec < schemas.size() ? schemas[slow[k].spec]["name"].get<std::string>().c_str() : "json_object",
+                slow[k].spec, slow[k].step, slow[k].allowed, slow[k].tail ? ", budget tail" : "",
+                slow[k].walked ? ", whole vocabulary walked" : "");
   Report("compile spec -> NFA (per schema)", compile);
   Report("step, first request (cold)", cold);
   Report("step, repeat request (warm)", warm);

@@ -10,17 +10,102 @@
 
 namespace dsmesh::structured {
 
-// ---- vocabulary trie -----------------------------------------------------------------------
+// ---- vocabulary ----------------------------------------------------------------------------
 
-VocabTrie::VocabTrie(const Tokenizer& tok, int64_t vocab_size, bool with_added) : vocab_size_(vocab_size) {
-  if (tok.eos_id()) eos_ = *tok.eos_id();
-  bytes_.resize(vocab_size);
+int TextTokenChars(std::string_view b) {
+  int chars = 0;
+  for (size_t i = 0; i < b.size(); ++chars) {
+    const unsigned char c = static_cast<unsigned char>(b[i]);
+    size_t len;
+    if (c < 0x80) {
+      if (c < 0x20 || c == '"' || c == '\\') return -1;
+      len = 1;
+    } else if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+    } else {
+      return -1;
+    }
+    if (i + len > b.size()) return -1;
+    for (size_t k = 1; k < len; ++k)
+      if ((static_cast<unsigned char>(b[i + k]) & 0xC0) != 0x80) return -1;
+    if (len > 1) {
+      const unsigned char c1 = static_cast<unsigned char>(b[i + 1]);
+      if ((c == 0xE0 && c1 < 0xA0) || (c == 0xED && c1 > 0x9F) || (c == 0xF0 && c1 < 0x90) || (c == 0xF4 && c1 > 0x8F))
+        return -1;  // overlong, surrogate or beyond U+10FFFF
+    }
+    i += len;
+  }
+  return chars;
+}
+
+namespace {
+
+// Builds a trie over `ids` (whose bytes are bytes[id]), nodes in depth-first preorder, children by byte.
+// Tokens with equal bytes share a node: the node keeps the last one, `next_same` links it to the others.
+ByteTrie BuildTrie(const std::vector<std::string>& bytes, const std::vector<int32_t>& ids,
+                   std::vector<int32_t>* next_same) {
   struct TmpNode {
     std::vector<std::pair<uint8_t, uint32_t>> children;
     int32_t token = -1;
   };
   std::vector<TmpNode> tmp(1);
-  std::vector<int32_t> next_same(vocab_size, -1);
+  for (int32_t id : ids) {
+    uint32_t node = 0;
+    for (unsigned char c : bytes[id]) {
+      uint32_t child = 0;
+      for (auto& [byte, idx] : tmp[node].children)
+        if (byte == c) child = idx;
+      if (!child) {
+        child = static_cast<uint32_t>(tmp.size());
+        tmp[node].children.push_back({c, child});
+        tmp.emplace_back();
+      }
+      node = child;
+    }
+    (*next_same)[id] = tmp[node].token;
+    tmp[node].token = id;
+  }
+  // Preorder numbering (smallest byte first).
+  std::vector<uint32_t> order, new_index(tmp.size()), stack = {0};
+  order.reserve(tmp.size());
+  while (!stack.empty()) {
+    const uint32_t n = stack.back();
+    stack.pop_back();
+    new_index[n] = static_cast<uint32_t>(order.size());
+    order.push_back(n);
+    auto& ch = tmp[n].children;
+    std::sort(ch.begin(), ch.end());
+    for (auto it = ch.rbegin(); it != ch.rend(); ++it) stack.push_back(it->second);
+  }
+  ByteTrie t;
+  t.first.assign(order.size() + 1, 0);
+  t.node_token.resize(order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    const TmpNode& n = tmp[order[i]];
+    t.node_token[i] = n.token;
+    t.first[i] = static_cast<uint32_t>(t.child_node.size());
+    for (auto& [byte, idx] : n.children) {
+      t.child_byte.push_back(byte);
+      t.child_node.push_back(new_index[idx]);
+    }
+  }
+  t.first[order.size()] = static_cast<uint32_t>(t.child_node.size());
+  return t;
+}
+
+}  // namespace
+
+VocabTrie::VocabTrie(const Tokenizer& tok, int64_t vocab_size, bool with_added) : vocab_size_(vocab_size) {
+  if (tok.eos_id()) eos_ = *tok.eos_id();
+  bytes_.resize(vocab_size);
+  next_same_.assign(vocab_size, -1);
+  text_bits_.assign(words(), 0);
+  std::vector<int32_t> all, rest;
+  std::vector<std::pair<int, int32_t>> text;  // (chars, id)
   const int64_t n = std::min<int64_t>(vocab_size, tok.vocab_size());
   for (int32_t id = 0; id < n; ++id) {
     if (tok.IsSpecial(id) || (!with_added && tok.IsAdded(id))) continue;
@@ -32,51 +117,34 @@ VocabTrie::VocabTrie(const Tokenizer& tok, int64_t vocab_size, bool with_added) 
     }
     if (b.empty()) continue;
     bytes_[id] = std::string(b);
-    uint32_t node = 0;
-    for (unsigned char c : b) {
-      uint32_t child = 0;
-      for (auto& [byte, idx] : tmp[node].children)
-        if (byte == c) child = idx;
-      if (!child) {
-        child = static_cast<uint32_t>(tmp.size());
-        tmp[node].children.push_back({c, child});
-        tmp.emplace_back();
-      }
-      node = child;
-    }
-    next_same[id] = tmp[node].token;
-    tmp[node].token = id;
-  }
-  // Flatten breadth first, children sorted by byte.
-  std::vector<uint32_t> order = {0}, new_index(tmp.size());
-  new_index[0] = 0;
-  for (size_t i = 0; i < order.size(); ++i) {
-    auto& ch = tmp[order[i]].children;
-    std::sort(ch.begin(), ch.end());
-    for (auto& [byte, idx] : ch) {
-      new_index[idx] = static_cast<uint32_t>(order.size());
-      order.push_back(idx);
+    all.push_back(id);
+    const int chars = TextTokenChars(b);
+    if (chars > 0) {
+      text.push_back({chars, id});
+      text_bits_[id >> 6] |= 1ull << (id & 63);
+    } else {
+      rest.push_back(id);
     }
   }
-  first_.assign(order.size() + 1, 0);
-  node_token_.resize(order.size());
-  for (size_t i = 0; i < order.size(); ++i) {
-    const TmpNode& t = tmp[order[i]];
-    node_token_[i] = t.token;
-    first_[i] = static_cast<uint32_t>(child_node_.size());
-    for (auto& [byte, idx] : t.children) {
-      child_byte_.push_back(byte);
-      child_node_.push_back(new_index[idx]);
-    }
+  all_ = BuildTrie(bytes_, all, &next_same_);
+  // Tokens with equal bytes are all text tokens or none, so a node of rest_ holds the same last token as
+  // all_'s node and next_same_ (built for all_) links the same tokens: the chains built here are dropped.
+  std::vector<int32_t> unused(vocab_size, -1);
+  rest_ = BuildTrie(bytes_, rest, &unused);
+  std::sort(text.begin(), text.end());
+  const int max_chars = text.empty() ? 0 : text.back().first;
+  text_start_.assign(max_chars + 1, 0);
+  for (const auto& [chars, id] : text) {
+    text_tokens_.push_back(id);
+    text_start_[chars] = text_tokens_.size();
   }
-  first_[order.size()] = static_cast<uint32_t>(child_node_.size());
-  next_same_ = std::move(next_same);
+  for (int c = 1; c <= max_chars; ++c) text_start_[c] = std::max(text_start_[c], text_start_[c - 1]);
 }
 
 // ---- grammar -------------------------------------------------------------------------------
 
-CompiledGrammar::CompiledGrammar(Nfa nfa, std::shared_ptr<const VocabTrie> trie)
-    : nfa_(std::move(nfa)), trie_(std::move(trie)), words_((trie_->vocab_size() + 63) / 64) {
+CompiledGrammar::CompiledGrammar(Nfa nfa, std::shared_ptr<const VocabTrie> trie, size_t cache_bytes)
+    : nfa_(std::move(nfa)), trie_(std::move(trie)), words_(trie_->words()), cache_limit_(cache_bytes) {
   // Fewest bytes from each NFA state to the accepting one: 0-1 BFS over the reversed graph.
   const size_t n = nfa_.size();
   std::vector<std::vector<std::pair<int32_t, int>>> rev(n);
@@ -99,6 +167,20 @@ CompiledGrammar::CompiledGrammar(Nfa nfa, std::shared_ptr<const VocabTrie> trie)
         else q.push_back(p);
       }
     }
+  }
+  // Bytes between two consecutive edge boundaries are in exactly the same NFA edges, so they lead every
+  // DFA state to the same state: Next() computes one transition per such run and fills the whole run.
+  std::vector<char> boundary(257, 0);
+  boundary[0] = boundary[256] = 1;
+  for (const auto& st : nfa_.states)
+    for (const auto& e : st.edges) boundary[e.lo] = boundary[e.hi + 1] = 1;
+  for (int b = 0, lo = 0; b < 256; ++b) {
+    if (boundary[b]) lo = b;
+    run_lo_[b] = static_cast<uint8_t>(lo);
+  }
+  for (int b = 255, hi = 255; b >= 0; --b) {
+    if (boundary[b + 1]) hi = b;
+    run_hi_[b] = static_cast<uint8_t>(hi);
   }
   mark_.assign(n, 0);
   std::vector<int32_t> start = {nfa_.start};
@@ -143,9 +225,10 @@ int32_t CompiledGrammar::Intern(std::vector<int32_t> set) {
   }
   accepting_.push_back(acc);
   dist_.push_back(d);
+  char_target_.push_back(kUnknown);
+  text_limit_.push_back(kUnknown);
   sets_.push_back(std::move(set));
   trans_.resize(trans_.size() + 256, -2);
-  masks_.emplace_back();
   return id;
 }
 
@@ -158,7 +241,8 @@ int32_t CompiledGrammar::Next(int32_t state, uint8_t byte) {
       if (e.lo <= byte && byte <= e.hi) next.push_back(e.to);
   if (!next.empty()) Closure(&next);
   const int32_t id = Intern(std::move(next));
-  trans_[static_cast<size_t>(state) * 256 + byte] = id;  // Intern may have grown trans_
+  int32_t* row = &trans_[static_cast<size_t>(state) * 256];  // Intern may have grown trans_
+  for (int b = run_lo_[byte]; b <= run_hi_[byte]; ++b) row[b] = id;
   return id;
 }
 
@@ -174,11 +258,85 @@ int32_t CompiledGrammar::AdvanceToken(int32_t state, int32_t token) {
   return state;
 }
 
-const uint64_t* CompiledGrammar::FullMask(int32_t state) {
-  if (masks_[state]) return masks_[state].get();
-  auto mask = std::make_unique<uint64_t[]>(words_);
-  std::fill(mask.get(), mask.get() + words_, 0);
-  const VocabTrie& t = *trie_;
+// The state every text character (as TextTokenChars counts them) takes `state` to, -1 when all of them
+// are rejected, kMixed when they disagree. Runs the DFA over the characters' byte structure (1-byte
+// characters one by one; longer ones by lead byte, then each continuation byte range), keeping the
+// distinct states after each byte, so it costs a few thousand transitions, not one per code point.
+int32_t CompiledGrammar::CharTarget(int32_t state) {
+  if (char_target_[state] != kUnknown) return char_target_[state];
+  int32_t target = kUnknown;
+  bool mixed = false;
+  auto merge = [&](int32_t t) {
+    if (target == kUnknown) target = t;
+    else if (target != t) mixed = true;
+  };
+  auto step = [&](int32_t s, int b) { return s < 0 ? -1 : Next(s, static_cast<uint8_t>(b)); };
+  auto add = [](std::vector<int32_t>* v, int32_t s) {
+    if (std::find(v->begin(), v->end(), s) == v->end()) v->push_back(s);
+  };
+  for (int b = 0x20; b <= 0x7F && !mixed; ++b)
+    if (b != '"' && b != '\\') merge(step(state, b));
+  // Lead byte range, the second byte's range for those leads, and how many 80..BF bytes follow.
+  struct Shape {
+    int lead_lo, lead_hi, lo, hi, more;
+  };
+  static constexpr Shape kShapes[] = {
+      {0xC2, 0xDF, 0x80, 0xBF, 0}, {0xE0, 0xE0, 0xA0, 0xBF, 1}, {0xE1, 0xEC, 0x80, 0xBF, 1},
+      {0xED, 0xED, 0x80, 0x9F, 1}, {0xEE, 0xEF, 0x80, 0xBF, 1}, {0xF0, 0xF0, 0x90, 0xBF, 2},
+      {0xF1, 0xF3, 0x80, 0xBF, 2}, {0xF4, 0xF4, 0x80, 0x8F, 2},
+  };
+  std::vector<int32_t> level, next;
+  for (const Shape& sh : kShapes) {
+    if (mixed) break;
+    level.clear();
+    for (int l = sh.lead_lo; l <= sh.lead_hi; ++l) add(&level, step(state, l));
+    for (int k = 0; k <= sh.more; ++k) {
+      next.clear();
+      const int lo = k == 0 ? sh.lo : 0x80, hi = k == 0 ? sh.hi : 0xBF;
+      for (int32_t s : level)
+        for (int c = lo; c <= hi; ++c) add(&next, step(s, c));
+      level.swap(next);
+    }
+    for (int32_t s : level) merge(s);
+  }
+  char_target_[state] = mixed ? kMixed : target;
+  return char_target_[state];
+}
+
+// How many characters a text token may have to be allowed from `state`: follows state -> CharTarget ->
+// ... while the characters agree. A text token of n characters is allowed exactly when the n-th state of
+// that chain is not -1. Returns the number of characters the chain survives (max_text_chars() when it
+// cycles or outlives every text token), or kNoShortcut when the characters disagree before the longest
+// text token is decided.
+int32_t CompiledGrammar::TextLimit(int32_t state) {
+  if (text_limit_[state] != kUnknown) return text_limit_[state];
+  const int32_t max_chars = trie_->max_text_chars();
+  std::vector<int32_t> chain = {state};
+  int32_t limit = kNoShortcut;
+  for (int32_t i = 0;; ++i) {
+    if (i == max_chars) {
+      limit = max_chars;
+      break;
+    }
+    const int32_t t = CharTarget(chain[i]);
+    if (t == kMixed) break;
+    if (t < 0) {
+      limit = i;
+      break;
+    }
+    if (std::find(chain.begin(), chain.end(), t) != chain.end()) {
+      limit = max_chars;
+      break;
+    }
+    chain.push_back(t);
+  }
+  text_limit_[state] = limit;
+  return limit;
+}
+
+// Adds to `mask` every token of `trie` the DFA accepts from `state`: one walk that prunes each subtree the
+// DFA rejects.
+void CompiledGrammar::WalkTrie(const ByteTrie& t, int32_t state, uint64_t* mask) {
   stack_node_.assign(1, 0);
   stack_state_.assign(1, state);
   while (!stack_node_.empty()) {
@@ -186,63 +344,158 @@ const uint64_t* CompiledGrammar::FullMask(int32_t state) {
     const int32_t st = stack_state_.back();
     stack_node_.pop_back();
     stack_state_.pop_back();
-    for (uint32_t c = t.first_[node]; c < t.first_[node + 1]; ++c) {
-      const int32_t ns = Next(st, t.child_byte_[c]);
+    const size_t row = static_cast<size_t>(st) * 256;
+    for (uint32_t c = t.first[node]; c < t.first[node + 1]; ++c) {
+      const uint8_t byte = t.child_byte[c];
+      int32_t ns = trans_[row + byte];
+      if (ns == -2) ns = Next(st, byte);
       if (ns < 0) continue;
-      const uint32_t child = t.child_node_[c];
-      for (int32_t tok = t.node_token_[child]; tok >= 0; tok = t.next_same_[tok]) mask[tok >> 6] |= 1ull << (tok & 63);
-      if (t.first_[child] != t.first_[child + 1]) {
+      const uint32_t child = t.child_node[c];
+      for (int32_t tok = t.node_token[child]; tok >= 0; tok = trie_->next_same(tok)) mask[tok >> 6] |= 1ull << (tok & 63);
+      if (t.first[child] != t.first[child + 1]) {
         stack_node_.push_back(child);
         stack_state_.push_back(ns);
       }
     }
   }
-  if (Accepting(state) && t.eos() >= 0) mask[t.eos() >> 6] |= 1ull << (t.eos() & 63);
-  masks_[state] = std::move(mask);
-  ++cached_;
-  return masks_[state].get();
-}
-
-const uint64_t* CompiledGrammar::Mask(int32_t state, int64_t remaining, std::vector<uint64_t>* scratch) {
-  const uint64_t* full = FullMask(state);
-  // Far from the end of the budget no token can push the shortest completion past it.
-  constexpr int64_t kMargin = 64;
-  if (remaining > Distance(state) + kMargin) return full;
-  // Per state, once: every allowed token with the shortest completion after it, sorted; per (state, limit)
-  // the mask of tokens whose completion fits, cached.
-  auto& sorted = tail_tokens_[state];
-  if (sorted.empty()) {
-    for (size_t w = 0; w < words_; ++w) {
-      uint64_t bits = full[w];
-      while (bits) {
-        const int32_t tok = static_cast<int32_t>(w * 64 + __builtin_ctzll(bits));
-        bits &= bits - 1;
-        if (tok == trie_->eos()) continue;
-        const int32_t ns = AdvanceToken(state, tok);
-        if (ns >= 0) sorted.push_back({Distance(ns), tok});
-      }
-    }
-    std::sort(sorted.begin(), sorted.end());
-    if (sorted.empty()) sorted.push_back({std::numeric_limits<int32_t>::max(), -1});
-  }
-  const int64_t best = sorted.front().first;
-  const int64_t limit = std::max<int64_t>(remaining - 1, best);
-  const uint64_t key = (static_cast<uint64_t>(state) << 20) | static_cast<uint64_t>(std::min<int64_t>(limit, 0xFFFFF));
-  auto& cached = tail_masks_[key];
-  if (!cached) {
-    cached = std::make_unique<uint64_t[]>(words_);
-    std::fill(cached.get(), cached.get() + words_, 0);
-    for (auto [d, tok] : sorted) {
-      if (d > limit || tok < 0) break;
-      cached[tok >> 6] |= 1ull << (tok & 63);
-    }
-    if (Accepting(state) && trie_->eos() >= 0) cached[trie_->eos() >> 6] |= 1ull << (trie_->eos() & 63);
-  }
-  (void)scratch;
-  return cached.get();
 }
 
 // ---- cache ---------------------------------------------------------------------------------
+
+namespace {
+constexpr uint64_t kFullMask = 0, kTailTable = 1, kTailMask = 2;
+uint64_t Key(uint64_t kind, int32_t state, uint64_t limit = 0) {
+  return (kind << 62) | (static_cast<uint64_t>(state) << 20) | limit;
+}
+}  // namespace
+
+CompiledGrammar::Entry* CompiledGrammar::Find(uint64_t key) {
+  auto it = cache_.find(key);
+  if (it == cache_.end()) return nullptr;
+  lru_.splice(lru_.begin(), lru_, it->second.lru);
+  ++touched_;
+  return &it->second;
+}
+
+CompiledGrammar::Entry& CompiledGrammar::Insert(uint64_t key, Entry entry) {
+  lru_.push_front(key);
+  entry.lru = lru_.begin();
+  cache_bytes_ += entry.bytes;
+  ++touched_;
+  return cache_.emplace(key, std::move(entry)).first->second;
+}
+
+void CompiledGrammar::Evict() {
+  while (cache_bytes_ > cache_limit_ && lru_.size() > touched_) {
+    auto it = cache_.find(lru_.back());
+    cache_bytes_ -= it->second.bytes;
+    cache_.erase(it);
+    lru_.pop_back();
+    ++evictions_;
+  }
+}
+
+CompiledGrammar::CacheStats CompiledGrammar::cache_stats() const {
+  return {cache_bytes_, cache_limit_, cache_.size(), evictions_, full_masks_, text_shortcut_};
+}
+
+const uint64_t* CompiledGrammar::FullMask(int32_t state) {
+  if (Entry* e = Find(Key(kFullMask, state))) return e->bits.get();
+  Entry e;
+  e.bits = std::make_unique<uint64_t[]>(words_);
+  e.bytes = words_ * sizeof(uint64_t);
+  uint64_t* mask = e.bits.get();
+  std::fill(mask, mask + words_, 0);
+  const int32_t limit = TextLimit(state);
+  if (limit == kNoShortcut) {
+    WalkTrie(trie_->all(), state, mask);
+  } else {
+    ++text_shortcut_;
+    if (limit == trie_->max_text_chars()) {
+      const uint64_t* text = trie_->text_bits();
+      for (size_t w = 0; w < words_; ++w) mask[w] |= text[w];
+    } else {
+      const auto& text = trie_->text_tokens();
+      for (size_t i = 0, end = trie_->text_start(limit); i < end; ++i) mask[text[i] >> 6] |= 1ull << (text[i] & 63);
+    }
+    WalkTrie(trie_->rest(), state, mask);
+  }
+  const int32_t eos = trie_->eos();
+  if (Accepting(state) && eos >= 0) mask[eos >> 6] |= 1ull << (eos & 63);
+  ++full_masks_;
+  return Insert(Key(kFullMask, state), std::move(e)).bits.get();
+}
+
+// Per state, once: the shortest completion after each allowed token. Text tokens under the shortcut are
+// grouped by character count (the state after n characters is the same for all of them).
+const CompiledGrammar::TailTable& CompiledGrammar::Tail(int32_t state, const uint64_t* full) {
+  if (Entry* e = Find(Key(kTailTable, state))) return e->table;
+  Entry e;
+  TailTable& t = e.table;
+  const int32_t limit = TextLimit(state);
+  const bool shortcut = limit != kNoShortcut;
+  const uint64_t* text = trie_->text_bits();
+  for (size_t w = 0; w < words_; ++w) {
+    uint64_t bits = full[w] & (shortcut ? ~text[w] : ~uint64_t{0});
+    while (bits) {
+      const int32_t tok = static_cast<int32_t>(w * 64 + __builtin_ctzll(bits));
+      bits &= bits - 1;
+      if (tok == trie_->eos()) continue;
+      const int32_t ns = AdvanceToken(state, tok);
+      if (ns >= 0) t.tokens.push_back({Distance(ns), tok});
+    }
+  }
+  std::sort(t.tokens.begin(), t.tokens.end());
+  t.best = t.tokens.empty() ? std::numeric_limits<int32_t>::max() : t.tokens.front().first;
+  if (shortcut) {
+    for (int32_t n = 1, s = state; n <= limit; ++n) {
+      s = CharTarget(s);
+      t.text_distance.push_back(Distance(s));
+      if (trie_->text_start(n) > trie_->text_start(n - 1)) t.best = std::min(t.best, Distance(s));
+    }
+  }
+  e.bytes = t.tokens.capacity() * sizeof(t.tokens[0]) + t.text_distance.capacity() * sizeof(int32_t) + sizeof(Entry);
+  return Insert(Key(kTailTable, state), std::move(e)).table;
+}
+
+const uint64_t* CompiledGrammar::Mask(int32_t state, int64_t remaining, std::vector<uint64_t>* scratch) {
+  (void)scratch;
+  touched_ = 0;
+  const uint64_t* full = FullMask(state);
+  // Far from the end of the budget no token can push the shortest completion past it.
+  constexpr int64_t kMargin = 64;
+  if (remaining > Distance(state) + kMargin) {
+    Evict();
+    return full;
+  }
+  // Per (state, limit): the mask of the tokens whose shortest completion fits, cached.
+  const TailTable& t = Tail(state, full);
+  const int64_t limit = std::max<int64_t>(remaining - 1, t.best);
+  const uint64_t key = Key(kTailMask, state, static_cast<uint64_t>(std::min<int64_t>(limit, 0xFFFFF)));
+  if (Entry* e = Find(key)) {
+    Evict();
+    return e->bits.get();
+  }
+  Entry e;
+  e.bits = std::make_unique<uint64_t[]>(words_);
+  e.bytes = words_ * sizeof(uint64_t);
+  uint64_t* mask = e.bits.get();
+  std::fill(mask, mask + words_, 0);
+  for (auto [d, tok] : t.tokens) {
+    if (d > limit) break;
+    mask[tok >> 6] |= 1ull << (tok & 63);
+  }
+  const auto& text = trie_->text_tokens();
+  for (size_t n = 1; n <= t.text_distance.size(); ++n)
+    if (t.text_distance[n - 1] <= limit)
+      for (size_t i = trie_->text_start(n - 1); i < trie_->text_start(n); ++i) mask[text[i] >> 6] |= 1ull << (text[i] & 63);
+  if (Accepting(state) && trie_->eos() >= 0) mask[trie_->eos() >> 6] |= 1ull << (trie_->eos() & 63);
+  const uint64_t* out = Insert(key, std::move(e)).bits.get();
+  Evict();
+  return out;
+}
+
+// ---- grammars by spec ----------------------------------------------------------------------
 
 std::shared_ptr<CompiledGrammar> GrammarCache::Get(const std::string& spec_text) {
   auto it = entries_.find(spec_text);
@@ -260,7 +513,7 @@ std::shared_ptr<CompiledGrammar> GrammarCache::Get(const std::string& spec_text)
   const bool added = spec.value("type", "") == "tool_calls";
   auto& trie = added ? with_added_ : plain_;
   if (!trie) trie = std::make_shared<VocabTrie>(*tokenizer_, vocab_size_, added);
-  auto g = std::make_shared<CompiledGrammar>(std::move(nfa), trie);
+  auto g = std::make_shared<CompiledGrammar>(std::move(nfa), trie, cache_bytes_);
   if (entries_.size() >= capacity_) {
     auto oldest = entries_.begin();
     for (auto e = entries_.begin(); e != entries_.end(); ++e)

@@ -1,16 +1,26 @@
 // Token masks for constrained decoding. A CompiledGrammar determinizes a spec's byte NFA lazily (DFA
 // state = set of NFA states, transitions computed on first use) and computes, per DFA state, the set of
-// vocabulary tokens whose bytes keep the text inside the language: a walk of the vocabulary's byte trie
-// that prunes every subtree the DFA rejects. Masks are cached per DFA state (a bitset over the vocabulary),
-// so a step of a sequence costs one lookup once its state was seen. EOS is allowed exactly in accepting
+// vocabulary tokens whose bytes keep the text inside the language. EOS is allowed exactly in accepting
 // states. Near the end of the token budget the mask keeps only tokens after which the text can still be
 // completed in the tokens left (shortest completion counted in bytes, each byte being one token at worst),
 // so even a random model ends with a complete value. Not thread-safe: one executor thread uses it.
+//
+// How a state's mask is computed (once; then cached):
+//   - "Text tokens" are the tokens made only of whole UTF-8 characters that a JSON string holds
+//     unescaped (no '"', '\' or control character): most of the vocabulary. For a state where every
+//     such character leads to one and the same state, and so on along that chain (a free string, a
+//     string with length bounds, free text), a text token of n characters is allowed exactly when the
+//     chain survives n characters: those tokens are added from a table sorted by character count, with
+//     no per-token work (CharTarget / TextLimit below; checked on the DFA, not assumed from the schema).
+//   - Every other token (and every token, for states where the characters disagree) is found by one
+//     walk of a byte trie that prunes each subtree the DFA rejects: the trie of the other tokens only,
+//     or the whole vocabulary's.
+// Cached masks and budget tables are held in an LRU cache bounded in bytes per grammar.
 #pragma once
 
 #include <cstdint>
+#include <list>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -20,31 +30,59 @@
 
 namespace dsmesh::structured {
 
-// The byte trie of a vocabulary. Special tokens (BOS/EOS) are never in it; added non-special tokens
-// (<think>, ｜DSML｜, ...) are in the `with_added` trie only.
+// A byte trie over some tokens, nodes in depth-first preorder (a walk reads them nearly in memory order).
+struct ByteTrie {
+  // The children of node n are child_node[first[n] .. first[n + 1]) with bytes child_byte[...], by byte.
+  std::vector<uint32_t> first;
+  std::vector<uint32_t> child_node;
+  std::vector<uint8_t> child_byte;
+  std::vector<int32_t> node_token;  // first token ending at the node, -1 if none (more: VocabTrie::next_same)
+  size_t nodes() const { return node_token.size(); }
+};
+
+// The vocabulary as the masks need it. Special tokens (BOS/EOS) are never in it; added non-special tokens
+// (<think>, ｜DSML｜, ...) are in the `with_added` vocabulary only.
 class VocabTrie {
  public:
   VocabTrie(const Tokenizer& tokenizer, int64_t vocab_size, bool with_added);
   int64_t vocab_size() const { return vocab_size_; }
   int32_t eos() const { return eos_; }
   const std::string& bytes(int32_t id) const { return bytes_[id]; }
+  size_t words() const { return static_cast<size_t>((vocab_size_ + 63) / 64); }
 
-  // Flattened nodes: children of n are child_node_[first_[n] .. first_[n + 1]) with bytes child_byte_.
-  std::vector<uint32_t> first_;
-  std::vector<uint32_t> child_node_;
-  std::vector<uint8_t> child_byte_;
-  std::vector<int32_t> node_token_;  // first token ending at the node, -1 if none
-  std::vector<int32_t> next_same_;   // further tokens with the same bytes
+  const ByteTrie& all() const { return all_; }    // every token
+  const ByteTrie& rest() const { return rest_; }  // the tokens that are not text tokens
+  // Further tokens with the same bytes as `id` (-1 ends the chain).
+  int32_t next_same(int32_t id) const { return next_same_[id]; }
+
+  // Text tokens (see token_grammar.h): sorted by character count; those of n characters are
+  // text_tokens()[text_start(n - 1) .. text_start(n)).
+  const std::vector<int32_t>& text_tokens() const { return text_tokens_; }
+  size_t text_start(int32_t chars) const { return text_start_[chars]; }
+  int32_t max_text_chars() const { return static_cast<int32_t>(text_start_.size()) - 1; }
+  const uint64_t* text_bits() const { return text_bits_.data(); }  // all text tokens
 
  private:
   int64_t vocab_size_;
   int32_t eos_ = -1;
   std::vector<std::string> bytes_;
+  ByteTrie all_, rest_;
+  std::vector<int32_t> next_same_;
+  std::vector<int32_t> text_tokens_;
+  std::vector<size_t> text_start_;
+  std::vector<uint64_t> text_bits_;
 };
+
+// Characters of `bytes` when it is a text token (whole UTF-8 characters, none of '"', '\' or U+0000..U+001F),
+// else -1.
+int TextTokenChars(std::string_view bytes);
 
 class CompiledGrammar {
  public:
-  CompiledGrammar(Nfa nfa, std::shared_ptr<const VocabTrie> trie);
+  // Bound on the bytes of cached masks and budget tables, per grammar.
+  static constexpr size_t kDefaultCacheBytes = size_t{32} << 20;
+
+  CompiledGrammar(Nfa nfa, std::shared_ptr<const VocabTrie> trie, size_t cache_bytes = kDefaultCacheBytes);
 
   int32_t start() const { return 0; }
   // State after one byte / a token's bytes; -1 when the language rejects it. EOS leaves the state as is.
@@ -55,16 +93,49 @@ class CompiledGrammar {
   int32_t Distance(int32_t state) const { return dist_[state]; }
 
   // The allowed tokens (bit t of word t / 64) when `remaining` tokens may still be generated (this one
-  // included). Returns the cached mask, or `scratch` filled with the budget-limited one.
+  // included). The pointer stays valid until the next Mask() call on this grammar (the cache may evict
+  // it then). `scratch` is unused (kept for callers that pass one).
   const uint64_t* Mask(int32_t state, int64_t remaining, std::vector<uint64_t>* scratch);
   size_t words() const { return words_; }
   size_t num_states() const { return sets_.size(); }
-  size_t cached_masks() const { return cached_; }
+
+  struct CacheStats {
+    size_t bytes = 0;          // held now: masks and budget tables
+    size_t limit_bytes = 0;    // the bound
+    size_t entries = 0;        // held now
+    uint64_t evictions = 0;    // entries dropped to stay under the bound
+    uint64_t full_masks = 0;   // masks computed (a recomputed evicted one counts again)
+    uint64_t text_shortcut = 0;  // of those, computed with the text-token table
+  };
+  CacheStats cache_stats() const;
 
  private:
+  static constexpr int32_t kUnknown = -3;     // char_target_ / text_limit_ not computed yet
+  static constexpr int32_t kMixed = -4;       // text characters lead to different states
+  static constexpr int32_t kNoShortcut = -5;  // text tokens must be walked
+
+  struct TailTable {
+    std::vector<std::pair<int32_t, int32_t>> tokens;  // (distance after it, token), sorted: walked tokens
+    std::vector<int32_t> text_distance;               // text tokens of n characters: distance after them [n - 1]
+    int32_t best = 0;                                 // least distance after any allowed token
+  };
+  struct Entry {
+    std::unique_ptr<uint64_t[]> bits;  // a mask
+    TailTable table;                   // or a budget table
+    size_t bytes = 0;
+    std::list<uint64_t>::iterator lru;
+  };
+
   int32_t Intern(std::vector<int32_t> set);
   void Closure(std::vector<int32_t>* set);
+  int32_t CharTarget(int32_t state);
+  int32_t TextLimit(int32_t state);
+  void WalkTrie(const ByteTrie& trie, int32_t state, uint64_t* mask);
   const uint64_t* FullMask(int32_t state);
+  const TailTable& Tail(int32_t state, const uint64_t* full);
+  Entry* Find(uint64_t key);
+  Entry& Insert(uint64_t key, Entry entry);
+  void Evict();
 
   Nfa nfa_;
   std::shared_ptr<const VocabTrie> trie_;
@@ -72,24 +143,31 @@ class CompiledGrammar {
   std::vector<std::vector<int32_t>> sets_;
   std::unordered_map<std::string, int32_t> index_;
   std::vector<int32_t> trans_;  // 256 per state; -2 not computed yet
+  uint8_t run_lo_[256], run_hi_[256];  // the run of equivalent bytes each byte is in (first, last)
   std::vector<char> accepting_;
   std::vector<int32_t> dist_;
-  std::vector<std::unique_ptr<uint64_t[]>> masks_;
+  std::vector<int32_t> char_target_;
+  std::vector<int32_t> text_limit_;
   size_t words_;
-  size_t cached_ = 0;
-  std::unordered_map<int32_t, std::vector<std::pair<int32_t, int32_t>>> tail_tokens_;
-  std::unordered_map<uint64_t, std::unique_ptr<uint64_t[]>> tail_masks_;
   std::vector<char> mark_;
   std::vector<int32_t> stack_state_;
   std::vector<uint32_t> stack_node_;
+  // Masks (key kind 0), budget tables (1) and budget masks (2), most recently used first in lru_.
+  std::unordered_map<uint64_t, Entry> cache_;
+  std::list<uint64_t> lru_;
+  size_t cache_bytes_ = 0, cache_limit_;
+  size_t touched_ = 0;  // entries used by the current Mask() call (the front of lru_): never evicted by it
+  uint64_t evictions_ = 0, full_masks_ = 0, text_shortcut_ = 0;
 };
 
 // Compiled grammars by spec text, sharing one trie per (tokenizer, vocab size, added tokens) (the worker's
-// executor thread owns one). Keeps the most recently used `capacity` grammars.
+// executor thread owns one). Keeps the most recently used `capacity` grammars, each with its mask cache
+// bounded by `cache_bytes`.
 class GrammarCache {
  public:
-  GrammarCache(std::shared_ptr<const Tokenizer> tokenizer, int64_t vocab_size, size_t capacity = 64)
-      : tokenizer_(std::move(tokenizer)), vocab_size_(vocab_size), capacity_(capacity) {}
+  GrammarCache(std::shared_ptr<const Tokenizer> tokenizer, int64_t vocab_size, size_t capacity = 64,
+               size_t cache_bytes = CompiledGrammar::kDefaultCacheBytes)
+      : tokenizer_(std::move(tokenizer)), vocab_size_(vocab_size), capacity_(capacity), cache_bytes_(cache_bytes) {}
   // Throws GrammarError for a bad spec.
   std::shared_ptr<CompiledGrammar> Get(const std::string& spec_text);
 
@@ -97,6 +175,7 @@ class GrammarCache {
   std::shared_ptr<const Tokenizer> tokenizer_;
   int64_t vocab_size_;
   size_t capacity_;
+  size_t cache_bytes_;
   std::shared_ptr<const VocabTrie> plain_, with_added_;
   std::unordered_map<std::string, std::pair<std::shared_ptr<CompiledGrammar>, uint64_t>> entries_;
   uint64_t tick_ = 0;

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -118,6 +119,148 @@ TEST(TokenGrammar, RegexChoiceAndToolCalls) {
     EXPECT_TRUE(ended) << out;
     EXPECT_NE(out.find("<｜DSML｜invoke name=\"get_weather\">"), std::string::npos) << out;
   }
+}
+
+// The tokens the DFA itself accepts from `state` (AdvanceToken on every id): the oracle for Mask().
+std::vector<uint64_t> Oracle(CompiledGrammar& g, int32_t state, int64_t limit = -1) {
+  std::vector<uint64_t> m(g.words(), 0);
+  const int32_t eos = *Tok()->eos_id();
+  for (int32_t id = 0; id < kVocab; ++id) {
+    const int32_t ns = g.AdvanceToken(state, id);
+    if (ns < 0) continue;
+    if (limit >= 0 && id != eos && g.Distance(ns) > limit) continue;
+    m[id >> 6] |= 1ull << (id & 63);
+  }
+  return m;
+}
+
+size_t Count(const uint64_t* m, size_t words) {
+  size_t n = 0;
+  for (size_t w = 0; w < words; ++w) n += __builtin_popcountll(m[w]);
+  return n;
+}
+
+// States of a random walk (distinct, at most `max`).
+std::vector<int32_t> WalkStates(CompiledGrammar& g, uint64_t seed, size_t max) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint64_t> scratch;
+  std::vector<int32_t> states;
+  int32_t state = g.start();
+  const int32_t eos = *Tok()->eos_id();
+  for (int i = 0; i < 200 && states.size() < max; ++i) {
+    if (std::find(states.begin(), states.end(), state) == states.end()) states.push_back(state);
+    const uint64_t* m = g.Mask(state, 1 << 20, &scratch);
+    std::vector<int32_t> allowed;
+    for (size_t w = 0; w < g.words(); ++w)
+      for (uint64_t b = m[w]; b; b &= b - 1) allowed.push_back(static_cast<int32_t>(w * 64 + __builtin_ctzll(b)));
+    if (allowed.empty()) break;
+    const int32_t tok = allowed[rng() % allowed.size()];
+    if (tok == eos) break;
+    const int32_t next = g.AdvanceToken(state, tok);
+    EXPECT_GE(next, 0) << "the mask of state " << state << " allows token " << tok << ", which the DFA rejects";
+    if (next < 0) break;
+    state = next;
+  }
+  return states;
+}
+
+// Every mask (the text-token shortcut, the walk of the other tokens, the budget tables) equals the set of
+// tokens the DFA accepts token by token, on states of every schema, json_object, a tool-call grammar and
+// strings with length bounds (states where text characters lead to a chain of states).
+TEST(TokenGrammar, MasksEqualTokenByTokenAcceptance) {
+  std::ifstream in(RepoFile("common/structured/testdata/schemas.json"));
+  json schemas = json::parse(in);
+  std::vector<std::string> specs;
+  for (const auto& s : schemas) specs.push_back(json{{"type", "json_schema"}, {"schema", s["schema"]}}.dump());
+  specs.push_back(R"({"type":"json_object"})");
+  specs.push_back(json{{"type", "json_schema"},
+                       {"schema", {{"type", "object"},
+                                   {"properties", {{"a", {{"type", "string"}, {"minLength", 3}, {"maxLength", 40}}},
+                                                   {"b", {{"type", "string"}, {"pattern", "^[a-z ]{0,20}$"}}}}},
+                                   {"required", {"a", "b"}}}}}
+                      .dump());
+  specs.push_back(json{{"type", "tool_calls"}, {"min_calls", 1}, {"max_calls", 2},
+                       {"tools", {{{"name", "f"},
+                                   {"parameters", {{"type", "object"},
+                                                   {"properties", {{"text", {{"type", "string"}}}}},
+                                                   {"required", {"text"}}}}}}}}
+                      .dump());
+  GrammarCache cache(Tok(), kVocab);
+  size_t checked = 0, shortcut = 0;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    SCOPED_TRACE(specs[i]);
+    auto g = cache.Get(specs[i]);
+    std::vector<uint64_t> scratch;
+    for (int32_t state : WalkStates(*g, 1000 + i, 12)) {
+      const uint64_t* m = g->Mask(state, 1 << 20, &scratch);
+      std::vector<uint64_t> want = Oracle(*g, state);
+      ASSERT_TRUE(std::equal(want.begin(), want.end(), m)) << "state " << state << ": mask has " << Count(m, g->words())
+                                                           << " tokens, the DFA accepts " << Count(want.data(), g->words());
+      // Near the end of the budget: the tokens whose shortest completion fits (the mask keeps at least the
+      // best ones, so compare where some token fits).
+      for (int64_t remaining : {1, 3, 10, 40}) {
+        const uint64_t* tail = g->Mask(state, remaining, &scratch);
+        std::vector<uint64_t> fits = Oracle(*g, state, remaining - 1);
+        if (Count(fits.data(), g->words()) == (g->Accepting(state) ? 1u : 0u)) continue;  // only EOS fits
+        ASSERT_TRUE(std::equal(fits.begin(), fits.end(), tail)) << "state " << state << " remaining " << remaining;
+      }
+      ++checked;
+    }
+    shortcut += g->cache_stats().text_shortcut;
+  }
+  EXPECT_GE(checked, 200u);
+  EXPECT_GT(shortcut, 20u);  // the shortcut is exercised, not only the walk
+}
+
+// The mask cache stays within its byte bound (evicting the least recently used masks and tables), and
+// masks recomputed after eviction are the same.
+TEST(TokenGrammar, MaskCacheIsBoundedInBytes) {
+  const size_t limit = 256 << 10;  // room for ~15 masks of 129,280 bits
+  GrammarCache cache(Tok(), kVocab, 4, limit);
+  json props = json::object(), required = json::array();
+  for (int i = 0; i < 12; ++i) {
+    props["p" + std::to_string(i)] = i % 2 ? json{{"type", "string"}, {"maxLength", 6}} : json{{"type", "integer"}};
+    required.push_back("p" + std::to_string(i));
+  }
+  auto g = cache.Get(
+      json{{"type", "json_schema"}, {"schema", {{"type", "object"}, {"properties", props}, {"required", required}}}}.dump());
+  std::vector<uint64_t> scratch;
+  std::vector<int32_t> states;
+  for (uint64_t seed = 1; seed <= 6; ++seed)
+    for (int32_t s : WalkStates(*g, seed, 40))
+      if (std::find(states.begin(), states.end(), s) == states.end()) states.push_back(s);
+  ASSERT_GT(states.size(), 30u);
+  for (int32_t s : states) {
+    g->Mask(s, 1 << 20, &scratch);
+    g->Mask(s, 5, &scratch);  // a budget table and a budget mask too
+    auto st = g->cache_stats();
+    EXPECT_TRUE(st.bytes <= limit || st.entries <= 3) << st.bytes << " bytes in " << st.entries << " entries";
+  }
+  auto st = g->cache_stats();
+  EXPECT_GT(st.evictions, 0u);
+  EXPECT_EQ(st.limit_bytes, limit);
+  const uint64_t computed = st.full_masks;
+  for (int32_t s : states) {
+    std::vector<uint64_t> want = Oracle(*g, s);
+    const uint64_t* m = g->Mask(s, 1 << 20, &scratch);
+    ASSERT_TRUE(std::equal(want.begin(), want.end(), m)) << "state " << s;
+  }
+  EXPECT_GT(g->cache_stats().full_masks, computed);  // evicted masks were recomputed
+}
+
+// Text tokens: whole UTF-8 characters a JSON string holds unescaped.
+TEST(TokenGrammar, TextTokens) {
+  EXPECT_EQ(TextTokenChars("abc"), 3);
+  EXPECT_EQ(TextTokenChars(" 日本"), 3);
+  EXPECT_EQ(TextTokenChars("🧠x"), 2);
+  EXPECT_EQ(TextTokenChars("\x7F"), 1);
+  EXPECT_EQ(TextTokenChars("a\"b"), -1);
+  EXPECT_EQ(TextTokenChars("a\\"), -1);
+  EXPECT_EQ(TextTokenChars("\n"), -1);
+  EXPECT_EQ(TextTokenChars("\xE6\x97"), -1);          // a piece of a character
+  EXPECT_EQ(TextTokenChars("\xED\xA0\x80"), -1);      // a surrogate
+  EXPECT_EQ(TextTokenChars("\xC0\xAF"), -1);          // overlong
+  EXPECT_EQ(TextTokenChars("\xF4\x90\x80\x80"), -1);  // beyond U+10FFFF
 }
 
 TEST(TokenGrammar, UnsupportedKeywordsAreNamed) {

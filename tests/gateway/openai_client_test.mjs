@@ -278,6 +278,66 @@ const cases = [
     assertEq(r3.object, 'chat.completion', 'tool round trip accepted');
   }],
 
+  // The hard V4 outputs, scripted through the parrot (the user text is the model's output), each
+  // non-streamed and streamed (one token per step on `mesh`, three on `spec`): the streamed pieces must
+  // add up to the non-streamed message.
+  ['hard V4 outputs: unclosed reasoning, a call inside reasoning, parallel calls, DSML text in arguments', async ({ mesh, spec }) => {
+    const param = (k, str, v) => `<｜DSML｜parameter name="${k}" string="${str}">${v}</｜DSML｜parameter>\n`;
+    const invoke = (name, params) => `<｜DSML｜invoke name="${name}">\n${params}</｜DSML｜invoke>\n`;
+    const block = (...invokes) => `\n\n<｜DSML｜tool_calls>\n${invokes.join('')}</｜DSML｜tool_calls>`;
+    const tricky = 'a value ends at </｜DSML｜parameter> and <｜DSML｜invoke name="x"> opens a call';
+    const scripts = [
+      { name: 'reasoning never closed, cut by max_tokens', said: 'Weighing 東京 🧠 against Zürich, one step at a time, then the next step and more',
+        max_tokens: 12, want: (m, said) => {
+          assert(m.reasoning_content.length > 0 && said.startsWith(m.reasoning_content), `reasoning is a prefix: ${m.reasoning_content}`);
+          assertEq(m.content, null, 'no content');
+          assertEq(m.tool_calls ?? [], [], 'no calls');
+        }, finish: 'length' },
+      { name: 'call inside reasoning', said: `I should look it up.${block(invoke('get_weather', param('city', true, 'Paris') + param('days', false, '3')))}`,
+        want: (m) => {
+          assertEq(m.reasoning_content, 'I should look it up.', 'reasoning before the block');
+          assertEq(m.content, null, 'no content');
+          assertEq(m.tool_calls.map((t) => [t.function.name, JSON.parse(t.function.arguments)]), [['get_weather', { city: 'Paris', days: 3 }]], 'the call');
+        }, finish: 'tool_calls' },
+      { name: 'parallel calls with DSML text in an argument', said: `Two.</think>Checking both.${block(
+        invoke('get_weather', param('city', true, '東京') + param('days', false, '2')),
+        invoke('get_weather', param('city', true, tricky)))}`,
+        want: (m) => {
+          assertEq(m.reasoning_content, 'Two.', 'reasoning');
+          assertEq(m.content, 'Checking both.', 'content');
+          assertEq(m.tool_calls.map((t) => JSON.parse(t.function.arguments)), [{ city: '東京', days: 2 }, { city: tricky }], 'arguments');
+          assert(new Set(m.tool_calls.map((t) => t.id)).size === 2, 'distinct ids');
+        }, finish: 'tool_calls' },
+    ];
+    for (const s of scripts) {
+      for (const m of [mesh, spec]) {
+        const body = { model: MODEL, messages: [{ role: 'user', content: s.said }], tools: TOOLS, temperature: 0,
+          ...(s.max_tokens ? { max_tokens: s.max_tokens } : {}) };
+        const r = await client(m).chat.completions.create(body);
+        s.want(r.choices[0].message, s.said);
+        assertEq(r.choices[0].finish_reason, s.finish, `${s.name}: finish_reason`);
+        const chunks = await collect(await client(m).chat.completions.create({ ...body, stream: true }));
+        let reasoning = '', content = '', finish = null;
+        const calls = [];
+        for (const c of chunks) for (const ch of c.choices) {
+          reasoning += ch.delta.reasoning_content ?? '';
+          content += ch.delta.content ?? '';
+          for (const tc of ch.delta.tool_calls ?? []) {
+            calls[tc.index] ??= { name: '', arguments: '' };
+            calls[tc.index].name += tc.function?.name ?? '';
+            calls[tc.index].arguments += tc.function?.arguments ?? '';
+          }
+          if (ch.finish_reason) finish = ch.finish_reason;
+        }
+        const msg = r.choices[0].message;
+        assertEq(reasoning, msg.reasoning_content ?? '', `${s.name}: streamed reasoning`);
+        assertEq(content, msg.content ?? '', `${s.name}: streamed content`);
+        assertEq(calls, (msg.tool_calls ?? []).map((t) => ({ name: t.function.name, arguments: t.function.arguments })), `${s.name}: streamed calls`);
+        assertEq(finish, s.finish, `${s.name}: streamed finish_reason`);
+      }
+    }
+  }],
+
   ['completions: string and token-id prompts, stream with usage', async ({ mesh }) => {
     const r = await client(mesh).completions.create({ model: MODEL, prompt: 'Once upon a time', max_tokens: 50, temperature: 0 });
     assertEq(r.object, 'text_completion', 'object');
