@@ -390,7 +390,7 @@ const cases = [
     await check(ask('data:image/png;base64,not base64!'), /invalid base64/, 'invalid_image');
     await check(ask('https://example.com/cat.png'), /not fetched/, 'invalid_image');
     await check(ask('file:///etc/passwd'), /--allowed-local-media-path/, 'invalid_image');
-    await check(ask(dataUrl('image/gif', Buffer.from('GIF89a'))), /image\/gif is not supported/, 'invalid_image');
+    await check(ask(dataUrl('image/gif', Buffer.from('GIF89a'))), /media type 'image\/gif' is not supported/, 'invalid_image');
     // The parser's own checks of the part, mapped to the part as param.
     await check(c.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: 'hi' },
       { role: 'user', content: [{ type: 'text', text: 'x' }, { type: 'image_url', image_url: { url: 7 } }] }] }), /image_url.url must be a string/);
