@@ -6,6 +6,11 @@
 //                  [--sse-ping-s S]  (": ping" comment on a stream silent this long; 0 = never)
 //                  [--idle-timeout-s S]  (per request for headers + body, and keep-alive idle; default 75)
 //                  [--handler-threads N]  (parse, render, tokenize off the HTTP threads; 0 = on them)
+//                  [--allowed-local-media-path DIR]  (file:// image URLs under DIR; none without it)
+//                  [--max-image-bytes N] [--max-image-pixels N] [--max-image-side N] [--max-images-per-request N]
+//
+// Image parts (image_url with a data: URL) are decoded and checked against the --max-image-* limits; the
+// served models take no images yet, so a request with one ends in a 400 "model X does not accept images".
 //
 // --max-queued N: admission (429 queue_full) is held by the coordinator, shared by every gateway of the
 // mesh; N, when given, is sent with each request and can only lower the coordinator's own --max-queued.
@@ -46,7 +51,8 @@ const char kUsage[] =
     "dsmesh-gateway --listen HOST:PORT --coordinator HOST:PORT --model DIR [--served-model-name NAME]\n"
     "               [--api-key KEY[,KEY...] | --api-key-file F] [--max-queued N] [--threads N]\n"
     "               [--max-body-bytes N] [--chat-format v4|v3] [--drain-timeout-s S] [--sse-ping-s S]\n"
-    "               [--idle-timeout-s S] [--handler-threads N]";
+    "               [--idle-timeout-s S] [--handler-threads N] [--allowed-local-media-path DIR]\n"
+    "               [--max-image-bytes N] [--max-image-pixels N] [--max-image-side N] [--max-images-per-request N]";
 
 std::pair<std::string, uint16_t> SplitHostPort(const std::string& s) {
   auto colon = s.rfind(':');
@@ -92,6 +98,7 @@ std::set<std::string> ReadApiKeys(const Flags& flags) {
 struct ModelInfo {
   ChatFormat chat_format = ChatFormat::kDeepSeekV4;
   int max_position_embeddings = 1 << 20;
+  int vision_layers = 0;  // config.json vision_n_layers (DeepSeek-V4-Flash-Vision); 0: text only
 };
 
 ModelInfo ReadModelInfo(const std::string& dir, const std::string& chat_format_flag) {
@@ -107,6 +114,8 @@ ModelInfo ReadModelInfo(const std::string& dir, const std::string& chat_format_f
   }
   if (config.contains("max_position_embeddings") && config["max_position_embeddings"].is_number_integer())
     info.max_position_embeddings = config["max_position_embeddings"].get<int>();
+  if (config.contains("vision_n_layers") && config["vision_n_layers"].is_number_integer())
+    info.vision_layers = config["vision_n_layers"].get<int>();
   if (!chat_format_flag.empty()) {
     info.chat_format = ParseChatFormatName(chat_format_flag);
   } else {
@@ -124,7 +133,9 @@ int Run(int argc, char** argv) {
   Flags flags(std::vector<std::string>(argv + 1, argv + argc),
               WithMeshCredentialFlags({"listen", "coordinator", "model", "served-model-name", "api-key", "api-key-file",
                                        "max-queued", "threads", "max-body-bytes", "chat-format", "drain-timeout-s",
-                                       "sse-ping-s", "idle-timeout-s", "handler-threads", "log-level", "help"}),
+                                       "sse-ping-s", "idle-timeout-s", "handler-threads", "log-level", "help",
+                                       "allowed-local-media-path", "max-image-bytes", "max-image-pixels",
+                                       "max-image-side", "max-images-per-request"}),
               {"help"});
   if (flags.Has("help")) {
     std::printf("%s\n", kUsage);
@@ -151,6 +162,26 @@ int Run(int argc, char** argv) {
   api_options.served_model_name = flags.Get("served-model-name", default_name);
   api_options.api_keys = ReadApiKeys(flags);
   api_options.chat_format = model.chat_format;
+  ImageInputOptions& images = api_options.images;
+  images.url.allowed_local_media_path = flags.Get("allowed-local-media-path", "");
+  if (!images.url.allowed_local_media_path.empty() && !std::filesystem::is_directory(images.url.allowed_local_media_path))
+    throw UsageError("--allowed-local-media-path: not a directory: " + images.url.allowed_local_media_path);
+  const long long max_image_bytes = flags.GetInt("max-image-bytes", 20ll << 20);
+  const long long max_image_pixels = flags.GetInt("max-image-pixels", 16ll << 20);
+  const long long max_image_side = flags.GetInt("max-image-side", 16384);
+  const long long max_images = flags.GetInt("max-images-per-request", 8);
+  if (max_image_bytes < 1 || max_image_pixels < 1 || max_image_side < 1 || max_image_side > (1 << 30) || max_images < 0 ||
+      max_images > (1 << 20))
+    throw UsageError("--max-image-bytes, --max-image-pixels and --max-image-side must be >= 1, "
+                     "--max-images-per-request >= 0");
+  images.url.limits.max_bytes = static_cast<uint64_t>(max_image_bytes);
+  images.url.limits.max_pixels = static_cast<uint64_t>(max_image_pixels);
+  images.url.limits.max_side = static_cast<int>(max_image_side);
+  images.max_images = static_cast<int>(max_images);
+  api_options.images_refused_reason =
+      model.vision_layers > 0 ? "dsmesh does not run vision towers yet (config.json has vision_n_layers " +
+                                    std::to_string(model.vision_layers) + ")"
+                              : "it has no vision tower (config.json has no vision_n_layers)";
 
   MeshClient mesh(coordinator, MeshCredentialsFromFlags(flags));
   ServingMetrics metrics(api_options.served_model_name, model.max_position_embeddings);

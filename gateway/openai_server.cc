@@ -195,6 +195,14 @@ StatsResponse OpenAiServer::RequireReady() const {
   return *stats;
 }
 
+void OpenAiServer::CheckImages(const ChatRequest& request) const {
+  if (!request.has_images()) return;
+  // Decoded first, so a bad image gets its own 400 whatever the model; the pixels are what the vision
+  // preprocessing (model/vision_preprocess.h) will take once a vision path serves them.
+  std::vector<ChatImage> images = DecodeChatImages(request, options_.images);
+  RefuseImages(request, options_.served_model_name, options_.images_refused_reason);
+}
+
 void OpenAiServer::Responses(std::shared_ptr<HttpExchange>& exchange, Context& ctx) {
   ResponsesRequest request = TranslateResponsesRequest(ParseBody(exchange->request()));
   try {
@@ -240,6 +248,7 @@ void OpenAiServer::Generation(std::shared_ptr<HttpExchange>& exchange, Context& 
     std::string prompt;
     try {
       chat_request = ParseChatRequest(body);
+      CheckImages(chat_request);
       // Constrained output starts at the first generated token: no reasoning block before it.
       if (!structured.spec.empty()) chat_request.thinking = false;
       prompt = RenderChatPrompt(options_.chat_format, chat_request);
@@ -340,7 +349,9 @@ void OpenAiServer::Tokenize(std::shared_ptr<HttpExchange>& exchange, Context& ct
   if (body.contains("messages")) {
     std::string prompt;
     try {
-      prompt = RenderChatPrompt(options_.chat_format, ParseChatRequest(body));
+      ChatRequest chat_request = ParseChatRequest(body);
+      CheckImages(chat_request);
+      prompt = RenderChatPrompt(options_.chat_format, chat_request);
     } catch (const ChatFormatError& e) {
       throw BadRequest(e.what(), ChatErrorParam(e.what()));
     }

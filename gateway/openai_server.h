@@ -13,6 +13,7 @@
 #include "gateway/admission.h"
 #include "gateway/generation_session.h"
 #include "gateway/http_server.h"
+#include "gateway/image_inputs.h"
 #include "common/mesh/mesh_client.h"
 #include "gateway/mesh_monitor.h"
 #include "gateway/serving_metrics.h"
@@ -24,6 +25,10 @@ struct OpenAiServerOptions {
   std::string model_dir;
   std::set<std::string> api_keys;  // empty: no authentication
   ChatFormat chat_format = ChatFormat::kDeepSeekV4;
+  ImageInputOptions images;  // how image_url parts are read and bounded
+  // Why image parts are refused after they decode (the mesh has no vision path yet): the tail of the 400
+  // "model `X` does not accept images: <reason>".
+  std::string images_refused_reason = "it has no vision tower";
 };
 
 class OpenAiServer {
@@ -47,6 +52,9 @@ class OpenAiServer {
   void Tokenize(std::shared_ptr<HttpExchange>& exchange, Context& ctx);
   void Detokenize(std::shared_ptr<HttpExchange>& exchange, Context& ctx);
   void CheckApiKey(const HttpRequest& request) const;
+  // A chat request's image parts: each decoded under options_.images (a 400 naming the part when one is
+  // bad), then refused, since no model served here takes images yet (400 "does not accept images").
+  void CheckImages(const ChatRequest& request) const;
   // Stats for limits (max_model_len, max_num_seqs); throws 503 when the mesh is not ready.
   StatsResponse RequireReady() const;
 

@@ -103,6 +103,13 @@ void CheckSchemaFields(const json& body, bool chat) {
 }
 
 std::string ChatErrorParam(const std::string& message) {
+  // An image part's own field: the part ("messages[0].content[1].image_url.url must be ..." ->
+  // "messages[0].content[1].image_url").
+  const std::string first_word = message.substr(0, message.find_first_of(" :"));
+  if (first_word.rfind("messages[", 0) == 0) {
+    const size_t image = first_word.find(".image_url");
+    if (image != std::string::npos) return first_word.substr(0, image + std::string(".image_url").size());
+  }
   static const std::set<std::string> kFields = {"messages",        "tools", "chat_template_kwargs", "reasoning_effort",
                                                 "add_generation_prompt", "tool_choice"};
   size_t n = 0;

@@ -15,7 +15,9 @@ namespace dsmesh {
 void CheckSchemaFields(const nlohmann::ordered_json& body, bool chat);
 
 // The top-level request field a chat-parser message starts with ("messages[2].role ..." -> "messages",
-// "chat_template_kwargs.thinking ..." -> "chat_template_kwargs"); "messages" when it names none.
+// "chat_template_kwargs.thinking ..." -> "chat_template_kwargs"), or the image part an image field belongs
+// to ("messages[0].content[1].image_url.url ..." -> "messages[0].content[1].image_url"); "messages" when it
+// names none.
 std::string ChatErrorParam(const std::string& message);
 
 }  // namespace dsmesh

@@ -26,12 +26,26 @@ struct ChatToolCall {
   std::string arguments;        // JSON text as the client sent it
 };
 
+// An image content part of a user message ({"type":"image_url","image_url":{"url":...,"detail"?}}), kept
+// undecoded: the gateway decodes it (common/image) and names `param` in its errors.
+struct ChatImagePart {
+  std::string url;    // data: URL, file:// URL or http(s) URL as the client sent it
+  std::string param;  // "messages[0].content[1].image_url"
+};
+
+// The placeholder an image part leaves in its message's text (DeepSeek-V4-Flash-Vision's image token;
+// vllm/models/deepseek_v4/common/mm_preprocess.py IMAGE_PLACEHOLDER).
+inline constexpr char kImagePlaceholder[] = "<｜deepseek_image｜>";
+
 struct ChatMessage {
   enum class Role { kSystem, kUser, kAssistant, kTool };
   Role role = Role::kUser;
   // Absent and null are the same (nullopt). Array content ([{type:"text",text}...]) is joined with "\n"
-  // by the parser, as vLLM does before it applies a chat template.
+  // by the parser, as vLLM does before it applies a chat template. With image parts, the text is one
+  // kImagePlaceholder per image, then the joined text, all joined with "\n" (vLLM's default placement,
+  // vllm/entrypoints/chat_utils.py _get_full_multimodal_text_prompt: placeholders first).
   std::optional<std::string> content;
+  std::vector<ChatImagePart> images;             // user only, in content order
   std::optional<std::string> reasoning_content;  // assistant only
   std::vector<ChatToolCall> tool_calls;          // assistant only
   std::string tool_call_id;                      // tool only
@@ -51,6 +65,12 @@ struct ChatRequest {
   // the assistant turn after a user turn).
   bool add_generation_prompt = true;
   ReasoningEffort reasoning_effort = ReasoningEffort::kDefault;
+
+  bool has_images() const {
+    for (const auto& m : messages)
+      if (!m.images.empty()) return true;
+    return false;
+  }
 };
 
 const char* RoleName(ChatMessage::Role role);

@@ -13,28 +13,54 @@ std::string Index(const std::string& path, size_t i) { return path + "[" + std::
 
 const char* TypeName(const Json& v) { return v.type_name(); }
 
-// Content: a string, null, or an array of text parts joined with "\n" (what vLLM hands a template).
-std::optional<std::string> ParseContent(const Json& msg, const std::string& path) {
+// An image_url part: {"type": "image_url", "image_url": {"url": string, "detail"?: auto|low|high}}.
+ChatImagePart ParseImagePart(const Json& part, const std::string& part_path, const std::string& role) {
+  const std::string path = part_path + ".image_url";
+  if (role != "user") Fail(part_path + ": image parts are only allowed in user messages, not '" + role + "'");
+  auto image = part.find("image_url");
+  if (image == part.end() || !image->is_object()) Fail(path + " must be an object {\"url\": ...}");
+  auto url = image->find("url");
+  if (url == image->end() || !url->is_string()) Fail(path + ".url must be a string");
+  if (auto detail = image->find("detail"); detail != image->end() && !detail->is_null()) {
+    if (!detail->is_string() || (*detail != "auto" && *detail != "low" && *detail != "high"))
+      Fail(path + ".detail must be one of auto, low, high");
+  }
+  return ChatImagePart{url->get<std::string>(), path};
+}
+
+// Content: a string, null, or an array of text and image_url parts. Texts are joined with "\n" (what vLLM
+// hands a template); each image adds a placeholder before the text and its part to `images`.
+std::optional<std::string> ParseContent(const Json& msg, const std::string& path, const std::string& role,
+                                        std::vector<ChatImagePart>* images) {
   auto it = msg.find("content");
   if (it == msg.end() || it->is_null()) return std::nullopt;
   if (it->is_string()) return it->get<std::string>();
   if (!it->is_array())
-    Fail(path + ".content must be a string, null or an array of text parts, not " + TypeName(*it));
+    Fail(path + ".content must be a string, null or an array of content parts, not " + TypeName(*it));
   std::string joined;
+  bool any_text = false;
   for (size_t j = 0; j < it->size(); ++j) {
     const Json& part = (*it)[j];
     std::string part_path = Index(path + ".content", j);
     if (!part.is_object()) Fail(part_path + " must be an object, not " + TypeName(part));
     auto type = part.find("type");
     if (type == part.end() || !type->is_string()) Fail(part_path + ".type must be a string");
+    if (*type == "image_url") {
+      images->push_back(ParseImagePart(part, part_path, role));
+      continue;
+    }
     if (*type != "text")
-      Fail(part_path + ".type '" + type->get<std::string>() + "' is not supported (text parts only)");
+      Fail(part_path + ".type '" + type->get<std::string>() + "' is not supported (text and image_url parts only)");
     auto text = part.find("text");
     if (text == part.end() || !text->is_string()) Fail(part_path + ".text must be a string");
-    if (j > 0) joined += "\n";
+    if (any_text) joined += "\n";
     joined += text->get<std::string>();
+    any_text = true;
   }
-  return joined;
+  if (images->empty()) return joined;
+  std::string out;
+  for (size_t k = 0; k < images->size(); ++k) out += (k ? "\n" : "") + std::string(kImagePlaceholder);
+  return any_text ? out + "\n" + joined : out;
 }
 
 std::optional<std::string> OptionalString(const Json& obj, const char* key, const std::string& path) {
@@ -83,7 +109,7 @@ ChatMessage ParseMessage(const Json& msg, const std::string& path) {
   } else {
     Fail(path + ".role '" + role + "' is not one of system, user, assistant, tool");
   }
-  out.content = ParseContent(msg, path);
+  out.content = ParseContent(msg, path, role, &out.images);
   if (out.role != ChatMessage::Role::kAssistant && !out.content)
     Fail(path + ".content is required for role '" + role + "'");
 

@@ -1,8 +1,9 @@
 // OpenAI chat-completions JSON -> ChatRequest, with errors that name the offending field
-// ("messages[1].content[0].type 'image_url' is not supported") so the gateway can answer HTTP 400.
+// ("messages[1].content[0].type 'input_audio' is not supported") so the gateway can answer HTTP 400.
 //
 // Accepted (everything else in the body is the gateway's business and ignored here):
-//   messages: [{role: system|user|assistant|tool, content: string | null | [{type:"text",text}],
+//   messages: [{role: system|user|assistant|tool, content: string | null | [{type:"text",text} |
+//               {type:"image_url",image_url:{url,detail?}} (user only; kept undecoded, see ChatImagePart)],
 //               reasoning_content | reasoning (assistant), tool_calls (assistant):
 //               [{id?, type?: "function", function: {name, arguments: JSON string}}],
 //               tool_call_id (tool)}]

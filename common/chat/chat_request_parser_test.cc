@@ -52,6 +52,30 @@ TEST(ChatRequestParserTest, ParsesAFullRequest) {
   EXPECT_TRUE(r.add_generation_prompt);
 }
 
+// Image parts stay undecoded, named by their path; the text gets one placeholder per image before it
+// (vLLM's default placement).
+TEST(ChatRequestParserTest, ImageParts) {
+  ChatRequest r = Parse(R"({"messages": [
+      {"role": "user", "content": [{"type": "text", "text": "what is"},
+                                   {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                                   {"type": "text", "text": "this?"},
+                                   {"type": "image_url", "image_url": {"url": "file:///x.jpg", "detail": "high"}}]},
+      {"role": "assistant", "content": "a cat"},
+      {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://e.com/a.png"}}]}]})");
+  ASSERT_TRUE(r.has_images());
+  ASSERT_EQ(r.messages[0].images.size(), 2u);
+  EXPECT_EQ(r.messages[0].images[0].url, "data:image/png;base64,AAAA");
+  EXPECT_EQ(r.messages[0].images[0].param, "messages[0].content[1].image_url");
+  EXPECT_EQ(r.messages[0].images[1].url, "file:///x.jpg");
+  EXPECT_EQ(r.messages[0].images[1].param, "messages[0].content[3].image_url");
+  EXPECT_EQ(*r.messages[0].content, "<｜deepseek_image｜>\n<｜deepseek_image｜>\nwhat is\nthis?");
+  EXPECT_TRUE(r.messages[1].images.empty());
+  ASSERT_EQ(r.messages[2].images.size(), 1u);
+  EXPECT_EQ(r.messages[2].images[0].param, "messages[2].content[0].image_url");
+  EXPECT_EQ(*r.messages[2].content, "<｜deepseek_image｜>");
+  EXPECT_FALSE(Parse(R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}]}]})").has_images());
+}
+
 TEST(ChatRequestParserTest, ThinkingSwitch) {
   const std::string m = R"("messages": [{"role": "user", "content": "hi"}])";
   EXPECT_TRUE(Parse("{" + m + "}").thinking);  // on by default, as in the seat
@@ -82,8 +106,18 @@ TEST(ChatRequestParserTest, ErrorsNameTheField) {
       {R"({"messages": [{"role": "user"}]})", "messages[0].content is required for role 'user'"},
       {R"({"messages": [{"role": "user", "content": null}]})", "messages[0].content is required"},
       {R"({"messages": [{"role": "system", "content": 5}]})", "messages[0].content must be a string, null or an array"},
-      {R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]})",
-       "messages[0].content[0].type 'image_url' is not supported"},
+      {R"({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]})",
+       "messages[0].content[0].type 'input_audio' is not supported (text and image_url parts only)"},
+      {R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})",
+       "messages[0].content[0].image_url must be an object {\"url\": ...}"},
+      {R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "data:x"}]}]})",
+       "messages[0].content[0].image_url must be an object"},
+      {R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {}}]}]})",
+       "messages[0].content[1].image_url.url must be a string"},
+      {R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x", "detail": "max"}}]}]})",
+       "messages[0].content[0].image_url.detail must be one of auto, low, high"},
+      {R"({"messages": [{"role": "system", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]})",
+       "messages[0].content[0]: image parts are only allowed in user messages, not 'system'"},
       {R"({"messages": [{"role": "user", "content": [{"type": "text"}]}]})", "messages[0].content[0].text must be a string"},
       {R"({"messages": [{"role": "user", "content": "x", "tool_calls": []}]})",
        "messages[0].tool_calls is only allowed on assistant messages"},

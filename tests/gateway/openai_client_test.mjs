@@ -3,7 +3,18 @@
 // so each case scripts the "model output" and checks how the gateway turns it into OpenAI objects.
 import { assert, assertEq, loadOpenAI, metricsText, metricValue, rawStream, runCases, startMesh } from './harness.mjs';
 
+import fs from 'node:fs';
+
 const OpenAI = await loadOpenAI();
+// PNG's CRC-32 (to rewrite an IHDR and keep its chunk valid).
+function pngCrc32(bytes) {
+  let crc = 0xffffffff;
+  for (const b of bytes) {
+    crc ^= b;
+    for (let k = 0; k < 8; k++) crc = (crc >>> 1) ^ (0xedb88320 & -(crc & 1));
+  }
+  return (crc ^ 0xffffffff) >>> 0;
+}
 const MODEL = 'dsmesh-test';
 
 const client = (mesh, opts = {}) => validated(new OpenAI({ baseURL: mesh.url, apiKey: opts.apiKey ?? 'unused', maxRetries: 0, ...opts }));
@@ -405,6 +416,51 @@ const cases = [
     r = await post('/v1/completions', JSON.stringify({ prompt: 'x', pad: 'y'.repeat(1200000) }));
     assertEq(r.status, 413, 'oversized body');
     assert((await r.json()).error.message.includes('exceeds the limit'), '413 message');
+  }],
+
+  // Image parts through the served path: every image is decoded (common/image) and a bad one gets its
+  // own 400 naming the content part; a good one is refused because the model has no vision tower.
+  ['images: decoded, then refused by a text-only model; bad images 400 naming the part', async ({ mesh }) => {
+    const c = client(mesh);
+    const file = (n) => fs.readFileSync(`common/image/testdata/${n}`);
+    const dataUrl = (mime, bytes) => `data:${mime};base64,${Buffer.from(bytes).toString('base64')}`;
+    const ask = (url, extra = {}) => c.chat.completions.create({ model: MODEL, ...extra, messages: [
+      { role: 'user', content: 'hi' },
+      { role: 'user', content: [{ type: 'text', text: 'what is this?' }, { type: 'image_url', image_url: { url } }] }] });
+    const part = 'messages[1].content[1].image_url';
+    const check = async (promise, re, code) => {
+      const e = await expectError(promise, 400, re);
+      assertEq(e.param, part, `param of ${e.message}`);
+      if (code) assertEq(e.code, code, `code of ${e.message}`);
+      assertEq(e.type, 'invalid_request_error', 'type');
+    };
+    for (const [name, mime] of [['rgb.png', 'image/png'], ['rgb.jpg', 'image/jpeg'], ['lossy.webp', 'image/webp']]) {
+      await check(ask(dataUrl(mime, file(name))), /model `dsmesh-test` does not accept images: it has no vision tower/, 'images_not_supported');
+      await check(ask(dataUrl(mime, file(name)), { stream: true }), /does not accept images/, 'images_not_supported');
+    }
+    const png = file('rgb.png');
+    await check(ask(dataUrl('image/png', png.subarray(0, png.length - 20))), /invalid PNG data/, 'invalid_image');
+    const badCrc = Buffer.from(png); badCrc[29] ^= 1;
+    await check(ask(dataUrl('image/png', badCrc)), /IHDR: CRC error/, 'invalid_image');
+    const huge = Buffer.from(png); huge.writeUInt32BE(100000, 16); huge.writeUInt32BE(100000, 20);
+    huge.writeUInt32BE(pngCrc32(huge.subarray(12, 29)), 29);
+    await check(ask(dataUrl('image/png', huge)), /100000 x 100000 pixels; each side may be at most 16384/, 'invalid_image');
+    await check(ask(dataUrl('image/png', file('rgb.jpg'))), /declares image\/png but the data is JPEG/, 'invalid_image');
+    await check(ask(dataUrl('image/png', Buffer.alloc(0))), /the image data is empty/, 'invalid_image');
+    await check(ask('data:image/png;base64,not base64!'), /invalid base64/, 'invalid_image');
+    await check(ask('https://example.com/cat.png'), /not fetched/, 'invalid_image');
+    await check(ask('file:///etc/passwd'), /--allowed-local-media-path/, 'invalid_image');
+    await check(ask(dataUrl('image/gif', Buffer.from('GIF89a'))), /media type 'image\/gif' is not supported/, 'invalid_image');
+    // The parser's own checks of the part, mapped to the part as param.
+    await check(c.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: 'hi' },
+      { role: 'user', content: [{ type: 'text', text: 'x' }, { type: 'image_url', image_url: { url: 7 } }] }] }), /image_url.url must be a string/);
+    // /tokenize takes the same path.
+    const r = await fetch(`${mesh.base}/tokenize`, { method: 'POST', body: JSON.stringify({ model: MODEL,
+      messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: dataUrl('image/png', png) } }] }] }) });
+    assertEq(r.status, 400, '/tokenize with an image');
+    const body = await r.json();
+    assertEq(body.error.param, 'messages[0].content[0].image_url', '/tokenize param');
+    assert(/does not accept images/.test(body.error.message), body.error.message);
   }],
 
   ['tokenize / detokenize (vLLM shape)', async ({ mesh }) => {
