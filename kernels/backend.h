@@ -84,6 +84,13 @@ inline LinearWeight Exl3LinearWeight(const std::string& name, int64_t out_begin,
   return lw;
 }
 
+// Device time of one kind of op, summed over its calls (Backend::TakeOpProfile).
+struct OpTiming {
+  std::string op;
+  int64_t calls = 0;
+  double ms = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -133,6 +140,17 @@ class Backend {
     }
   };
   virtual void Segment(const SegmentKey& key, const std::function<void()>& ops) { ops(); }
+
+  // ---- profiling (dsmesh bench --profile) ----
+  // While on, a device backend times every op (and every step) with device events and runs segments
+  // eagerly; TakeOpProfile returns the totals since the last call, largest first. A backend that cannot
+  // time ops returns nothing.
+  virtual void SetOpProfiling(bool on) {}
+  virtual std::vector<OpTiming> TakeOpProfile() { return {}; }
+  // The forward names the phase its next ops belong to (OpTiming::op is then "phase / op"); phases nest
+  // by replacement, EndPhase restores the enclosing one.
+  virtual void BeginPhase(const char* phase) {}
+  virtual void EndPhase() {}
 
   // Prepares an EXL3 linear from the checkpoint tensors `<prefix>.trellis/.suh/.svh[/.mcg|.mul1][/.bias]`
   // whose logical size is [out_features, in_features], keeping output rows [out_begin, out_end) and input

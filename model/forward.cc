@@ -13,6 +13,21 @@
 #include "model/model_impl.h"
 
 namespace dsmesh {
+namespace {
+
+// Names the phase of the ops inside its scope for the backend's profiler (dsmesh bench --profile).
+class Phase {
+ public:
+  Phase(Backend& be, const char* name) : be_(be) { be_.BeginPhase(name); }
+  ~Phase() { be_.EndPhase(); }
+  Phase(const Phase&) = delete;
+  Phase& operator=(const Phase&) = delete;
+
+ private:
+  Backend& be_;
+};
+
+}  // namespace
 
 void ModelImpl::Validate(const std::vector<SequenceStep>& batch) const {
   if (batch.empty()) throw std::runtime_error("Forward: empty batch");
@@ -34,6 +49,7 @@ void ModelImpl::Validate(const std::vector<SequenceStep>& batch) const {
 
 void ModelImpl::AllReduce(Tensor* t) {
   if (comm_->world() == 1) return;
+  Phase phase(*backend_, "collectives");
   if (backend_->host_memory() == !comm_->device_buffers()) {
     comm_->AllReduceSum(static_cast<float*>(t->data), static_cast<size_t>(t->numel()));
     return;
@@ -50,6 +66,7 @@ namespace {
 // The forward's graph segments (Backend::SegmentKey::site): runs of per-token ops between the stateful
 // work (compressors, indexer, attention against each sequence's own state) and the collectives.
 enum SegmentSite { kEmbedSite = 1, kAttentionInputSite, kAttentionOutputSite, kFfnSite, kHeadSite };
+
 
 }  // namespace
 
@@ -165,8 +182,12 @@ void ModelImpl::AttentionCore(const BlockWeights& b, const std::vector<SeqRows>&
   const int64_t d = c.head_dim, Hl = layout_.local_heads;
 
   // Compressed entries first: a query may use every window completed up to and including itself.
-  if (b.kind != AttentionKind::kSliding) CompressorUpdate(b.attn.compressor, a->ckv, a->cscore, b.layer, false, seqs);
+  if (b.kind != AttentionKind::kSliding) {
+    Phase phase(be, "compressor");
+    CompressorUpdate(b.attn.compressor, a->ckv, a->cscore, b.layer, false, seqs);
+  }
   if (b.kind == AttentionKind::kCompressedSparse) {
+    Phase phase(be, "indexer + top-k");
     CompressorUpdate(b.attn.indexer_compressor, a->ikv, a->iscore, b.layer, true, seqs);
     const int64_t hi = c.index_n_heads, di = c.index_head_dim;
     for (const SeqRows& s : seqs) {
@@ -180,6 +201,7 @@ void ModelImpl::AttentionCore(const BlockWeights& b, const std::vector<SeqRows>&
 
   const float softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
   const bool compressed = b.kind != AttentionKind::kSliding;
+  Phase phase(be, "attention core");
   for (const SeqRows& s : seqs) {
     LayerState& ls = s.state->layers[b.layer];
     Tensor ov = RowView(a->o, s.offset, s.count);
@@ -209,6 +231,7 @@ void ModelImpl::MoeBlock(const BlockWeights& b, const Tensor& x, const std::vect
   const ModelConfig& c = config_;
   const MoeWeights& m = b.moe;
   const int64_t N = x.shape[0];
+  Phase phase(be, "router");
   Tensor logits = be.Scratch(DType::kF32, {N, (int64_t)c.n_routed_experts});
   be.Linear(x, m.gate, &logits);
   RouterParams p;
@@ -223,8 +246,14 @@ void ModelImpl::MoeBlock(const BlockWeights& b, const Tensor& x, const std::vect
   be.MoeRoute(logits, tokens.data(), p, &idx, &wt);
   const float limit = static_cast<float>(c.swiglu_limit);
   be.Zero(out);  // the experts accumulate
-  be.MoeExperts(x, idx, wt, m.experts, limit, out);
-  if (m.has_shared) be.SharedExpert(x, m.shared, limit, out);
+  {
+    Phase phase(be, "routed experts");
+    be.MoeExperts(x, idx, wt, m.experts, limit, out);
+  }
+  if (m.has_shared) {
+    Phase phase(be, "shared expert");
+    be.SharedExpert(x, m.shared, limit, out);
+  }
 }
 
 void ModelImpl::RunBlock(const BlockWeights& b, const std::vector<SeqRows>& seqs,
@@ -238,6 +267,7 @@ void ModelImpl::RunBlock(const BlockWeights& b, const std::vector<SeqRows>& seqs
   BlockActivations a = AllocateBlockActivations(b, seqs[0], N);
 
   be.Segment({kAttentionInputSite, b.layer, N, 0}, [&] {
+    Phase phase(be, "attention inputs (hc, norms, projections, rope)");
     be.HcPre(*X, b.hc_attn.fn, b.hc_attn.base, b.hc_attn.scale, hc, c.hc_sinkhorn_iters, hc_eps, eps, &a.y, &a.post,
              &a.comb);
     be.RmsNorm(a.y, D, &b.attn_norm, eps, &a.y);
@@ -248,10 +278,14 @@ void ModelImpl::RunBlock(const BlockWeights& b, const std::vector<SeqRows>& seqs
     AttentionCore(b, seqs, positions, &a);
     be.ReleaseScratch(mark);
   }
-  be.Segment({kAttentionOutputSite, b.layer, N, 0}, [&] { AttentionOutput(b, positions, &a); });
+  be.Segment({kAttentionOutputSite, b.layer, N, 0}, [&] {
+    Phase phase(be, "attention output (de-rope, wo_a, wo_b)");
+    AttentionOutput(b, positions, &a);
+  });
   AllReduce(&a.attn_out);
 
   be.Segment({kFfnSite, b.layer, N, 0}, [&] {
+    Phase phase(be, "hc post/pre + norms");
     be.HcPost(*X, a.attn_out, a.post, a.comb, hc, &a.X2);
     be.HcPre(a.X2, b.hc_ffn.fn, b.hc_ffn.base, b.hc_ffn.scale, hc, c.hc_sinkhorn_iters, hc_eps, eps, &a.y, &a.post,
              &a.comb);
@@ -259,6 +293,7 @@ void ModelImpl::RunBlock(const BlockWeights& b, const std::vector<SeqRows>& seqs
     MoeBlock(b, a.y, tokens, &a.moe_out);
   });
   AllReduce(&a.moe_out);
+  Phase phase(be, "hc post/pre + norms");
   be.HcPost(a.X2, a.moe_out, a.post, a.comb, hc, X);
   be.ReleaseScratch(block_mark);
 }
@@ -271,6 +306,7 @@ Tensor ModelImpl::HeadLogits(const Tensor& Xs, const HcWeights& hc_head, const T
   const int64_t V = c.vocab_size, per = weights_.head_rows_per_rank, Vl = weights_.head.out;
   Tensor z = be.Scratch(DType::kF32, {R, D});
   Tensor lv = be.Scratch(DType::kF32, {R, Vl});
+  Phase phase(be, "head + logits");
   be.Segment({kHeadSite, -1, R, step_rows}, [&] {
     be.HcHead(Xs, hc_head.fn, hc_head.base, hc_head.scale, c.hc_mult, static_cast<float>(c.hc_eps), eps, &z);
     be.RmsNorm(z, D, &norm, eps, &z);
@@ -343,6 +379,7 @@ std::vector<SequenceOutput> ModelImpl::Forward(const std::vector<SequenceStep>& 
   Tensor X = be.Scratch(DType::kF32, {N, hc * D});
   Tensor h = be.Scratch(DType::kF32, {N, D});
   be.Segment({kEmbedSite, -1, N, 0}, [&] {
+    Phase phase(be, "embedding");
     be.Embedding(weights_.embed, tokens.data(), N, &h);
     be.HcExpand(h, hc, &X);
   });

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -27,9 +28,47 @@ double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::n
 
 int32_t TokenAt(int64_t i, int64_t vocab) { return static_cast<int32_t>((i * 7919 + 1000) % vocab); }
 
+// Prints the profiled steps per phase (the forward's Phase scopes) and the costliest ops, in ms per
+// step; returns the same as JSON.
+nlohmann::json PrintProfile(const std::vector<OpTiming>& ops, int steps) {
+  std::map<std::string, std::pair<double, int64_t>> phases;
+  double total = 0, between = 0;
+  for (const OpTiming& t : ops) {
+    if (t.op == "(step total)") total = t.ms / steps;
+    if (t.op == "(between ops)") between = t.ms / steps;
+    if (t.op.front() == '(') continue;
+    const size_t cut = t.op.find(" / ");
+    auto& p = phases[cut == std::string::npos ? "(no phase)" : t.op.substr(0, cut)];
+    p.first += t.ms / steps;
+    p.second += t.calls;
+  }
+  std::vector<std::pair<std::string, std::pair<double, int64_t>>> sorted(phases.begin(), phases.end());
+  std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+  std::printf("  profile (eager, device events, %d steps): %.3f ms/step on the device timeline\n", steps, total);
+  std::printf("  %-50s %10s %8s %12s\n", "phase", "ms/step", "%", "launches/step");
+  nlohmann::json j = {{"step_ms", total}, {"between_ops_ms", between}};
+  for (const auto& [name, v] : sorted) {
+    std::printf("  %-50s %10.3f %7.1f%% %12.1f\n", name.c_str(), v.first, 100 * v.first / total,
+                static_cast<double>(v.second) / steps);
+    j["phases"].push_back({{"phase", name}, {"ms", v.first}, {"ops_per_step", static_cast<double>(v.second) / steps}});
+  }
+  std::printf("  %-50s %10.3f %7.1f%%\n", "(host gaps between ops)", between, 100 * between / total);
+  std::printf("  costliest ops:\n");
+  int shown = 0;
+  for (const OpTiming& t : ops) {
+    if (t.op.front() == '(') continue;
+    j["ops"].push_back({{"op", t.op}, {"ms", t.ms / steps}, {"calls_per_step", static_cast<double>(t.calls) / steps}});
+    if (shown++ < 25)
+      std::printf("  %-78s %9.3f ms %7.1f calls  %8.1f us/call\n", t.op.c_str(), t.ms / steps,
+                  static_cast<double>(t.calls) / steps, 1e3 * t.ms / t.calls);
+  }
+  return j;
+}
+
 int RunLocalBench(const std::vector<std::string>& args) {
-  Flags f(args, {"model", "device", "threads", "streams", "contexts", "rows", "steps", "bits", "json", "enforce-eager"},
-          {"enforce-eager"});
+  Flags f(args, {"model", "device", "threads", "streams", "contexts", "rows", "steps", "bits", "json", "enforce-eager", "profile"},
+          {"enforce-eager", "profile"});
+  const bool profile = f.Has("profile");
   const std::string source = f.Require("model");
   const std::vector<int32_t> streams = ParseIntList("streams", f.Get("streams", "1,4"), "stream count");
   const std::vector<int32_t> contexts = ParseIntList("contexts", f.Get("contexts", "4096"), "context length");
@@ -114,10 +153,19 @@ int RunLocalBench(const std::vector<std::string>& args) {
       std::printf("%-8d %-5d %-8d %12.3f %10.1f %12.3f %12s %10.1f\n", ns, rows, ctx, ms, tok_s, fl.floor_s() * 1e3, fo,
                   ms / (fl.floor_s() * 1e3));
       std::fflush(stdout);
-      out.push_back({{"streams", ns}, {"rows_per_stream", rows}, {"context", ctx}, {"ms_per_step", ms},
-                     {"tok_per_s", tok_s}, {"floor_ms", fl.floor_s() * 1e3}, {"byte_floor_ms", fl.byte_floor_s * 1e3},
-                     {"op_floor_ms", fl.op_floor_s * 1e3}, {"bytes_per_step", fl.bytes()},
-                     {"backend", model->backend().name()}, {"model", source}});
+      nlohmann::json row = {{"streams", ns}, {"rows_per_stream", rows}, {"context", ctx}, {"ms_per_step", ms},
+                            {"tok_per_s", tok_s}, {"floor_ms", fl.floor_s() * 1e3},
+                            {"byte_floor_ms", fl.byte_floor_s * 1e3}, {"op_floor_ms", fl.op_floor_s * 1e3},
+                            {"bytes_per_step", fl.bytes()}, {"backend", model->backend().name()}, {"model", source}};
+      if (profile) {
+        // The same steps again, eager, every op timed by device events: where the step's time goes.
+        model->backend().SetOpProfiling(true);
+        for (int i = 1; i <= steps; ++i) step(steps + i);
+        const std::vector<OpTiming> ops = model->backend().TakeOpProfile();
+        model->backend().SetOpProfiling(false);
+        row["profile"] = PrintProfile(ops, steps);
+      }
+      out.push_back(row);
     }
   }
   if (f.Has("json")) {
@@ -132,7 +180,8 @@ int RunLocalBench(const std::vector<std::string>& args) {
 static CommandRegistration local_bench_registration(
     "bench-local",
     "bench-local (= bench --device cpu|cuda[:N]) --model DIR|synthetic:v4-flash [--streams 1,4] [--contexts 4096] "
-    "[--rows 1] [--steps 20] [--bits experts=2,dense=6] [--json F]",
+    "[--rows 1] [--steps 20] [--bits experts=2,dense=6] [--json F] [--enforce-eager] [--profile: time every op "
+    "with device events in extra eager steps and print the split per phase]",
     RunLocalBench);
 
 }  // namespace dsmesh

@@ -40,6 +40,7 @@
 #include "kernels/cuda/exl3_gemv.h"
 #include "kernels/cuda/exl3_moe.h"
 #include "kernels/cuda/model_ops.h"
+#include "kernels/cuda/op_profiler.h"
 #include "kernels/exl3/exl3_linear.h"
 
 namespace dsmesh {
@@ -195,6 +196,7 @@ class CudaBackend final : public Backend {
   }
 
   void Zero(Tensor* t) override {
+    const ProfileScope ps = Profile("Zero");
     Use();
     if (t->nbytes() > 0) CudaCheck(cudaMemsetAsync(t->data, 0, t->nbytes(), ctx_->stream), "Zero");
   }
@@ -208,6 +210,7 @@ class CudaBackend final : public Backend {
     Require(!capturing_, "BeginStep", "called inside a graph segment");
     in_step_ = true;
     arena_top_ = 0;
+    if (profiler_) profiler_->BeginStep();
     UploadTables(step.tables, step.tables_len);
     step_tokens_ = tokens;
     step_positions_ = positions;
@@ -235,6 +238,7 @@ class CudaBackend final : public Backend {
   }
 
   void EndStep() override {
+    if (profiler_) profiler_->EndStep();
     in_step_ = false;
     arena_top_ = 0;
     step_tables_ = nullptr;
@@ -253,7 +257,7 @@ class CudaBackend final : public Backend {
   }
 
   void Segment(const SegmentKey& key, const std::function<void()>& ops) override {
-    if (!options_.cuda_graphs || !in_step_ || key.rows > kGraphMaxRows || step_n_ > kGraphMaxRows) {
+    if (!options_.cuda_graphs || profiler_ || !in_step_ || key.rows > kGraphMaxRows || step_n_ > kGraphMaxRows) {
       ++g_eager_segments;
       ops();
       return;
@@ -280,6 +284,19 @@ class CudaBackend final : public Backend {
     Capture(key, &g, ops);
   }
 
+  void SetOpProfiling(bool on) override {
+    Use();
+    if (on && !profiler_) profiler_ = std::make_unique<OpProfiler>(ctx_->stream);
+    if (!on) profiler_.reset();
+  }
+  std::vector<OpTiming> TakeOpProfile() override { return profiler_ ? profiler_->Take() : std::vector<OpTiming>{}; }
+  void BeginPhase(const char* phase) override {
+    if (profiler_) profiler_->BeginPhase(phase);
+  }
+  void EndPhase() override {
+    if (profiler_) profiler_->EndPhase();
+  }
+
   Tensor Upload(const Tensor& host) override {
     Use();
     Tensor t = host;
@@ -298,6 +315,7 @@ class CudaBackend final : public Backend {
   }
 
   void ToHost(const Tensor& src, void* dst) override {
+    const ProfileScope ps = Profile("ToHost");
     Use();
     // A copy to the host cannot be part of a graph: refuse before the stream sees it, so that the
     // capture ends cleanly and the segment runs eagerly (Capture counts the failure).
@@ -308,6 +326,7 @@ class CudaBackend final : public Backend {
   }
 
   void FromHost(const void* src, Tensor* dst) override {
+    const ProfileScope ps = Profile("FromHost");
     Use();
     if (dst->nbytes() > 0)
       CudaCheck(cudaMemcpyAsync(dst->data, src, dst->nbytes(), cudaMemcpyHostToDevice, ctx_->stream), "FromHost copy");
@@ -315,6 +334,7 @@ class CudaBackend final : public Backend {
   }
 
   void CopyRows(const Tensor& src, int64_t src_row, Tensor* dst, int64_t dst_row, int64_t rows) override {
+    const ProfileScope ps = Profile("CopyRows");
     if (rows <= 0) return;
     Use();
     const int64_t row_bytes = RowWidth(src) * static_cast<int64_t>(DTypeSize(src.dtype));
@@ -354,6 +374,7 @@ class CudaBackend final : public Backend {
 
   // ---- elementwise and normalisation ----
   void Embedding(const Tensor& table, const int32_t* tokens, int64_t n, Tensor* out) override {
+    const ProfileScope ps = Profile("Embedding");
     const int64_t D = table.shape[1];
     Require(out->shape[0] == n && RowWidth(*out) == D, "Embedding", "output shape");
     for (int64_t i = 0; i < n; ++i)
@@ -365,6 +386,7 @@ class CudaBackend final : public Backend {
   }
 
   void RmsNorm(const Tensor& x, int64_t dim, const Tensor* weight, float eps, Tensor* out) override {
+    const ProfileScope ps = Profile("RmsNorm");
     const int64_t groups = x.numel() / dim;
     Require(groups * dim == x.numel() && out->numel() == x.numel(), "RmsNorm", "shape");
     Use();
@@ -373,6 +395,7 @@ class CudaBackend final : public Backend {
   }
 
   void Add(const Tensor& a, Tensor* acc) override {
+    const ProfileScope ps = Profile("Add");
     Require(a.numel() == acc->numel(), "Add", "sizes differ");
     Use();
     cuda_ops::Add(F(a), a.numel(), F(*acc), ctx_->stream);
@@ -380,6 +403,7 @@ class CudaBackend final : public Backend {
   }
 
   void Scale(Tensor* x, float s) override {
+    const ProfileScope ps = Profile("Scale");
     Use();
     cuda_ops::Scale(F(*x), x->numel(), s, ctx_->stream);
     Launched("Scale");
@@ -387,6 +411,7 @@ class CudaBackend final : public Backend {
 
   // ---- linear ----
   void Linear(const Tensor& x, const LinearWeight& w, Tensor* out) override {
+    const ProfileScope ps = Profile(LinearProfileName("Linear ", w));
     const int64_t m = x.shape[0];
     Require(RowWidth(x) == w.in, "Linear", w.name + ": input width " + std::to_string(RowWidth(x)) + " != " + std::to_string(w.in));
     Require(RowWidth(*out) == w.out && out->shape[0] == m, "Linear", w.name + ": output shape");
@@ -402,6 +427,7 @@ class CudaBackend final : public Backend {
   }
 
   void GroupedLinear(const Tensor& x, const LinearWeight& w, int groups, Tensor* out) override {
+    const ProfileScope ps = Profile(LinearProfileName("GroupedLinear ", w));
     const int64_t m = x.shape[0], out_g = w.out / groups;
     Require(RowWidth(x) == groups * w.in && RowWidth(*out) == w.out && w.out % groups == 0, "GroupedLinear",
             w.name + ": shape");
@@ -424,6 +450,7 @@ class CudaBackend final : public Backend {
   // ---- rope ----
   void Rope(Tensor* x, int64_t heads, int64_t head_dim, int64_t rope_dim, const int64_t* positions,
             const std::vector<float>& inv_freq, bool inverse) override {
+    const ProfileScope ps = Profile("Rope");
     const int64_t n = x->shape[0];
     Require(RowWidth(*x) == heads * head_dim && static_cast<int64_t>(inv_freq.size()) == rope_dim / 2, "Rope", "shape");
     Tensor pos;
@@ -435,6 +462,7 @@ class CudaBackend final : public Backend {
   // ---- hyper-connections ----
   void HcPre(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale, int hc, int iters, float eps,
              float norm_eps, Tensor* y, Tensor* post, Tensor* comb) override {
+    const ProfileScope ps = Profile("HcPre");
     Require(hc <= 16, "HcPre", "hc_mult above 16");
     const int64_t n = X.shape[0], D = RowWidth(X) / hc;
     Require(fn.shape.size() == 2 && fn.shape[0] == (2 + hc) * hc && fn.shape[1] == hc * D, "HcPre", "fn shape");
@@ -446,12 +474,14 @@ class CudaBackend final : public Backend {
   }
 
   void HcExpand(const Tensor& h, int hc, Tensor* X) override {
+    const ProfileScope ps = Profile("HcExpand");
     Use();
     cuda_ops::HcExpand(F(h), h.shape[0], RowWidth(h), hc, F(*X), ctx_->stream);
     Launched("HcExpand");
   }
 
   void HcPost(const Tensor& X, const Tensor& f, const Tensor& post, const Tensor& comb, int hc, Tensor* out) override {
+    const ProfileScope ps = Profile("HcPost");
     Use();
     cuda_ops::HcPost(F(X), F(f), F(post), F(comb), X.shape[0], RowWidth(f), hc, F(*out), ctx_->stream);
     Launched("HcPost");
@@ -459,6 +489,7 @@ class CudaBackend final : public Backend {
 
   void HcHead(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale, int hc, float eps,
               float norm_eps, Tensor* y) override {
+    const ProfileScope ps = Profile("HcHead");
     Require(hc <= 16, "HcHead", "hc_mult above 16");
     const int64_t n = X.shape[0], D = RowWidth(X) / hc;
     Require(fn.shape.size() == 2 && fn.shape[0] == hc && fn.shape[1] == hc * D, "HcHead", "fn shape");
@@ -470,6 +501,7 @@ class CudaBackend final : public Backend {
 
   // ---- compressor ----
   void AddPositionBias(Tensor* score, const Tensor& ape, int64_t first_pos, int ratio) override {
+    const ProfileScope ps = Profile("AddPositionBias");
     const int64_t w = RowWidth(*score);
     Require(RowWidth(ape) == w && ape.shape[0] == ratio, "AddPositionBias", "ape shape");
     Use();
@@ -479,6 +511,7 @@ class CudaBackend final : public Backend {
 
   void CompressorPool(const Tensor& kv, const Tensor& score, int64_t base_pos, int64_t first_window,
                       int64_t num_windows, int ratio, bool overlap, int64_t d, Tensor* out) override {
+    const ProfileScope ps = Profile("CompressorPool");
     const int64_t width = RowWidth(kv), rows = kv.shape[0];
     Require(width == (overlap ? 2 : 1) * d && RowWidth(*out) == d, "CompressorPool", "shape");
     const int64_t first_row = (overlap && first_window >= 1 ? first_window - 1 : first_window) * ratio - base_pos;
@@ -493,6 +526,7 @@ class CudaBackend final : public Backend {
   // ---- indexer ----
   void IndexerTopK(const Tensor& q, const Tensor& weights, const PagedRows& keys, int64_t num_keys, int64_t heads,
                    int64_t dim, const int64_t* positions, int ratio, int top_k, Tensor* out) override {
+    const ProfileScope ps = Profile("IndexerTopK");
     const int64_t n = q.shape[0];
     Require(RowWidth(*out) == top_k && out->dtype == DType::kI32, "IndexerTopK", "output shape");
     Require(num_keys <= keys.capacity(), "IndexerTopK", "more keys than the block table holds");
@@ -510,6 +544,7 @@ class CudaBackend final : public Backend {
   void Attention(const Tensor& q, int64_t heads, int64_t d, int64_t start, const Tensor& ring, const Tensor& new_kv,
                  int window, const PagedRows* entries, int64_t num_entries, int ratio, const Tensor* topk,
                  const Tensor& sinks, float softmax_scale, Tensor* out) override {
+    const ProfileScope ps = Profile("Attention");
     Require(RowWidth(q) == heads * d && RowWidth(*out) == heads * d, "Attention", "shape");
     Require(!entries || num_entries <= entries->capacity(), "Attention", "more entries than the block table holds");
     Use();
@@ -523,6 +558,7 @@ class CudaBackend final : public Backend {
   }
 
   void UpdateRing(const Tensor& new_kv, int64_t start, int window, Tensor* ring) override {
+    const ProfileScope ps = Profile("UpdateRing");
     Require(ring->shape[0] >= window, "UpdateRing", "ring has fewer slots than the window");
     Use();
     cuda_ops::UpdateRing(F(new_kv), new_kv.shape[0], RowWidth(new_kv), start, ring->shape[0], F(*ring), ctx_->stream);
@@ -532,6 +568,7 @@ class CudaBackend final : public Backend {
   // ---- MoE ----
   void MoeRoute(const Tensor& logits, const int32_t* tokens, const RouterParams& p, Tensor* idx,
                 Tensor* weight) override {
+    const ProfileScope ps = Profile("MoeRoute");
     const int64_t n = logits.shape[0], E = RowWidth(logits);
     Require(RowWidth(*idx) == p.top_k && RowWidth(*weight) == p.top_k, "MoeRoute", "output shape");
     Tensor toks;
@@ -551,6 +588,7 @@ class CudaBackend final : public Backend {
 
   void MoeExperts(const Tensor& x, const Tensor& idx, const Tensor& weight, const std::vector<ExpertWeights>& experts,
                   float limit, Tensor* out) override {
+    const ProfileScope ps = Profile("MoeExperts");
     const int64_t n = x.shape[0], k = RowWidth(idx);
     Use();
     FusedMoe* fused = FusedFor(experts, limit, static_cast<int>(k));
@@ -591,6 +629,7 @@ class CudaBackend final : public Backend {
   }
 
   void SharedExpert(const Tensor& x, const ExpertWeights& expert, float limit, Tensor* out) override {
+    const ProfileScope ps = Profile("SharedExpert");
     const int64_t m = x.shape[0], D = RowWidth(x), I = expert.w1.out;
     Tensor g = Temp(DType::kF32, {m, I}), u = Temp(DType::kF32, {m, I}), y = Temp(DType::kF32, {m, D});
     Linear(x, expert.w1, &g);
@@ -615,6 +654,29 @@ class CudaBackend final : public Backend {
   };
 
   void Use() const { CudaCheck(cudaSetDevice(ctx_->device), "cudaSetDevice"); }
+
+  // Brackets an op for the profiler (a no-op unless profiling is on and a step is open).
+  struct ProfileScope {
+    OpProfiler* profiler;
+    ~ProfileScope() {
+      if (profiler) profiler->End();
+    }
+  };
+  ProfileScope Profile(const std::string& op) {
+    if (!profiler_ || !in_step_) return {nullptr};
+    profiler_->Begin(op);
+    return {profiler_.get()};
+  }
+  ProfileScope Profile(const char* op) {
+    if (!profiler_ || !in_step_) return {nullptr};
+    return Profile(std::string(op));
+  }
+  std::string LinearProfileName(const char* op, const LinearWeight& w) const {
+    if (!profiler_ || !in_step_) return {};
+    std::string name = op + LinearOpName(w.name);
+    if (w.is_exl3()) return name + " [exl3 K" + std::to_string(static_cast<CudaExl3Linear*>(w.exl3.get())->weight.K) + "]";
+    return name + " [" + DTypeName(w.dense.dtype) + "]";
+  }
 
   // A temporary of the current step from the arena (contents undefined), or, outside a step or beyond
   // the arena, a zero-filled Alloc (an overflow is logged once and counted).
@@ -846,7 +908,18 @@ class CudaBackend final : public Backend {
                  bool accumulate) {
     const Exl3DeviceLinear& lin = part.buffers->linear();
     Tensor xh = Temp(DType::kF16, {m, lin.k});
-    Tensor y = Temp(DType::kF32, {m, lin.n});
+    // A slice that is the whole block range, written plainly to a dense output, needs no column copy:
+    // the kernels write `out` itself.
+    const bool direct = part.y_col0 == 0 && part.nout == lin.n && ldo == lin.n && !accumulate && !part.bias.data &&
+                        reinterpret_cast<uintptr_t>(out) % 16 == 0;
+    Tensor y;
+    if (direct) {
+      y.dtype = DType::kF32;
+      y.shape = {m, lin.n};
+      y.data = out;
+    } else {
+      y = Temp(DType::kF32, {m, lin.n});
+    }
     cuda_ops::ToHalfPadded(x, m, part.kin, ldx, static_cast<uint16_t*>(xh.data), lin.k, part.x_col0, ctx_->stream);
     const uint16_t* xp = static_cast<const uint16_t*>(xh.data);
     if (m <= kExl3GemvMaxRows) {
@@ -867,8 +940,9 @@ class CudaBackend final : public Backend {
         Exl3Gemm(lin, xp + r0 * lin.k, rows, F(y) + r0 * lin.n, Exl3Out::kF32, *gemm_ws_, ctx_->stream);
       }
     }
-    cuda_ops::TakeColumns(F(y), m, lin.n, part.y_col0, part.nout, part.bias.data ? F(part.bias) : nullptr, out, ldo,
-                          accumulate, ctx_->stream);
+    if (!direct)
+      cuda_ops::TakeColumns(F(y), m, lin.n, part.y_col0, part.nout, part.bias.data ? F(part.bias) : nullptr, out, ldo,
+                            accumulate, ctx_->stream);
     Launched("EXL3 linear");
   }
 
@@ -967,6 +1041,7 @@ class CudaBackend final : public Backend {
   const int32_t* step_tokens_on_device_ = nullptr;
   const int64_t* step_positions_on_device_ = nullptr;
   std::vector<Tensor> step_meta_keep_;
+  std::unique_ptr<OpProfiler> profiler_;  // on while the bench profiles
   std::map<SegmentKey, Graph> graphs_;
   int64_t max_k_ = 128, max_n_ = 128, max_weights_ = 128 * 128;
   std::unique_ptr<Exl3GemvWorkspace> gemv_ws_;

@@ -4,7 +4,7 @@
 # greedy tokens with 1 and 2 worker processes on one GPU), and `dsmesh up --device cuda` serving the
 # OpenAI API (chat, streaming, a client disconnect) checked with curl. Logs go to $OUT (or /tmp/out).
 #   usage (repository root on the GPU machine): tests/gpu/run_gpu.sh [parts]
-#   parts: any of tests,sanitize,cli,serve,flash,flashbench (default: all but flashbench)
+#   parts: any of tests,sanitize,cli,serve,flash,flashbench,profile (default: all but flashbench and profile)
 set -uo pipefail
 B=.bundle/gpu
 PARTS=${1:-tests,sanitize,cli,serve,flash}
@@ -99,6 +99,14 @@ if [[ $PARTS == *flashbench* ]]; then
     check test -s "$OUT/flash_bench_$mode.json"
     grep -E "CUDA graphs|graph capture|arena" "$OUT/flash_bench_$mode.log" | head -3
   done
+fi
+
+if [[ $PARTS == *profile* ]]; then
+  step "dsmesh bench --profile on the full-size synthetic V4-Flash: graphs timed, then every op timed eagerly by device events"
+  timeout ${PROFILE_TIMEOUT:-400} $DS bench --device cuda --model synthetic:v4-flash:seed=1 --contexts ${FLASH_CONTEXTS:-4096} \
+    --streams ${FLASH_STREAMS:-1,4} --steps ${FLASH_STEPS:-8} --profile \
+    --json "$OUT/flash_profile.json" 2> "$OUT/flash_profile.log" | tee "$OUT/flash_profile.txt"
+  check test -s "$OUT/flash_profile.json"
 fi
 
 if [[ $PARTS == *serve* ]]; then

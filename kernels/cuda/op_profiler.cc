@@ -1,0 +1,109 @@
+#include "kernels/cuda/op_profiler.h"
+
+#include <algorithm>
+#include <cctype>
+
+#include "kernels/cuda/cuda_check.h"
+
+namespace dsmesh {
+
+OpProfiler::~OpProfiler() {
+  for (cudaEvent_t e : free_) cudaEventDestroy(e);
+  for (cudaEvent_t e : used_) cudaEventDestroy(e);
+}
+
+cudaEvent_t OpProfiler::NewEvent() {
+  cudaEvent_t e;
+  if (!free_.empty()) {
+    e = free_.back();
+    free_.pop_back();
+  } else {
+    CudaCheck(cudaEventCreate(&e), "cudaEventCreate (op profiler)");
+  }
+  used_.push_back(e);
+  return e;
+}
+
+void OpProfiler::Begin(const std::string& op) {
+  if (depth_++ > 0) return;
+  open_op_ = phases_.empty() ? op : std::string(phases_.back()) + " / " + op;
+  open_begin_ = NewEvent();
+  CudaCheck(cudaEventRecord(open_begin_, stream_), "cudaEventRecord (op profiler)");
+}
+
+void OpProfiler::End() {
+  if (--depth_ > 0) return;
+  cudaEvent_t end = NewEvent();
+  CudaCheck(cudaEventRecord(end, stream_), "cudaEventRecord (op profiler)");
+  pending_.push_back({open_op_, open_begin_, end});
+}
+
+void OpProfiler::BeginStep() {
+  step_begin_ = NewEvent();
+  CudaCheck(cudaEventRecord(step_begin_, stream_), "cudaEventRecord (op profiler)");
+}
+
+void OpProfiler::EndStep() {
+  if (!step_begin_) return;
+  cudaEvent_t end = NewEvent();
+  CudaCheck(cudaEventRecord(end, stream_), "cudaEventRecord (op profiler)");
+  CudaCheck(cudaEventSynchronize(end), "op profiler: step end");
+  float ms = 0;
+  CudaCheck(cudaEventElapsedTime(&ms, step_begin_, end), "cudaEventElapsedTime (op profiler)");
+  step_ms_ += ms;
+  ++steps_;
+  Collect();
+  step_begin_ = nullptr;
+}
+
+void OpProfiler::Collect() {
+  if (!pending_.empty()) CudaCheck(cudaEventSynchronize(pending_.back().end), "op profiler: collect");
+  for (const Interval& iv : pending_) {
+    float ms = 0;
+    CudaCheck(cudaEventElapsedTime(&ms, iv.begin, iv.end), "cudaEventElapsedTime (op profiler)");
+    OpTiming& t = totals_[iv.op];
+    t.op = iv.op;
+    ++t.calls;
+    t.ms += ms;
+    if (step_begin_) ops_in_steps_ms_ += ms;
+  }
+  pending_.clear();
+  free_.insert(free_.end(), used_.begin(), used_.end());
+  used_.clear();
+}
+
+std::vector<OpTiming> OpProfiler::Take() {
+  Collect();
+  std::vector<OpTiming> out;
+  for (auto& [name, t] : totals_) out.push_back(t);
+  std::sort(out.begin(), out.end(), [](const OpTiming& a, const OpTiming& b) { return a.ms > b.ms; });
+  if (steps_ > 0) {
+    out.push_back({"(step total)", steps_, step_ms_});
+    out.push_back({"(between ops)", steps_, step_ms_ - ops_in_steps_ms_});
+  }
+  totals_.clear();
+  step_ms_ = ops_in_steps_ms_ = 0;
+  steps_ = 0;
+  return out;
+}
+
+std::string LinearOpName(const std::string& weight_name) {
+  // Drop "layers.N." / "mtp.N." prefixes and any ".N." expert index: one name per kind of linear.
+  std::string out;
+  size_t i = 0;
+  const std::string& s = weight_name;
+  while (i < s.size()) {
+    size_t j = s.find('.', i);
+    if (j == std::string::npos) j = s.size();
+    const std::string part = s.substr(i, j - i);
+    const bool number = !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return std::isdigit(c); });
+    if (!number && part != "layers" && part != "model") {
+      if (!out.empty()) out += '.';
+      out += part;
+    }
+    i = j + 1;
+  }
+  return out.empty() ? weight_name : out;
+}
+
+}  // namespace dsmesh

@@ -1,0 +1,67 @@
+// Times the backend's ops with CUDA events, for the per-op split of a decode step (`dsmesh bench
+// --profile`). Each timed op records an event before and after its launches on the backend's stream;
+// Collect() waits for the stream and adds each interval to its op's total. The intervals of successive
+// ops tile the stream's timeline, so their sum over a step is the step's device time with the host's
+// gaps between launches inside the ops; the gaps between ops are the step's total minus that sum.
+// Only outermost ops are timed (SharedExpert's own Linear calls count as SharedExpert). Graph captures
+// never see it: the backend runs segments eagerly while profiling.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+
+namespace dsmesh {
+
+class OpProfiler {
+ public:
+  explicit OpProfiler(cudaStream_t stream) : stream_(stream) {}
+  ~OpProfiler();
+  OpProfiler(const OpProfiler&) = delete;
+  OpProfiler& operator=(const OpProfiler&) = delete;
+
+  // The phase of the ops that follow (see Backend::BeginPhase).
+  void BeginPhase(const char* phase) { phases_.push_back(phase); }
+  void EndPhase() {
+    if (!phases_.empty()) phases_.pop_back();
+  }
+  // Brackets one op; nested Begin/End pairs are folded into the outermost one.
+  void Begin(const std::string& op);
+  void End();
+  // Brackets a whole step (BeginStep .. EndStep); the intervals of ops inside it are Collected at End.
+  void BeginStep();
+  void EndStep();
+
+  // Totals since the last Take, with "(step total)" and "(between ops)" rows when steps were seen.
+  std::vector<OpTiming> Take();
+
+ private:
+  cudaEvent_t NewEvent();
+  void Collect();
+
+  struct Interval {
+    std::string op;
+    cudaEvent_t begin, end;
+  };
+  cudaStream_t stream_;
+  std::vector<const char*> phases_;
+  int depth_ = 0;
+  std::string open_op_;
+  cudaEvent_t open_begin_ = nullptr;
+  cudaEvent_t step_begin_ = nullptr;
+  std::vector<Interval> pending_;
+  std::vector<cudaEvent_t> free_, used_;
+  std::map<std::string, OpTiming> totals_;
+  double step_ms_ = 0, ops_in_steps_ms_ = 0;
+  int64_t steps_ = 0;
+};
+
+// "layers.12.attn.wq_b" -> "attn.wq_b": the op name of a linear without its layer (and expert) numbers.
+std::string LinearOpName(const std::string& weight_name);
+
+}  // namespace dsmesh
