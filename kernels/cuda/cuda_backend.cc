@@ -432,6 +432,7 @@ class CudaBackend final : public Backend {
     Require(RowWidth(x) == groups * w.in && RowWidth(*out) == w.out && w.out % groups == 0, "GroupedLinear",
             w.name + ": shape");
     Use();
+    if (w.is_exl3() && m == 1 && GroupedExl3SingleRow(x, w, groups, out)) return;
     for (int g = 0; g < groups; ++g) {
       if (w.is_exl3()) {
         auto& e = *static_cast<CudaExl3Linear*>(w.exl3.get());
@@ -550,10 +551,12 @@ class CudaBackend final : public Backend {
     Use();
     Tensor table;
     const cuda_ops::PagedRowsDev paged = entries ? Paged(*entries, num_entries, &table) : cuda_ops::PagedRowsDev{};
+    const int64_t split_floats = cuda_ops::AttentionSplitScratchFloats(q.shape[0], heads, d);
+    Tensor split = split_floats > 0 ? Temp(DType::kF32, {split_floats}) : Tensor{};
     cuda_ops::Attention(F(q), q.shape[0], heads, d, start, F(ring), ring.shape[0], F(new_kv), window,
                         paged, num_entries, ratio,
                         topk ? I32(*topk) : nullptr, topk ? RowWidth(*topk) : 0, F(sinks), softmax_scale, F(*out),
-                        ctx_->stream);
+                        split_floats > 0 ? F(split) : nullptr, ctx_->stream);
     Launched("Attention");
   }
 
@@ -944,6 +947,33 @@ class CudaBackend final : public Backend {
       cuda_ops::TakeColumns(F(y), m, lin.n, part.y_col0, part.nout, part.bias.data ? F(part.bias) : nullptr, out, ldo,
                             accumulate, ctx_->stream);
     Launched("EXL3 linear");
+  }
+
+  // GroupedLinear of one row when every group's part is its whole block range (the usual case: group
+  // widths are multiples of 128): one fp16 conversion of the row, then one GEMV per group writing its
+  // columns of `out` directly. False (nothing done) when the parts do not allow it.
+  bool GroupedExl3SingleRow(const Tensor& x, const LinearWeight& w, int groups, Tensor* out) {
+    auto& e = *static_cast<CudaExl3Linear*>(w.exl3.get());
+    const int64_t out_g = w.out / groups;
+    std::vector<const Exl3Part*> parts;
+    for (int g = 0; g < groups; ++g) {
+      const int64_t o0 = e.slice.out_begin + g * out_g;
+      const Exl3Part& part = PartFor(e, o0, o0 + out_g);
+      const Exl3DeviceLinear& lin = part.buffers->linear();
+      if (part.x_col0 != 0 || part.kin != lin.k || lin.k != w.in || part.y_col0 != 0 || part.nout != lin.n ||
+          part.bias.data || (reinterpret_cast<uintptr_t>(F(*out) + g * out_g) % 16) != 0)
+        return false;
+      parts.push_back(&part);
+    }
+    Tensor xh = Temp(DType::kF16, {1, groups * w.in});
+    cuda_ops::ToHalfPadded(F(x), 1, groups * w.in, groups * w.in, static_cast<uint16_t*>(xh.data), groups * w.in, 0,
+                           ctx_->stream);
+    if (!gemv_ws_) gemv_ws_ = std::make_unique<Exl3GemvWorkspace>(size_t{256} << 20);
+    for (int g = 0; g < groups; ++g)
+      Exl3Gemv(parts[g]->buffers->linear(), static_cast<const uint16_t*>(xh.data) + g * w.in, 1, F(*out) + g * out_g,
+               Exl3Out::kF32, *gemv_ws_, ctx_->stream);
+    Launched("GroupedLinear (EXL3, one row)");
+    return true;
   }
 
   // The single-launch kernel for this layer's experts, or null (with the reason logged once) when the

@@ -91,10 +91,14 @@ void IndexerTopK(const float* q, const float* weights, PagedRowsDev keys, int64_
 // Largest number of keys one query row may see (shared memory of the kernel).
 int64_t AttentionMaxKeys();
 // The ring holds ring_slots >= window rows (slot = position % ring_slots).
+// Steps of at most 16 rows with `split_scratch` (AttentionSplitScratchFloats floats) split each row's keys
+// over many blocks (decode and verification); larger steps, or a null scratch, take one block per
+// (row, head).
+int64_t AttentionSplitScratchFloats(int64_t n, int64_t heads, int64_t d);
 void Attention(const float* q, int64_t n, int64_t heads, int64_t d, int64_t start, const float* ring,
                int64_t ring_slots, const float* new_kv, int window, PagedRowsDev entries, int64_t num_entries, int ratio,
                const int32_t* topk, int64_t topk_cols, const float* sinks, float softmax_scale, float* out,
-               cudaStream_t s);
+               float* split_scratch, cudaStream_t s);
 void UpdateRing(const float* new_kv, int64_t n, int64_t d, int64_t start, int64_t ring_slots, float* ring,
                 cudaStream_t s);
 

@@ -52,28 +52,47 @@ __global__ void CompressorPoolKernel(const float* kv, const float* score, int64_
   }
 }
 
-// scores[r, w] = sum_h weights[r, h] * relu(q[r, h] . keys[w]) for w < valid(r); one warp per key.
-__global__ void IndexerScoresKernel(const float* q, const float* weights, PagedRowsDev keys, int64_t num_keys,
-                                    int64_t heads, int64_t dim, const int64_t* positions, int ratio,
-                                    int64_t ld_scores, float* scores) {
-  extern __shared__ float qs[];  // heads * dim
-  const int64_t r = blockIdx.y;
+// scores[r, w] = sum_h weights[r, h] * relu(q[r, h] . keys[w]) for w < valid(r). One block per 32 keys
+// of a row: the keys go to shared memory, lane j of every warp takes key j, warp v takes the heads
+// v, v + warps, ... (each dot product in index order), and the warps' partial sums are added in warp
+// order.
+constexpr int kIndexerKeys = 32;
+constexpr int kIndexerThreads = 256;
+__global__ void __launch_bounds__(kIndexerThreads) IndexerScoresKernel(const float* q, const float* weights,
+                                                                       PagedRowsDev keys, int64_t num_keys,
+                                                                       int64_t heads, int64_t dim,
+                                                                       const int64_t* positions, int ratio,
+                                                                       int64_t ld_scores, float* scores) {
+  extern __shared__ float smem[];
+  float* qs = smem;                            // [heads][dim]
+  float* ks = qs + heads * dim;                // [kIndexerKeys][dim + 1]
+  __shared__ float part[kIndexerThreads / 32][kIndexerKeys];
+  const int64_t r = blockIdx.y, ld = dim + 1;
   const int64_t valid = min(num_keys, (positions[r] + 1) / ratio);
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) * 8;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kIndexerKeys;
   if (first >= valid) return;
+  const int64_t nk = valid - first < kIndexerKeys ? valid - first : kIndexerKeys;
   for (int64_t i = threadIdx.x; i < heads * dim; i += blockDim.x) qs[i] = q[r * heads * dim + i];
+  for (int64_t i = threadIdx.x; i < kIndexerKeys * dim; i += blockDim.x) {
+    const int64_t j = i / dim, c = i % dim;
+    ks[j * ld + c] = j < nk ? keys.Row(first + j, dim)[c] : 0.0f;
+  }
   __syncthreads();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  for (int64_t w = first + warp; w < min(valid, first + warps * 8); w += warps) {
-    const float* k = keys.Row(w, dim);
-    float s = 0.0f;
-    for (int64_t h = 0; h < heads; ++h) {
-      float dot = 0.0f;
-      for (int64_t c = lane; c < dim; c += 32) dot += qs[h * dim + c] * k[c];
-      dot = WarpSum(dot);
-      s += weights[r * heads + h] * fmaxf(0.0f, dot);
-    }
-    if (lane == 0) scores[r * ld_scores + w] = s;
+  const float* k = ks + lane * ld;
+  float s = 0.0f;
+  for (int64_t h = warp; h < heads; h += warps) {
+    const float* qh = qs + h * dim;
+    float dot = 0.0f;
+    for (int64_t c = 0; c < dim; ++c) dot += qh[c] * k[c];
+    s += weights[r * heads + h] * fmaxf(0.0f, dot);
+  }
+  part[warp][lane] = s;
+  __syncthreads();
+  if (warp == 0 && lane < nk) {
+    float total = 0.0f;
+    for (int v = 0; v < warps; ++v) total += part[v][lane];
+    scores[r * ld_scores + first + lane] = total;
   }
 }
 
@@ -112,6 +131,7 @@ __global__ void TopKKernel(const float* scores, int64_t ld_scores, int64_t num_k
   __shared__ int32_t sel_idx[kMaxTopK];
   __shared__ uint32_t s_prefix, s_mask;
   __shared__ int s_remaining;
+  __shared__ int scan_part[8];
   const int64_t r = blockIdx.x;
   const float* sc = scores + r * ld_scores;
   const int64_t valid = min(num_keys, (positions[r] + 1) / ratio);
@@ -135,15 +155,30 @@ __global__ void TopKKernel(const float* scores, int64_t ld_scores, int64_t num_k
         if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
       }
       __syncthreads();
-      if (threadIdx.x == 0) {
-        int remaining = s_remaining, cum = 0, digit = 255;
-        for (; digit > 0; --digit) {
-          if (cum + static_cast<int>(hist[digit]) >= remaining) break;
-          cum += hist[digit];
+      // The digit of the k-th largest key: thread t holds bin 255 - t, an inclusive scan over the threads
+      // counts the keys in bins >= that digit, and the one thread where the count first reaches
+      // `remaining` names the digit and the keys of larger digits (cum).
+      const int remaining = s_remaining;
+      int count = 0, incl = 0;
+      if (threadIdx.x < 256) {
+        count = static_cast<int>(hist[255 - threadIdx.x]);
+        incl = count;
+        const int lane = threadIdx.x & 31;
+        for (int o = 1; o < 32; o <<= 1) {
+          const int v = __shfl_up_sync(0xffffffffu, incl, o);
+          if (lane >= o) incl += v;
         }
-        s_remaining = remaining - cum;  // keys equal to the threshold still to take (after this pass)
-        s_prefix = prefix | (static_cast<uint32_t>(digit) << shift);
-        s_mask = mask | (255u << shift);
+        if (lane == 31) scan_part[threadIdx.x >> 5] = incl;
+      }
+      __syncthreads();
+      if (threadIdx.x < 256) {
+        for (int w = 0; w < static_cast<int>(threadIdx.x >> 5); ++w) incl += scan_part[w];
+        const int cum = incl - count;
+        if (cum < remaining && (incl >= remaining || threadIdx.x == 255)) {  // digit 0 takes the rest
+          s_remaining = remaining - cum;  // keys equal to the threshold still to take (after this pass)
+          s_prefix = prefix | (static_cast<uint32_t>(255 - threadIdx.x) << shift);
+          s_mask = mask | (255u << shift);
+        }
       }
       __syncthreads();
     }
@@ -278,6 +313,156 @@ __global__ void AttentionKernel(const float* q, int64_t heads, AttnKeys keys, co
   }
 }
 
+// ---- decode attention: split over keys (rows of a step <= kSplitMaxRows) ----
+// Each block takes one query row, a group of kSplitHeads heads and one range of the row's keys. It walks
+// the range 32 keys at a time: the keys go to shared memory once for all heads of the group, warp h
+// scores head h against the 32 keys (lane j = key j), and an online softmax keeps each head's running
+// max, sum and weighted values. The partial results of the ranges (max, sum, values per head) are
+// merged by AttentionCombineKernel with the sink, in range order (deterministic).
+constexpr int kSplitKeys = 32;     // keys per pass (one per lane)
+constexpr int kSplitHeads = 8;     // heads per block (one warp each while scoring)
+constexpr int kSplitThreads = 256;
+constexpr int kSplitMaxRanges = 32;
+constexpr int kSplitMaxRows = 16;
+constexpr int kSplitAccPerThread = kSplitHeads * 512 / kSplitThreads;  // values per thread at head_dim 512
+
+int SplitHeadsFor(int64_t heads, int64_t d) {
+  for (int g = kSplitHeads; g > 1; g /= 2)
+    if (heads % g == 0 && g * d <= kSplitHeads * 512) return g;
+  return 1;
+}
+
+struct SplitLayout {
+  int64_t ranges = 1, keys_per_range = kSplitKeys;
+};
+
+// Ranges of whole 32-key passes, at most kSplitMaxRanges, enough blocks to cover the GPU.
+SplitLayout SplitLayoutFor(int64_t n, int64_t heads, int head_group, int64_t max_keys) {
+  SplitLayout l;
+  const int64_t passes = (max_keys + kSplitKeys - 1) / kSplitKeys;
+  const int64_t groups = n * (heads / head_group);
+  int64_t want = (264 + groups - 1) / groups;  // about two blocks per multiprocessor of a large GPU
+  want = want < 1 ? 1 : (want > kSplitMaxRanges ? kSplitMaxRanges : want);
+  if (want > passes) want = passes < 1 ? 1 : passes;
+  const int64_t passes_per_range = (passes + want - 1) / want;
+  l.keys_per_range = passes_per_range * kSplitKeys;
+  l.ranges = (passes + passes_per_range - 1) / passes_per_range;
+  if (l.ranges < 1) l.ranges = 1;
+  return l;
+}
+
+// Partials of (row r, head h, range g): [max, sum, values[d]] at ((r * heads + h) * ranges + g) * (d + 2).
+__global__ void __launch_bounds__(kSplitThreads) AttentionSplitKernel(const float* q, int64_t heads, int head_group,
+                                                                      AttnKeys keys, float softmax_scale,
+                                                                      int64_t keys_per_range, int64_t ranges,
+                                                                      float* partial) {
+  extern __shared__ float smem[];
+  __shared__ const float* kp[kSplitKeys];  // the pass's key rows (null: absent)
+  const int64_t d = keys.d, ld = d + 1;  // key rows padded by one float: lane j reads row j without conflicts
+  float* ks = smem;                                  // [kSplitKeys][d + 1]
+  float* qs = ks + kSplitKeys * ld;                  // [head_group][d]
+  float* ps = qs + head_group * d;                   // [head_group][kSplitKeys] probabilities of the pass
+  float* alpha = ps + head_group * kSplitKeys;       // [head_group] rescale of the running values
+  const int64_t groups = heads / head_group;
+  const int64_t r = blockIdx.x / groups, h0 = (blockIdx.x % groups) * head_group, g = blockIdx.y;
+  const int64_t t = keys.start + r;
+  const int64_t lo = t - keys.window + 1 > 0 ? t - keys.window + 1 : 0;
+  const int64_t nwin = t - lo + 1;
+  int64_t visible = 0, ncomp = 0;
+  if (keys.entries.pool && keys.ratio > 0) {
+    visible = min(keys.num_entries, (t + 1) / keys.ratio);
+    ncomp = keys.topk ? keys.topk_cols : visible;
+  }
+  const int64_t nkeys = nwin + ncomp;
+  const int64_t k_begin = g * keys_per_range;
+  const int64_t k_end = nkeys < k_begin + keys_per_range ? nkeys : k_begin + keys_per_range;
+  for (int64_t i = threadIdx.x; i < head_group * d; i += blockDim.x) qs[i] = q[(r * heads + h0) * d + i];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float run_max = -INFINITY, run_sum = 0.0f;  // of head `warp` (warps < head_group), kept by every lane
+  float acc[kSplitAccPerThread];
+#pragma unroll
+  for (int i = 0; i < kSplitAccPerThread; ++i) acc[i] = 0.0f;
+  for (int64_t k0 = k_begin; k0 < k_end; k0 += kSplitKeys) {
+    __syncthreads();  // the previous pass is done with ks / ps
+    // The pass's keys into shared memory; absent ones (unlisted, not yet visible, past the range) are zero.
+    const int64_t npass = k_end - k0 < kSplitKeys ? k_end - k0 : kSplitKeys;
+    if (threadIdx.x < kSplitKeys)
+      kp[threadIdx.x] = threadIdx.x < npass ? keys.Key(r, lo, nwin, visible, k0 + threadIdx.x) : nullptr;
+    __syncthreads();
+    for (int64_t i = threadIdx.x; i < kSplitKeys * d; i += blockDim.x) {
+      const int64_t j = i / d, c = i % d;
+      const float* k = kp[j];
+      ks[j * ld + c] = k ? k[c] : 0.0f;
+    }
+    __syncthreads();
+    if (warp < head_group) {
+      const int64_t j = lane;
+      const float* k = kp[j];
+      float s = -INFINITY;
+      if (k) {
+        const float* qh = qs + warp * d;
+        const float* kr = ks + j * ld;
+        float dot = 0.0f;
+        for (int64_t c = 0; c < d; ++c) dot += qh[c] * kr[c];
+        s = dot * softmax_scale;
+      }
+      const float m_new = fmaxf(run_max, WarpMax(s));
+      const float p = s == -INFINITY ? 0.0f : expf(s - m_new);
+      const float a = run_max == -INFINITY ? 0.0f : expf(run_max - m_new);
+      run_sum = run_sum * a + WarpSum(p);
+      run_max = m_new;
+      ps[warp * kSplitKeys + j] = p;
+      if (lane == 0) alpha[warp] = a;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kSplitAccPerThread; ++i) {
+      const int64_t o = threadIdx.x + static_cast<int64_t>(i) * kSplitThreads;
+      if (o < head_group * d) {
+        const int64_t hh = o / d, c = o % d;
+        const float* pr = ps + hh * kSplitKeys;
+        float v = acc[i] * alpha[hh];
+        for (int j = 0; j < kSplitKeys; ++j) v += pr[j] * ks[j * ld + c];
+        acc[i] = v;
+      }
+    }
+  }
+  // Partials: values by every thread, max and sum by lane 0 of each head's warp.
+#pragma unroll
+  for (int i = 0; i < kSplitAccPerThread; ++i) {
+    const int64_t o = threadIdx.x + static_cast<int64_t>(i) * kSplitThreads;
+    if (o < head_group * d) {
+      const int64_t hh = o / d, c = o % d;
+      partial[((r * heads + h0 + hh) * ranges + g) * (d + 2) + 2 + c] = acc[i];
+    }
+  }
+  if (warp < head_group && lane == 0) {
+    float* pm = partial + ((r * heads + h0 + warp) * ranges + g) * (d + 2);
+    pm[0] = run_max;
+    pm[1] = run_sum;
+  }
+}
+
+// out[r, h] = sum_g e^(m_g - M) values_g / (sum_g e^(m_g - M) sum_g + e^(sink_h - M)), M the largest max.
+__global__ void AttentionCombineKernel(const float* partial, int64_t heads, int64_t d, int64_t ranges,
+                                       const float* sinks, float* out) {
+  const int64_t r = blockIdx.x / heads, h = blockIdx.x % heads;
+  const float* p = partial + (r * heads + h) * ranges * (d + 2);
+  float mx = sinks[h];
+  for (int64_t g = 0; g < ranges; ++g) mx = fmaxf(mx, p[g * (d + 2)]);
+  float denom = expf(sinks[h] - mx);
+  for (int64_t g = 0; g < ranges; ++g)
+    if (p[g * (d + 2)] != -INFINITY) denom += expf(p[g * (d + 2)] - mx) * p[g * (d + 2) + 1];
+  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
+    float acc = 0.0f;
+    for (int64_t g = 0; g < ranges; ++g) {
+      const float m = p[g * (d + 2)];
+      if (m != -INFINITY) acc += expf(m - mx) * p[g * (d + 2) + 2 + c];
+    }
+    out[(r * heads + h) * d + c] = acc / denom;
+  }
+}
+
 __global__ void UpdateRingKernel(const float* new_kv, int64_t n, int64_t d, int64_t start, int64_t slots, float* ring) {
   const int64_t first = n > slots ? n - slots : 0;
   const int64_t i = first + blockIdx.x;
@@ -311,29 +496,32 @@ void IndexerTopK(const float* q, const float* weights, PagedRowsDev keys, int64_
   if (n <= 0) return;
   if (top_k > kMaxTopK)
     throw std::runtime_error("cuda IndexerTopK: top_k " + std::to_string(top_k) + " above " + std::to_string(kMaxTopK));
-  const size_t qbytes = static_cast<size_t>(heads * dim) * sizeof(float);
+  const size_t smem = static_cast<size_t>(heads * dim + kIndexerKeys * (dim + 1)) * sizeof(float);
   static PerDeviceOnce once;
   once.Run([](int) {
     CudaCheck(cudaFuncSetAttribute(IndexerScoresKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024),
               "indexer smem attribute");
   });
-  if (qbytes > 160 * 1024) throw std::runtime_error("cuda IndexerTopK: heads x dim too large for shared memory");
+  if (smem > 160 * 1024) throw std::runtime_error("cuda IndexerTopK: heads x dim too large for shared memory");
   const int64_t ld = num_keys > 0 ? num_keys : 1;
   if (num_keys > 0) {
-    const int threads = 256, keys_per_block = (threads / 32) * 8;
-    dim3 grid(static_cast<unsigned>((num_keys + keys_per_block - 1) / keys_per_block), static_cast<unsigned>(n));
-    IndexerScoresKernel<<<grid, threads, qbytes, s>>>(q, weights, keys, num_keys, heads, dim, positions, ratio, ld,
-                                                      scratch);
+    dim3 grid(static_cast<unsigned>((num_keys + kIndexerKeys - 1) / kIndexerKeys), static_cast<unsigned>(n));
+    IndexerScoresKernel<<<grid, kIndexerThreads, smem, s>>>(q, weights, keys, num_keys, heads, dim, positions, ratio,
+                                                            ld, scratch);
   }
   TopKKernel<<<static_cast<unsigned>(n), kTopkThreads, 0, s>>>(scratch, ld, num_keys, positions, ratio, top_k, out);
 }
 
 int64_t AttentionMaxKeys() { return kAttnMaxKeys; }
 
+int64_t AttentionSplitScratchFloats(int64_t n, int64_t heads, int64_t d) {
+  return n <= kSplitMaxRows ? n * heads * kSplitMaxRanges * (d + 2) : 0;
+}
+
 void Attention(const float* q, int64_t n, int64_t heads, int64_t d, int64_t start, const float* ring,
                int64_t ring_slots, const float* new_kv, int window, PagedRowsDev entries, int64_t num_entries, int ratio,
                const int32_t* topk, int64_t topk_cols, const float* sinks, float softmax_scale, float* out,
-               cudaStream_t s) {
+               float* split_scratch, cudaStream_t s) {
   if (n <= 0) return;
   if (d > kAttnFixedSmemFloats) throw std::runtime_error("cuda Attention: head_dim above 512");
   const int64_t ncomp = entries.pool && ratio > 0 ? (topk ? topk_cols : num_entries) : 0;
@@ -348,6 +536,22 @@ void Attention(const float* q, int64_t n, int64_t heads, int64_t d, int64_t star
               "attention smem attribute");
   });
   AttnKeys keys{ring, new_kv, entries, topk, topk_cols, start, num_entries, d, ring_slots, window, ratio};
+  if (split_scratch && n <= kSplitMaxRows) {
+    const int hg = SplitHeadsFor(heads, d);
+    const SplitLayout l = SplitLayoutFor(n, heads, hg, max_keys);
+    static PerDeviceOnce split_once;
+    split_once.Run([](int) {
+      CudaCheck(cudaFuncSetAttribute(AttentionSplitKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>((kSplitKeys * 513 + kSplitHeads * 512 + kSplitHeads * (kSplitKeys + 1)) *
+                                                      sizeof(float))),
+                "split attention smem attribute");
+    });
+    const size_t split_smem = static_cast<size_t>(kSplitKeys * (d + 1) + hg * d + hg * (kSplitKeys + 1)) * sizeof(float);
+    AttentionSplitKernel<<<dim3(static_cast<unsigned>(n * (heads / hg)), static_cast<unsigned>(l.ranges)), kSplitThreads,
+                           split_smem, s>>>(q, heads, hg, keys, softmax_scale, l.keys_per_range, l.ranges, split_scratch);
+    AttentionCombineKernel<<<static_cast<unsigned>(n * heads), 128, 0, s>>>(split_scratch, heads, d, l.ranges, sinks, out);
+    return;
+  }
   const size_t smem = static_cast<size_t>(kAttnFixedSmemFloats + max_keys) * sizeof(float);
   AttentionKernel<<<static_cast<unsigned>(n * heads), kAttnThreads, smem, s>>>(q, heads, keys, sinks, softmax_scale,
                                                                                out);

@@ -128,7 +128,8 @@ __global__ void HcMixesKernel(const float* X, int64_t w, const float* fn, int K,
 }
 
 // From a row's mixes: pre (sigmoid + eps), post (2 sigmoid), comb (softmax rows + eps, then Sinkhorn:
-// columns, then rows and columns iters-1 times), y = sum_i pre_i X_i.
+// columns, then rows and columns iters-1 times), y = sum_i pre_i X_i. Thread i*hc + j owns comb[i][j];
+// every row and column sum is taken in the CPU op's order (j, resp. i, ascending) from shared memory.
 __global__ void HcPreFinishKernel(const float* X, int64_t D, int hc, const float* mixes_all, const float* base,
                                   const float* scale, int iters, float eps, float* y, float* post, float* comb) {
   __shared__ float pre[kMaxHc];
@@ -136,39 +137,46 @@ __global__ void HcPreFinishKernel(const float* X, int64_t D, int hc, const float
   const int64_t r = blockIdx.x;
   const float* x = X + r * hc * D;
   const float* mixes = mixes_all + r * (2 + hc) * hc;
-  if (threadIdx.x == 0) {
-    for (int i = 0; i < hc; ++i) pre[i] = Sigmoid(mixes[i] * scale[0] + base[i]) + eps;
-    for (int i = 0; i < hc; ++i) post[r * hc + i] = 2.0f * Sigmoid(mixes[hc + i] * scale[1] + base[hc + i]);
-    for (int i = 0; i < hc; ++i) {  // softmax over the last axis, + eps
-      float mx = -INFINITY;
-      for (int j = 0; j < hc; ++j) {
-        c[i * hc + j] = mixes[2 * hc + i * hc + j] * scale[2] + base[2 * hc + i * hc + j];
-        mx = fmaxf(mx, c[i * hc + j]);
-      }
-      float sum = 0.0f;
-      for (int j = 0; j < hc; ++j) sum += (c[i * hc + j] = expf(c[i * hc + j] - mx));
-      for (int j = 0; j < hc; ++j) c[i * hc + j] = c[i * hc + j] / sum + eps;
-    }
-    for (int t = 0; t < (iters > 0 ? iters : 1); ++t) {
-      if (t > 0) {  // rows, then columns again (the first pass normalises columns only)
-        for (int i = 0; i < hc; ++i) {
-          float sum = 0.0f;
-          for (int j = 0; j < hc; ++j) sum += c[i * hc + j];
-          for (int j = 0; j < hc; ++j) c[i * hc + j] /= sum + eps;
-        }
-      }
-      for (int j = 0; j < hc; ++j) {
-        float sum = 0.0f;
-        for (int i = 0; i < hc; ++i) sum += c[i * hc + j];
-        for (int i = 0; i < hc; ++i) c[i * hc + j] /= sum + eps;
-      }
-    }
-    for (int i = 0; i < hc * hc; ++i) comb[r * hc * hc + i] = c[i];
+  const int t = threadIdx.x, cells = hc * hc;
+  const int i = t / (hc > 0 ? hc : 1), j = t % (hc > 0 ? hc : 1);
+  const bool owner = t < cells;
+  if (t < hc) {
+    pre[t] = Sigmoid(mixes[t] * scale[0] + base[t]) + eps;
+    post[r * hc + t] = 2.0f * Sigmoid(mixes[hc + t] * scale[1] + base[hc + t]);
+  }
+  float v = 0.0f;
+  if (owner) c[t] = v = mixes[2 * hc + t] * scale[2] + base[2 * hc + t];
+  __syncthreads();
+  if (owner) {  // softmax over the row, + eps
+    float mx = -INFINITY;
+    for (int jj = 0; jj < hc; ++jj) mx = fmaxf(mx, c[i * hc + jj]);
+    float sum = 0.0f;
+    for (int jj = 0; jj < hc; ++jj) sum += expf(c[i * hc + jj] - mx);
+    v = expf(v - mx) / sum + eps;
   }
   __syncthreads();
+  if (owner) c[t] = v;
+  __syncthreads();
+  for (int it = 0; it < (iters > 0 ? iters : 1); ++it) {
+    if (it > 0) {  // rows, then columns again (the first pass normalises columns only)
+      float sum = 0.0f;
+      if (owner)
+        for (int jj = 0; jj < hc; ++jj) sum += c[i * hc + jj];
+      __syncthreads();
+      if (owner) c[t] = v = v / (sum + eps);
+      __syncthreads();
+    }
+    float sum = 0.0f;
+    if (owner)
+      for (int ii = 0; ii < hc; ++ii) sum += c[ii * hc + j];
+    __syncthreads();
+    if (owner) c[t] = v = v / (sum + eps);
+    __syncthreads();
+  }
+  if (owner) comb[r * cells + t] = v;
   for (int64_t k = threadIdx.x; k < D; k += blockDim.x) {
     float acc = 0.0f;
-    for (int i = 0; i < hc; ++i) acc += pre[i] * x[i * D + k];
+    for (int ii = 0; ii < hc; ++ii) acc += pre[ii] * x[ii * D + k];
     y[r * D + k] = acc;
   }
 }

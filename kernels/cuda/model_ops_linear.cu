@@ -15,7 +15,9 @@ namespace {
 constexpr int kGemvMaxRows = 8;
 
 // Few rows: one warp per output column reads its weight row once for all m rows. kVec: each lane loads
-// 16 bytes of weights at a time (k and the row strides multiples of 16 bytes, pointers aligned).
+// 16 bytes of weights at a time (k and the row strides multiples of 16 bytes, pointers aligned), four
+// such loads in flight per lane (the loop is unrolled by kUnroll), and the activations as float4.
+constexpr int kUnroll = 4;
 template <class T, bool kVec>
 __global__ void DenseGemvKernel(const float* x, int64_t ldx, int m, const T* w, int64_t ldw, int64_t n, int64_t k,
                                 const float* bias, float* out, int64_t ldo) {
@@ -25,21 +27,40 @@ __global__ void DenseGemvKernel(const float* x, int64_t ldx, int m, const T* w, 
   if (col >= n) return;
   float acc[kGemvMaxRows] = {};
   const T* wr = w + col * ldw;
-  for (int64_t c = static_cast<int64_t>(lane) * kPer; c < k; c += 32 * kPer) {
-    float wv[kPer];
-    if constexpr (kVec) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(wr + c);
-      const T* p = reinterpret_cast<const T*>(&raw);
+  if constexpr (kVec) {
+    constexpr int64_t kStep = 32 * kPer;
+    for (int64_t c0 = static_cast<int64_t>(lane) * kPer; c0 < k; c0 += kStep * kUnroll) {
+      uint4 raw[kUnroll];
 #pragma unroll
-      for (int j = 0; j < kPer; ++j) wv[j] = Load(p, j);
-    } else {
-      wv[0] = Load(wr, c);
+      for (int u = 0; u < kUnroll; ++u)
+        if (c0 + u * kStep < k) raw[u] = __ldg(reinterpret_cast<const uint4*>(wr + c0 + u * kStep));
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t c = c0 + u * kStep;
+        if (c >= k) break;
+        const T* p = reinterpret_cast<const T*>(&raw[u]);
+        float wv[kPer];
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) wv[j] = Load(p, j);
+#pragma unroll
+        for (int r = 0; r < kGemvMaxRows; ++r)
+          if (r < m) {
+            const float4* xr = reinterpret_cast<const float4*>(x + r * ldx + c);
+#pragma unroll
+            for (int j = 0; j < kPer; j += 4) {
+              const float4 xv = xr[j / 4];
+              acc[r] += xv.x * wv[j] + xv.y * wv[j + 1] + xv.z * wv[j + 2] + xv.w * wv[j + 3];
+            }
+          }
+      }
     }
+  } else {
+    for (int64_t c = lane; c < k; c += 32) {
+      const float wv = Load(wr, c);
 #pragma unroll
-    for (int r = 0; r < kGemvMaxRows; ++r)
-      if (r < m)
-#pragma unroll
-        for (int j = 0; j < kPer; ++j) acc[r] += x[r * ldx + c + j] * wv[j];
+      for (int r = 0; r < kGemvMaxRows; ++r)
+        if (r < m) acc[r] += x[r * ldx + c] * wv;
+    }
   }
 #pragma unroll
   for (int r = 0; r < kGemvMaxRows; ++r) {
@@ -103,7 +124,8 @@ void LaunchDense(const float* x, int64_t ldx, int64_t m, const T* w, int64_t ldw
       const int warps = 8;
       const unsigned grid = static_cast<unsigned>((n + warps - 1) / warps);
       constexpr int64_t per = 16 / sizeof(T);
-      const bool vec = k % per == 0 && ldw % per == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;
+      const bool vec = k % per == 0 && ldw % per == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0 && ldx % 4 == 0 &&
+                       reinterpret_cast<uintptr_t>(x + r0 * ldx) % 16 == 0;
       if (vec) {
         DenseGemvKernel<T, true><<<grid, warps * 32, 0, s>>>(x + r0 * ldx, ldx, static_cast<int>(m - r0), w, ldw, n, k,
                                                              bias, out + r0 * ldo, ldo);
