@@ -178,6 +178,16 @@ class Backend {
   // Grouped: x [n, groups*w.in] -> out [n, groups*(w.out/groups)]; group g uses rows
   // [g*w.out/groups, (g+1)*w.out/groups) of W on input columns [g*w.in, (g+1)*w.in).
   virtual void GroupedLinear(const Tensor& x, const LinearWeight& w, int groups, Tensor* out) = 0;
+  // Linears that do not depend on one another (no job reads another's output); a device backend may run
+  // them concurrently. Results are those of calling Linear for each job.
+  struct LinearJob {
+    const Tensor* x;
+    const LinearWeight* w;
+    Tensor* out;
+  };
+  virtual void LinearBatch(const std::vector<LinearJob>& jobs) {
+    for (const LinearJob& j : jobs) Linear(*j.x, *j.w, j.out);
+  }
 
   // ---- rotary embedding: interleaved pairs on the LAST rope_dim values of each head ----
   // x [n, heads * head_dim]; angle of pair i for row r = positions[r] * inv_freq[i] (f32 product);

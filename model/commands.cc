@@ -120,6 +120,7 @@ std::unique_ptr<Model> LoadForCli(const Flags& f) {
   if (device >= 0) RequireCudaDevice(device, "--device " + f.Get("device", "cpu"));
   CudaBackendOptions cuda;
   cuda.cuda_graphs = !f.Has("enforce-eager");
+  cuda.concurrent_linears = f.Has("concurrent-linears");
   auto model = LoadModel(dir, ShardSpec{0, 1}, device >= 0 ? MakeCudaBackend(device, cuda) : MakeCpuBackend(threads));
   std::fprintf(stderr, "[load] %s: %s\n", dir.c_str(), model->WeightsDescription().c_str());
   return model;

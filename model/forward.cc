@@ -149,27 +149,31 @@ void ModelImpl::AttentionInputs(const BlockWeights& b, const std::vector<int64_t
   const std::vector<float>& inv = inv_freq_[b.layer];
   const Tensor& x = a->y;
 
-  be.Linear(x, w.wq_a, &a->qr);
+  const bool compressed = b.kind != AttentionKind::kSliding, sparse = b.kind == AttentionKind::kCompressedSparse;
+  // Every projection of x at once (a device backend may overlap them), then those of the normed q_a.
+  std::vector<Backend::LinearJob> from_x = {{&x, &w.wq_a, &a->qr}, {&x, &w.wkv, &a->kv}};
+  if (compressed) {
+    from_x.push_back({&x, &w.compressor.wkv, &a->ckv});
+    from_x.push_back({&x, &w.compressor.wgate, &a->cscore});
+  }
+  if (sparse) {
+    from_x.push_back({&x, &w.indexer_compressor.wkv, &a->ikv});
+    from_x.push_back({&x, &w.indexer_compressor.wgate, &a->iscore});
+    from_x.push_back({&x, &w.indexer_weights_proj, &a->iw});
+  }
+  be.LinearBatch(from_x);
   be.RmsNorm(a->qr, c.q_lora_rank, &w.q_norm, eps, &a->qr);
-  be.Linear(a->qr, w.wq_b, &a->q);
+  std::vector<Backend::LinearJob> from_qr = {{&a->qr, &w.wq_b, &a->q}};
+  if (sparse) from_qr.push_back({&a->qr, &w.indexer_wq_b, &a->iq});
+  be.LinearBatch(from_qr);
+
   be.RmsNorm(a->q, d, nullptr, eps, &a->q);  // per-head, weightless
   be.Rope(&a->q, Hl, d, c.rope_dim, positions.data(), inv, false);
-
-  be.Linear(x, w.wkv, &a->kv);
   be.RmsNorm(a->kv, d, &w.kv_norm, eps, &a->kv);
   be.Rope(&a->kv, 1, d, c.rope_dim, positions.data(), inv, false);
-
-  if (b.kind != AttentionKind::kSliding) {
-    be.Linear(x, w.compressor.wkv, &a->ckv);
-    be.Linear(x, w.compressor.wgate, &a->cscore);
-  }
-  if (b.kind == AttentionKind::kCompressedSparse) {
+  if (sparse) {
     const int64_t hi = c.index_n_heads, di = c.index_head_dim;
-    be.Linear(x, w.indexer_compressor.wkv, &a->ikv);
-    be.Linear(x, w.indexer_compressor.wgate, &a->iscore);
-    be.Linear(a->qr, w.indexer_wq_b, &a->iq);
     be.Rope(&a->iq, hi, di, c.rope_dim, positions.data(), inv, false);
-    be.Linear(x, w.indexer_weights_proj, &a->iw);
     be.Scale(&a->iw,
              static_cast<float>(1.0 / std::sqrt(static_cast<double>(di)) / std::sqrt(static_cast<double>(hi))));
   }

@@ -45,7 +45,7 @@ nlohmann::json PrintProfile(const std::vector<OpTiming>& ops, int steps) {
   std::vector<std::pair<std::string, std::pair<double, int64_t>>> sorted(phases.begin(), phases.end());
   std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
   std::printf("  profile (eager, device events, %d steps): %.3f ms/step on the device timeline\n", steps, total);
-  std::printf("  %-50s %10s %8s %12s\n", "phase", "ms/step", "%", "launches/step");
+  std::printf("  %-50s %10s %8s %12s\n", "phase", "ms/step", "%", "ops/step");
   nlohmann::json j = {{"step_ms", total}, {"between_ops_ms", between}};
   for (const auto& [name, v] : sorted) {
     std::printf("  %-50s %10.3f %7.1f%% %12.1f\n", name.c_str(), v.first, 100 * v.first / total,
@@ -66,8 +66,8 @@ nlohmann::json PrintProfile(const std::vector<OpTiming>& ops, int steps) {
 }
 
 int RunLocalBench(const std::vector<std::string>& args) {
-  Flags f(args, {"model", "device", "threads", "streams", "contexts", "rows", "steps", "bits", "json", "enforce-eager", "profile"},
-          {"enforce-eager", "profile"});
+  Flags f(args, {"model", "device", "threads", "streams", "contexts", "rows", "steps", "bits", "json", "enforce-eager", "profile", "concurrent-linears"},
+          {"enforce-eager", "profile", "concurrent-linears"});
   const bool profile = f.Has("profile");
   const std::string source = f.Require("model");
   const std::vector<int32_t> streams = ParseIntList("streams", f.Get("streams", "1,4"), "stream count");
@@ -180,7 +180,7 @@ int RunLocalBench(const std::vector<std::string>& args) {
 static CommandRegistration local_bench_registration(
     "bench-local",
     "bench-local (= bench --device cpu|cuda[:N]) --model DIR|synthetic:v4-flash [--streams 1,4] [--contexts 4096] "
-    "[--rows 1] [--steps 20] [--bits experts=2,dense=6] [--json F] [--enforce-eager] [--profile: time every op "
+    "[--rows 1] [--steps 20] [--bits experts=2,dense=6] [--json F] [--enforce-eager] [--concurrent-linears] [--profile: time every op "
     "with device events in extra eager steps and print the split per phase]",
     RunLocalBench);
 

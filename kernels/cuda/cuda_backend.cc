@@ -164,6 +164,12 @@ class CudaBackend final : public Backend {
     for (auto& [k, g] : graphs_)
       if (g.exec) cudaGraphExecDestroy(g.exec);
     for (auto& [k, c] : host_cache_) cudaFree(c.device);
+    for (SideStream& sd : side_) {
+      sd.gemv_ws.reset();
+      cudaStreamDestroy(sd.stream);
+      cudaEventDestroy(sd.done);
+    }
+    if (fork_) cudaEventDestroy(fork_);
     cudaFree(arena_);
     cudaFree(step_tables_dev_);
     cudaFreeHost(step_tables_pinned_);
@@ -416,14 +422,25 @@ class CudaBackend final : public Backend {
     Require(RowWidth(x) == w.in, "Linear", w.name + ": input width " + std::to_string(RowWidth(x)) + " != " + std::to_string(w.in));
     Require(RowWidth(*out) == w.out && out->shape[0] == m, "Linear", w.name + ": output shape");
     Use();
-    if (w.is_exl3()) {
-      auto& e = *static_cast<CudaExl3Linear*>(w.exl3.get());
-      Exl3Apply(PartFor(e, e.slice.out_begin, e.slice.out_end), F(x), w.in, m, F(*out), w.out, false);
+    LinearOn(x, w, out, ctx_->stream, MainGemvWorkspace());
+  }
+
+  void LinearBatch(const std::vector<LinearJob>& jobs) override {
+    bool concurrent = jobs.size() > 1 && ConcurrencyAllowed();
+    for (const LinearJob& j : jobs) {
+      Require(RowWidth(*j.x) == j.w->in && RowWidth(*j.out) == j.w->out && j.out->shape[0] == j.x->shape[0],
+              "LinearBatch", j.w->name + ": shape");
+      concurrent = concurrent && j.x->shape[0] <= kExl3GemvMaxRows;
+    }
+    if (!concurrent) {
+      for (const LinearJob& j : jobs) Linear(*j.x, *j.w, j.out);
       return;
     }
-    cuda_ops::DenseLinear(F(x), w.in, m, w.dense.data, WTypeOf(w.dense.dtype, w.name), w.in, w.out, w.in,
-                          w.bias.data ? F(w.bias) : nullptr, F(*out), w.out, ctx_->stream);
-    Launched("Linear");
+    const ProfileScope ps = Profile("LinearBatch");
+    Use();
+    Concurrently(static_cast<int>(jobs.size()), [&](int i, cudaStream_t stream, Exl3GemvWorkspace& ws) {
+      LinearOn(*jobs[i].x, *jobs[i].w, jobs[i].out, stream, ws);
+    });
   }
 
   void GroupedLinear(const Tensor& x, const LinearWeight& w, int groups, Tensor* out) override {
@@ -635,8 +652,7 @@ class CudaBackend final : public Backend {
     const ProfileScope ps = Profile("SharedExpert");
     const int64_t m = x.shape[0], D = RowWidth(x), I = expert.w1.out;
     Tensor g = Temp(DType::kF32, {m, I}), u = Temp(DType::kF32, {m, I}), y = Temp(DType::kF32, {m, D});
-    Linear(x, expert.w1, &g);
-    Linear(x, expert.w3, &u);
+    LinearBatch({{&x, &expert.w1, &g}, {&x, &expert.w3, &u}});
     cuda_ops::SwiGlu(F(g), F(u), m * I, limit, ctx_->stream);
     Linear(g, expert.w2, &y);
     cuda_ops::Add(F(y), m * D, F(*out), ctx_->stream);
@@ -657,6 +673,57 @@ class CudaBackend final : public Backend {
   };
 
   void Use() const { CudaCheck(cudaSetDevice(ctx_->device), "cudaSetDevice"); }
+
+  Exl3GemvWorkspace& MainGemvWorkspace() {
+    if (!gemv_ws_) gemv_ws_ = std::make_unique<Exl3GemvWorkspace>(size_t{256} << 20);
+    return *gemv_ws_;
+  }
+
+  // y = x W on `stream` (dense or EXL3; EXL3 GEMMs only on the main stream).
+  void LinearOn(const Tensor& x, const LinearWeight& w, Tensor* out, cudaStream_t stream, Exl3GemvWorkspace& ws) {
+    const int64_t m = x.shape[0];
+    if (w.is_exl3()) {
+      auto& e = *static_cast<CudaExl3Linear*>(w.exl3.get());
+      Exl3Apply(PartFor(e, e.slice.out_begin, e.slice.out_end), F(x), w.in, m, F(*out), w.out, false, stream, ws);
+      return;
+    }
+    cuda_ops::DenseLinear(F(x), w.in, m, w.dense.data, WTypeOf(w.dense.dtype, w.name), w.in, w.out, w.in,
+                          w.bias.data ? F(w.bias) : nullptr, F(*out), w.out, stream);
+    Launched("Linear");
+  }
+
+  // Independent launches overlap on side streams only inside a step whose temporaries fit the arena
+  // (a temporary from the stream-ordered pool would be freed on the main stream while a side stream
+  // may still read it).
+  bool ConcurrencyAllowed() const {
+    return options_.concurrent_linears && in_step_ && arena_top_ + (size_t{64} << 20) <= arena_bytes_;
+  }
+
+  // Runs job(i, stream, workspace) for i < n on side streams (each with its own GEMV workspace) that
+  // start after the main stream's work so far; the main stream then waits for all of them. Event fork
+  // and join, so a graph capture records the jobs as parallel branches.
+  void Concurrently(int n, const std::function<void(int, cudaStream_t, Exl3GemvWorkspace&)>& job) {
+    if (side_.empty()) {
+      CudaCheck(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming), "cudaEventCreate (fork)");
+      side_.resize(kSideStreams);
+      for (SideStream& sd : side_) {
+        CudaCheck(cudaStreamCreateWithFlags(&sd.stream, cudaStreamNonBlocking), "cudaStreamCreate (side)");
+        CudaCheck(cudaEventCreateWithFlags(&sd.done, cudaEventDisableTiming), "cudaEventCreate (join)");
+        sd.gemv_ws = std::make_unique<Exl3GemvWorkspace>(size_t{64} << 20);
+      }
+    }
+    const int used = std::min(n, kSideStreams);
+    CudaCheck(cudaEventRecord(fork_, ctx_->stream), "cudaEventRecord (fork)");
+    for (int i = 0; i < used; ++i) CudaCheck(cudaStreamWaitEvent(side_[i].stream, fork_, 0), "cudaStreamWaitEvent (fork)");
+    for (int i = 0; i < n; ++i) {
+      SideStream& sd = side_[i % kSideStreams];
+      job(i, sd.stream, *sd.gemv_ws);
+    }
+    for (int i = 0; i < used; ++i) {
+      CudaCheck(cudaEventRecord(side_[i].done, side_[i].stream), "cudaEventRecord (join)");
+      CudaCheck(cudaStreamWaitEvent(ctx_->stream, side_[i].done, 0), "cudaStreamWaitEvent (join)");
+    }
+  }
 
   // Brackets an op for the profiler (a no-op unless profiling is on and a step is open).
   struct ProfileScope {
@@ -909,6 +976,12 @@ class CudaBackend final : public Backend {
   // out[m, nout] (row stride ldo; += when accumulate) = x[m, kin] (row stride ldx) W_part.
   void Exl3Apply(const Exl3Part& part, const float* x, int64_t ldx, int64_t m, float* out, int64_t ldo,
                  bool accumulate) {
+    Exl3Apply(part, x, ldx, m, out, ldo, accumulate, ctx_->stream, MainGemvWorkspace());
+  }
+  // The same on `stream` with its own GEMV workspace (m <= kExl3GemvMaxRows off the main stream).
+  void Exl3Apply(const Exl3Part& part, const float* x, int64_t ldx, int64_t m, float* out, int64_t ldo,
+                 bool accumulate, cudaStream_t stream, Exl3GemvWorkspace& gemv_ws) {
+    Require(m <= kExl3GemvMaxRows || stream == ctx_->stream, "EXL3 linear", "a GEMM off the main stream");
     const Exl3DeviceLinear& lin = part.buffers->linear();
     Tensor xh = Temp(DType::kF16, {m, lin.k});
     // A slice that is the whole block range, written plainly to a dense output, needs no column copy:
@@ -923,11 +996,10 @@ class CudaBackend final : public Backend {
     } else {
       y = Temp(DType::kF32, {m, lin.n});
     }
-    cuda_ops::ToHalfPadded(x, m, part.kin, ldx, static_cast<uint16_t*>(xh.data), lin.k, part.x_col0, ctx_->stream);
+    cuda_ops::ToHalfPadded(x, m, part.kin, ldx, static_cast<uint16_t*>(xh.data), lin.k, part.x_col0, stream);
     const uint16_t* xp = static_cast<const uint16_t*>(xh.data);
     if (m <= kExl3GemvMaxRows) {
-      if (!gemv_ws_) gemv_ws_ = std::make_unique<Exl3GemvWorkspace>(size_t{256} << 20);
-      Exl3Gemv(lin, xp, static_cast<int>(m), y.data, Exl3Out::kF32, *gemv_ws_, ctx_->stream);
+      Exl3Gemv(lin, xp, static_cast<int>(m), y.data, Exl3Out::kF32, gemv_ws, stream);
     } else {
       constexpr int kChunk = 512;
       // Sized for the largest linear loaded so far; a larger one loaded later gets a new workspace.
@@ -945,7 +1017,7 @@ class CudaBackend final : public Backend {
     }
     if (!direct)
       cuda_ops::TakeColumns(F(y), m, lin.n, part.y_col0, part.nout, part.bias.data ? F(part.bias) : nullptr, out, ldo,
-                            accumulate, ctx_->stream);
+                            accumulate, stream);
     Launched("EXL3 linear");
   }
 
@@ -968,10 +1040,15 @@ class CudaBackend final : public Backend {
     Tensor xh = Temp(DType::kF16, {1, groups * w.in});
     cuda_ops::ToHalfPadded(F(x), 1, groups * w.in, groups * w.in, static_cast<uint16_t*>(xh.data), groups * w.in, 0,
                            ctx_->stream);
-    if (!gemv_ws_) gemv_ws_ = std::make_unique<Exl3GemvWorkspace>(size_t{256} << 20);
-    for (int g = 0; g < groups; ++g)
+    const auto gemv = [&](int g, cudaStream_t stream, Exl3GemvWorkspace& ws) {
       Exl3Gemv(parts[g]->buffers->linear(), static_cast<const uint16_t*>(xh.data) + g * w.in, 1, F(*out) + g * out_g,
-               Exl3Out::kF32, *gemv_ws_, ctx_->stream);
+               Exl3Out::kF32, ws, stream);
+    };
+    if (ConcurrencyAllowed()) {
+      Concurrently(groups, gemv);
+    } else {
+      for (int g = 0; g < groups; ++g) gemv(g, ctx_->stream, MainGemvWorkspace());
+    }
     Launched("GroupedLinear (EXL3, one row)");
     return true;
   }
@@ -1075,6 +1152,14 @@ class CudaBackend final : public Backend {
   std::map<SegmentKey, Graph> graphs_;
   int64_t max_k_ = 128, max_n_ = 128, max_weights_ = 128 * 128;
   std::unique_ptr<Exl3GemvWorkspace> gemv_ws_;
+  struct SideStream {
+    cudaStream_t stream = nullptr;
+    cudaEvent_t done = nullptr;
+    std::unique_ptr<Exl3GemvWorkspace> gemv_ws;
+  };
+  static constexpr int kSideStreams = 8;
+  std::vector<SideStream> side_;  // created on first use (Concurrently)
+  cudaEvent_t fork_ = nullptr;
   std::unique_ptr<Exl3GemmWorkspace> gemm_ws_;
   int64_t gemm_ws_k_ = 0, gemm_ws_n_ = 0, gemm_ws_weights_ = 0;
   bool logged_many_rows_ = false;  // the per-expert path for large steps was logged

@@ -72,19 +72,34 @@ __global__ void __launch_bounds__(kIndexerThreads) IndexerScoresKernel(const flo
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kIndexerKeys;
   if (first >= valid) return;
   const int64_t nk = valid - first < kIndexerKeys ? valid - first : kIndexerKeys;
-  for (int64_t i = threadIdx.x; i < heads * dim; i += blockDim.x) qs[i] = q[r * heads * dim + i];
-  for (int64_t i = threadIdx.x; i < kIndexerKeys * dim; i += blockDim.x) {
-    const int64_t j = i / dim, c = i % dim;
-    ks[j * ld + c] = j < nk ? keys.Row(first + j, dim)[c] : 0.0f;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int hd = static_cast<int>(heads * dim), dd = static_cast<int>(dim);
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = q[r * hd + i];
+  // Warp v copies keys v, v + warps, ... (float4 when rows allow), no division.
+  const bool vec4 = dd % 4 == 0 && (reinterpret_cast<uintptr_t>(keys.pool) & 15) == 0;
+  for (int j = warp; j < kIndexerKeys; j += warps) {
+    const float* k = j < nk ? keys.Row(first + j, dim) : nullptr;
+    float* dst = ks + j * ld;
+    if (vec4) {
+#pragma unroll 4
+      for (int c4 = lane; c4 < dd / 4; c4 += 32) {
+        const float4 v = k ? __ldg(reinterpret_cast<const float4*>(k) + c4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        dst[4 * c4] = v.x;
+        dst[4 * c4 + 1] = v.y;
+        dst[4 * c4 + 2] = v.z;
+        dst[4 * c4 + 3] = v.w;
+      }
+    } else {
+      for (int c = lane; c < dd; c += 32) dst[c] = k ? k[c] : 0.0f;
+    }
   }
   __syncthreads();
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const float* k = ks + lane * ld;
   float s = 0.0f;
   for (int64_t h = warp; h < heads; h += warps) {
     const float* qh = qs + h * dim;
     float dot = 0.0f;
-    for (int64_t c = 0; c < dim; ++c) dot += qh[c] * k[c];
+    for (int c = 0; c < dd; ++c) dot += qh[c] * k[c];
     s += weights[r * heads + h] * fmaxf(0.0f, dot);
   }
   part[warp][lane] = s;
@@ -351,6 +366,13 @@ SplitLayout SplitLayoutFor(int64_t n, int64_t heads, int head_group, int64_t max
   return l;
 }
 
+// Whether every key row the kernel may read starts on 16 bytes (float4 loads): the ring, the step's new
+// rows and the entry pool all do when head_dim is a multiple of 4 and the bases are aligned.
+__device__ __forceinline__ bool AllRowsAligned(const AttnKeys& k) {
+  const auto aligned = [](const float* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+  return aligned(k.ring) && aligned(k.new_kv) && (!k.entries.pool || aligned(k.entries.pool));
+}
+
 // Partials of (row r, head h, range g): [max, sum, values[d]] at ((r * heads + h) * ranges + g) * (d + 2).
 __global__ void __launch_bounds__(kSplitThreads) AttentionSplitKernel(const float* q, int64_t heads, int head_group,
                                                                       AttnKeys keys, float softmax_scale,
@@ -376,12 +398,20 @@ __global__ void __launch_bounds__(kSplitThreads) AttentionSplitKernel(const floa
   const int64_t nkeys = nwin + ncomp;
   const int64_t k_begin = g * keys_per_range;
   const int64_t k_end = nkeys < k_begin + keys_per_range ? nkeys : k_begin + keys_per_range;
-  for (int64_t i = threadIdx.x; i < head_group * d; i += blockDim.x) qs[i] = q[(r * heads + h0) * d + i];
+  for (int i = threadIdx.x; i < head_group * static_cast<int>(d); i += blockDim.x) qs[i] = q[(r * heads + h0) * d + i];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   float run_max = -INFINITY, run_sum = 0.0f;  // of head `warp` (warps < head_group), kept by every lane
+  // Output i of this thread is channel acc_c[i] of head acc_h[i] (acc_c -1: none).
   float acc[kSplitAccPerThread];
+  int acc_h[kSplitAccPerThread], acc_c[kSplitAccPerThread];
 #pragma unroll
-  for (int i = 0; i < kSplitAccPerThread; ++i) acc[i] = 0.0f;
+  for (int i = 0; i < kSplitAccPerThread; ++i) {
+    const int o = static_cast<int>(threadIdx.x) + i * kSplitThreads;
+    acc[i] = 0.0f;
+    acc_h[i] = o / static_cast<int>(d);
+    acc_c[i] = o < head_group * static_cast<int>(d) ? o % static_cast<int>(d) : -1;
+  }
+  const bool vec4 = d % 4 == 0 && AllRowsAligned(keys);
   for (int64_t k0 = k_begin; k0 < k_end; k0 += kSplitKeys) {
     __syncthreads();  // the previous pass is done with ks / ps
     // The pass's keys into shared memory; absent ones (unlisted, not yet visible, past the range) are zero.
@@ -389,10 +419,24 @@ __global__ void __launch_bounds__(kSplitThreads) AttentionSplitKernel(const floa
     if (threadIdx.x < kSplitKeys)
       kp[threadIdx.x] = threadIdx.x < npass ? keys.Key(r, lo, nwin, visible, k0 + threadIdx.x) : nullptr;
     __syncthreads();
-    for (int64_t i = threadIdx.x; i < kSplitKeys * d; i += blockDim.x) {
-      const int64_t j = i / d, c = i % d;
+    // Warp v copies keys v, v + 8, ...: lanes stride the row (float4 when rows allow), no division.
+    const int dd = static_cast<int>(d);
+    for (int j = warp; j < kSplitKeys; j += kSplitThreads / 32) {
       const float* k = kp[j];
-      ks[j * ld + c] = k ? k[c] : 0.0f;
+      float* dst = ks + j * ld;
+      if (vec4) {
+        const float4* k4 = reinterpret_cast<const float4*>(k);
+#pragma unroll 4
+        for (int c4 = lane; c4 < dd / 4; c4 += 32) {
+          const float4 v = k ? __ldg(k4 + c4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          dst[4 * c4] = v.x;
+          dst[4 * c4 + 1] = v.y;
+          dst[4 * c4 + 2] = v.z;
+          dst[4 * c4 + 3] = v.w;
+        }
+      } else {
+        for (int c = lane; c < dd; c += 32) dst[c] = k ? k[c] : 0.0f;
+      }
     }
     __syncthreads();
     if (warp < head_group) {
@@ -403,7 +447,7 @@ __global__ void __launch_bounds__(kSplitThreads) AttentionSplitKernel(const floa
         const float* qh = qs + warp * d;
         const float* kr = ks + j * ld;
         float dot = 0.0f;
-        for (int64_t c = 0; c < d; ++c) dot += qh[c] * kr[c];
+        for (int c = 0; c < static_cast<int>(d); ++c) dot += qh[c] * kr[c];
         s = dot * softmax_scale;
       }
       const float m_new = fmaxf(run_max, WarpMax(s));
@@ -417,25 +461,20 @@ __global__ void __launch_bounds__(kSplitThreads) AttentionSplitKernel(const floa
     __syncthreads();
 #pragma unroll
     for (int i = 0; i < kSplitAccPerThread; ++i) {
-      const int64_t o = threadIdx.x + static_cast<int64_t>(i) * kSplitThreads;
-      if (o < head_group * d) {
-        const int64_t hh = o / d, c = o % d;
-        const float* pr = ps + hh * kSplitKeys;
-        float v = acc[i] * alpha[hh];
-        for (int j = 0; j < kSplitKeys; ++j) v += pr[j] * ks[j * ld + c];
+      if (acc_c[i] >= 0) {
+        const float* pr = ps + acc_h[i] * kSplitKeys;
+        const float* kc = ks + acc_c[i];
+        float v = acc[i] * alpha[acc_h[i]];
+#pragma unroll 8
+        for (int j = 0; j < kSplitKeys; ++j) v += pr[j] * kc[j * ld];
         acc[i] = v;
       }
     }
   }
   // Partials: values by every thread, max and sum by lane 0 of each head's warp.
 #pragma unroll
-  for (int i = 0; i < kSplitAccPerThread; ++i) {
-    const int64_t o = threadIdx.x + static_cast<int64_t>(i) * kSplitThreads;
-    if (o < head_group * d) {
-      const int64_t hh = o / d, c = o % d;
-      partial[((r * heads + h0 + hh) * ranges + g) * (d + 2) + 2 + c] = acc[i];
-    }
-  }
+  for (int i = 0; i < kSplitAccPerThread; ++i)
+    if (acc_c[i] >= 0) partial[((r * heads + h0 + acc_h[i]) * ranges + g) * (d + 2) + 2 + acc_c[i]] = acc[i];
   if (warp < head_group && lane == 0) {
     float* pm = partial + ((r * heads + h0 + warp) * ranges + g) * (d + 2);
     pm[0] = run_max;

@@ -111,16 +111,20 @@ __global__ void SwiGluKernel(float* g, const float* u, int64_t n, float limit) {
 
 // mixes[r, k] = rsqrt(mean(X_r^2) + eps) * (fn[k] . X_r): one block per (row, k), so the K dot products
 // of a row (each hc*D long) spread over K multiprocessors.
+// The loop is unrolled so that several loads are in flight per thread; each thread still adds its
+// elements in index order (the sums the CPU twin is compared with do not move).
 __global__ void HcMixesKernel(const float* X, int64_t w, const float* fn, int K, float norm_eps, float* mixes) {
   const int64_t r = blockIdx.x;
   const int k = blockIdx.y;
   const float* x = X + r * w;
   const float* f = fn + k * w;
   float ss = 0.0f, dot = 0.0f;
-  for (int64_t i = threadIdx.x; i < w; i += blockDim.x) {
+  const int n = static_cast<int>(w);
+#pragma unroll 8
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
     const float v = x[i];
     ss += v * v;
-    dot += f[i] * v;
+    dot += __ldg(f + i) * v;
   }
   ss = BlockSum(ss);
   dot = BlockSum(dot);

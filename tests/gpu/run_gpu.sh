@@ -31,14 +31,15 @@ if [[ $PARTS == *tests* ]]; then
   for t in cuda_backend_test gpu_forward_test; do
     timeout 400 "$B/bin/$t" 2>&1 | tee "$OUT/$t.log" | grep -E "^\[  |FAIL|Failure|rel L2|ms/step|Expected|which is|SKIPPED" | head -80
     check grep -q "^\[  PASSED  \]" "$OUT/$t.log"
+    check test "$(grep -c '^\[  FAILED  \]' "$OUT/$t.log")" = 0
     check test "$(grep -c 'SKIPPED' "$OUT/$t.log")" = 0
   done
 fi
 
 if [[ $PARTS == *sanitize* ]]; then
   step "compute-sanitizer on a full forward (prefill + 8 decode steps, batch of 4)"
-  for tool in memcheck racecheck initcheck; do
-    timeout 300 /usr/local/cuda/bin/compute-sanitizer --tool $tool --error-exitcode 9 "$B/bin/gpu_forward_test" \
+  for tool in ${SAN_TOOLS:-memcheck racecheck initcheck}; do
+    timeout ${SAN_TIMEOUT:-300} /usr/local/cuda/bin/compute-sanitizer --tool $tool --error-exitcode 9 "$B/bin/gpu_forward_test" \
       --gtest_filter='*SanitizerWorkload*' > "$OUT/sanitizer_$tool.log" 2>&1
     rc=$?
     echo "compute-sanitizer $tool: exit $rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tr '\n' ' ')"
