@@ -73,9 +73,15 @@ KvLayout ComputeKvLayout(const ModelConfig& c, KvCacheDtype dtype, bool with_mtp
     }
   }
   if (with_mtp && c.num_mtp_layers > 0) {
-    mtp.layers = 1;
-    mtp.window_bytes = ring;
-    if (spare > 0) mtp.history_bytes = (4LL * c.hc_mult * c.hidden_size + 4) * (c.sliding_window + spare);
+    const int n = c.num_mtp_layers;
+    mtp.layers = n;
+    mtp.window_bytes = ring * n;
+    // The target rows (+ token) reach back one window per MTP block; blocks 1.. keep their inputs too
+    // (model/state_pool.cc).
+    const int64_t row = 4LL * c.hc_mult * c.hidden_size;
+    if (spare > 0)
+      mtp.history_bytes = (row + 4) * (static_cast<int64_t>(n) * c.sliding_window + spare) +
+                          row * (n - 1) * (c.sliding_window + spare);
   }
   for (KvLayerKind* kind : {&sliding, &csa, &hca, &mtp})
     if (kind->layers > 0) k.kinds.push_back(*kind);

@@ -65,8 +65,9 @@ std::unique_ptr<SequenceState> ModelImpl::NewState(int k, int slot) const {
   d->pool = pool_;
   d->slot = pool.external() ? slot : pool.AllocateSlot();
   d->spare = k;
-  // With speculation the MTP block 0's layer state follows the main blocks (BlockWeights::layer indexes it).
-  const int layers = c.num_layers + (k > 0 ? 1 : 0);
+  // With speculation the MTP blocks' layer states follow the main blocks (BlockWeights::layer indexes them).
+  const int n_mtp = static_cast<int>(weights_.mtp.size());
+  const int layers = c.num_layers + (k > 0 ? n_mtp : 0);
   for (int l = 0; l < layers; ++l) {
     LayerState ls;
     ls.ring = pool.Ring(l, d->slot, c.sliding_window + k);
@@ -88,9 +89,14 @@ std::unique_ptr<SequenceState> ModelImpl::NewState(int k, int slot) const {
     d->layers.push_back(std::move(ls));
   }
   if (k > 0) {
-    d->mtp.hidden = pool.MtpHidden(d->slot, c.sliding_window + k);
+    const int history = n_mtp * c.sliding_window + k;
+    d->mtp.hidden = pool.MtpHidden(d->slot, history);
     backend_->Zero(&d->mtp.hidden);
-    d->mtp.tokens.assign(c.sliding_window + k, 0);
+    d->mtp.tokens.assign(history, 0);
+    for (int j = 1; j < n_mtp; ++j) {
+      d->mtp.chain.push_back(pool.MtpChain(d->slot, j, c.sliding_window + k));
+      backend_->Zero(&d->mtp.chain.back());
+    }
   }
   return std::make_unique<SequenceState>(std::move(d));
 }

@@ -146,8 +146,9 @@ class Model {
   // sliding_window positions matter, the block attends through its window only), then chains num_drafts
   // drafts (greedy, or picked by the request's `choose`): draft 1 from (X_{L-1}, next_token) at position L-1, draft i from the block's own output
   // state and draft i-1 at position L+i-2. The chained rows are forgotten afterwards (the MTP window ends
-  // at position L-1). Every rank runs the same calls and gets the same drafts. With several MTP blocks,
-  // block 0 serves every step (see NOTES). Throws on a state without speculation.
+  // at position L-1). Every rank runs the same calls and gets the same drafts. With n MTP blocks, draft
+  // i+1 comes from block min(i, n-1); block j's row for position t is (block j-1's output for t-1, token
+  // t+1), its window caught up like block 0's (model/mtp.cc). Throws on a state without speculation.
   std::vector<DraftResult> Draft(const std::vector<DraftRequest>& batch);
 
   // Memory accounting for KV capacity planning on this rank:

@@ -51,9 +51,9 @@ std::vector<DraftResult> ModelImpl::Draft(const std::vector<DraftRequest>& batch
   const ModelConfig& c = config_;
   const int hc = c.hc_mult;
   const int64_t D = c.hidden_size, V = c.vocab_size;
-  const int window = c.sliding_window;
+  const int64_t window = c.sliding_window;
   if (weights_.mtp.empty()) throw std::runtime_error("Draft: the model has no MTP block");
-  const MtpWeights& m = weights_.mtp[0];
+  const int n = static_cast<int>(weights_.mtp.size());
 
   std::set<const SequenceState*> seen;
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -63,44 +63,84 @@ std::vector<DraftResult> ModelImpl::Draft(const std::vector<DraftRequest>& batch
     if (!seen.insert(q.state).second) throw std::runtime_error(where + " repeats a state");
     if (!q.state->data().mtp.enabled()) throw std::runtime_error(where + ": the state was made without speculation");
     if (q.next_token >= V) throw std::runtime_error(where + ": token id " + std::to_string(q.next_token) + " is outside the vocabulary");
-    if (q.num_drafts < 0 || q.num_drafts > q.state->data().spare + 1 || (q.num_drafts > 0 && q.next_token < 0))
+    if (q.num_drafts < 0 || q.num_drafts > q.state->data().spare + 1 || (q.num_drafts > 0 && q.next_token < 0) ||
+        (q.num_drafts > 0 && q.state->data().length == 0))
       throw std::runtime_error(where + ": " + std::to_string(q.num_drafts) + " drafts not possible here");
   }
 
-  // Step 1: every sequence's catch-up rows t0 .. last in one batch; `last` is the row drafts chain from.
-  std::vector<SeqRows> seqs;
-  std::vector<int64_t> positions, last_row(batch.size(), -1);
-  std::vector<int32_t> tokens;
-  Tensor Xin;
-  {
-    std::vector<std::pair<size_t, int64_t>> gather;  // (batch entry, first position)
-    for (size_t i = 0; i < batch.size(); ++i) {
-      SequenceStateData& st = batch[i].state->data();
-      const int64_t L = st.length, last = batch[i].next_token >= 0 ? L - 1 : L - 2;
-      if (last < 0) continue;
-      // Only the window of the last row matters (the block attends through its window only); a row
-      // already consumed is recomputed when it is the last one (same inputs, same ring row).
-      const int64_t t0 = std::min(std::max(st.mtp.length, last + 1 - window), last);
-      if (t0 > last || (st.mtp.length > last && batch[i].num_drafts == 0)) continue;
-      seqs.push_back({&st, (int64_t)positions.size(), last - t0 + 1, t0});
-      gather.push_back({i, t0});
-      const int64_t slots = st.mtp.hidden.shape[0];
-      for (int64_t t = t0; t <= last; ++t) {
-        positions.push_back(t);
-        tokens.push_back(t + 1 == L ? batch[i].next_token : st.mtp.tokens[(t + 1) % slots]);
-      }
-      last_row[i] = (int64_t)positions.size() - 1;
-    }
-    if (seqs.empty()) return std::vector<DraftResult>(batch.size());
-    Tensor X = be.Alloc(DType::kF32, {(int64_t)positions.size(), hc * D});
-    for (size_t k = 0; k < seqs.size(); ++k)
-      RingGet(be, seqs[k].state->mtp.hidden, seqs[k].start, seqs[k].count, &X, seqs[k].offset);
-    Xin = MtpInput(m, X, tokens, positions);
+  // Step 1: every block's catch-up rows up to `last`, the row drafts chain from. Block j's row for position
+  // t is (block j-1's output for t-1, token t+1) (block 0: the target's X_t): the depth-(j+1) module of
+  // DeepSeek's MTP, one position on as vLLM's chain counts positions. Only the last window of block n-1
+  // matters; its inputs need block n-2's window before them, and so on: block j goes back (n-j) windows.
+  struct Work {
+    size_t entry;
+    SequenceStateData* st;
+    int64_t last;
+  };
+  std::vector<Work> work;
+  std::vector<int64_t> work_of(batch.size(), -1);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    SequenceStateData& st = batch[i].state->data();
+    const int64_t last = batch[i].next_token >= 0 ? st.length - 1 : st.length - 2;
+    if (last < 0 || (st.mtp.length > last && batch[i].num_drafts == 0)) continue;
+    work_of[i] = static_cast<int64_t>(work.size());
+    work.push_back({i, &st, last});
   }
-  RunBlock(m.block, seqs, positions, tokens, &Xin);
-  for (const SeqRows& s : seqs) s.state->mtp.length = s.start + s.count;
+  if (work.empty()) return std::vector<DraftResult>(batch.size());
 
-  // Draft rows: the last row of every sequence that wants drafts, then one chained row per further draft.
+  std::vector<Tensor> outs(n);                                  // block j's outputs of this call
+  std::vector<std::vector<SeqRows>> rows(n);                    // where each sequence's rows sit in outs[j]
+  for (int j = 0; j < n; ++j) {
+    const MtpWeights& m = weights_.mtp[j];
+    std::vector<SeqRows>& seqs = rows[j];
+    std::vector<int64_t> positions;
+    std::vector<int32_t> tokens;
+    for (const Work& w : work) {
+      const int64_t lo = w.last + 1 - (n - j) * window;
+      // A row already consumed is recomputed when it is the last one (same inputs, same ring row).
+      const int64_t t0 = std::max<int64_t>(std::min(std::max(w.st->mtp.length, lo), w.last), 0);
+      seqs.push_back({w.st, static_cast<int64_t>(positions.size()), w.last - t0 + 1, t0});
+      const int64_t slots = w.st->mtp.hidden.shape[0];
+      for (int64_t t = t0; t <= w.last; ++t) {
+        positions.push_back(t);
+        tokens.push_back(t + 1 == w.st->length ? batch[w.entry].next_token : w.st->mtp.tokens[(t + 1) % slots]);
+      }
+    }
+    Tensor X = be.Alloc(DType::kF32, {static_cast<int64_t>(positions.size()), hc * D});
+    for (size_t k = 0; k < work.size(); ++k) {
+      const SeqRows& s = seqs[k];
+      if (j == 0) {
+        RingGet(be, s.state->mtp.hidden, s.start, s.count, &X, s.offset);
+        continue;
+      }
+      // Block j-1's outputs of this call where it computed position t-1, its kept history before that.
+      const SeqRows& p = rows[j - 1][k];
+      for (int64_t t = s.start; t <= std::min(p.start, work[k].last); ++t) {
+        if (t == 0) {  // no output before position 0: a zero residual
+          Tensor row = RowView(X, s.offset + (t - s.start), 1);
+          be.Zero(&row);
+        } else {
+          RingGet(be, s.state->mtp.chain[j - 1], t, 1, &X, s.offset + (t - s.start));
+        }
+      }
+      const int64_t from = std::max(s.start, p.start + 1);
+      if (from <= work[k].last)
+        be.CopyRows(outs[j - 1], p.offset + (from - 1 - p.start), &X, s.offset + (from - s.start), work[k].last - from + 1);
+    }
+    outs[j] = MtpInput(m, X, tokens, positions);
+    RunBlock(m.block, seqs, positions, tokens, &outs[j]);
+    if (j + 1 < n)  // block j+1's input history: this block's output for t, at position t+1
+      for (const SeqRows& s : seqs) {
+        Tensor& ring = s.state->mtp.chain[j];
+        const int64_t from = std::max(s.start, s.start + s.count - ring.shape[0]);
+        RingPut(be, outs[j], s.offset + (from - s.start), from + 1, s.start + s.count - from, &ring);
+      }
+  }
+  for (const Work& w : work) w.st->mtp.length = w.last + 1;
+
+  // Step 2: the drafts. Draft step s comes from block min(s, n-1) at position L-1+s. A block's first step
+  // (s < n) needs its own rows for positions L .. L-1+s (fed block s-1's outputs for L-1 .. L-2+s and the
+  // drafts d_1 .. d_s); past the last block, that block is reused on its own output, one row per step.
   std::vector<DraftResult> out(batch.size());
   std::vector<size_t> active;
   for (size_t i = 0; i < batch.size(); ++i)
@@ -108,39 +148,62 @@ std::vector<DraftResult> ModelImpl::Draft(const std::vector<DraftRequest>& batch
       active.push_back(i);
       out[i].logits = AllocateTensor(DType::kF32, {batch[i].num_drafts, V});
     }
-  Tensor state = be.Alloc(DType::kF32, {(int64_t)active.size(), hc * D});  // MTP output rows to chain from
-  for (size_t a = 0; a < active.size(); ++a) be.CopyRows(Xin, last_row[active[a]], &state, a, 1);
+  // prev: per active sequence `r` consecutive output rows of the last step's block, positions L-1 .. L-2+r.
+  int64_t r = 1;
+  Tensor prev = be.Alloc(DType::kF32, {static_cast<int64_t>(active.size()), hc * D});
+  for (size_t a = 0; a < active.size(); ++a) {
+    const size_t k = static_cast<size_t>(work_of[active[a]]);
+    be.CopyRows(outs[0], rows[0][k].offset + rows[0][k].count - 1, &prev, static_cast<int64_t>(a), 1);
+  }
   for (int step = 0; !active.empty(); ++step) {
-    Tensor logits = HeadLogits(state, m.hc_head, m.norm, /*step_rows=*/0);
-    std::vector<size_t> next;
-    std::vector<int64_t> keep;
+    const MtpWeights& m = weights_.mtp[std::min(step, n - 1)];
+    Tensor heads = be.Alloc(DType::kF32, {static_cast<int64_t>(active.size()), hc * D});
+    for (size_t a = 0; a < active.size(); ++a) be.CopyRows(prev, static_cast<int64_t>(a) * r + r - 1, &heads, a, 1);
+    Tensor logits = HeadLogits(heads, m.hc_head, m.norm, /*step_rows=*/0);
+    std::vector<size_t> next, keep;
     for (size_t a = 0; a < active.size(); ++a) {
       const size_t i = active[a];
       const float* row = logits.as<float>() + a * V;
       std::copy(row, row + V, out[i].logits.as<float>() + step * V);
       out[i].tokens.push_back(batch[i].choose ? batch[i].choose(step, row) : Argmax(row, V));
-      if ((int)out[i].tokens.size() < batch[i].num_drafts) {
+      if (static_cast<int>(out[i].tokens.size()) < batch[i].num_drafts) {
         next.push_back(i);
-        keep.push_back((int64_t)a);
+        keep.push_back(a);
       }
     }
     if (next.empty()) break;
-    // Draft step+2 from (the block's output for the previous row, the draft just made) one position on.
+    const int s = step + 1;
+    const bool fresh = s < n;  // block s runs for the first time in this chain
+    const int b = std::min(s, n - 1);
+    const int64_t count = fresh ? s : 1;
     std::vector<SeqRows> cs;
     std::vector<int64_t> pos;
     std::vector<int32_t> tok;
-    Tensor prev = be.Alloc(DType::kF32, {(int64_t)next.size(), hc * D});
+    Tensor x = be.Alloc(DType::kF32, {static_cast<int64_t>(next.size()) * count, hc * D});
     for (size_t k = 0; k < next.size(); ++k) {
       SequenceStateData& st = batch[next[k]].state->data();
-      const int64_t p = st.length + step;
-      cs.push_back({&st, (int64_t)k, 1, p});
-      pos.push_back(p);
-      tok.push_back(out[next[k]].tokens.back());
-      be.CopyRows(state, keep[k], &prev, (int64_t)k, 1);
+      const int64_t first = fresh ? st.length : st.length - 1 + s;
+      cs.push_back({&st, static_cast<int64_t>(k) * count, count, first});
+      for (int64_t q = 0; q < count; ++q) {
+        pos.push_back(first + q);
+        tok.push_back(out[next[k]].tokens[first + q - st.length]);  // position p is fed draft p+1-L
+      }
+      be.CopyRows(prev, static_cast<int64_t>(keep[k]) * r + r - count, &x, static_cast<int64_t>(k) * count, count);
     }
-    Tensor x = MtpInput(m, prev, tok, pos);
-    RunBlock(m.block, cs, pos, tok, &x);  // writes ring rows past mtp.length: forgotten, within the spare slots
-    state = x;
+    Tensor y = MtpInput(weights_.mtp[b], x, tok, pos);
+    RunBlock(weights_.mtp[b].block, cs, pos, tok, &y);  // ring rows past mtp.length: forgotten, within the spare
+    if (fresh) {  // the next block's inputs: this block's catch-up output for L-1, then the rows just made
+      prev = be.Alloc(DType::kF32, {static_cast<int64_t>(next.size()) * (count + 1), hc * D});
+      for (size_t k = 0; k < next.size(); ++k) {
+        const SeqRows& c0 = rows[b][static_cast<size_t>(work_of[next[k]])];
+        be.CopyRows(outs[b], c0.offset + c0.count - 1, &prev, static_cast<int64_t>(k) * (count + 1), 1);
+        be.CopyRows(y, static_cast<int64_t>(k) * count, &prev, static_cast<int64_t>(k) * (count + 1) + 1, count);
+      }
+      r = count + 1;
+    } else {
+      prev = y;
+      r = 1;
+    }
     active = next;
   }
   return out;

@@ -157,6 +157,10 @@ std::unique_ptr<SequenceState> SequenceState::CopyInto(int slot, std::vector<int
     d->mtp.hidden = pool.MtpHidden(slot, static_cast<int>(from.mtp.hidden.shape[0]));
     CopyTensor(be, from.mtp.hidden, &d->mtp.hidden);
   }
+  for (size_t j = 0; j < from.mtp.chain.size(); ++j) {
+    d->mtp.chain.push_back(pool.MtpChain(slot, static_cast<int>(j) + 1, static_cast<int>(from.mtp.chain[j].shape[0])));
+    CopyTensor(be, from.mtp.chain[j], &d->mtp.chain.back());
+  }
   return std::make_unique<SequenceState>(std::move(d));
 }
 
@@ -172,7 +176,9 @@ void SequenceState::Rollback(int64_t length) {
   for (LayerState& l : d.layers)
     for (CompressorState* c : {&l.compressor, &l.indexer})
       if (c->ratio > 0) c->num_entries = std::min(c->num_entries, length / c->ratio);
-  d.mtp.length = std::min(d.mtp.length, length);
+  // The MTP row for position t was fed token t+1, so the row length-1 saw a forgotten token: it is
+  // recomputed (and with it what MTP block j >= 1 keeps for position `length`).
+  d.mtp.length = std::min(d.mtp.length, std::max<int64_t>(length - 1, 0));
 }
 
 size_t SequenceState::MemoryBytes() const {
@@ -182,6 +188,7 @@ size_t SequenceState::MemoryBytes() const {
     for (const CompressorState* c : {&l.compressor, &l.indexer}) total += Bytes(c->pending_kv) + Bytes(c->pending_score);
   }
   total += Bytes(data_->mtp.hidden) + data_->mtp.tokens.size() * sizeof(int32_t);
+  for (const Tensor& t : data_->mtp.chain) total += Bytes(t);
   if (data_->pool) total += data_->blocks.size() * static_cast<size_t>(data_->pool->block_bytes());
   return total;
 }

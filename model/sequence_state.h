@@ -51,8 +51,11 @@ struct LayerState {
 // has consumed positions < length (its window ring, in SequenceStateData::layers, holds them).
 struct MtpState {
   int64_t length = 0;
-  Tensor hidden;                // ring [sliding_window + spare, hc*D]: the target's last-block residual
+  Tensor hidden;                // ring [n * sliding_window + spare, hc*D]: the target's last-block residual
+                                // (n MTP blocks; block j's exact window needs j windows more history)
   std::vector<int32_t> tokens;  // host ring of the same slots: the token fed at each position
+  std::vector<Tensor> chain;    // MTP block j >= 1 (chain[j-1]): ring [sliding_window + spare, hc*D] whose
+                                // slot for position t holds block j-1's output for position t-1
   bool enabled() const { return hidden.data != nullptr; }
 };
 

@@ -43,7 +43,7 @@ StatePool::StatePool(const ModelConfig& c, bool has_mtp, const StatePoolOptions&
 
   // A block spans a multiple of every compression ratio (each window's entry lies in one block) and at
   // least 256 tokens, vLLM's logical block for V4.
-  const int layers = c.num_layers + (mtp ? 1 : 0);
+  const int layers = c.num_layers + (mtp ? c.num_mtp_layers : 0);
   int64_t lcm = 1;
   for (int l = 0; l < layers; ++l)
     if (c.compress_ratio(l) > 0) lcm = std::lcm(lcm, static_cast<int64_t>(c.compress_ratio(l)));
@@ -69,9 +69,13 @@ StatePool::StatePool(const ModelConfig& c, bool has_mtp, const StatePoolOptions&
                     g.index_pending_rows * 2 * 2 * g.index_dim) * f;
   }
   if (mtp) {
-    mtp_rows_ = c.sliding_window + max_spare_;
+    // With several MTP blocks, block j's window is fed by block j-1's outputs, which need block j-1's own
+    // window before them: the target history reaches back one window per block (model/mtp.cc).
+    mtp_rows_ = static_cast<int64_t>(c.num_mtp_layers) * c.sliding_window + max_spare_;
+    mtp_chain_rows_ = c.sliding_window + max_spare_;
     mtp_width_ = static_cast<int64_t>(c.hc_mult) * c.hidden_size;
-    slot_bytes_ += mtp_rows_ * mtp_width_ * sizeof(float);
+    slot_bytes_ += (mtp_rows_ + (c.num_mtp_layers - 1) * mtp_chain_rows_) * mtp_width_ * sizeof(float);
+    mtp_layers_ = c.num_mtp_layers;
   }
 
   // Without a budget: the slots and 1 GiB of blocks (at least 64).
@@ -100,6 +104,7 @@ StatePool::StatePool(const ModelConfig& c, bool has_mtp, const StatePoolOptions&
                                            : Tensor{});
   }
   if (mtp) mtp_hidden_ = PoolTensor(backend, {n_slots * mtp_rows_, mtp_width_});
+  if (mtp && mtp_layers_ > 1) mtp_chain_ = PoolTensor(backend, {n_slots * (mtp_layers_ - 1) * mtp_chain_rows_, mtp_width_});
 
   block_refs_.assign(static_cast<size_t>(num_blocks_), 0);
   if (!external_) {
@@ -130,6 +135,10 @@ Tensor StatePool::Pending(int layer, bool indexer, bool score, int slot, int row
 }
 
 Tensor StatePool::MtpHidden(int slot, int rows) const { return RowView(mtp_hidden_, slot * mtp_rows_, rows); }
+
+Tensor StatePool::MtpChain(int slot, int block, int rows) const {
+  return RowView(mtp_chain_, (static_cast<int64_t>(slot) * (mtp_layers_ - 1) + block - 1) * mtp_chain_rows_, rows);
+}
 
 Tensor StatePool::BlockRows(int layer, bool indexer, int32_t block) const {
   const int64_t epb = entries_per_block(layers_[layer].ratio);

@@ -63,6 +63,10 @@ class StatePool {
   Tensor Ring(int layer, int slot, int rows) const;
   Tensor Pending(int layer, bool indexer, bool score, int slot, int rows) const;
   Tensor MtpHidden(int slot, int rows) const;
+  int64_t mtp_history_rows() const { return mtp_rows_; }
+  // MTP block `block` >= 1's input history (block block-1's outputs, one position on).
+  Tensor MtpChain(int slot, int block, int rows) const;
+  int64_t mtp_chain_rows() const { return mtp_chain_rows_; }
 
   // Local allocation (not external): throws naming the shortage when the pool is full.
   int AllocateSlot();
@@ -85,7 +89,9 @@ class StatePool {
   std::vector<Tensor> entries_, index_keys_;              // per layer (empty for window-only layers)
   std::vector<Tensor> rings_, pending_kv_, pending_score_, index_kv_, index_score_;  // per layer, all slots
   Tensor mtp_hidden_;                                     // all slots
-  int64_t mtp_rows_ = 0, mtp_width_ = 0;
+  Tensor mtp_chain_;                                      // all slots, MTP blocks 1..n-1
+  int64_t mtp_rows_ = 0, mtp_width_ = 0, mtp_chain_rows_ = 0;
+  int mtp_layers_ = 0;
   std::vector<int32_t> free_blocks_;
   std::vector<int> block_refs_;
   std::vector<int> free_slots_;

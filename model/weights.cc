@@ -455,7 +455,11 @@ ModelWeights LoadAll(WeightLoader& ld, const Checkpoint& ckpt, const ModelConfig
   // MTP blocks: kept for speculative decoding when the checkpoint ships them (transformers drops them).
   for (int m = 0; m < c.num_mtp_layers; ++m) {
     std::string p = "mtp." + std::to_string(m) + ".";
-    if (!ld.Has(p + "e_proj.weight") && !ckpt.Has(p + "e_proj.trellis")) break;
+    if (!ld.Has(p + "e_proj.weight") && !ckpt.Has(p + "e_proj.trellis")) {
+      if (m == 0) break;  // no MTP at all (transformers drops it): the model serves without speculation
+      throw std::runtime_error(ckpt.dir() + ": num_nextn_predict_layers is " + std::to_string(c.num_mtp_layers) +
+                               " but tensor \"" + p + "e_proj.weight\" is missing");
+    }
     MtpWeights mw;
     mw.e_proj = ld.Linear(p + "e_proj", D, D);
     mw.h_proj = ld.Linear(p + "h_proj", D, D);

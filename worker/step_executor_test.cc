@@ -16,12 +16,14 @@ using namespace testing_util;
 
 class StepExecutorTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    static std::string dir = [] {
-      std::string d = TempDir("step_executor_test_model");
-      WriteTinyModel(d, 23, SmallSpec());
-      return d;
-    }();
+  void SetUp() override { Load(1); }
+  // The tiny model with `mtp_layers` MTP blocks (the same main model and mtp.0 for every count).
+  void Load(int mtp_layers) {
+    TinyModelSpec spec = SmallSpec();
+    spec.num_mtp_layers = mtp_layers;
+    const std::string dir = TempDir("step_executor_test_model_" + std::to_string(mtp_layers));
+    WriteTinyModel(dir, 23, spec);
+    model_.reset();
     comm_.Attach(std::make_unique<LocalCommunicator>());
     model_ = LoadModel(dir, ShardSpec{}, MakeCpuBackend(1), &comm_);
   }
@@ -79,6 +81,32 @@ TEST_F(StepExecutorTest, GreedyWithMtpDraftsEqualsPlainGreedy) {
   StepExecutor ex(model_.get(), &comm_);
   std::vector<int> accepted;
   EXPECT_EQ(Speculative(ex, prompt, 210, 3, &accepted), PlainGreedy(prompt, 210));
+}
+
+// mtp.0..2 draft steps 1..3: different drafts (and acceptance) than the one reused block, same output.
+TEST_F(StepExecutorTest, GreedyWithThreeMtpBlocksEqualsPlainGreedy) {
+  const auto prompt = Tokens(37, 512, 4);
+  std::vector<int> accepted;
+  // The hook only watches: the drafts of both runs, in order (a random model accepts ~nothing, so the
+  // acceptance counts would not tell the two apart).
+  std::vector<int32_t> drafts_one, drafts_three;
+  auto watch = [](std::vector<int32_t>* log) {
+    return [log](uint64_t, int64_t, std::vector<int32_t>* d) { log->insert(log->end(), d->begin(), d->end()); };
+  };
+  StepExecutor one(model_.get(), &comm_);
+  one.set_draft_hook(watch(&drafts_one));
+  const auto with_one = Speculative(one, prompt, 210, 3, &accepted);
+  Load(3);
+  ASSERT_EQ(model_->config().num_mtp_layers, 3);
+  StepExecutor three(model_.get(), &comm_);
+  three.set_draft_hook(watch(&drafts_three));
+  EXPECT_EQ(Speculative(three, prompt, 210, 3, &accepted), PlainGreedy(prompt, 210));
+  EXPECT_EQ(with_one, PlainGreedy(prompt, 210));
+  ASSERT_EQ(drafts_one.size(), drafts_three.size());
+  int same_first = 0, same_later = 0;
+  for (size_t i = 0; i < drafts_one.size(); ++i) (i % 3 == 0 ? same_first : same_later) += drafts_one[i] == drafts_three[i];
+  EXPECT_EQ(same_first, static_cast<int>(drafts_one.size() / 3)) << "draft 1 comes from mtp.0 in both";
+  EXPECT_LT(same_later, static_cast<int>(drafts_one.size() / 3)) << "drafts 2 and 3 come from mtp.1 and mtp.2";
 }
 
 TEST_F(StepExecutorTest, ForcedAcceptanceOfEveryCountEqualsPlainGreedy) {
