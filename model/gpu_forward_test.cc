@@ -373,7 +373,9 @@ TEST(GpuForward, GraphReplayEqualsEagerBitwise) {
                 static_cast<long long>(after.failures - before.failures),
                 static_cast<long long>(after.eager_segments - before.eager_segments));
     EXPECT_GT(after.replays, before.replays) << "no segment was replayed from a graph";
-    if (exl3) EXPECT_EQ(after.failures, before.failures) << "a segment of the EXL3 pack could not be captured";
+    if (exl3) {
+      EXPECT_EQ(after.failures, before.failures) << "a segment of the EXL3 pack could not be captured";
+    }
     EXPECT_EQ(after.scratch_overflows, before.scratch_overflows);
   }
 }

@@ -23,7 +23,7 @@ DecodeStepFloor ComputeDecodeStepFloor(const ModelConfig& c, const Exl3BitsSpec&
     }
     f.dense_bytes += weights * K / 8.0;
     f.exl3_weights += weights;
-    f.decode_ops += weights * Exl3DecodeOpsPerWeight(K, linear_rows);
+    f.dense_ops += weights * Exl3DecodeOpsPerWeight(K, linear_rows);
   };
   const KvLayout kv = ComputeKvLayout(c, s.kv, /*with_mtp=*/false);
   f.expected_experts_per_layer = E * (1.0 - std::pow(1.0 - k / E, R));
@@ -60,7 +60,7 @@ DecodeStepFloor ComputeDecodeStepFloor(const ModelConfig& c, const Exl3BitsSpec&
     if (Ke > 0) {
       f.expert_bytes += expert_weights * Ke / 8.0;
       f.exl3_weights += expert_weights;
-      f.decode_ops += expert_weights * Exl3DecodeOpsPerWeight(Ke, 1);
+      f.expert_ops += expert_weights * Exl3DecodeOpsPerWeight(Ke, 1);
     } else {
       f.expert_bytes += 2 * expert_weights;
     }
@@ -78,10 +78,11 @@ DecodeStepFloor ComputeDecodeStepFloor(const ModelConfig& c, const Exl3BitsSpec&
   if (Kh > 0) {
     f.head_bytes += head_weights * Kh / 8.0;
     f.exl3_weights += head_weights;
-    f.decode_ops += head_weights * Exl3DecodeOpsPerWeight(Kh, rows);
+    f.head_ops += head_weights * Exl3DecodeOpsPerWeight(Kh, rows);
   } else {
     f.head_bytes += 2 * head_weights;
   }
+  f.decode_ops = f.dense_ops + f.expert_ops + f.head_ops;
   f.byte_floor_s = f.bytes() / ceil.copy_bytes_per_s;
   f.op_floor_s = f.decode_ops / ceil.int_ops_per_s;
   return f;

@@ -37,7 +37,8 @@ struct DecodeStepShape {
 struct DecodeStepFloor {
   double dense_bytes = 0, expert_bytes = 0, head_bytes = 0, small_bytes = 0, kv_bytes = 0;
   double exl3_weights = 0;   // EXL3 weights decoded (for the op floor)
-  double decode_ops = 0;
+  double decode_ops = 0;     // dense_ops + expert_ops + head_ops
+  double dense_ops = 0, expert_ops = 0, head_ops = 0;
   double expected_experts_per_layer = 0;
   double byte_floor_s = 0, op_floor_s = 0;
   double bytes() const { return dense_bytes + expert_bytes + head_bytes + small_bytes + kv_bytes; }

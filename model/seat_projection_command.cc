@@ -1,0 +1,60 @@
+// `dsmesh project-seat --profile BENCH.json`: the seat projection (model/seat_projection.h) of every
+// profiled shape in a `dsmesh bench --profile --json` file of the full-size V4-Flash (seat pack bits).
+#include <cstdio>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/cli_registry.h"
+#include "common/flags.h"
+#include "model/seat_projection.h"
+#include "model/v4_flash_config.h"
+
+namespace dsmesh {
+namespace {
+
+int RunProjectSeat(const std::vector<std::string>& args) {
+  Flags f(args, {"profile", "bits"}, {});
+  const std::string path = f.Require("profile");
+  std::ifstream in(path);
+  if (!in) throw UsageError("--profile " + path + ": cannot open the file");
+  nlohmann::json rows;
+  try {
+    rows = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    throw UsageError("--profile " + path + ": not JSON (" + e.what() + ")");
+  }
+  if (!rows.is_array()) throw UsageError("--profile " + path + ": expected the array `dsmesh bench --json` writes");
+  const ModelConfig c = ModelConfig::FromJson(kV4FlashConfigJson, "v4-flash");
+  const Exl3BitsSpec bits = Exl3BitsSpec::Parse(f.Get("bits", "experts=2,dense=6"));
+  int shown = 0;
+  for (const nlohmann::json& r : rows) {
+    if (!r.contains("profile") || !r["profile"].contains("phases")) continue;
+    if (r.value("rows_per_stream", 1) != 1) continue;
+    const nlohmann::json& prof = r["profile"];
+    std::vector<MeasuredPhase> phases;
+    for (const nlohmann::json& op : prof.value("ops", nlohmann::json::array()))
+      phases.push_back({op.at("op").get<std::string>(), op.at("ms").get<double>()});
+    phases.push_back({"(host gaps between ops)", prof.value("between_ops_ms", 0.0)});
+    const int streams = r.at("streams").get<int>();
+    const SeatProjection p = ProjectToSeat(c, bits, streams, r.at("context").get<int64_t>(), phases,
+                                           r.at("ms_per_step").get<double>(), prof.at("step_ms").get<double>());
+    std::printf("%s\n", p.Describe(streams).c_str());
+    ++shown;
+  }
+  if (shown == 0) throw UsageError("--profile " + path + ": no row with a profile (run dsmesh bench with --profile)");
+  return 0;
+}
+
+}  // namespace
+
+static CommandRegistration project_seat_registration(
+    "project-seat",
+    "project-seat --profile BENCH.json [--bits experts=2,dense=6]: the H200 decode profile of the full-size "
+    "V4-Flash projected onto 8 x RTX PRO 2000 (TP8)",
+    RunProjectSeat);
+
+}  // namespace dsmesh
