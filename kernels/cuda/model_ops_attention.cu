@@ -52,6 +52,23 @@ __global__ void CompressorPoolKernel(const float* kv, const float* score, int64_
   }
 }
 
+// One warp copies a row of `dd` floats into shared memory (a padded row: scalar stores), as float4 loads
+// when `vec4` (dd % 4 == 0 and the row 16-byte aligned); a null row is written as zeros.
+__device__ __forceinline__ void WarpCopyRow(const float* row, int dd, bool vec4, int lane, float* dst) {
+  if (vec4) {
+#pragma unroll 4
+    for (int c4 = lane; c4 < dd / 4; c4 += 32) {
+      const float4 v = row ? __ldg(reinterpret_cast<const float4*>(row) + c4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      dst[4 * c4] = v.x;
+      dst[4 * c4 + 1] = v.y;
+      dst[4 * c4 + 2] = v.z;
+      dst[4 * c4 + 3] = v.w;
+    }
+  } else {
+    for (int c = lane; c < dd; c += 32) dst[c] = row ? row[c] : 0.0f;
+  }
+}
+
 // scores[r, w] = sum_h weights[r, h] * relu(q[r, h] . keys[w]) for w < valid(r). One block per 32 keys
 // of a row: the keys go to shared memory, lane j of every warp takes key j, warp v takes the heads
 // v, v + warps, ... (each dot product in index order), and the warps' partial sums are added in warp
@@ -78,20 +95,7 @@ __global__ void __launch_bounds__(kIndexerThreads) IndexerScoresKernel(const flo
   // Warp v copies keys v, v + warps, ... (float4 when rows allow), no division.
   const bool vec4 = dd % 4 == 0 && (reinterpret_cast<uintptr_t>(keys.pool) & 15) == 0;
   for (int j = warp; j < kIndexerKeys; j += warps) {
-    const float* k = j < nk ? keys.Row(first + j, dim) : nullptr;
-    float* dst = ks + j * ld;
-    if (vec4) {
-#pragma unroll 4
-      for (int c4 = lane; c4 < dd / 4; c4 += 32) {
-        const float4 v = k ? __ldg(reinterpret_cast<const float4*>(k) + c4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        dst[4 * c4] = v.x;
-        dst[4 * c4 + 1] = v.y;
-        dst[4 * c4 + 2] = v.z;
-        dst[4 * c4 + 3] = v.w;
-      }
-    } else {
-      for (int c = lane; c < dd; c += 32) dst[c] = k ? k[c] : 0.0f;
-    }
+    WarpCopyRow(j < nk ? keys.Row(first + j, dim) : nullptr, dd, vec4, lane, ks + j * ld);
   }
   __syncthreads();
   const float* k = ks + lane * ld;
@@ -422,21 +426,7 @@ __global__ void __launch_bounds__(kSplitThreads) AttentionSplitKernel(const floa
     // Warp v copies keys v, v + 8, ...: lanes stride the row (float4 when rows allow), no division.
     const int dd = static_cast<int>(d);
     for (int j = warp; j < kSplitKeys; j += kSplitThreads / 32) {
-      const float* k = kp[j];
-      float* dst = ks + j * ld;
-      if (vec4) {
-        const float4* k4 = reinterpret_cast<const float4*>(k);
-#pragma unroll 4
-        for (int c4 = lane; c4 < dd / 4; c4 += 32) {
-          const float4 v = k ? __ldg(k4 + c4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-          dst[4 * c4] = v.x;
-          dst[4 * c4 + 1] = v.y;
-          dst[4 * c4 + 2] = v.z;
-          dst[4 * c4 + 3] = v.w;
-        }
-      } else {
-        for (int c = lane; c < dd; c += 32) dst[c] = k ? k[c] : 0.0f;
-      }
+      WarpCopyRow(kp[j], dd, vec4, lane, ks + j * ld);
     }
     __syncthreads();
     if (warp < head_group) {
