@@ -141,6 +141,9 @@ class Backend {
   };
   virtual void Segment(const SegmentKey& key, const std::function<void()>& ops) { ops(); }
 
+  // Device memory in use and in all, one line ("" for host backends): for benchmark reports.
+  virtual std::string MemoryDescription() const { return ""; }
+
   // ---- profiling (dsmesh bench --profile) ----
   // While on, a device backend times every op (and every step) with device events and runs segments
   // eagerly; TakeOpProfile returns the totals since the last call, largest first. A backend that cannot

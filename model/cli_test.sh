@@ -59,8 +59,16 @@ expect 1 "seed must be a non-negative integer" -- "$dsmesh" generate --model syn
 "$dsmesh" bench --device cpu --model "$tmp/a" --contexts 40 --streams 1,2 --steps 2 --json "$tmp/bench.json" \
   > "$tmp/bench.txt" 2>/dev/null || fail "bench --device cpu"
 grep -qE "^2 +1 +40 " "$tmp/bench.txt" || fail "bench table: $(cat "$tmp/bench.txt")"
-python3 -c "import json,sys; r=json.load(open(sys.argv[1])); assert len(r)==2 and all(x['ms_per_step']>0 and x['floor_ms']>0 for x in r), r" \
+python3 -c "import json,sys; r=json.load(open(sys.argv[1])); assert len(r)==2 and all(x['ms_per_step']>0 and x['floor_ms']>0 and x['prefill_tok_per_s']>0 for x in r), r" \
   "$tmp/bench.json" || fail "bench json"
+grep -qE "^  prefill of 40 tokens .* tok/s" "$tmp/bench.txt" || fail "bench prefill line: $(cat "$tmp/bench.txt")"
+grep -qE "^# KV bf16: [0-9]+ B/token" "$tmp/bench.txt" || fail "bench KV costs: $(cat "$tmp/bench.txt")"
+# --profile on a backend that cannot time ops still runs (CPU: no op timings, an empty split).
+"$dsmesh" bench --device cpu --model "$tmp/a" --contexts 40 --streams 1 --steps 1 --profile > "$tmp/prof.txt" 2>/dev/null ||
+  fail "bench --profile on the CPU"
+# project-seat: a clear error for a missing or profile-less file.
+expect 2 "cannot open the file" -- "$dsmesh" project-seat --profile "$tmp/none.json"
+expect 2 "no row with a profile" -- "$dsmesh" project-seat --profile "$tmp/bench.json"
 
 [[ $status == 0 ]] && echo "PASS"
 exit $status

@@ -17,6 +17,7 @@
 #include "common/safetensors.h"
 #include "kernels/backend.h"
 #include "model/cli_model.h"
+#include "model/kv_layout.h"
 #include "model/model.h"
 #include "model/roofline.h"
 #include "model/synthetic.h"
@@ -31,6 +32,10 @@ int32_t TokenAt(int64_t i, int64_t vocab) { return static_cast<int32_t>((i * 791
 // Prints the profiled steps per phase (the forward's Phase scopes) and the costliest ops, in ms per
 // step; returns the same as JSON.
 nlohmann::json PrintProfile(const std::vector<OpTiming>& ops, int steps) {
+  if (ops.empty()) {
+    std::printf("  profile: this backend does not time its ops (a CUDA device does)\n");
+    return nlohmann::json::object();
+  }
   std::map<std::string, std::pair<double, int64_t>> phases;
   double total = 0, between = 0;
   for (const OpTiming& t : ops) {
@@ -63,6 +68,22 @@ nlohmann::json PrintProfile(const std::vector<OpTiming>& ops, int steps) {
                   static_cast<double>(t.calls) / steps, 1e3 * t.ms / t.calls);
   }
   return j;
+}
+
+struct PrefillTiming {
+  double seconds = 0, first_chunk_tok_s = 0, last_chunk_tok_s = 0;
+};
+
+// What one sequence's state costs in each storage dtype (model/kv_layout.h), at the longest context.
+void PrintKvCosts(const ModelConfig& c, int64_t context) {
+  for (KvCacheDtype d : {KvCacheDtype::kF32, KvCacheDtype::kBf16, KvCacheDtype::kFp8}) {
+    const KvLayout l = ComputeKvLayout(c, d);
+    std::printf("# KV %-4s: %.0f B/token, %.1f MiB fixed per sequence; one sequence at %lld tokens: %.2f GiB, at "
+                "380000: %.2f GiB (per rank at any TP size)%s\n",
+                KvCacheDtypeName(d), l.BytesPerToken(), l.FixedBytesPerSequence() / 1048576.0,
+                static_cast<long long>(context), l.SequenceBytes(context) / 1073741824.0,
+                l.SequenceBytes(380000) / 1073741824.0, d == KvCacheDtype::kF32 ? " (as stored today)" : "");
+  }
 }
 
 int RunLocalBench(const std::vector<std::string>& args) {
@@ -114,18 +135,35 @@ int RunLocalBench(const std::vector<std::string>& args) {
               "LOP3 %.2f Tops/s), KV as stored (f32)\n",
               source.c_str(), model->backend().name().c_str(), RooflineCeilings{}.copy_bytes_per_s / 1e12,
               RooflineCeilings{}.int_ops_per_s / 1e12);
+  std::printf("# weights: %s\n", model->WeightsDescription().c_str());
+  PrintKvCosts(c, *std::max_element(contexts.begin(), contexts.end()));
+  const std::string memory_before = model->backend().MemoryDescription();
+  if (!memory_before.empty()) std::printf("# %s (weights and state pool)\n", memory_before.c_str());
   std::printf("%-8s %-5s %-8s %12s %10s %12s %12s %10s\n", "streams", "rows", "context", "ms/step", "tok/s",
               "floor ms", "(byte/op)", "x floor");
   for (int32_t ctx : contexts) {
     for (int32_t ns : streams) {
+      // Each stream is filled by 512-token prefill chunks; the first stream's chunks are timed (prefill
+      // tok/s at context 0 and at the last chunk, and the whole prompt's time: its TTFT but for one step).
       std::vector<std::unique_ptr<SequenceState>> st;
+      PrefillTiming prefill;
       for (int s = 0; s < ns; ++s) {
         st.push_back(model->NewState());
-        for (int64_t pos = 0; pos < ctx; pos += 512) {
+        const int64_t chunks = (ctx + 511) / 512;
+        const double fill0 = Now();
+        for (int64_t pos = 0, n = 0; pos < ctx; pos += 512, ++n) {
           std::vector<int32_t> chunk;
           for (int64_t i = pos; i < std::min<int64_t>(ctx, pos + 512); ++i) chunk.push_back(TokenAt(i + s, c.vocab_size));
+          const double t0 = Now();
           model->Forward({{st.back().get(), chunk, false}});
+          const double tok_s = chunk.size() / (Now() - t0);
+          if (s == 0 && n == 0) prefill.first_chunk_tok_s = tok_s;
+          if (s == 0 && n == chunks - 1) prefill.last_chunk_tok_s = tok_s;
+          if (chunks >= 20 && (n + 1) % (chunks / 10) == 0)
+            std::fprintf(stderr, "bench: stream %d/%d: %lld/%d tokens\n", s + 1, ns,
+                         static_cast<long long>(std::min<int64_t>(ctx, pos + 512)), ctx);
         }
+        if (s == 0) prefill.seconds = Now() - fill0;
         std::fprintf(stderr, "bench: stream %d/%d filled to %d tokens\n", s + 1, ns, ctx);
       }
       auto step = [&](int i) {
@@ -157,6 +195,16 @@ int RunLocalBench(const std::vector<std::string>& args) {
                             {"tok_per_s", tok_s}, {"floor_ms", fl.floor_s() * 1e3},
                             {"byte_floor_ms", fl.byte_floor_s * 1e3}, {"op_floor_ms", fl.op_floor_s * 1e3},
                             {"bytes_per_step", fl.bytes()}, {"backend", model->backend().name()}, {"model", source}};
+      if (ctx > 0) {
+        std::printf("  prefill of %d tokens (512-token chunks, one stream): %.3f s, %.0f tok/s; chunk at context 0: "
+                    "%.0f tok/s, last chunk (context %lld): %.0f tok/s\n",
+                    ctx, prefill.seconds, ctx / prefill.seconds, prefill.first_chunk_tok_s,
+                    static_cast<long long>((ctx - 1) / 512 * 512), prefill.last_chunk_tok_s);
+        row["prefill_s"] = prefill.seconds;
+        row["prefill_tok_per_s"] = ctx / prefill.seconds;
+        row["prefill_first_chunk_tok_per_s"] = prefill.first_chunk_tok_s;
+        row["prefill_last_chunk_tok_per_s"] = prefill.last_chunk_tok_s;
+      }
       if (profile) {
         // The same steps again, eager, every op timed by device events: where the step's time goes.
         model->backend().SetOpProfiling(true);
@@ -168,6 +216,8 @@ int RunLocalBench(const std::vector<std::string>& args) {
       out.push_back(row);
     }
   }
+  const std::string memory_after = model->backend().MemoryDescription();
+  if (!memory_after.empty()) std::printf("# %s (after the run: + scratch arena, workspaces, graphs)\n", memory_after.c_str());
   if (f.Has("json")) {
     std::ofstream(f.Get("json")) << out.dump(2) << "\n";
     std::fprintf(stderr, "bench: wrote %s\n", f.Get("json").c_str());

@@ -295,6 +295,19 @@ class CudaBackend final : public Backend {
     if (on && !profiler_) profiler_ = std::make_unique<OpProfiler>(ctx_->stream);
     if (!on) profiler_.reset();
   }
+  std::string MemoryDescription() const override {
+    Use();
+    size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
+      cudaGetLastError();
+      return "device memory: unknown (cudaMemGetInfo failed)";
+    }
+    char line[160];
+    std::snprintf(line, sizeof(line), "device memory: %.2f GiB used of %.2f GiB (%s)", (total - free) / 1073741824.0,
+                  total / 1073741824.0, name_.c_str());
+    return line;
+  }
+
   std::vector<OpTiming> TakeOpProfile() override { return profiler_ ? profiler_->Take() : std::vector<OpTiming>{}; }
   void BeginPhase(const char* phase) override {
     if (profiler_) profiler_->BeginPhase(phase);
