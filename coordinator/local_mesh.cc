@@ -111,6 +111,7 @@ std::vector<std::string> LocalMesh::WorkerArgv(int rank) const {
                                    opt_.device, "--kv-memory", opt_.kv_memory, "--threads",
                                    std::to_string(opt_.threads_per_worker)};
   if (opt_.enforce_eager) argv.push_back("--enforce-eager");
+  if (opt_.kv_cache_dtype != "auto") argv.insert(argv.end(), {"--kv-cache-dtype", opt_.kv_cache_dtype});
   return argv;
 }
 

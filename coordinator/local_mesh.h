@@ -28,7 +28,8 @@ struct LocalMeshOptions {
   std::string kv_memory = "256M";
   std::string device = "cpu";   // every worker's --device (cpu, cuda or cuda:N; several workers may share a GPU)
   int threads_per_worker = 1;
-  bool enforce_eager = false;   // workers run every step eagerly (no CUDA graphs), as vLLM's --enforce-eager
+  bool enforce_eager = false;
+  std::string kv_cache_dtype = "auto";  // --kv-cache-dtype for every worker   // workers run every step eagerly (no CUDA graphs), as vLLM's --enforce-eager
   std::vector<std::string> coordinator_args;  // extra flags, e.g. {"--max-num-seqs", "8"}
   std::vector<std::string> gateway_args;      // extra flags, e.g. {"--api-key", "k", "--max-queued", "64"}
   std::string log_dir;          // empty: children inherit stderr; else they append to LOG_DIR/NAME.log

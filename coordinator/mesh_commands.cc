@@ -113,6 +113,7 @@ LocalMeshOptions OptionsFromFlags(const Flags& f, const std::string& model, int 
   o.kv_memory = f.Get("kv-memory", "1G");
   o.device = f.Get("device", "cpu");
   o.enforce_eager = f.Has("enforce-eager");
+  o.kv_cache_dtype = f.Get("kv-cache-dtype", "auto");
   // Default: the machine's cores shared out among the workers.
   const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
   o.threads_per_worker = static_cast<int>(f.GetInt("threads", std::max(1L, cores / world)));
@@ -135,7 +136,7 @@ std::string MakeLogDir() {
 int RunUp(const std::vector<std::string>& args) {
   std::set<std::string> known = {"model", "world", "port", "coordinator-port", "kv-memory", "threads", "device",
                                  "ready-timeout-s", "no-gateway", "served-model-name", "api-key", "api-key-file",
-                                 "log-dir", "enforce-eager"};
+                                 "log-dir", "enforce-eager", "kv-cache-dtype"};
   known.insert(kCoordinatorFlags.begin(), kCoordinatorFlags.end());
   known = WithMeshCredentialFlags(known);
   Flags f(args, known, {"no-gateway", "enforce-eager"});

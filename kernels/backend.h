@@ -57,13 +57,16 @@ struct RouterParams {
 };
 
 // Rows of one sequence's compressed entries or indexer keys in a paged pool: row e is row
-// table[e / rows_per_block] * rows_per_block + e % rows_per_block of `pool` [blocks * rows_per_block, dim] f32.
+// table[e / rows_per_block] * rows_per_block + e % rows_per_block of `pool` [blocks * rows_per_block, dim].
 // `table` is a host array of table_len block ids (a device backend copies it).
+// The pool's dtype is the rows' storage (kernels/kv_rows.h: F32, BF16, or U8 for the fp8 layout, whose
+// last rope_dim values are bf16); backends that read only f32 rows refuse the others.
 struct PagedRows {
   const Tensor* pool = nullptr;
   int64_t rows_per_block = 0;
   const int32_t* table = nullptr;
   int64_t table_len = 0;
+  int64_t rope_dim = 0;
   int64_t capacity() const { return rows_per_block * table_len; }
 };
 

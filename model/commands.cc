@@ -14,6 +14,7 @@
 #include "kernels/cpu/argmax.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "model/kv_layout.h"
 #include "model/cli_model.h"
 #include "model/model.h"
 #include "model/tiny_model.h"
@@ -40,7 +41,7 @@ const CommandInfo* MeshVariant(const std::string& command, const std::vector<std
 
 int RunLogits(const std::vector<std::string>& args) {
   if (const CommandInfo* mesh = MeshVariant("logits", args)) return mesh->run(args);
-  Flags f(args, {"model", "tokens", "out", "threads", "device", "enforce-eager"}, {"enforce-eager"});
+  Flags f(args, {"model", "tokens", "out", "threads", "device", "enforce-eager", "kv-cache-dtype"}, {"enforce-eager"});
   std::vector<int32_t> tokens = ParseIntList("tokens", f.Require("tokens"), "integer token id");
   std::string out_path = f.Require("out");
   auto model = LoadForCli(f);
@@ -54,7 +55,7 @@ int RunLogits(const std::vector<std::string>& args) {
 
 int RunGenerate(const std::vector<std::string>& args) {
   if (const CommandInfo* mesh = MeshVariant("generate", args)) return mesh->run(args);
-  Flags f(args, {"model", "tokens", "max-new-tokens", "threads", "ignore-eos", "device", "enforce-eager"},
+  Flags f(args, {"model", "tokens", "max-new-tokens", "threads", "ignore-eos", "device", "enforce-eager", "kv-cache-dtype"},
           {"ignore-eos", "enforce-eager"});
   std::vector<int32_t> prompt = ParseIntList("tokens", f.Require("tokens"), "integer token id");
   long long max_new = f.GetInt("max-new-tokens", 16);
@@ -123,6 +124,15 @@ std::unique_ptr<Model> LoadForCli(const Flags& f) {
   cuda.concurrent_linears = f.Has("concurrent-linears");
   auto model = LoadModel(dir, ShardSpec{0, 1}, device >= 0 ? MakeCudaBackend(device, cuda) : MakeCpuBackend(threads));
   std::fprintf(stderr, "[load] %s: %s\n", dir.c_str(), model->WeightsDescription().c_str());
+  if (f.Has("kv-cache-dtype")) {
+    StatePoolOptions pool;
+    try {
+      pool.kv_dtype = ParseKvCacheDtype(f.Get("kv-cache-dtype"));
+    } catch (const std::exception& e) {
+      throw UsageError(e.what());
+    }
+    std::fprintf(stderr, "[load] %s\n", model->ConfigureStatePool(pool).Describe().c_str());
+  }
   return model;
 }
 

@@ -6,9 +6,9 @@
 namespace dsmesh {
 
 KvCacheDtype ParseKvCacheDtype(const std::string& value) {
-  if (value == "auto" || value == "bf16" || value == "bfloat16") return KvCacheDtype::kBf16;
+  if (value == "bf16" || value == "bfloat16") return KvCacheDtype::kBf16;
   if (value == "fp8" || value == "fp8_e4m3") return KvCacheDtype::kFp8;
-  if (value == "f32" || value == "float32") return KvCacheDtype::kF32;
+  if (value == "auto" || value == "f32" || value == "float32") return KvCacheDtype::kF32;
   throw std::invalid_argument("--kv-cache-dtype " + value + ": expected auto, bf16, fp8 or fp8_e4m3");
 }
 

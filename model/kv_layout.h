@@ -22,7 +22,8 @@ namespace dsmesh {
 
 enum class KvCacheDtype { kF32, kBf16, kFp8 };
 
-// --kv-cache-dtype as vLLM spells it: "auto" (the model's dtype: bf16), "bf16", "fp8" / "fp8_e4m3".
+// --kv-cache-dtype as vLLM spells it: "auto" (the dtype the forward computes in: f32), "bf16", "fp8" /
+// "fp8_e4m3" (and "f32").
 // Throws std::invalid_argument naming the value otherwise.
 KvCacheDtype ParseKvCacheDtype(const std::string& value);
 const char* KvCacheDtypeName(KvCacheDtype d);

@@ -66,7 +66,8 @@ TEST(KvLayout, F32LayoutIsWhatTheModelAccountsFor) {
 }
 
 TEST(KvLayout, ParsesVllmSpellings) {
-  EXPECT_EQ(ParseKvCacheDtype("auto"), KvCacheDtype::kBf16);
+  EXPECT_EQ(ParseKvCacheDtype("auto"), KvCacheDtype::kF32);
+  EXPECT_EQ(ParseKvCacheDtype("bf16"), KvCacheDtype::kBf16);
   EXPECT_EQ(ParseKvCacheDtype("fp8"), KvCacheDtype::kFp8);
   EXPECT_EQ(ParseKvCacheDtype("fp8_e4m3"), KvCacheDtype::kFp8);
   EXPECT_THROW(ParseKvCacheDtype("int4"), std::invalid_argument);

@@ -87,7 +87,7 @@ void PrintKvCosts(const ModelConfig& c, int64_t context) {
 }
 
 int RunLocalBench(const std::vector<std::string>& args) {
-  Flags f(args, {"model", "device", "threads", "streams", "contexts", "rows", "steps", "bits", "json", "enforce-eager", "profile", "concurrent-linears"},
+  Flags f(args, {"model", "device", "threads", "streams", "contexts", "rows", "steps", "bits", "json", "enforce-eager", "profile", "concurrent-linears", "kv-cache-dtype"},
           {"enforce-eager", "profile", "concurrent-linears"});
   const bool profile = f.Has("profile");
   const std::string source = f.Require("model");
@@ -126,13 +126,14 @@ int RunLocalBench(const std::vector<std::string>& args) {
     const int max_streams = *std::max_element(streams.begin(), streams.end());
     const int64_t blocks = (max_ctx + probe.block_tokens() - 1) / probe.block_tokens();
     StatePoolOptions po;
+    po.kv_dtype = probe.kv_dtype();
     po.slots = max_streams;
     po.bytes = max_streams * (probe.slot_bytes() + blocks * probe.block_bytes()) + probe.block_bytes();
     std::fprintf(stderr, "bench: %s\n", model->ConfigureStatePool(po).Describe().c_str());
   }
   nlohmann::json out = nlohmann::json::array();
   std::printf("# %s on %s; floors from the H200 ceilings (kernels/cuda/testdata/anchors-h200.json: copy %.1f TB/s, "
-              "LOP3 %.2f Tops/s), KV as stored (f32)\n",
+              "LOP3 %.2f Tops/s), KV as the floor's f32\n",
               source.c_str(), model->backend().name().c_str(), RooflineCeilings{}.copy_bytes_per_s / 1e12,
               RooflineCeilings{}.int_ops_per_s / 1e12);
   std::printf("# weights: %s\n", model->WeightsDescription().c_str());

@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/kv_rows.h"
 #include "model/model.h"
 
 namespace dsmesh {
@@ -52,9 +53,9 @@ void SequenceStateData::EnsureBlocks(int64_t tokens) {
 }
 
 PagedRows SequenceStateData::Entries(int layer, bool indexer, const int32_t* table) const {
-  const int ratio = pool->layers()[layer].ratio;
-  return PagedRows{indexer ? &pool->index_keys(layer) : &pool->entries(layer), pool->entries_per_block(ratio),
-                   table ? table : blocks.data(), static_cast<int64_t>(blocks.size())};
+  const StatePool::LayerGeometry& g = pool->layers()[layer];
+  return PagedRows{indexer ? &pool->index_keys(layer) : &pool->entries(layer), pool->entries_per_block(g.ratio),
+                   table ? table : blocks.data(), static_cast<int64_t>(blocks.size()), indexer ? 0 : g.rope_dim};
 }
 
 void SequenceStateData::PutEntries(int layer, bool indexer, const Tensor& src, int64_t first, int64_t n) {
@@ -63,7 +64,14 @@ void SequenceStateData::PutEntries(int layer, bool indexer, const Tensor& src, i
     const int64_t e = first + done, j = e / per, in_block = std::min(n - done, per - e % per);
     if (j >= static_cast<int64_t>(blocks.size())) throw std::logic_error("PutEntries: entry past the block table");
     Tensor dst = pool->BlockRows(layer, indexer, blocks[j]);
-    backend->CopyRows(src, done, &dst, e % per, in_block);
+    if (dst.dtype == DType::kF32) {
+      backend->CopyRows(src, done, &dst, e % per, in_block);
+    } else {  // bf16 / fp8 rows: encoded on the host (only host pools store them)
+      const StatePool::LayerGeometry& g = pool->layers()[layer];
+      const int64_t dim = indexer ? g.index_dim : g.dim, rope = indexer ? 0 : g.rope_dim;
+      EncodeKvRows(static_cast<const float*>(src.data) + done * dim, in_block, dim, rope, dst.dtype,
+                   static_cast<uint8_t*>(dst.data) + (e % per) * KvRowBytes(dst.dtype, dim, rope));
+    }
     done += in_block;
   }
 }

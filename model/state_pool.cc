@@ -8,15 +8,17 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/kv_rows.h"
+
 namespace dsmesh {
 namespace {
 
 // Pool memory. Host pools are anonymous mappings: zero pages that cost nothing until a state writes
 // them, so a CPU worker can reserve its whole budget up front.
-Tensor PoolTensor(Backend* be, std::vector<int64_t> shape) {
-  if (!be->host_memory()) return be->Alloc(DType::kF32, std::move(shape));
+Tensor PoolTensor(Backend* be, std::vector<int64_t> shape, DType dtype = DType::kF32) {
+  if (!be->host_memory()) return be->Alloc(dtype, std::move(shape));
   Tensor t;
-  t.dtype = DType::kF32;
+  t.dtype = dtype;
   t.shape = std::move(shape);
   const size_t bytes = std::max<size_t>(t.nbytes(), 64);
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -25,6 +27,21 @@ Tensor PoolTensor(Backend* be, std::vector<int64_t> shape) {
   t.data = p;
   t.owner = std::shared_ptr<void>(p, [bytes](void* q) { munmap(q, bytes); });
   return t;
+}
+
+// The pool tensor's dtype for rows of the given storage (kernels/kv_rows.h).
+DType RowStorage(KvCacheDtype d) {
+  switch (d) {
+    case KvCacheDtype::kBf16: return DType::kBF16;
+    case KvCacheDtype::kFp8: return DType::kU8;
+    default: return DType::kF32;
+  }
+}
+
+// [rows, dim] values as the storage keeps them: F32 and BF16 rows of dim values, fp8 rows of bytes.
+std::vector<int64_t> RowShape(KvCacheDtype d, int64_t rows, int64_t dim, int64_t rope_dim) {
+  const DType s = RowStorage(d);
+  return {rows, s == DType::kU8 ? KvRowBytes(s, dim, rope_dim) : dim};
 }
 
 std::string MiB(double bytes) {
@@ -36,7 +53,11 @@ std::string MiB(double bytes) {
 }  // namespace
 
 StatePool::StatePool(const ModelConfig& c, bool has_mtp, const StatePoolOptions& o, Backend* backend)
-    : backend_(backend), external_(o.external) {
+    : backend_(backend), external_(o.external), kv_dtype_(o.kv_dtype) {
+  if (kv_dtype_ != KvCacheDtype::kF32 && !backend->host_memory())
+    throw std::runtime_error(std::string("--kv-cache-dtype ") + KvCacheDtypeName(kv_dtype_) + ": " + backend->name() +
+                             " reads f32 state rows only (its attention and indexer kernels); use --kv-cache-dtype "
+                             "auto on this device, or the CPU backend");
   max_spare_ = o.max_speculative_tokens >= 0 ? o.max_speculative_tokens : (has_mtp ? 4 : 0);
   num_slots_ = o.slots > 0 ? o.slots : 32;
   const bool mtp = has_mtp && max_spare_ > 0;
@@ -56,6 +77,7 @@ StatePool::StatePool(const ModelConfig& c, bool has_mtp, const StatePoolOptions&
       g.ratio = c.compress_ratio(l);
       g.overlap = c.attention_kind(l) == AttentionKind::kCompressedSparse;
       g.dim = c.head_dim;
+      g.rope_dim = c.rope_dim;
       g.pending_rows = (g.overlap ? 2 : 1) * g.ratio + max_spare_;
       if (g.overlap) {
         g.index_dim = c.index_head_dim;
@@ -64,7 +86,10 @@ StatePool::StatePool(const ModelConfig& c, bool has_mtp, const StatePoolOptions&
     }
     layers_.push_back(g);
     const int64_t f = sizeof(float);
-    block_bytes_ += entries_per_block(g.ratio) * (g.dim + g.index_dim) * f;
+    const DType storage = RowStorage(kv_dtype_);
+    if (g.ratio > 0)
+      block_bytes_ += entries_per_block(g.ratio) *
+                      (KvRowBytes(storage, g.dim, g.rope_dim) + (g.index_dim > 0 ? KvRowBytes(storage, g.index_dim, 0) : 0));
     slot_bytes_ += (g.ring_rows * c.head_dim + g.pending_rows * 2 * (g.overlap ? 2 : 1) * g.dim +
                     g.index_pending_rows * 2 * 2 * g.index_dim) * f;
   }
@@ -92,8 +117,11 @@ StatePool::StatePool(const ModelConfig& c, bool has_mtp, const StatePoolOptions&
   for (int l = 0; l < layers; ++l) {
     const LayerGeometry& g = layers_[l];
     const int64_t epb = entries_per_block(g.ratio);
-    entries_.push_back(g.ratio > 0 ? PoolTensor(backend, {num_blocks_ * epb, g.dim}) : Tensor{});
-    index_keys_.push_back(g.index_dim > 0 ? PoolTensor(backend, {num_blocks_ * epb, g.index_dim}) : Tensor{});
+    const DType storage = RowStorage(kv_dtype_);
+    entries_.push_back(g.ratio > 0 ? PoolTensor(backend, RowShape(kv_dtype_, num_blocks_ * epb, g.dim, g.rope_dim), storage)
+                                   : Tensor{});
+    index_keys_.push_back(g.index_dim > 0 ? PoolTensor(backend, RowShape(kv_dtype_, num_blocks_ * epb, g.index_dim, 0), storage)
+                                          : Tensor{});
     rings_.push_back(PoolTensor(backend, {n_slots * g.ring_rows, c.head_dim}));
     const int64_t w = (g.overlap ? 2 : 1) * g.dim;
     pending_kv_.push_back(g.ratio > 0 ? PoolTensor(backend, {n_slots * g.pending_rows, w}) : Tensor{});
@@ -116,8 +144,8 @@ StatePool::StatePool(const ModelConfig& c, bool has_mtp, const StatePoolOptions&
 
 std::string StatePool::Describe() const {
   return "state pool: " + std::to_string(num_blocks_) + " blocks of " + std::to_string(block_tokens_) +
-         " tokens (" + MiB(block_bytes_) + " each, " + std::to_string(num_blocks_ * block_tokens_) +
-         " tokens of context in all), " + std::to_string(num_slots_) + " state slots of " + MiB(slot_bytes_) +
+         " tokens (" + MiB(block_bytes_) + " each, entries and indexer keys as " + KvCacheDtypeName(kv_dtype_) + ", " +
+         std::to_string(num_blocks_ * block_tokens_) + " tokens of context in all), " + std::to_string(num_slots_) + " state slots of " + MiB(slot_bytes_) +
          " (windows and open compressor windows, " + std::to_string(max_spare_) + " speculative rows); " +
          MiB(static_cast<double>(num_blocks_) * block_bytes_ + static_cast<double>(num_slots_) * slot_bytes_) +
          " on " + backend_->name();

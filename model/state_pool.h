@@ -19,6 +19,7 @@
 #include "common/tensor.h"
 #include "kernels/backend.h"
 #include "model/config.h"
+#include "model/kv_layout.h"
 
 namespace dsmesh {
 
@@ -27,6 +28,9 @@ struct StatePoolOptions {
   int slots = 0;                    // sequence states at once (live + prefix snapshots); 0: 32
   int max_speculative_tokens = -1;  // rows a ring keeps for rollback; -1: 4 when the model has MTP, else 0
   bool external = false;            // the coordinator assigns blocks and slots (worker)
+  // Storage of entries and indexer keys (kernels/kv_rows.h); rings and open windows stay f32. bf16 and
+  // fp8 need a backend that reads such rows (the CPU backend; the CUDA kernels read f32 only).
+  KvCacheDtype kv_dtype = KvCacheDtype::kF32;
 };
 
 class StatePool {
@@ -36,6 +40,7 @@ class StatePool {
     int ratio = 0;             // 0: window only
     bool overlap = false;      // CSA: the compressor keeps the previous window too
     int64_t dim = 0;           // entry width (head_dim)
+    int64_t rope_dim = 0;      // an entry's trailing rope dims (kept in bf16 by the fp8 layout)
     int64_t index_dim = 0;     // indexer key width (CSA), else 0
     int64_t ring_rows = 0;     // sliding_window + max spare
     int64_t pending_rows = 0, index_pending_rows = 0;  // compressor open windows (+ spare)
@@ -51,6 +56,7 @@ class StatePool {
   bool external() const { return external_; }
   int64_t block_bytes() const { return block_bytes_; }   // one block across all layers
   int64_t slot_bytes() const { return slot_bytes_; }     // one state's fixed part
+  KvCacheDtype kv_dtype() const { return kv_dtype_; }
   int64_t entries_per_block(int ratio) const { return ratio > 0 ? block_tokens_ / ratio : 0; }
   const std::vector<LayerGeometry>& layers() const { return layers_; }
   // "state pool: N blocks of T tokens (B bytes/block), S slots of F bytes; capacity C tokens" and so on.
@@ -84,6 +90,7 @@ class StatePool {
   Backend* backend_;
   int block_tokens_ = 0, num_slots_ = 0, max_spare_ = 0;
   bool external_ = false;
+  KvCacheDtype kv_dtype_ = KvCacheDtype::kF32;
   int64_t num_blocks_ = 0, block_bytes_ = 0, slot_bytes_ = 0;
   std::vector<LayerGeometry> layers_;
   std::vector<Tensor> entries_, index_keys_;              // per layer (empty for window-only layers)

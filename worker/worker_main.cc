@@ -33,6 +33,7 @@
 #include "common/systemd_notify.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "model/kv_layout.h"
 #include "model/model.h"
 #include "proto/mesh.grpc.pb.h"
 #include "worker/gloo_communicator.h"
@@ -115,6 +116,11 @@ class Worker {
       device_ = "cuda:" + std::to_string(cuda_device_);
     }
     enforce_eager_ = f.Has("enforce-eager");
+    try {
+      kv_dtype_ = ParseKvCacheDtype(f.Get("kv-cache-dtype", "auto"));
+    } catch (const std::exception& e) {
+      throw UsageError(e.what());
+    }
     gpu_memory_utilization_ = f.GetDouble("gpu-memory-utilization", 0.9);
     if (!(gpu_memory_utilization_ > 0 && gpu_memory_utilization_ <= 1))
       throw UsageError("--gpu-memory-utilization must be in (0, 1]");
@@ -321,6 +327,7 @@ class Worker {
       pool_options.slots = form.state_slots();
       pool_options.max_speculative_tokens = spec;
       pool_options.external = form.state_slots() > 0;
+      pool_options.kv_dtype = kv_dtype_;
       const StatePool& pool = model_->ConfigureStatePool(pool_options);
       std::fprintf(stderr, "[worker %d/%d] %s\n", rank_, world_, pool.Describe().c_str());
       ready->set_kv_pool_blocks(pool.num_blocks());
@@ -400,6 +407,7 @@ class Worker {
 
   std::string model_dir_, device_, data_host_;
   bool enforce_eager_ = false;
+  KvCacheDtype kv_dtype_ = KvCacheDtype::kF32;  // --kv-cache-dtype: storage of entries and indexer keys
   int cuda_device_ = -1;
   double gpu_memory_utilization_ = 0.9;
   bool kv_budget_explicit_ = true;
@@ -428,12 +436,12 @@ int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
   return dsmesh::RunProgram(
       "dsmesh-worker",
-      "dsmesh-worker --rank R --world N --coordinator HOST:PORT --model DIR --device cpu|cuda[:I] [--gpu-memory-utilization F] [--enforce-eager] "
+      "dsmesh-worker --rank R --world N --coordinator HOST:PORT --model DIR --device cpu|cuda[:I] [--gpu-memory-utilization F] [--enforce-eager] [--kv-cache-dtype auto|bf16|fp8] "
       "[--kv-memory BYTES | --kv-memory-fraction F] [--threads T]",
       [&] {
         dsmesh::Flags flags(args, dsmesh::WithMeshCredentialFlags({"rank", "world", "coordinator", "model", "device", "kv-memory",
                                    "kv-memory-fraction", "gpu-memory-utilization", "threads", "data-host",
-                                   "collective-timeout-ms", "enforce-eager"}), {"enforce-eager"});
+                                   "collective-timeout-ms", "enforce-eager", "kv-cache-dtype"}), {"enforce-eager"});
         if (!flags.Has("rank") || !flags.Has("world")) throw dsmesh::UsageError("--rank and --world are required");
         dsmesh::Worker worker(flags);
         return worker.Run();

@@ -16,6 +16,7 @@
 #include "kernels/cpu/dense_linear.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cpu/vec.h"
+#include "kernels/kv_rows.h"
 #include "kernels/exl3/exl3_linear.h"
 #include "kernels/exl3/synthetic_exl3.h"
 
@@ -33,6 +34,25 @@ const float* Row(const PagedRows& p, int64_t e, int64_t dim) {
   return F(*p.pool) + (block * p.rows_per_block + e % p.rows_per_block) * dim;
 }
 int64_t RowWidth(const Tensor& t) { return t.shape.empty() || t.shape[0] == 0 ? 0 : t.numel() / t.shape[0]; }
+
+// Paged rows stored as bf16 or fp8 (--kv-cache-dtype): the first `rows` of them decoded into `storage` as
+// one f32 block that `view` describes; f32 rows are returned as they are.
+PagedRows AsF32Rows(const PagedRows& p, int64_t rows, int64_t dim, std::vector<float>* storage, Tensor* view) {
+  if (!p.pool || p.pool->dtype == DType::kF32 || rows <= 0) return p;
+  storage->resize(static_cast<size_t>(rows * dim));
+  const int64_t bytes = KvRowBytes(p.pool->dtype, dim, p.rope_dim);
+  for (int64_t e = 0; e < rows; ++e) {
+    const int64_t row = static_cast<int64_t>(p.table[e / p.rows_per_block]) * p.rows_per_block + e % p.rows_per_block;
+    DecodeKvRows(static_cast<const uint8_t*>(p.pool->data) + row * bytes, 1, dim, p.rope_dim, p.pool->dtype,
+                 storage->data() + e * dim);
+  }
+  view->dtype = DType::kF32;
+  view->shape = {rows, dim};
+  view->data = storage->data();
+  view->owner.reset();
+  static const int32_t kFirstBlock = 0;
+  return PagedRows{view, rows, &kFirstBlock, 1, 0};
+}
 
 void Require(bool ok, const char* op, const std::string& what) {
   if (!ok) throw std::runtime_error(std::string("cpu backend ") + op + ": " + what);
@@ -347,10 +367,13 @@ class CpuBackend final : public Backend {
   }
 
   // ---- indexer ----
-  void IndexerTopK(const Tensor& q, const Tensor& weights, const PagedRows& keys, int64_t num_keys, int64_t heads,
+  void IndexerTopK(const Tensor& q, const Tensor& weights, const PagedRows& keys_in, int64_t num_keys, int64_t heads,
                    int64_t dim, const int64_t* positions, int ratio, int top_k, Tensor* out) override {
     const int64_t n = q.shape[0];
-    Require(num_keys <= keys.capacity(), "IndexerTopK", "more keys than the block table holds");
+    Require(num_keys <= keys_in.capacity(), "IndexerTopK", "more keys than the block table holds");
+    std::vector<float> decoded;
+    Tensor decoded_view;
+    const PagedRows keys = AsF32Rows(keys_in, num_keys, dim, &decoded, &decoded_view);
     int32_t* o = static_cast<int32_t*>(out->data);
     cpu::ParallelFor(n, n * num_keys * heads * dim, [&](int64_t r) {
       const int64_t valid = std::min<int64_t>(num_keys, (positions[r] + 1) / ratio);
@@ -375,10 +398,15 @@ class CpuBackend final : public Backend {
 
   // ---- attention ----
   void Attention(const Tensor& q, int64_t heads, int64_t d, int64_t start, const Tensor& ring, const Tensor& new_kv,
-                 int window, const PagedRows* entries, int64_t num_entries, int ratio, const Tensor* topk,
+                 int window, const PagedRows* entries_in, int64_t num_entries, int ratio, const Tensor* topk,
                  const Tensor& sinks, float softmax_scale, Tensor* out) override {
     const int64_t n = q.shape[0];
-    Require(!entries || num_entries <= entries->capacity(), "Attention", "more entries than the block table holds");
+    Require(!entries_in || num_entries <= entries_in->capacity(), "Attention", "more entries than the block table holds");
+    std::vector<float> decoded;
+    Tensor decoded_view;
+    PagedRows entries_f32;
+    if (entries_in) entries_f32 = AsF32Rows(*entries_in, num_entries, d, &decoded, &decoded_view);
+    const PagedRows* entries = entries_in ? &entries_f32 : nullptr;
     const int64_t k_cols = topk ? RowWidth(*topk) : 0;
     // Parallel only when the keys x dims work pays for waking the team (the machine may be shared).
     const int64_t work = n * heads * (window + std::min<int64_t>(num_entries, topk ? k_cols : num_entries)) * d;
