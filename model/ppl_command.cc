@@ -44,7 +44,7 @@ double ModelWindowNll(Model& model, const std::vector<int32_t>& window) {
 }
 
 int RunPpl(const std::vector<std::string>& args) {
-  Flags f(args, {"model", "url", "file", "ctx", "chunks", "threads", "device", "tokenizer", "enforce-eager", "api-key",
+  Flags f(args, {"model", "url", "file", "ctx", "chunks", "threads", "device", "tokenizer", "enforce-eager", "kv-cache-dtype", "api-key",
                  "timeout-s"},
           {"enforce-eager"});
   if (f.Has("model") == f.Has("url")) throw UsageError("ppl needs exactly one of --model DIR and --url http://HOST:PORT");
