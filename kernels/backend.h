@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -262,6 +263,35 @@ class Backend {
                           const std::vector<ExpertWeights>& experts, float swiglu_limit, Tensor* out) = 0;
   // out [n, D] += expert(x) (the shared expert).
   virtual void SharedExpert(const Tensor& x, const ExpertWeights& expert, float swiglu_limit, Tensor* out) = 0;
+
+  // ---- vision encoder (a ViT and its aligner; model/vision_tower.cc) ----
+  // Not pure: a backend that has not written them yet throws "<op> is not implemented on <backend>".
+  //
+  // Rotary embedding over rotate-half pairs with an angle per row and pair: x [n, heads * head_dim]; in
+  // every head, (x[i], x[i + head_dim/2]) is rotated by angles[r, i] (angles f32 [n, head_dim/2], backend
+  // memory). The 2D RoPE of a ViT puts a patch's row angles in one part of `angles` and its column angles
+  // in the other.
+  virtual void RotateHalf(Tensor* x, int64_t heads, int64_t head_dim, const Tensor& angles) {
+    NotImplemented("RotateHalf");
+  }
+  // Bidirectional attention inside spans: rows [spans[s], spans[s+1]) attend to every row of their own span
+  // and to no other (one span per image). q, k, v [n, heads*d], spans a host array of num_spans+1 row
+  // offsets from 0 to n. out[r, h] = sum_j softmax_j(q[r,h] . k[j,h] * softmax_scale) v[j,h]; no sink.
+  virtual void SpanAttention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t heads, int64_t d,
+                             const int64_t* spans, int64_t num_spans, float softmax_scale, Tensor* out) {
+    NotImplemented("SpanAttention");
+  }
+  // x = x * (1 + erf(x / sqrt(2))) / 2 (exact GELU, torch's default), in place.
+  virtual void Gelu(Tensor* x) { NotImplemented("Gelu"); }
+  // Non-overlapping r x r blocks of an h x w grid of C-wide rows (row-major): x [h*w, C] ->
+  // out [ceil(h/r) * ceil(w/r), C*r*r], blocks row-major, feature c*r*r + dy*r + dx (torch's F.unfold
+  // order), zeros for cells past the grid's bottom or right edge.
+  virtual void Unfold2D(const Tensor& x, int64_t h, int64_t w, int r, Tensor* out) { NotImplemented("Unfold2D"); }
+
+ private:
+  [[noreturn]] void NotImplemented(const char* op) const {
+    throw std::runtime_error(std::string(op) + " is not implemented on " + name());
+  }
 };
 
 // A row range [begin, begin+count) of a row-major tensor (no copy; pointer arithmetic is valid for host

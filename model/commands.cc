@@ -88,10 +88,12 @@ int RunGenerate(const std::vector<std::string>& args) {
 }
 
 int RunMakeTiny(const std::vector<std::string>& args) {
-  Flags f(args, {"out", "seed"});
+  Flags f(args, {"out", "seed", "vision"}, {"vision"});
   std::string dir = f.Require("out");
   long long seed = f.GetInt("seed", 0);
-  WriteTinyModel(dir, static_cast<uint64_t>(seed));
+  TinyModelSpec spec;
+  spec.vision = f.GetBool("vision", false);  // a tiny vision tower too (DeepSeek-V4-Flash-Vision layout)
+  WriteTinyModel(dir, static_cast<uint64_t>(seed), spec);
   // Ship the real DeepSeek tokenizer beside the weights when this checkout has it, so the demo serves text.
   const char* root = std::getenv("DSMESH_ROOT");
   std::string tok = std::string(root ? root : ".") + "/common/tokenizer/data/deepseek_v4";
@@ -140,6 +142,6 @@ DSMESH_REGISTER_COMMAND(logits, "logits --model DIR --tokens 5,17,9 --out FILE.s
 DSMESH_REGISTER_COMMAND(generate, "generate --model DIR --tokens 5,17,9 --max-new-tokens N [--ignore-eos] [--threads N] [--world N | --coordinator HOST:PORT]",
                         RunGenerate);
 // The macro names commands after a C identifier; "make-tiny" has a dash, so register it directly.
-static CommandRegistration make_tiny_registration("make-tiny", "make-tiny --out DIR [--seed S]", RunMakeTiny);
+static CommandRegistration make_tiny_registration("make-tiny", "make-tiny --out DIR [--seed S] [--vision]", RunMakeTiny);
 
 }  // namespace dsmesh

@@ -244,6 +244,14 @@ ModelConfig ModelConfig::FromJson(const std::string& text, const std::string& sr
     c.num_hash_layers = Opt<int>(j, "num_hash_layers", 0, src);
   }
 
+  try {
+    c.vision = VisionConfig::FromJson(j);
+  } catch (const std::exception& e) {
+    std::string what = e.what();  // VisionConfig names "config.json: "; src says which one
+    if (what.rfind("config.json: ", 0) == 0) what = what.substr(13);
+    Fail(src, what);
+  }
+
   // Sanity: the shapes the forward relies on.
   auto check = [&](bool ok, const std::string& what) {
     if (!ok) Fail(src, what);

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "model/vision_config.h"
+
 namespace dsmesh {
 
 enum class AttentionKind {
@@ -69,6 +71,7 @@ struct ModelConfig {
   int64_t bos_token_id = 0;
   int64_t eos_token_id = 1;
   bool tie_word_embeddings = false;  // lm_head shares the embedding table (then the head may be absent)
+  VisionConfig vision;          // vision_* keys; vision.n_layers 0 (the default) = text only
 
   AttentionKind attention_kind(int layer) const;  // layer in [0, num_layers + num_mtp_layers)
   MlpKind mlp_kind(int layer) const;

@@ -1,6 +1,9 @@
 // Tensor names. The model is described in DeepSeek's checkpoint naming (the one published checkpoints and
 // EXL3 packs use: `layers.3.attn.wq_a.weight`, `layers.3.ffn.experts.7.w1.weight`, `mtp.0.e_proj.weight`);
 // TransformersName() gives the spelling transformers' DeepseekV4ForCausalLM saves the same tensor under.
+// The vision tower of DeepSeek-V4-Flash-Vision has one spelling only, the checkpoint's (vLLM loads it
+// without renaming): vision.patch_embed.proj, vision.blocks.N.{norm1,norm2,attn.wqkv,attn.wo,mlp.w1,mlp.w2},
+// vision.norm, aligner.{w1,w2}, and the sentinel embeddings image_{start,pad,newline,end}.
 #pragma once
 
 #include <string>

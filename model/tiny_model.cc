@@ -14,6 +14,7 @@
 #include "common/half.h"
 #include "common/safetensors.h"
 #include "model/tensor_names.h"
+#include "model/vision_config.h"
 
 namespace dsmesh {
 namespace {
@@ -136,6 +137,31 @@ void WriteBlock(TinyWriter& t, const TinyModelSpec& s, const std::string& p, int
   t.Linear(f + "shared_experts.w2", D, I);
 }
 
+// The vision tower with every bias and sentinel embedding random (none hides behind zero).
+void WriteVision(TinyWriter& t, const TinyModelSpec& s) {
+  const VisionConfig real;  // patch size and merge ratio of the real model
+  const int64_t dim = s.vision_dim, I = s.vision_inter_dim, D = s.hidden_size, p = real.patch_size,
+                r = real.downsample_ratio;
+  auto biased = [&](const std::string& prefix, int64_t out, int64_t in) {
+    t.Linear(prefix, out, in);
+    t.Bf16(prefix + ".bias", {out}, t.Normal(out, 0.1));
+  };
+  biased("vision.patch_embed.proj", dim, 3 * p * p);
+  for (int i = 0; i < s.vision_n_layers; ++i) {
+    const std::string b = "vision.blocks." + std::to_string(i) + ".";
+    t.Norm(b + "norm1.weight", dim);
+    t.Norm(b + "norm2.weight", dim);
+    biased(b + "attn.wqkv", 3 * dim, dim);
+    biased(b + "attn.wo", dim, dim);
+    t.Linear(b + "mlp.w1", 2 * I, dim);
+    t.Linear(b + "mlp.w2", dim, I);
+  }
+  t.Norm("vision.norm.weight", dim);
+  biased("aligner.w1", D, dim * r * r);
+  biased("aligner.w2", D, D);
+  for (const char* name : {"image_start", "image_pad", "image_newline", "image_end"}) t.F32(name, {D}, t.Normal(D, 1.0));
+}
+
 }  // namespace
 
 nlohmann::ordered_json TinyModelConfig(const TinyModelSpec& s) {
@@ -208,6 +234,19 @@ nlohmann::ordered_json TinyModelConfig(const TinyModelSpec& s) {
     c["rope_scaling"] = yarn;
     c["num_nextn_predict_layers"] = s.num_mtp_layers;
   }
+  if (s.vision) {  // the patch, merge and preprocessing keys as the real model has them (VisionConfig defaults)
+    const VisionConfig real;
+    c["vision_n_layers"] = s.vision_n_layers;
+    c["vision_dim"] = s.vision_dim;
+    c["vision_n_heads"] = s.vision_n_heads;
+    c["vision_inter_dim"] = s.vision_inter_dim;
+    c["vision_patch_size"] = real.patch_size;
+    c["vision_downsample_ratio"] = real.downsample_ratio;
+    c["vision_rope_theta"] = real.rope_theta;
+    c["vision_max_n_token"] = real.max_n_token;
+    c["vision_min_pixels"] = real.min_pixels;
+    c["vision_max_wh_ratio"] = *real.max_wh_ratio;
+  }
   return c;
 }
 
@@ -235,6 +274,7 @@ void WriteTinyModel(const std::string& dir, uint64_t seed, const TinyModelSpec& 
       WriteBlock(t, s, p, 0, false, -1);
     }
   }
+  if (s.vision) WriteVision(t, s);
   t.writer().SetMetadata("format", "pt");
   t.writer().Write(dir + "/model.safetensors");
 

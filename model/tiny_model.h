@@ -35,6 +35,14 @@ struct TinyModelSpec {
   double routed_scaling_factor = 1.5;
   double swiglu_limit = 10.0;
   bool transformers_naming = false;  // write transformers' names and config spelling instead of DeepSeek's
+  // A tiny DeepSeek-V4-Flash-Vision tower (vision.*, aligner.*, image_*; vision_* config keys) after the
+  // language model's tensors, which stay the same bytes. Patch size and the preprocessing keys keep the
+  // real model's values, so real images go through the real preprocessing; only the tower is small.
+  bool vision = false;
+  int vision_n_layers = 2;
+  int vision_dim = 64;
+  int vision_n_heads = 4;
+  int vision_inter_dim = 96;
 };
 
 // The config.json that WriteTinyModel writes for `spec` (checkpoint or transformers spelling).

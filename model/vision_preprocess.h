@@ -21,29 +21,10 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "common/image/image_decode.h"
+#include "model/vision_config.h"
 
 namespace dsmesh {
-
-// The vision_* keys of a DeepSeek-V4 config.json, with the defaults of vLLM's DeepseekV4Config
-// (vllm/transformers_utils/configs/deepseek_v4.py); vision_n_layers 0 means text only.
-struct VisionConfig {
-  int n_layers = 0;
-  int dim = 1024;
-  int n_heads = 16;
-  int inter_dim = 2816;
-  int patch_size = 14;
-  double rope_theta = 10000.0;
-  int downsample_ratio = 3;
-  int max_n_token = 384;
-  int64_t min_pixels = 147456;
-  std::optional<double> max_wh_ratio = 8.0;  // null in config.json: no clamp
-
-  // Throws std::runtime_error naming the key for a wrong type or a value out of range.
-  static VisionConfig FromJson(const nlohmann::json& config);
-};
 
 // The grids one image gets.
 struct ImageGrid {

@@ -273,6 +273,47 @@ class WeightLoader {
     return DenseLinear(ds, w, r0, r1, c0, c1);
   }
 
+  // A linear with a bias `<prefix>.bias` [out]; rows [r0, r1) of both. (An EXL3 linear brings its own bias.)
+  LinearWeight BiasedLinear(const std::string& prefix, int64_t out, int64_t in, int64_t r0 = 0, int64_t r1 = -1) {
+    if (r1 < 0) r1 = out;
+    LinearWeight lw = Linear(prefix, out, in, r0, r1);
+    if (!lw.is_exl3()) lw.bias = F32(prefix + ".bias", {out}, r0, r1);
+    return lw;
+  }
+
+  // The ViT, the aligner and the sentinel embeddings (names as vLLM's vl_model.py / vision.py load them
+  // from the checkpoint: vision.*, aligner.*, image_*), every size from the vision_* config keys.
+  VisionWeights Vision() {
+    const VisionConfig& v = c_.vision;
+    const int64_t dim = v.dim, I = v.inter_dim, H = c_.hidden_size;
+    const int64_t patch_in = 3LL * v.patch_size * v.patch_size;
+    const int64_t merged = dim * v.downsample_ratio * v.downsample_ratio;
+    VisionWeights w;
+    w.patch_embed = BiasedLinear("vision.patch_embed.proj", dim, patch_in);
+    for (int i = 0; i < v.n_layers; ++i) {
+      const std::string p = "vision.blocks." + std::to_string(i) + ".";
+      VisionBlockWeights b;
+      b.norm1 = F32(p + "norm1.weight", {dim});
+      b.norm2 = F32(p + "norm2.weight", {dim});
+      b.wq = BiasedLinear(p + "attn.wqkv", 3 * dim, dim, 0, dim);
+      b.wk = BiasedLinear(p + "attn.wqkv", 3 * dim, dim, dim, 2 * dim);
+      b.wv = BiasedLinear(p + "attn.wqkv", 3 * dim, dim, 2 * dim, 3 * dim);
+      b.wo = BiasedLinear(p + "attn.wo", dim, dim);
+      b.mlp.w1 = Linear(p + "mlp.w1", 2 * I, dim, 0, I);
+      b.mlp.w3 = Linear(p + "mlp.w1", 2 * I, dim, I, 2 * I);
+      b.mlp.w2 = Linear(p + "mlp.w2", dim, I);
+      w.blocks.push_back(std::move(b));
+    }
+    w.norm = F32("vision.norm.weight", {dim});
+    w.aligner_w1 = BiasedLinear("aligner.w1", H, merged);
+    w.aligner_w2 = BiasedLinear("aligner.w2", H, H);
+    w.image_start = F32("image_start", {H});
+    w.image_pad = F32("image_pad", {H});
+    w.image_newline = F32("image_newline", {H});
+    w.image_end = F32("image_end", {H});
+    return w;
+  }
+
   HcWeights Hc(const std::string& p, int rows) {
     const int64_t hcD = c_.hc_mult * c_.hidden_size;
     HcWeights h;
@@ -470,6 +511,10 @@ ModelWeights LoadAll(WeightLoader& ld, const Checkpoint& ckpt, const ModelConfig
     mw.block = ld.Block(c.num_layers + m, p);
     w.mtp.push_back(std::move(mw));
   }
+  if (c.vision.enabled()) {
+    w.vision = ld.Vision();
+    report("vision tower");
+  }
   w.bytes = ld.bytes() + embed.nbytes();
   w.exl3_linears = ld.exl3_linears();
   w.dense_linears = ld.dense_linears();
@@ -492,6 +537,13 @@ std::string DescribeWeights(const ModelWeights& w) {
 ModelWeights LoadWeights(const Checkpoint& ckpt, const ModelConfig& c, const ShardLayout& l, Backend& be) {
   WeightLoader ld(ckpt, c, l, be);
   return LoadAll(ld, ckpt, c, l, be, /*progress=*/false);
+}
+
+VisionWeights LoadVisionWeights(const Checkpoint& ckpt, const ModelConfig& c, Backend& be) {
+  if (!c.vision.enabled()) throw std::runtime_error(c.source + ": vision_n_layers is 0 (no vision tower)");
+  const ShardLayout whole;  // the tower is replicated: no slicing
+  WeightLoader ld(ckpt, c, whole, be);
+  return ld.Vision();
 }
 
 ModelWeights LoadSyntheticWeights(const SyntheticSpec& spec, const ModelConfig& c, const ShardLayout& l, Backend& be) {

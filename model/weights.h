@@ -66,6 +66,24 @@ struct MtpWeights {
   BlockWeights block;
 };
 
+// DeepSeek-V4-Flash-Vision's ViT block (tensors `vision.blocks.N.*`; vLLM's common/vision.py names).
+struct VisionBlockWeights {
+  Tensor norm1, norm2;      // f32 [dim]
+  LinearWeight wq, wk, wv;  // rows [0, dim), [dim, 2dim), [2dim, 3dim) of the fused attn.wqkv [3dim, dim] + bias
+  LinearWeight wo;          // attn.wo [dim, dim] + bias
+  ExpertWeights mlp;        // SwiGLU, no biases: w1/w3 = gate/up rows of the fused mlp.w1 [2I, dim], w2 = mlp.w2
+};
+
+// The vision tower (ViT + aligner) and the learned embeddings of the image block's sentinel tokens.
+// Replicated on every tensor-parallel rank.
+struct VisionWeights {
+  LinearWeight patch_embed;                 // vision.patch_embed.proj [dim, 3*p*p] + bias
+  std::vector<VisionBlockWeights> blocks;
+  Tensor norm;                              // vision.norm f32 [dim]
+  LinearWeight aligner_w1, aligner_w2;      // [hidden, dim*r*r] + bias, [hidden, hidden] + bias
+  Tensor image_start, image_pad, image_newline, image_end;  // f32 [hidden]
+};
+
 struct ModelWeights {
   Tensor embed;         // [vocab, D] (replicated); an F8_E4M3 + scale checkpoint table is dequantized to bf16
   LinearWeight head;    // [vocab rows of this rank, D]
@@ -74,6 +92,7 @@ struct ModelWeights {
   HcWeights hc_head;
   std::vector<BlockWeights> layers;
   std::vector<MtpWeights> mtp;
+  VisionWeights vision;  // loaded when config.vision.n_layers > 0
   size_t bytes = 0;     // weight bytes held by this rank
   // How the checkpoint stored them (for the load log line and tests).
   std::string embed_storage;  // "BF16", "F8_E4M3 + F32 scale [129280, 1] (dequantized to BF16)", ...
@@ -94,6 +113,10 @@ ShardLayout MakeShardLayout(const ModelConfig& config, const ShardSpec& shard);
 
 ModelWeights LoadWeights(const Checkpoint& ckpt, const ModelConfig& config, const ShardLayout& layout,
                          Backend& backend);
+
+// Only the vision tower and sentinel embeddings (config.vision.n_layers > 0), for tests and tools that
+// run the tower without the language model.
+VisionWeights LoadVisionWeights(const Checkpoint& ckpt, const ModelConfig& config, Backend& backend);
 
 struct SyntheticSpec;  // model/synthetic.h
 // The same weights built from a seed (model/synthetic.h), printing progress per layer on stderr.

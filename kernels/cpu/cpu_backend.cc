@@ -16,9 +16,10 @@
 #include "kernels/cpu/dense_linear.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cpu/vec.h"
-#include "kernels/kv_rows.h"
+#include "kernels/cpu/vision_ops.h"
 #include "kernels/exl3/exl3_linear.h"
 #include "kernels/exl3/synthetic_exl3.h"
+#include "kernels/kv_rows.h"
 
 namespace dsmesh {
 namespace {
@@ -525,6 +526,34 @@ class CpuBackend final : public Backend {
     std::vector<int64_t> rows(x.shape[0]);
     std::iota(rows.begin(), rows.end(), 0);
     RunExpert(x, rows, std::vector<float>(rows.size(), 1.0f), expert, limit, out);
+  }
+
+  // ---- vision encoder (kernels/cpu/vision_ops.cc) ----
+  void RotateHalf(Tensor* x, int64_t heads, int64_t head_dim, const Tensor& angles) override {
+    const int64_t n = x->shape[0];
+    Require(head_dim % 2 == 0 && RowWidth(*x) == heads * head_dim, "RotateHalf", "x shape");
+    Require(angles.numel() == n * head_dim / 2, "RotateHalf", "angles shape");
+    cpu::RotateHalf(F(*x), n, heads, head_dim, F(angles));
+  }
+
+  void SpanAttention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t heads, int64_t d,
+                     const int64_t* spans, int64_t num_spans, float softmax_scale, Tensor* out) override {
+    const int64_t n = q.shape[0], width = heads * d;
+    Require(RowWidth(q) == width && RowWidth(k) == width && RowWidth(v) == width && RowWidth(*out) == width,
+            "SpanAttention", "row widths");
+    Require(k.shape[0] == n && v.shape[0] == n && out->shape[0] == n, "SpanAttention", "row counts");
+    Require(num_spans >= 0 && spans[0] == 0 && spans[num_spans] == n, "SpanAttention", "spans must cover rows 0..n");
+    for (int64_t s = 0; s < num_spans; ++s) Require(spans[s] <= spans[s + 1], "SpanAttention", "spans not ascending");
+    cpu::SpanAttention(F(q), F(k), F(v), heads, d, spans, num_spans, softmax_scale, F(*out));
+  }
+
+  void Gelu(Tensor* x) override { cpu::Gelu(F(*x), x->numel()); }
+
+  void Unfold2D(const Tensor& x, int64_t h, int64_t w, int r, Tensor* out) override {
+    Require(r >= 1 && x.shape[0] == h * w, "Unfold2D", "x rows != h * w");
+    const int64_t C = RowWidth(x), blocks = ((h + r - 1) / r) * ((w + r - 1) / r);
+    Require(out->shape[0] == blocks && RowWidth(*out) == C * r * r, "Unfold2D", "output shape");
+    cpu::Unfold2D(F(x), h, w, C, r, F(*out));
   }
 };
 
