@@ -1,9 +1,11 @@
 // Cost of one constrained step of one sequence on one core: Mask() (the allowed-token bitset for the
 // sequence's state, budget-aware) + AdvanceToken(), over random walks on every schema of
 // testdata/schemas.json and json_object, on the real 129,280-token vocabulary. Prints p50/p99/max for the
-// first request with a schema (cold: states and masks are computed as they are reached) and for a repeat
-// request (warm: the compiled grammar is cached by spec text, as in the worker).
-//   bazel run -c opt //common/structured:mask_bench
+// first request with a schema (cold: the grammar was just compiled) and for a repeat request (warm), next
+// to the 50 us target, and the compile time per schema (spec -> NFA, and the mask precomputation).
+// Runs twice: with the precomputed mask table (what the worker does) and with lazy masks (each state's
+// mask computed on its first visit, the earlier design), for comparison.
+//   bazel build -c opt //common/structured:mask_bench && bazel-bin/common/structured/mask_bench
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -19,43 +21,60 @@ using namespace dsmesh::structured;
 using json = nlohmann::json;
 
 namespace {
+
+constexpr double kTargetUs = 50;
+
 double Us(std::chrono::steady_clock::time_point a) {
   return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - a).count();
 }
-void Report(const char* what, std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  auto q = [&](double p) { return v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))]; };
-  std::printf("%-34s steps %6zu  p50 %8.2f us  p90 %8.2f us  p99 %8.2f us  max %9.1f us\n", what, v.size(), q(0.5),
-              q(0.9), q(0.99), v.back());
-}
-}  // namespace
 
-int main() {
-  std::string f = RepoFile("common/tokenizer/data/deepseek_v4/tokenizer.json");
-  auto tok = Tokenizer::Load(f.substr(0, f.rfind('/')));
-  std::ifstream in(RepoFile("common/structured/testdata/schemas.json"));
-  json schemas = json::parse(in);
-  std::vector<std::string> specs;
-  for (const auto& s : schemas) specs.push_back(json{{"type", "json_schema"}, {"schema", s["schema"]}}.dump());
-  specs.push_back(R"({"type":"json_object"})");
-  GrammarCache cache(tok, 129280);
+double Quantile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))];
+}
+
+void Report(const char* what, const std::vector<double>& v, const char* unit = "us", double scale = 1,
+            bool target = true) {
+  const double max = *std::max_element(v.begin(), v.end()) / scale;
+  std::printf("%-38s n %5zu  p50 %9.2f %s  p90 %9.2f %s  p99 %9.2f %s  max %9.2f %s", what, v.size(),
+              Quantile(v, 0.5) / scale, unit, Quantile(v, 0.9) / scale, unit, Quantile(v, 0.99) / scale, unit,
+              max, unit);
+  if (target) std::printf("  [target %.0f us: %s]", kTargetUs, max <= kTargetUs ? "every step meets it" : "NOT met");
+  std::printf("\n");
+}
+
+struct Slow {
+  double us;
+  size_t spec, allowed;
+  int step;
+  bool tail;
+  uint64_t tables, masks;  // budget tables / masks built in the step
+};
+
+void Run(const std::shared_ptr<const Tokenizer>& tok, const json& schemas, const std::vector<std::string>& specs,
+         bool precompute) {
+  std::printf("\n== %s ==\n", precompute ? "precomputed mask table (the worker's path)" : "lazy masks (no precomputation)");
+  GrammarCache cache(tok, 129280, 64, CompiledGrammar::kDefaultCacheBytes, precompute);
   auto t0 = std::chrono::steady_clock::now();
-  cache.Get(specs[0]);  // builds the vocabulary trie once
+  cache.Get(R"({"type":"json_schema","schema":{"type":"boolean"}})");  // builds the vocabulary trie once
   std::printf("vocabulary trie: %.1f ms (once per worker)\n", Us(t0) / 1000);
-  std::vector<double> compile, cold, warm, warm_far;
-  struct Slow {
-    double us;
-    size_t spec, allowed;
-    int step;
-    bool tail, walked;  // walked: a mask computed by walking the whole vocabulary
-  };
-  std::vector<Slow> slow;  // the slowest cold steps, to say where the cost is
+  std::vector<double> nfa, compile, pre, cold, warm, warm_far;
+  std::vector<Slow> slow;
   const int budget = 256;
   for (int pass = 0; pass < 2; ++pass) {
     for (size_t i = 0; i < specs.size(); ++i) {
+      if (pass == 0) {
+        auto n0 = std::chrono::steady_clock::now();
+        CheckSpec(specs[i]);  // spec -> NFA alone
+        nfa.push_back(Us(n0));
+      }
       auto c0 = std::chrono::steady_clock::now();
       auto g = cache.Get(specs[i]);
-      if (pass == 0) compile.push_back(Us(c0));
+      if (pass == 0) {
+        compile.push_back(Us(c0));
+        const auto& p = g->precompute_stats();
+        pre.push_back((p.expand_ms + p.classes_ms + p.masks_ms) * 1000);
+      }
       for (uint64_t seed = 1; seed <= 3; ++seed) {
         std::mt19937_64 rng(seed * 1000 + i);
         std::vector<uint64_t> scratch;
@@ -65,8 +84,6 @@ int main() {
           auto s0 = std::chrono::steady_clock::now();
           const uint64_t* m = g->Mask(state, budget - step, &scratch);
           double us = Us(s0);
-          const auto after = g->cache_stats();
-          const bool walked = after.full_masks > before.full_masks && after.text_shortcut == before.text_shortcut;
           // Pick the k-th allowed token (uniform), outside the timing: that is the sampler's job.
           size_t count = 0;
           for (size_t w = 0; w < g->words(); ++w) count += __builtin_popcountll(m[w]);
@@ -74,51 +91,87 @@ int main() {
           int32_t tok_id = -1;
           for (size_t w = 0; w < g->words() && tok_id < 0; ++w) {
             size_t c = __builtin_popcountll(m[w]);
-            if (k >= c) { k -= c; continue; }
+            if (k >= c) {
+              k -= c;
+              continue;
+            }
             uint64_t b = m[w];
             while (k--) b &= b - 1;
             tok_id = static_cast<int32_t>(w * 64 + __builtin_ctzll(b));
           }
           const bool tail = budget - step <= g->Distance(state) + 64;
-          if (tok_id == *tok->eos_id()) { (pass ? warm : cold).push_back(us); break; }
+          if (tok_id == *tok->eos_id()) {
+            (pass ? warm : cold).push_back(us);
+            break;
+          }
           auto a0 = std::chrono::steady_clock::now();
           state = g->AdvanceToken(state, tok_id);
           us += Us(a0);
           (pass ? warm : cold).push_back(us);
-          if (!pass) slow.push_back({us, i, count, step, tail, walked});
+          const auto after = g->cache_stats();
+          if (!pass)
+            slow.push_back({us, i, count, step, tail, after.tail_tables - before.tail_tables,
+                            after.tail_masks - before.tail_masks});
           if (pass && budget - step > g->Distance(state) + 64) warm_far.push_back(us);
         }
       }
     }
   }
-  // What the mask caches hold after both passes (bounded per grammar), and how many masks used the
-  // text-token table instead of walking the whole vocabulary.
-  size_t bytes = 0, entries = 0, states = 0;
-  uint64_t evictions = 0, masks = 0, shortcut = 0;
+  size_t bytes = 0, entries = 0, states = 0, classes = 0, distinct = 0, full = 0;
+  uint64_t evictions = 0, masks = 0, tables = 0, tail_masks = 0;
   for (const auto& spec : specs) {
     auto g = cache.Get(spec);
     auto s = g->cache_stats();
+    const auto& p = g->precompute_stats();
     bytes += s.bytes;
     entries += s.entries;
     evictions += s.evictions;
     masks += s.full_masks;
-    shortcut += s.text_shortcut;
+    tables += s.tail_tables;
+    tail_masks += s.tail_masks;
     states += g->num_states();
+    classes += p.classes;
+    distinct += p.distinct_masks;
+    full += p.done;
   }
-  std::printf("DFA states %zu; masks computed %llu (%llu with the text-token table); cache %zu entries, %.1f MiB "
-              "(bound %.0f MiB per grammar), %llu evictions\n",
-              states, static_cast<unsigned long long>(masks), static_cast<unsigned long long>(shortcut), entries,
+  std::printf("DFA states %zu; %zu of %zu grammars fully precomputed (%zu classes of equivalent states, %zu distinct "
+              "masks); masks computed lazily %llu; cache %zu entries, %.1f MiB in all (bound %.0f MiB per grammar), "
+              "%llu evictions\n",
+              states, full, specs.size(), classes, distinct, static_cast<unsigned long long>(masks), entries,
               bytes / 1048576.0, CompiledGrammar::kDefaultCacheBytes / 1048576.0,
               static_cast<unsigned long long>(evictions));
+  std::printf("budget tables built %llu, budget masks built %llu\n", static_cast<unsigned long long>(tables),
+              static_cast<unsigned long long>(tail_masks));
   std::sort(slow.begin(), slow.end(), [](const Slow& a, const Slow& b) { return a.us > b.us; });
-  for (size_t k = 0; k < std::min<size_t>(5, slow.size()); ++k)
-    std::printf("slow cold step: %8.1f us  %s (spec %zu), step %d, %zu tokens allowed%s%s\n", slow[k].us,
+  for (size_t k = 0; k < std::min<size_t>(8, slow.size()); ++k)
+    std::printf("slow cold step: %8.1f us  %s (spec %zu), step %d, %zu tokens allowed%s%s%s\n", slow[k].us,
                 slow[k].spec < schemas.size() ? schemas[slow[k].spec]["name"].get<std::string>().c_str() : "json_object",
                 slow[k].spec, slow[k].step, slow[k].allowed, slow[k].tail ? ", budget tail" : "",
-                slow[k].walked ? ", whole vocabulary walked" : "");
-  Report("compile spec -> NFA (per schema)", compile);
+                slow[k].tables ? ", built a budget table" : "", slow[k].masks ? ", built a budget mask" : "");
+  size_t worst = std::max_element(compile.begin(), compile.end()) - compile.begin();
+  Report("compile: spec -> NFA (per schema)", nfa, "ms", 1000, false);
+  if (precompute) Report("compile: mask precomputation", pre, "ms", 1000, false);
+  Report("compile: total (GrammarCache::Get)", compile, "ms", 1000, false);
+  std::printf("slowest compile: %s, %.2f ms\n",
+              worst < schemas.size() ? schemas[worst]["name"].get<std::string>().c_str() : "json_object",
+              compile[worst] / 1000);
   Report("step, first request (cold)", cold);
   Report("step, repeat request (warm)", warm);
   Report("step, warm, outside budget tail", warm_far);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string f = RepoFile("common/tokenizer/data/deepseek_v4/tokenizer.json");
+  auto tok = Tokenizer::Load(f.substr(0, f.rfind('/')));
+  std::ifstream in(RepoFile("common/structured/testdata/schemas.json"));
+  json schemas = json::parse(in);
+  std::vector<std::string> specs;
+  for (const auto& s : schemas) specs.push_back(json{{"type", "json_schema"}, {"schema", s["schema"]}}.dump());
+  specs.push_back(R"({"type":"json_object"})");
+  const bool lazy_too = !(argc > 1 && std::string(argv[1]) == "--precomputed-only");
+  Run(tok, schemas, specs, true);
+  if (lazy_too) Run(tok, schemas, specs, false);
   return 0;
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <deque>
 #include <limits>
+#include <stdexcept>
 
 #include <nlohmann/json.hpp>
 
@@ -69,31 +70,33 @@ ByteTrie BuildTrie(const std::vector<std::string>& bytes, const std::vector<int3
     (*next_same)[id] = tmp[node].token;
     tmp[node].token = id;
   }
-  // Preorder numbering (smallest byte first).
-  std::vector<uint32_t> order, new_index(tmp.size()), stack = {0};
-  order.reserve(tmp.size());
-  while (!stack.empty()) {
-    const uint32_t n = stack.back();
-    stack.pop_back();
-    new_index[n] = static_cast<uint32_t>(order.size());
-    order.push_back(n);
-    auto& ch = tmp[n].children;
-    std::sort(ch.begin(), ch.end());
-    for (auto it = ch.rbegin(); it != ch.rend(); ++it) stack.push_back(it->second);
-  }
+  // Preorder (smallest byte first); `end` is filled when a node's subtree is done.
   ByteTrie t;
-  t.first.assign(order.size() + 1, 0);
-  t.node_token.resize(order.size());
-  for (size_t i = 0; i < order.size(); ++i) {
-    const TmpNode& n = tmp[order[i]];
-    t.node_token[i] = n.token;
-    t.first[i] = static_cast<uint32_t>(t.child_node.size());
-    for (auto& [byte, idx] : n.children) {
-      t.child_byte.push_back(byte);
-      t.child_node.push_back(new_index[idx]);
+  t.nodes_pre.reserve(tmp.size());
+  struct Frame {
+    uint32_t tmp_node, pre;
+    uint8_t byte;
+    uint16_t depth;
+    bool expanded;
+  };
+  std::vector<Frame> stack = {{0, 0, 0, 0, false}};
+  while (!stack.empty()) {
+    Frame& f = stack.back();
+    if (f.expanded) {
+      t.nodes_pre[f.pre].end = static_cast<uint32_t>(t.nodes_pre.size());
+      stack.pop_back();
+      continue;
     }
+    f.expanded = true;
+    f.pre = static_cast<uint32_t>(t.nodes_pre.size());
+    if (f.depth > 0xFFFF - 1) throw std::runtime_error("token longer than 65535 bytes");
+    t.nodes_pre.push_back({0, tmp[f.tmp_node].token, f.byte, 0, f.depth});
+    t.max_depth = std::max(t.max_depth, f.depth);
+    auto ch = tmp[f.tmp_node].children;
+    std::sort(ch.begin(), ch.end());
+    const uint16_t depth = static_cast<uint16_t>(f.depth + 1);  // f may move when the stack grows
+    for (auto it = ch.rbegin(); it != ch.rend(); ++it) stack.push_back({it->second, 0, it->first, depth, false});
   }
-  t.first[order.size()] = static_cast<uint32_t>(t.child_node.size());
   return t;
 }
 
@@ -334,29 +337,38 @@ int32_t CompiledGrammar::TextLimit(int32_t state) {
   return limit;
 }
 
-// Adds to `mask` every token of `trie` the DFA accepts from `state`: one walk that prunes each subtree the
-// DFA rejects.
-void CompiledGrammar::WalkTrie(const ByteTrie& t, int32_t state, uint64_t* mask) {
-  stack_node_.assign(1, 0);
-  stack_state_.assign(1, state);
-  while (!stack_node_.empty()) {
-    const uint32_t node = stack_node_.back();
-    const int32_t st = stack_state_.back();
-    stack_node_.pop_back();
-    stack_state_.pop_back();
-    const size_t row = static_cast<size_t>(st) * 256;
-    for (uint32_t c = t.first[node]; c < t.first[node + 1]; ++c) {
-      const uint8_t byte = t.child_byte[c];
-      int32_t ns = trans_[row + byte];
-      if (ns == -2) ns = Next(st, byte);
-      if (ns < 0) continue;
-      const uint32_t child = t.child_node[c];
-      for (int32_t tok = t.node_token[child]; tok >= 0; tok = trie_->next_same(tok)) mask[tok >> 6] |= 1ull << (tok & 63);
-      if (t.first[child] != t.first[child + 1]) {
-        stack_node_.push_back(child);
-        stack_state_.push_back(ns);
+// Adds to `mask` every token of `trie` the DFA accepts from `state`: one pass over the preorder nodes
+// that jumps past each subtree the DFA rejects. The state of a node's parent is the one last set at the
+// parent's depth, so a small array by depth replaces a stack.
+template <bool kAfter>
+void CompiledGrammar::WalkTrie(const ByteTrie& t, int32_t state, uint64_t* mask, int32_t* after) {
+  walk_states_.resize(static_cast<size_t>(t.max_depth) + 1);
+  int32_t* at = walk_states_.data();
+  at[0] = state;
+  const ByteTrie::Node* nodes = t.nodes_pre.data();
+  const uint32_t n_nodes = static_cast<uint32_t>(t.nodes());
+  const int32_t* trans = trans_.data();
+  for (uint32_t n = 1; n < n_nodes;) {
+    const ByteTrie::Node& node = nodes[n];
+    const int32_t parent = at[node.depth - 1];
+    int32_t ns = trans[static_cast<size_t>(parent) * 256 + node.byte];
+    if (ns == -2) {
+      ns = Next(parent, node.byte);
+      trans = trans_.data();  // Next may have grown trans_
+    }
+    if (ns < 0) {
+      n = node.end;
+      continue;
+    }
+    at[node.depth] = ns;
+    if (node.token >= 0) {
+      for (int32_t tok = node.token; tok >= 0; tok = trie_->next_same(tok)) mask[tok >> 6] |= 1ull << (tok & 63);
+      if constexpr (kAfter) {
+        after[0] = std::min(after[0], dist_[ns]);
+        after[1] = std::max(after[1], dist_[ns]);
       }
     }
+    ++n;
   }
 }
 
@@ -386,7 +398,7 @@ CompiledGrammar::Entry& CompiledGrammar::Insert(uint64_t key, Entry entry) {
 }
 
 void CompiledGrammar::Evict() {
-  while (cache_bytes_ > cache_limit_ && lru_.size() > touched_) {
+  while (cache_bytes_ + pre_stats_.bytes > cache_limit_ && lru_.size() > touched_) {
     auto it = cache_.find(lru_.back());
     cache_bytes_ -= it->second.bytes;
     cache_.erase(it);
@@ -396,21 +408,18 @@ void CompiledGrammar::Evict() {
 }
 
 CompiledGrammar::CacheStats CompiledGrammar::cache_stats() const {
-  return {cache_bytes_, cache_limit_, cache_.size(), evictions_, full_masks_, text_shortcut_};
+  return {cache_bytes_ + pre_stats_.bytes, cache_limit_, cache_.size(), evictions_, full_masks_, text_shortcut_,
+          tail_tables_, tail_masks_};
 }
 
-const uint64_t* CompiledGrammar::FullMask(int32_t state) {
-  if (Entry* e = Find(Key(kFullMask, state))) return e->bits.get();
-  Entry e;
-  e.bits = std::make_unique<uint64_t[]>(words_);
-  e.bytes = words_ * sizeof(uint64_t);
-  uint64_t* mask = e.bits.get();
-  std::fill(mask, mask + words_, 0);
+// Returns whether the text-token table was used.
+bool CompiledGrammar::ComputeMask(int32_t state, uint64_t* mask, int32_t* after) {
   const int32_t limit = TextLimit(state);
-  if (limit == kNoShortcut) {
-    WalkTrie(trie_->all(), state, mask);
+  const bool shortcut = limit != kNoShortcut;
+  if (!shortcut) {
+    if (after) WalkTrie<true>(trie_->all(), state, mask, after);
+    else WalkTrie<false>(trie_->all(), state, mask, nullptr);
   } else {
-    ++text_shortcut_;
     if (limit == trie_->max_text_chars()) {
       const uint64_t* text = trie_->text_bits();
       for (size_t w = 0; w < words_; ++w) mask[w] |= text[w];
@@ -418,10 +427,41 @@ const uint64_t* CompiledGrammar::FullMask(int32_t state) {
       const auto& text = trie_->text_tokens();
       for (size_t i = 0, end = trie_->text_start(limit); i < end; ++i) mask[text[i] >> 6] |= 1ull << (text[i] & 63);
     }
-    WalkTrie(trie_->rest(), state, mask);
+    if (after) {
+      // Text tokens of n characters end n steps along the CharTarget chain.
+      for (int32_t n = 1, s = state; n <= limit; ++n) {
+        s = CharTarget(s);
+        if (trie_->text_start(n) > trie_->text_start(n - 1)) {
+          after[0] = std::min(after[0], Distance(s));
+          after[1] = std::max(after[1], Distance(s));
+        }
+      }
+      WalkTrie<true>(trie_->rest(), state, mask, after);
+    } else {
+      WalkTrie<false>(trie_->rest(), state, mask, nullptr);
+    }
   }
   const int32_t eos = trie_->eos();
   if (Accepting(state) && eos >= 0) mask[eos >> 6] |= 1ull << (eos & 63);
+  return shortcut;
+}
+
+std::vector<uint64_t> CompiledGrammar::ComputeMaskForTest(int32_t state) {
+  std::vector<uint64_t> mask(words_, 0);
+  ComputeMask(state, mask.data(), nullptr);
+  return mask;
+}
+
+const uint64_t* CompiledGrammar::FullMask(int32_t state) {
+  if (static_cast<size_t>(state) < state_mask_.size() && state_mask_[state] >= 0)
+    return pre_masks_[state_mask_[state]].get();
+  if (Entry* e = Find(Key(kFullMask, state))) return e->bits.get();
+  Entry e;
+  e.bits = std::make_unique<uint64_t[]>(words_);
+  e.bytes = words_ * sizeof(uint64_t);
+  uint64_t* mask = e.bits.get();
+  std::fill(mask, mask + words_, 0);
+  if (ComputeMask(state, mask, nullptr)) ++text_shortcut_;
   ++full_masks_;
   return Insert(Key(kFullMask, state), std::move(e)).bits.get();
 }
@@ -430,6 +470,7 @@ const uint64_t* CompiledGrammar::FullMask(int32_t state) {
 // grouped by character count (the state after n characters is the same for all of them).
 const CompiledGrammar::TailTable& CompiledGrammar::Tail(int32_t state, const uint64_t* full) {
   if (Entry* e = Find(Key(kTailTable, state))) return e->table;
+  ++tail_tables_;
   Entry e;
   TailTable& t = e.table;
   const int32_t limit = TextLimit(state);
@@ -468,6 +509,13 @@ const uint64_t* CompiledGrammar::Mask(int32_t state, int64_t remaining, std::vec
     Evict();
     return full;
   }
+  // Precomputed: when every allowed token leaves a completion within the budget, the tail mask is the
+  // full one (the table below would keep every token).
+  if (static_cast<size_t>(state) < after_max_.size() &&
+      after_max_[state] <= std::max<int64_t>(remaining - 1, after_min_[state])) {
+    Evict();
+    return full;
+  }
   // Per (state, limit): the mask of the tokens whose shortest completion fits, cached.
   const TailTable& t = Tail(state, full);
   const int64_t limit = std::max<int64_t>(remaining - 1, t.best);
@@ -476,6 +524,7 @@ const uint64_t* CompiledGrammar::Mask(int32_t state, int64_t remaining, std::vec
     Evict();
     return e->bits.get();
   }
+  ++tail_masks_;
   Entry e;
   e.bits = std::make_unique<uint64_t[]>(words_);
   e.bytes = words_ * sizeof(uint64_t);
@@ -514,6 +563,7 @@ std::shared_ptr<CompiledGrammar> GrammarCache::Get(const std::string& spec_text)
   auto& trie = added ? with_added_ : plain_;
   if (!trie) trie = std::make_shared<VocabTrie>(*tokenizer_, vocab_size_, added);
   auto g = std::make_shared<CompiledGrammar>(std::move(nfa), trie, cache_bytes_);
+  if (precompute_) g->Precompute();
   if (entries_.size() >= capacity_) {
     auto oldest = entries_.begin();
     for (auto e = entries_.begin(); e != entries_.end(); ++e)

@@ -30,14 +30,20 @@
 
 namespace dsmesh::structured {
 
-// A byte trie over some tokens, nodes in depth-first preorder (a walk reads them nearly in memory order).
+// A byte trie over some tokens, as its nodes in depth-first preorder (children by byte). A walk reads it
+// front to back and skips a rejected subtree by jumping to `end`, so it touches memory in order and needs
+// no stack of nodes (WalkTrie in token_grammar.cc).
 struct ByteTrie {
-  // The children of node n are child_node[first[n] .. first[n + 1]) with bytes child_byte[...], by byte.
-  std::vector<uint32_t> first;
-  std::vector<uint32_t> child_node;
-  std::vector<uint8_t> child_byte;
-  std::vector<int32_t> node_token;  // first token ending at the node, -1 if none (more: VocabTrie::next_same)
-  size_t nodes() const { return node_token.size(); }
+  struct Node {
+    uint32_t end;    // preorder index just past this node's subtree
+    int32_t token;   // first token ending at the node, -1 if none (more: VocabTrie::next_same)
+    uint8_t byte;    // the byte on the edge from the parent (unused for the root, node 0)
+    uint8_t unused;
+    uint16_t depth;  // bytes from the root
+  };
+  std::vector<Node> nodes_pre;
+  uint16_t max_depth = 0;
+  size_t nodes() const { return nodes_pre.size(); }
 };
 
 // The vocabulary as the masks need it. Special tokens (BOS/EOS) are never in it; added non-special tokens
@@ -106,8 +112,29 @@ class CompiledGrammar {
     uint64_t evictions = 0;    // entries dropped to stay under the bound
     uint64_t full_masks = 0;   // masks computed (a recomputed evicted one counts again)
     uint64_t text_shortcut = 0;  // of those, computed with the text-token table
+    uint64_t tail_tables = 0;    // budget tables built (per state, near the end of the budget)
+    uint64_t tail_masks = 0;     // budget masks built from them (per state and limit)
   };
   CacheStats cache_stats() const;
+
+  // Precomputation (mask_table.cc): builds every DFA state, groups equivalent states
+  // (state_classes.h) and computes the mask of each class, so that Mask() is a table lookup for every
+  // state, including the first visit; identical masks are stored once. Skipped (masks stay lazy) when the
+  // DFA has more than `max_states` states; stops storing masks once they would take half the cache bound
+  // (the states left out stay lazy). GrammarCache::Get calls it.
+  static constexpr size_t kMaxPrecomputeStates = 1 << 15;
+  struct PrecomputeStats {
+    bool done = false;          // every state has its mask in the table
+    size_t states = 0;          // DFA states built
+    int32_t classes = 0;        // classes of equivalent states
+    size_t distinct_masks = 0;  // masks stored
+    size_t bytes = 0;           // their bytes
+    double expand_ms = 0, classes_ms = 0, masks_ms = 0;
+  };
+  const PrecomputeStats& Precompute(size_t max_states = kMaxPrecomputeStates);
+  const PrecomputeStats& precompute_stats() const { return pre_stats_; }
+  // The mask of `state` by the lazy path (walk, text table), bypassing table and cache: for tests.
+  std::vector<uint64_t> ComputeMaskForTest(int32_t state);
 
  private:
   static constexpr int32_t kUnknown = -3;     // char_target_ / text_limit_ not computed yet
@@ -130,7 +157,11 @@ class CompiledGrammar {
   void Closure(std::vector<int32_t>* set);
   int32_t CharTarget(int32_t state);
   int32_t TextLimit(int32_t state);
-  void WalkTrie(const ByteTrie& trie, int32_t state, uint64_t* mask);
+  // Adds the allowed tokens of `state` to `mask` (zeroed, words_ long); with `after`, also the least and
+  // most distance after any allowed token other than EOS (after[0], after[1]).
+  bool ComputeMask(int32_t state, uint64_t* mask, int32_t* after);
+  template <bool kAfter>
+  void WalkTrie(const ByteTrie& trie, int32_t state, uint64_t* mask, int32_t* after);
   const uint64_t* FullMask(int32_t state);
   const TailTable& Tail(int32_t state, const uint64_t* full);
   Entry* Find(uint64_t key);
@@ -150,14 +181,19 @@ class CompiledGrammar {
   std::vector<int32_t> text_limit_;
   size_t words_;
   std::vector<char> mark_;
-  std::vector<int32_t> stack_state_;
-  std::vector<uint32_t> stack_node_;
+  std::vector<int32_t> walk_states_;  // WalkTrie: the state at each depth of the current path
   // Masks (key kind 0), budget tables (1) and budget masks (2), most recently used first in lru_.
   std::unordered_map<uint64_t, Entry> cache_;
   std::list<uint64_t> lru_;
   size_t cache_bytes_ = 0, cache_limit_;
   size_t touched_ = 0;  // entries used by the current Mask() call (the front of lru_): never evicted by it
-  uint64_t evictions_ = 0, full_masks_ = 0, text_shortcut_ = 0;
+  uint64_t evictions_ = 0, full_masks_ = 0, text_shortcut_ = 0, tail_tables_ = 0, tail_masks_ = 0;
+  // Precomputed (mask_table.cc): per state an index into pre_masks_ (-1: lazy) and the least / most
+  // distance after any allowed token, which decides most budget-tail steps without a table.
+  std::vector<int32_t> state_mask_;
+  std::vector<std::unique_ptr<uint64_t[]>> pre_masks_;
+  std::vector<int32_t> after_min_, after_max_;
+  PrecomputeStats pre_stats_;
 };
 
 // Compiled grammars by spec text, sharing one trie per (tokenizer, vocab size, added tokens) (the worker's
@@ -165,9 +201,14 @@ class CompiledGrammar {
 // bounded by `cache_bytes`.
 class GrammarCache {
  public:
+  // `precompute`: CompiledGrammar::Precompute() on every new grammar (off: masks computed lazily).
   GrammarCache(std::shared_ptr<const Tokenizer> tokenizer, int64_t vocab_size, size_t capacity = 64,
-               size_t cache_bytes = CompiledGrammar::kDefaultCacheBytes)
-      : tokenizer_(std::move(tokenizer)), vocab_size_(vocab_size), capacity_(capacity), cache_bytes_(cache_bytes) {}
+               size_t cache_bytes = CompiledGrammar::kDefaultCacheBytes, bool precompute = true)
+      : tokenizer_(std::move(tokenizer)),
+        vocab_size_(vocab_size),
+        capacity_(capacity),
+        cache_bytes_(cache_bytes),
+        precompute_(precompute) {}
   // Throws GrammarError for a bad spec.
   std::shared_ptr<CompiledGrammar> Get(const std::string& spec_text);
 
@@ -176,6 +217,7 @@ class GrammarCache {
   int64_t vocab_size_;
   size_t capacity_;
   size_t cache_bytes_;
+  bool precompute_;
   std::shared_ptr<const VocabTrie> plain_, with_added_;
   std::unordered_map<std::string, std::pair<std::shared_ptr<CompiledGrammar>, uint64_t>> entries_;
   uint64_t tick_ = 0;

@@ -14,6 +14,7 @@
 
 #include "common/repo_file.h"
 #include "common/structured/schema_compiler.h"
+#include "common/structured/state_classes.h"
 
 namespace dsmesh::structured {
 namespace {
@@ -164,10 +165,9 @@ std::vector<int32_t> WalkStates(CompiledGrammar& g, uint64_t seed, size_t max) {
   return states;
 }
 
-// Every mask (the text-token shortcut, the walk of the other tokens, the budget tables) equals the set of
-// tokens the DFA accepts token by token, on states of every schema, json_object, a tool-call grammar and
-// strings with length bounds (states where text characters lead to a chain of states).
-TEST(TokenGrammar, MasksEqualTokenByTokenAcceptance) {
+// The specs of the mask tests: every schema, json_object, strings with length bounds (states where text
+// characters lead to a chain of states) and a tool-call grammar.
+std::vector<std::string> MaskTestSpecs() {
   std::ifstream in(RepoFile("common/structured/testdata/schemas.json"));
   json schemas = json::parse(in);
   std::vector<std::string> specs;
@@ -185,7 +185,15 @@ TEST(TokenGrammar, MasksEqualTokenByTokenAcceptance) {
                                                    {"properties", {{"text", {{"type", "string"}}}}},
                                                    {"required", {"text"}}}}}}}}
                       .dump());
-  GrammarCache cache(Tok(), kVocab);
+  return specs;
+}
+
+// Every mask (the text-token shortcut, the walk of the other tokens, the budget tables) equals the set of
+// tokens the DFA accepts token by token, on states of every spec of MaskTestSpecs, with the masks
+// precomputed at compile time (the worker's path) or computed lazily on first use.
+void CheckMasksAgainstOracle(bool precompute) {
+  const std::vector<std::string> specs = MaskTestSpecs();
+  GrammarCache cache(Tok(), kVocab, 64, CompiledGrammar::kDefaultCacheBytes, precompute);
   size_t checked = 0, shortcut = 0;
   for (size_t i = 0; i < specs.size(); ++i) {
     SCOPED_TRACE(specs[i]);
@@ -209,7 +217,61 @@ TEST(TokenGrammar, MasksEqualTokenByTokenAcceptance) {
     shortcut += g->cache_stats().text_shortcut;
   }
   EXPECT_GE(checked, 200u);
-  EXPECT_GT(shortcut, 20u);  // the shortcut is exercised, not only the walk
+  if (!precompute) EXPECT_GT(shortcut, 20u);  // the shortcut is exercised, not only the walk
+}
+
+TEST(TokenGrammar, MasksEqualTokenByTokenAcceptance) { CheckMasksAgainstOracle(false); }
+TEST(TokenGrammar, PrecomputedMasksEqualTokenByTokenAcceptance) { CheckMasksAgainstOracle(true); }
+
+// The precomputed table (one mask per class of equivalent states, identical masks shared) gives every
+// state of every test grammar the mask the lazy path (text table + trie walk) computes for that state.
+TEST(TokenGrammar, PrecomputedMasksEqualWalkedMasksForAllStates) {
+  GrammarCache cache(Tok(), kVocab);
+  size_t states = 0, shared = 0;
+  for (const std::string& spec : MaskTestSpecs()) {
+    SCOPED_TRACE(spec);
+    auto g = cache.Get(spec);
+    const auto& p = g->precompute_stats();
+    ASSERT_TRUE(p.done);
+    EXPECT_EQ(p.states, g->num_states());  // every reachable state was built: none appears later
+    EXPECT_LE(p.distinct_masks, static_cast<size_t>(p.classes));
+    shared += g->num_states() - p.distinct_masks;
+    std::vector<uint64_t> scratch;
+    for (int32_t s = 0; s < static_cast<int32_t>(g->num_states()); ++s) {
+      const std::vector<uint64_t> want = g->ComputeMaskForTest(s);
+      const uint64_t* m = g->Mask(s, 1 << 20, &scratch);
+      ASSERT_TRUE(std::equal(want.begin(), want.end(), m)) << "state " << s;
+      ++states;
+    }
+    EXPECT_EQ(g->cache_stats().full_masks, 0u);  // no mask was computed outside the table
+  }
+  EXPECT_GT(states, 10000u);
+  EXPECT_GT(shared, 5000u);  // equivalent states and identical masks are shared
+}
+
+// Equivalent states of a small DFA: states 1 and 2 accept the same language, 0 and 3 do not.
+TEST(StateClasses, MooreRefinement) {
+  // 0 -a-> 1, 0 -b-> 2, 1 -a-> 3, 2 -a-> 3, 3 accepting, 3 -a-> 3.
+  std::vector<int32_t> trans(4 * 256, -1);
+  trans[0 * 256 + 'a'] = 1;
+  trans[0 * 256 + 'b'] = 2;
+  trans[1 * 256 + 'a'] = 3;
+  trans[2 * 256 + 'a'] = 3;
+  trans[3 * 256 + 'a'] = 3;
+  std::vector<char> accepting = {0, 0, 0, 1};
+  std::vector<uint8_t> reps = {0, 'a', 'b', 'c'};
+  int32_t classes = 0;
+  std::vector<int32_t> cls = EquivalentStates(4, accepting, trans.data(), reps, &classes);
+  EXPECT_EQ(classes, 3);
+  EXPECT_EQ(cls[1], cls[2]);
+  EXPECT_NE(cls[0], cls[1]);
+  EXPECT_NE(cls[0], cls[3]);
+  EXPECT_NE(cls[1], cls[3]);
+  // One more byte tells 1 and 2 apart.
+  trans[2 * 256 + 'c'] = 3;
+  cls = EquivalentStates(4, accepting, trans.data(), reps, &classes);
+  EXPECT_EQ(classes, 4);
+  EXPECT_NE(cls[1], cls[2]);
 }
 
 // The mask cache stays within its byte bound (evicting the least recently used masks and tables), and

@@ -1,0 +1,98 @@
+// CompiledGrammar::Precompute: the masks of every DFA state computed when the grammar is compiled, so that
+// no step of decoding walks the vocabulary (the first visit of a state included). Costs one trie walk per
+// class of equivalent states; identical masks of different classes are stored once.
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <limits>
+#include <unordered_map>
+
+#include "common/structured/state_classes.h"
+#include "common/structured/token_grammar.h"
+
+namespace dsmesh::structured {
+namespace {
+
+double MsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+uint64_t HashWords(const uint64_t* w, size_t n) {
+  uint64_t h = 0x9E3779B97F4A7C15ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ w[i]) * 0xBF58476D1CE4E5B9ull + (h >> 29);
+  return h;
+}
+
+}  // namespace
+
+const CompiledGrammar::PrecomputeStats& CompiledGrammar::Precompute(size_t max_states) {
+  if (pre_stats_.done) return pre_stats_;
+  auto t0 = std::chrono::steady_clock::now();
+  // Every state reachable from the start. Every byte is a token of the vocabulary, so every state can be
+  // the state of some step. One transition per run of equivalent bytes (Next fills the run).
+  std::vector<uint8_t> reps;
+  for (int b = 0; b < 256; b = run_hi_[b] + 1) reps.push_back(static_cast<uint8_t>(b));
+  for (size_t s = 0; s < sets_.size(); ++s) {
+    if (sets_.size() > max_states) {
+      pre_stats_.states = sets_.size();
+      pre_stats_.expand_ms = MsSince(t0);
+      return pre_stats_;  // too big to precompute: stays lazy
+    }
+    for (uint8_t b : reps) Next(static_cast<int32_t>(s), b);
+  }
+  const size_t n = sets_.size();
+  pre_stats_.states = n;
+  pre_stats_.expand_ms = MsSince(t0);
+
+  t0 = std::chrono::steady_clock::now();
+  int32_t classes = 0;
+  const std::vector<int32_t> cls = EquivalentStates(n, accepting_, trans_.data(), reps, &classes);
+  pre_stats_.classes = classes;
+  pre_stats_.classes_ms = MsSince(t0);
+
+  // One mask per class, from its first state. Half of the cache bound at most; the rest stays for the
+  // lazy path (states left out, budget-tail masks).
+  t0 = std::chrono::steady_clock::now();
+  const size_t mask_bytes = words_ * sizeof(uint64_t);
+  std::vector<int32_t> class_mask(classes, -2);  // -2: not computed yet, -1: over the bound (lazy)
+  std::vector<int32_t> class_after(2 * static_cast<size_t>(classes));
+  std::unordered_multimap<uint64_t, int32_t> by_hash;
+  std::unique_ptr<uint64_t[]> mask = std::make_unique<uint64_t[]>(words_);
+  state_mask_.assign(n, -1);
+  after_min_.assign(n, 0);
+  after_max_.assign(n, std::numeric_limits<int32_t>::max());  // lazy states: the tail takes the table path
+  for (size_t s = 0; s < n; ++s) {
+    const int32_t c = cls[s];
+    if (class_mask[c] == -2) {
+      std::fill(mask.get(), mask.get() + words_, 0);
+      int32_t after[2] = {std::numeric_limits<int32_t>::max(), std::numeric_limits<int32_t>::min()};
+      ComputeMask(static_cast<int32_t>(s), mask.get(), after);
+      class_after[2 * c] = after[0];
+      class_after[2 * c + 1] = after[1];
+      const uint64_t h = HashWords(mask.get(), words_);
+      int32_t found = -1;
+      for (auto [it, end] = by_hash.equal_range(h); it != end && found < 0; ++it)
+        if (std::memcmp(pre_masks_[it->second].get(), mask.get(), mask_bytes) == 0) found = it->second;
+      if (found < 0 && pre_stats_.bytes + mask_bytes <= cache_limit_ / 2) {
+        found = static_cast<int32_t>(pre_masks_.size());
+        pre_masks_.push_back(std::move(mask));
+        mask = std::make_unique<uint64_t[]>(words_);
+        by_hash.emplace(h, found);
+        pre_stats_.bytes += mask_bytes;
+      }
+      class_mask[c] = found;
+    }
+    state_mask_[s] = class_mask[c];
+    if (class_mask[c] >= 0) {
+      after_min_[s] = class_after[2 * c];
+      after_max_[s] = class_after[2 * c + 1];
+    }
+  }
+  pre_stats_.distinct_masks = pre_masks_.size();
+  pre_stats_.masks_ms = MsSince(t0);
+  pre_stats_.done = std::find(class_mask.begin(), class_mask.end(), -1) == class_mask.end();
+  Evict();
+  return pre_stats_;
+}
+
+}  // namespace dsmesh::structured
