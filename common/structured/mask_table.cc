@@ -59,13 +59,11 @@ const CompiledGrammar::PrecomputeStats& CompiledGrammar::Precompute(size_t max_s
   std::unordered_multimap<uint64_t, int32_t> by_hash;
   std::unique_ptr<uint64_t[]> mask = std::make_unique<uint64_t[]>(words_);
   state_mask_.assign(n, -1);
-  after_min_.assign(n, 0);
-  after_max_.assign(n, std::numeric_limits<int32_t>::max());  // lazy states: the tail takes the table path
   for (size_t s = 0; s < n; ++s) {
     const int32_t c = cls[s];
     if (class_mask[c] == -2) {
       std::fill(mask.get(), mask.get() + words_, 0);
-      int32_t after[2] = {std::numeric_limits<int32_t>::max(), std::numeric_limits<int32_t>::min()};
+      int32_t after[2];
       ComputeMask(static_cast<int32_t>(s), mask.get(), after);
       class_after[2 * c] = after[0];
       class_after[2 * c + 1] = after[1];
@@ -83,10 +81,8 @@ const CompiledGrammar::PrecomputeStats& CompiledGrammar::Precompute(size_t max_s
       class_mask[c] = found;
     }
     state_mask_[s] = class_mask[c];
-    if (class_mask[c] >= 0) {
-      after_min_[s] = class_after[2 * c];
-      after_max_[s] = class_after[2 * c + 1];
-    }
+    after_min_[s] = class_after[2 * c];
+    after_max_[s] = class_after[2 * c + 1];
   }
   pre_stats_.distinct_masks = pre_masks_.size();
   pre_stats_.masks_ms = MsSince(t0);

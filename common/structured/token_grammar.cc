@@ -106,7 +106,6 @@ VocabTrie::VocabTrie(const Tokenizer& tok, int64_t vocab_size, bool with_added) 
   if (tok.eos_id()) eos_ = *tok.eos_id();
   bytes_.resize(vocab_size);
   next_same_.assign(vocab_size, -1);
-  text_bits_.assign(words(), 0);
   std::vector<int32_t> all, rest;
   std::vector<std::pair<int, int32_t>> text;  // (chars, id)
   const int64_t n = std::min<int64_t>(vocab_size, tok.vocab_size());
@@ -124,7 +123,6 @@ VocabTrie::VocabTrie(const Tokenizer& tok, int64_t vocab_size, bool with_added) 
     const int chars = TextTokenChars(b);
     if (chars > 0) {
       text.push_back({chars, id});
-      text_bits_[id >> 6] |= 1ull << (id & 63);
     } else {
       rest.push_back(id);
     }
@@ -142,6 +140,12 @@ VocabTrie::VocabTrie(const Tokenizer& tok, int64_t vocab_size, bool with_added) 
     text_start_[chars] = text_tokens_.size();
   }
   for (int c = 1; c <= max_chars; ++c) text_start_[c] = std::max(text_start_[c], text_start_[c - 1]);
+  text_upto_.assign(static_cast<size_t>(max_chars + 1) * words(), 0);
+  for (int c = 1; c <= max_chars; ++c) {
+    uint64_t* bits = &text_upto_[static_cast<size_t>(c) * words()];
+    std::copy(bits - words(), bits, bits);
+    for (size_t i = text_start_[c - 1]; i < text_start_[c]; ++i) bits[text_tokens_[i] >> 6] |= 1ull << (text_tokens_[i] & 63);
+  }
 }
 
 // ---- grammar -------------------------------------------------------------------------------
@@ -230,6 +234,8 @@ int32_t CompiledGrammar::Intern(std::vector<int32_t> set) {
   dist_.push_back(d);
   char_target_.push_back(kUnknown);
   text_limit_.push_back(kUnknown);
+  after_min_.push_back(kUnknown);
+  after_max_.push_back(kUnknown);
   sets_.push_back(std::move(set));
   trans_.resize(trans_.size() + 256, -2);
   return id;
@@ -340,8 +346,8 @@ int32_t CompiledGrammar::TextLimit(int32_t state) {
 // Adds to `mask` every token of `trie` the DFA accepts from `state`: one pass over the preorder nodes
 // that jumps past each subtree the DFA rejects. The state of a node's parent is the one last set at the
 // parent's depth, so a small array by depth replaces a stack.
-template <bool kAfter>
-void CompiledGrammar::WalkTrie(const ByteTrie& t, int32_t state, uint64_t* mask, int32_t* after) {
+template <bool kAfter, bool kLimit>
+void CompiledGrammar::WalkTrie(const ByteTrie& t, int32_t state, uint64_t* mask, int32_t* after, int32_t limit) {
   walk_states_.resize(static_cast<size_t>(t.max_depth) + 1);
   int32_t* at = walk_states_.data();
   at[0] = state;
@@ -361,7 +367,7 @@ void CompiledGrammar::WalkTrie(const ByteTrie& t, int32_t state, uint64_t* mask,
       continue;
     }
     at[node.depth] = ns;
-    if (node.token >= 0) {
+    if (node.token >= 0 && (!kLimit || dist_[ns] <= limit)) {
       for (int32_t tok = node.token; tok >= 0; tok = trie_->next_same(tok)) mask[tok >> 6] |= 1ull << (tok & 63);
       if constexpr (kAfter) {
         after[0] = std::min(after[0], dist_[ns]);
@@ -375,7 +381,7 @@ void CompiledGrammar::WalkTrie(const ByteTrie& t, int32_t state, uint64_t* mask,
 // ---- cache ---------------------------------------------------------------------------------
 
 namespace {
-constexpr uint64_t kFullMask = 0, kTailTable = 1, kTailMask = 2;
+constexpr uint64_t kFullMask = 0, kTailMask = 2;
 uint64_t Key(uint64_t kind, int32_t state, uint64_t limit = 0) {
   return (kind << 62) | (static_cast<uint64_t>(state) << 20) | limit;
 }
@@ -409,46 +415,65 @@ void CompiledGrammar::Evict() {
 
 CompiledGrammar::CacheStats CompiledGrammar::cache_stats() const {
   return {cache_bytes_ + pre_stats_.bytes, cache_limit_, cache_.size(), evictions_, full_masks_, text_shortcut_,
-          tail_tables_, tail_masks_};
+          tail_masks_};
 }
 
-// Returns whether the text-token table was used.
 bool CompiledGrammar::ComputeMask(int32_t state, uint64_t* mask, int32_t* after) {
+  after[0] = std::numeric_limits<int32_t>::max();
+  after[1] = std::numeric_limits<int32_t>::min();
   const int32_t limit = TextLimit(state);
   const bool shortcut = limit != kNoShortcut;
   if (!shortcut) {
-    if (after) WalkTrie<true>(trie_->all(), state, mask, after);
-    else WalkTrie<false>(trie_->all(), state, mask, nullptr);
+    WalkTrie<true, false>(trie_->all(), state, mask, after, 0);
   } else {
-    if (limit == trie_->max_text_chars()) {
-      const uint64_t* text = trie_->text_bits();
-      for (size_t w = 0; w < words_; ++w) mask[w] |= text[w];
-    } else {
-      const auto& text = trie_->text_tokens();
-      for (size_t i = 0, end = trie_->text_start(limit); i < end; ++i) mask[text[i] >> 6] |= 1ull << (text[i] & 63);
-    }
-    if (after) {
-      // Text tokens of n characters end n steps along the CharTarget chain.
-      for (int32_t n = 1, s = state; n <= limit; ++n) {
-        s = CharTarget(s);
-        if (trie_->text_start(n) > trie_->text_start(n - 1)) {
-          after[0] = std::min(after[0], Distance(s));
-          after[1] = std::max(after[1], Distance(s));
-        }
+    const uint64_t* text = trie_->text_bits_upto(limit);
+    for (size_t w = 0; w < words_; ++w) mask[w] |= text[w];
+    // Text tokens of n characters end n steps along the CharTarget chain.
+    for (int32_t n = 1, s = state; n <= limit; ++n) {
+      s = CharTarget(s);
+      if (trie_->text_start(n) > trie_->text_start(n - 1)) {
+        after[0] = std::min(after[0], Distance(s));
+        after[1] = std::max(after[1], Distance(s));
       }
-      WalkTrie<true>(trie_->rest(), state, mask, after);
-    } else {
-      WalkTrie<false>(trie_->rest(), state, mask, nullptr);
     }
+    WalkTrie<true, false>(trie_->rest(), state, mask, after, 0);
   }
   const int32_t eos = trie_->eos();
   if (Accepting(state) && eos >= 0) mask[eos >> 6] |= 1ull << (eos & 63);
   return shortcut;
 }
 
+void CompiledGrammar::ComputeTailMask(int32_t state, int32_t limit, uint64_t* mask) {
+  const int32_t chars = TextLimit(state);
+  if (chars == kNoShortcut) {
+    WalkTrie<false, true>(trie_->all(), state, mask, nullptr, limit);
+  } else {
+    // Text tokens: each run a..b of character counts whose chain state is close enough is one bitset
+    // difference (text_bits_upto(b) minus text_bits_upto(a - 1)).
+    int32_t run_start = 0;  // 0: not in a run
+    auto close_run = [&](int32_t last) {
+      const uint64_t* hi = trie_->text_bits_upto(last);
+      const uint64_t* lo = trie_->text_bits_upto(run_start - 1);
+      for (size_t w = 0; w < words_; ++w) mask[w] |= hi[w] & ~lo[w];
+      run_start = 0;
+    };
+    for (int32_t n = 1, s = state; n <= chars; ++n) {
+      s = CharTarget(s);
+      const bool fits = Distance(s) <= limit;
+      if (fits && !run_start) run_start = n;
+      if (!fits && run_start) close_run(n - 1);
+    }
+    if (run_start) close_run(chars);
+    WalkTrie<false, true>(trie_->rest(), state, mask, nullptr, limit);
+  }
+  const int32_t eos = trie_->eos();
+  if (Accepting(state) && eos >= 0) mask[eos >> 6] |= 1ull << (eos & 63);
+}
+
 std::vector<uint64_t> CompiledGrammar::ComputeMaskForTest(int32_t state) {
   std::vector<uint64_t> mask(words_, 0);
-  ComputeMask(state, mask.data(), nullptr);
+  int32_t after[2];
+  ComputeMask(state, mask.data(), after);
   return mask;
 }
 
@@ -461,42 +486,12 @@ const uint64_t* CompiledGrammar::FullMask(int32_t state) {
   e.bytes = words_ * sizeof(uint64_t);
   uint64_t* mask = e.bits.get();
   std::fill(mask, mask + words_, 0);
-  if (ComputeMask(state, mask, nullptr)) ++text_shortcut_;
+  int32_t after[2];
+  if (ComputeMask(state, mask, after)) ++text_shortcut_;
+  after_min_[state] = after[0];
+  after_max_[state] = after[1];
   ++full_masks_;
   return Insert(Key(kFullMask, state), std::move(e)).bits.get();
-}
-
-// Per state, once: the shortest completion after each allowed token. Text tokens under the shortcut are
-// grouped by character count (the state after n characters is the same for all of them).
-const CompiledGrammar::TailTable& CompiledGrammar::Tail(int32_t state, const uint64_t* full) {
-  if (Entry* e = Find(Key(kTailTable, state))) return e->table;
-  ++tail_tables_;
-  Entry e;
-  TailTable& t = e.table;
-  const int32_t limit = TextLimit(state);
-  const bool shortcut = limit != kNoShortcut;
-  const uint64_t* text = trie_->text_bits();
-  for (size_t w = 0; w < words_; ++w) {
-    uint64_t bits = full[w] & (shortcut ? ~text[w] : ~uint64_t{0});
-    while (bits) {
-      const int32_t tok = static_cast<int32_t>(w * 64 + __builtin_ctzll(bits));
-      bits &= bits - 1;
-      if (tok == trie_->eos()) continue;
-      const int32_t ns = AdvanceToken(state, tok);
-      if (ns >= 0) t.tokens.push_back({Distance(ns), tok});
-    }
-  }
-  std::sort(t.tokens.begin(), t.tokens.end());
-  t.best = t.tokens.empty() ? std::numeric_limits<int32_t>::max() : t.tokens.front().first;
-  if (shortcut) {
-    for (int32_t n = 1, s = state; n <= limit; ++n) {
-      s = CharTarget(s);
-      t.text_distance.push_back(Distance(s));
-      if (trie_->text_start(n) > trie_->text_start(n - 1)) t.best = std::min(t.best, Distance(s));
-    }
-  }
-  e.bytes = t.tokens.capacity() * sizeof(t.tokens[0]) + t.text_distance.capacity() * sizeof(int32_t) + sizeof(Entry);
-  return Insert(Key(kTailTable, state), std::move(e)).table;
 }
 
 const uint64_t* CompiledGrammar::Mask(int32_t state, int64_t remaining, std::vector<uint64_t>* scratch) {
@@ -509,16 +504,14 @@ const uint64_t* CompiledGrammar::Mask(int32_t state, int64_t remaining, std::vec
     Evict();
     return full;
   }
-  // Precomputed: when every allowed token leaves a completion within the budget, the tail mask is the
-  // full one (the table below would keep every token).
-  if (static_cast<size_t>(state) < after_max_.size() &&
-      after_max_[state] <= std::max<int64_t>(remaining - 1, after_min_[state])) {
+  // When every allowed token leaves a completion within the budget, the budget mask is the full one.
+  // The limit never goes below the least distance after a token, so some token stays allowed.
+  const int64_t limit = std::max<int64_t>(remaining - 1, after_min_[state]);
+  if (after_max_[state] <= limit) {
     Evict();
     return full;
   }
   // Per (state, limit): the mask of the tokens whose shortest completion fits, cached.
-  const TailTable& t = Tail(state, full);
-  const int64_t limit = std::max<int64_t>(remaining - 1, t.best);
   const uint64_t key = Key(kTailMask, state, static_cast<uint64_t>(std::min<int64_t>(limit, 0xFFFFF)));
   if (Entry* e = Find(key)) {
     Evict();
@@ -530,15 +523,7 @@ const uint64_t* CompiledGrammar::Mask(int32_t state, int64_t remaining, std::vec
   e.bytes = words_ * sizeof(uint64_t);
   uint64_t* mask = e.bits.get();
   std::fill(mask, mask + words_, 0);
-  for (auto [d, tok] : t.tokens) {
-    if (d > limit) break;
-    mask[tok >> 6] |= 1ull << (tok & 63);
-  }
-  const auto& text = trie_->text_tokens();
-  for (size_t n = 1; n <= t.text_distance.size(); ++n)
-    if (t.text_distance[n - 1] <= limit)
-      for (size_t i = trie_->text_start(n - 1); i < trie_->text_start(n); ++i) mask[text[i] >> 6] |= 1ull << (text[i] & 63);
-  if (Accepting(state) && trie_->eos() >= 0) mask[trie_->eos() >> 6] |= 1ull << (trie_->eos() & 63);
+  ComputeTailMask(state, static_cast<int32_t>(limit), mask);
   const uint64_t* out = Insert(key, std::move(e)).bits.get();
   Evict();
   return out;

@@ -66,7 +66,11 @@ class VocabTrie {
   const std::vector<int32_t>& text_tokens() const { return text_tokens_; }
   size_t text_start(int32_t chars) const { return text_start_[chars]; }
   int32_t max_text_chars() const { return static_cast<int32_t>(text_start_.size()) - 1; }
-  const uint64_t* text_bits() const { return text_bits_.data(); }  // all text tokens
+  // The text tokens of at most `chars` characters (0 .. max_text_chars()), as a bitset: a state whose
+  // chain survives n characters ORs in text_bits_upto(n), and a run of character counts a..b is
+  // text_bits_upto(b) minus text_bits_upto(a - 1), a few thousand word operations (2 MiB per vocabulary).
+  const uint64_t* text_bits_upto(int32_t chars) const { return &text_upto_[static_cast<size_t>(chars) * words()]; }
+  const uint64_t* text_bits() const { return text_bits_upto(max_text_chars()); }  // all text tokens
 
  private:
   int64_t vocab_size_;
@@ -76,7 +80,7 @@ class VocabTrie {
   std::vector<int32_t> next_same_;
   std::vector<int32_t> text_tokens_;
   std::vector<size_t> text_start_;
-  std::vector<uint64_t> text_bits_;
+  std::vector<uint64_t> text_upto_;
 };
 
 // Characters of `bytes` when it is a text token (whole UTF-8 characters, none of '"', '\' or U+0000..U+001F),
@@ -112,8 +116,7 @@ class CompiledGrammar {
     uint64_t evictions = 0;    // entries dropped to stay under the bound
     uint64_t full_masks = 0;   // masks computed (a recomputed evicted one counts again)
     uint64_t text_shortcut = 0;  // of those, computed with the text-token table
-    uint64_t tail_tables = 0;    // budget tables built (per state, near the end of the budget)
-    uint64_t tail_masks = 0;     // budget masks built from them (per state and limit)
+    uint64_t tail_masks = 0;     // budget masks built (per state and limit, near the end of the budget)
   };
   CacheStats cache_stats() const;
 
@@ -141,14 +144,8 @@ class CompiledGrammar {
   static constexpr int32_t kMixed = -4;       // text characters lead to different states
   static constexpr int32_t kNoShortcut = -5;  // text tokens must be walked
 
-  struct TailTable {
-    std::vector<std::pair<int32_t, int32_t>> tokens;  // (distance after it, token), sorted: walked tokens
-    std::vector<int32_t> text_distance;               // text tokens of n characters: distance after them [n - 1]
-    int32_t best = 0;                                 // least distance after any allowed token
-  };
   struct Entry {
-    std::unique_ptr<uint64_t[]> bits;  // a mask
-    TailTable table;                   // or a budget table
+    std::unique_ptr<uint64_t[]> bits;  // a mask or a budget mask
     size_t bytes = 0;
     std::list<uint64_t>::iterator lru;
   };
@@ -157,13 +154,17 @@ class CompiledGrammar {
   void Closure(std::vector<int32_t>* set);
   int32_t CharTarget(int32_t state);
   int32_t TextLimit(int32_t state);
-  // Adds the allowed tokens of `state` to `mask` (zeroed, words_ long); with `after`, also the least and
-  // most distance after any allowed token other than EOS (after[0], after[1]).
+  // Adds the allowed tokens of `state` to `mask` (zeroed, words_ long) and sets after[0] / after[1] to the
+  // least / most distance after any allowed token other than EOS. Returns whether the text table was used.
   bool ComputeMask(int32_t state, uint64_t* mask, int32_t* after);
-  template <bool kAfter>
-  void WalkTrie(const ByteTrie& trie, int32_t state, uint64_t* mask, int32_t* after);
+  // The same, keeping only the tokens after which the distance is at most `limit` (the budget tail).
+  void ComputeTailMask(int32_t state, int32_t limit, uint64_t* mask);
+  // kAfter: track after[0..1] as above; kLimit: keep only tokens ending at distance <= *limit.
+  template <bool kAfter, bool kLimit>
+  void WalkTrie(const ByteTrie& trie, int32_t state, uint64_t* mask, int32_t* after, int32_t limit);
+  // The least / most distance after an allowed token of `state`, computing its mask if needed.
+  void After(int32_t state, int32_t* least, int32_t* most);
   const uint64_t* FullMask(int32_t state);
-  const TailTable& Tail(int32_t state, const uint64_t* full);
   Entry* Find(uint64_t key);
   Entry& Insert(uint64_t key, Entry entry);
   void Evict();
@@ -187,11 +188,13 @@ class CompiledGrammar {
   std::list<uint64_t> lru_;
   size_t cache_bytes_ = 0, cache_limit_;
   size_t touched_ = 0;  // entries used by the current Mask() call (the front of lru_): never evicted by it
-  uint64_t evictions_ = 0, full_masks_ = 0, text_shortcut_ = 0, tail_tables_ = 0, tail_masks_ = 0;
-  // Precomputed (mask_table.cc): per state an index into pre_masks_ (-1: lazy) and the least / most
-  // distance after any allowed token, which decides most budget-tail steps without a table.
+  uint64_t evictions_ = 0, full_masks_ = 0, text_shortcut_ = 0, tail_masks_ = 0;
+  // Precomputed (mask_table.cc): per state an index into pre_masks_ (-1: lazy).
   std::vector<int32_t> state_mask_;
   std::vector<std::unique_ptr<uint64_t[]>> pre_masks_;
+  // Per state (kUnknown until its mask is computed): the least / most distance after an allowed token.
+  // When the budget left covers the most, the budget mask is the full mask; the least is the floor of
+  // the budget limit (some token must stay allowed).
   std::vector<int32_t> after_min_, after_max_;
   PrecomputeStats pre_stats_;
 };

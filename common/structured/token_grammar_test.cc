@@ -274,7 +274,7 @@ TEST(StateClasses, MooreRefinement) {
   EXPECT_NE(cls[1], cls[2]);
 }
 
-// The mask cache stays within its byte bound (evicting the least recently used masks and tables), and
+// The mask cache stays within its byte bound (evicting the least recently used masks), and
 // masks recomputed after eviction are the same.
 TEST(TokenGrammar, MaskCacheIsBoundedInBytes) {
   const size_t limit = 256 << 10;  // room for ~15 masks of 129,280 bits
@@ -294,7 +294,7 @@ TEST(TokenGrammar, MaskCacheIsBoundedInBytes) {
   ASSERT_GT(states.size(), 30u);
   for (int32_t s : states) {
     g->Mask(s, 1 << 20, &scratch);
-    g->Mask(s, 5, &scratch);  // a budget table and a budget mask too
+    g->Mask(s, 5, &scratch);  // a budget mask too
     auto st = g->cache_stats();
     EXPECT_TRUE(st.bytes <= limit || st.entries <= 3) << st.bytes << " bytes in " << st.entries << " entries";
   }
