@@ -150,7 +150,7 @@ void Run(const std::shared_ptr<const Tokenizer>& tok, const json& schemas, const
       }
     }
   }
-  size_t bytes = 0, entries = 0, states = 0, classes = 0, distinct = 0, full = 0;
+  size_t bytes = 0, entries = 0, states = 0, classes = 0, distinct = 0, full = 0, profiles = 0;
   uint64_t evictions = 0, masks = 0, tail_masks = 0;
   for (const auto& spec : specs) {
     auto g = cache.Get(spec);
@@ -164,12 +164,13 @@ void Run(const std::shared_ptr<const Tokenizer>& tok, const json& schemas, const
     states += g->num_states();
     classes += p.classes;
     distinct += p.distinct_masks;
+    profiles += p.profiles;
     full += p.done;
   }
   std::printf("DFA states %zu; %zu of %zu grammars fully precomputed (%zu classes of equivalent states, %zu distinct "
-              "masks); masks computed lazily %llu; cache %zu entries, %.1f MiB in all (bound %.0f MiB per grammar), "
-              "%llu evictions\n",
-              states, full, specs.size(), classes, distinct, static_cast<unsigned long long>(masks), entries,
+              "masks, %zu budget profiles); masks computed lazily %llu; cache %zu entries, %.1f MiB in all (bound %.0f "
+              "MiB per grammar), %llu evictions\n",
+              states, full, specs.size(), classes, distinct, profiles, static_cast<unsigned long long>(masks), entries,
               bytes / 1048576.0, CompiledGrammar::kDefaultCacheBytes / 1048576.0,
               static_cast<unsigned long long>(evictions));
   std::printf("budget masks built %llu\n", static_cast<unsigned long long>(tail_masks));

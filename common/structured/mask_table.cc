@@ -1,6 +1,7 @@
 // CompiledGrammar::Precompute: the masks of every DFA state computed when the grammar is compiled, so that
 // no step of decoding walks the vocabulary (the first visit of a state included). Costs one trie walk per
-// class of equivalent states; identical masks of different classes are stored once.
+// class of equivalent states; identical masks of different classes are stored once, and so are the budget
+// profiles the same walk yields (token_grammar.h).
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -59,12 +60,36 @@ const CompiledGrammar::PrecomputeStats& CompiledGrammar::Precompute(size_t max_s
   std::unordered_multimap<uint64_t, int32_t> by_hash;
   std::unique_ptr<uint64_t[]> mask = std::make_unique<uint64_t[]>(words_);
   state_mask_.assign(n, -1);
+  state_profile_.assign(n, -1);
+  std::vector<int32_t> class_profile(classes, -1);
+  std::unordered_multimap<uint64_t, int32_t> profile_by_hash;
+  std::vector<std::pair<int32_t, int32_t>> walked;
   for (size_t s = 0; s < n; ++s) {
     const int32_t c = cls[s];
     if (class_mask[c] == -2) {
       std::fill(mask.get(), mask.get() + words_, 0);
       int32_t after[2];
+      walked.clear();
+      collect_ = &walked;
       ComputeMask(static_cast<int32_t>(s), mask.get(), after);
+      collect_ = nullptr;
+      if (after[1] > after[0] && walked.size() <= kMaxProfileTokens) {
+        // Tokens end at different distances: budget masks will be needed; keep the walked tokens.
+        for (auto& [d, tok] : walked) d -= Distance(static_cast<int32_t>(s));
+        std::sort(walked.begin(), walked.end());
+        const uint64_t h = HashWords(reinterpret_cast<const uint64_t*>(walked.data()), walked.size());
+        int32_t p = -1;
+        for (auto [it, end] = profile_by_hash.equal_range(h); it != end && p < 0; ++it)
+          if (profiles_[it->second] == walked) p = it->second;
+        const size_t bytes = walked.size() * sizeof(walked[0]);
+        if (p < 0 && pre_stats_.bytes + bytes <= cache_limit_ / 2) {
+          p = static_cast<int32_t>(profiles_.size());
+          profiles_.push_back(walked);
+          profile_by_hash.emplace(h, p);
+          pre_stats_.bytes += bytes;
+        }
+        class_profile[c] = p;
+      }
       class_after[2 * c] = after[0];
       class_after[2 * c + 1] = after[1];
       const uint64_t h = HashWords(mask.get(), words_);
@@ -81,10 +106,12 @@ const CompiledGrammar::PrecomputeStats& CompiledGrammar::Precompute(size_t max_s
       class_mask[c] = found;
     }
     state_mask_[s] = class_mask[c];
+    state_profile_[s] = class_profile[c];
     after_min_[s] = class_after[2 * c];
     after_max_[s] = class_after[2 * c + 1];
   }
   pre_stats_.distinct_masks = pre_masks_.size();
+  pre_stats_.profiles = profiles_.size();
   pre_stats_.masks_ms = MsSince(t0);
   pre_stats_.done = std::find(class_mask.begin(), class_mask.end(), -1) == class_mask.end();
   Evict();

@@ -372,6 +372,8 @@ void CompiledGrammar::WalkTrie(const ByteTrie& t, int32_t state, uint64_t* mask,
       if constexpr (kAfter) {
         after[0] = std::min(after[0], dist_[ns]);
         after[1] = std::max(after[1], dist_[ns]);
+        if (collect_)
+          for (int32_t tok = node.token; tok >= 0; tok = trie_->next_same(tok)) collect_->push_back({dist_[ns], tok});
       }
     }
     ++n;
@@ -443,10 +445,19 @@ bool CompiledGrammar::ComputeMask(int32_t state, uint64_t* mask, int32_t* after)
   return shortcut;
 }
 
-void CompiledGrammar::ComputeTailMask(int32_t state, int32_t limit, uint64_t* mask) {
+void CompiledGrammar::ComputeTailMask(int32_t state, int32_t limit, uint64_t* mask, bool use_profile) {
   const int32_t chars = TextLimit(state);
+  const int32_t profile =
+      use_profile && static_cast<size_t>(state) < state_profile_.size() ? state_profile_[state] : -1;
+  if (profile >= 0) {
+    // The walked tokens, by distance after them: a prefix of the profile fits.
+    for (const auto& [rel, tok] : profiles_[profile]) {
+      if (Distance(state) + rel > limit) break;
+      mask[tok >> 6] |= 1ull << (tok & 63);
+    }
+  }
   if (chars == kNoShortcut) {
-    WalkTrie<false, true>(trie_->all(), state, mask, nullptr, limit);
+    if (profile < 0) WalkTrie<false, true>(trie_->all(), state, mask, nullptr, limit);
   } else {
     // Text tokens: each run a..b of character counts whose chain state is close enough is one bitset
     // difference (text_bits_upto(b) minus text_bits_upto(a - 1)).
@@ -464,16 +475,21 @@ void CompiledGrammar::ComputeTailMask(int32_t state, int32_t limit, uint64_t* ma
       if (!fits && run_start) close_run(n - 1);
     }
     if (run_start) close_run(chars);
-    WalkTrie<false, true>(trie_->rest(), state, mask, nullptr, limit);
+    if (profile < 0) WalkTrie<false, true>(trie_->rest(), state, mask, nullptr, limit);
   }
   const int32_t eos = trie_->eos();
   if (Accepting(state) && eos >= 0) mask[eos >> 6] |= 1ull << (eos & 63);
 }
 
-std::vector<uint64_t> CompiledGrammar::ComputeMaskForTest(int32_t state) {
+std::vector<uint64_t> CompiledGrammar::ComputeMaskForTest(int32_t state, int64_t remaining) {
   std::vector<uint64_t> mask(words_, 0);
   int32_t after[2];
   ComputeMask(state, mask.data(), after);
+  // The same decisions as Mask(), by the walk.
+  const int64_t limit = std::max<int64_t>(remaining - 1, after[0]);
+  if (remaining > Distance(state) + 64 || after[1] <= limit) return mask;
+  std::fill(mask.begin(), mask.end(), 0);
+  ComputeTailMask(state, static_cast<int32_t>(limit), mask.data(), false);
   return mask;
 }
 

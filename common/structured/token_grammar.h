@@ -126,18 +126,23 @@ class CompiledGrammar {
   // DFA has more than `max_states` states; stops storing masks once they would take half the cache bound
   // (the states left out stay lazy). GrammarCache::Get calls it.
   static constexpr size_t kMaxPrecomputeStates = 1 << 15;
+  // Classes whose walked tokens end at different distances keep them as a budget profile (below) when
+  // they are at most this many.
+  static constexpr size_t kMaxProfileTokens = 8192;
   struct PrecomputeStats {
     bool done = false;          // every state has its mask in the table
     size_t states = 0;          // DFA states built
     int32_t classes = 0;        // classes of equivalent states
     size_t distinct_masks = 0;  // masks stored
-    size_t bytes = 0;           // their bytes
+    size_t profiles = 0;        // budget profiles stored
+    size_t bytes = 0;           // bytes of masks and profiles
     double expand_ms = 0, classes_ms = 0, masks_ms = 0;
   };
   const PrecomputeStats& Precompute(size_t max_states = kMaxPrecomputeStates);
   const PrecomputeStats& precompute_stats() const { return pre_stats_; }
-  // The mask of `state` by the lazy path (walk, text table), bypassing table and cache: for tests.
-  std::vector<uint64_t> ComputeMaskForTest(int32_t state);
+  // The mask of `state` by the lazy path (walk, text table), bypassing table, profiles and cache, for
+  // `remaining` tokens left: for tests.
+  std::vector<uint64_t> ComputeMaskForTest(int32_t state, int64_t remaining = int64_t{1} << 40);
 
  private:
   static constexpr int32_t kUnknown = -3;     // char_target_ / text_limit_ not computed yet
@@ -157,9 +162,11 @@ class CompiledGrammar {
   // Adds the allowed tokens of `state` to `mask` (zeroed, words_ long) and sets after[0] / after[1] to the
   // least / most distance after any allowed token other than EOS. Returns whether the text table was used.
   bool ComputeMask(int32_t state, uint64_t* mask, int32_t* after);
-  // The same, keeping only the tokens after which the distance is at most `limit` (the budget tail).
-  void ComputeTailMask(int32_t state, int32_t limit, uint64_t* mask);
-  // kAfter: track after[0..1] as above; kLimit: keep only tokens ending at distance <= *limit.
+  // The same, keeping only the tokens after which the distance is at most `limit` (the budget tail); the
+  // walked tokens come from the state's budget profile when it has one and `use_profile`.
+  void ComputeTailMask(int32_t state, int32_t limit, uint64_t* mask, bool use_profile = true);
+  // kAfter: track after[0..1] as above (and append (distance, token) to *collect_ when set); kLimit: keep
+  // only tokens ending at distance <= limit.
   template <bool kAfter, bool kLimit>
   void WalkTrie(const ByteTrie& trie, int32_t state, uint64_t* mask, int32_t* after, int32_t limit);
   // The least / most distance after an allowed token of `state`, computing its mask if needed.
@@ -196,6 +203,13 @@ class CompiledGrammar {
   // When the budget left covers the most, the budget mask is the full mask; the least is the floor of
   // the budget limit (some token must stay allowed).
   std::vector<int32_t> after_min_, after_max_;
+  // Budget profiles (mask_table.cc): for a class whose tokens end at different distances, its walked
+  // tokens (the text tokens of the shortcut excluded) as (distance after the token minus the state's
+  // distance, token), sorted; classes with the same list share it. A budget mask is then the text runs
+  // plus a prefix of the list: no walk at decode time.
+  std::vector<std::vector<std::pair<int32_t, int32_t>>> profiles_;
+  std::vector<int32_t> state_profile_;  // per state; -1: none (the budget mask walks)
+  std::vector<std::pair<int32_t, int32_t>>* collect_ = nullptr;
   PrecomputeStats pre_stats_;
 };
 

@@ -224,10 +224,11 @@ TEST(TokenGrammar, MasksEqualTokenByTokenAcceptance) { CheckMasksAgainstOracle(f
 TEST(TokenGrammar, PrecomputedMasksEqualTokenByTokenAcceptance) { CheckMasksAgainstOracle(true); }
 
 // The precomputed table (one mask per class of equivalent states, identical masks shared) gives every
-// state of every test grammar the mask the lazy path (text table + trie walk) computes for that state.
+// state of every test grammar the mask the lazy path (text table + trie walk) computes for that state,
+// and the budget masks built from the budget profiles equal those built by the walk.
 TEST(TokenGrammar, PrecomputedMasksEqualWalkedMasksForAllStates) {
   GrammarCache cache(Tok(), kVocab);
-  size_t states = 0, shared = 0;
+  size_t states = 0, shared = 0, profiles = 0;
   for (const std::string& spec : MaskTestSpecs()) {
     SCOPED_TRACE(spec);
     auto g = cache.Get(spec);
@@ -241,12 +242,20 @@ TEST(TokenGrammar, PrecomputedMasksEqualWalkedMasksForAllStates) {
       const std::vector<uint64_t> want = g->ComputeMaskForTest(s);
       const uint64_t* m = g->Mask(s, 1 << 20, &scratch);
       ASSERT_TRUE(std::equal(want.begin(), want.end(), m)) << "state " << s;
+      // Budget masks from the budget profiles == budget masks by the walk.
+      for (int64_t remaining : {1, 3, 8}) {
+        const std::vector<uint64_t> tail = g->ComputeMaskForTest(s, remaining);
+        const uint64_t* t = g->Mask(s, remaining, &scratch);
+        ASSERT_TRUE(std::equal(tail.begin(), tail.end(), t)) << "state " << s << " remaining " << remaining;
+      }
       ++states;
     }
     EXPECT_EQ(g->cache_stats().full_masks, 0u);  // no mask was computed outside the table
+    profiles += p.profiles;
   }
   EXPECT_GT(states, 10000u);
   EXPECT_GT(shared, 5000u);  // equivalent states and identical masks are shared
+  EXPECT_GT(profiles, 100u);
 }
 
 // Equivalent states of a small DFA: states 1 and 2 accept the same language, 0 and 3 do not.
