@@ -79,7 +79,8 @@ struct Slow {
 void Run(const std::shared_ptr<const Tokenizer>& tok, const json& schemas, const std::vector<std::string>& specs,
          bool precompute) {
   std::printf("\n== %s ==\n", precompute ? "precomputed mask table (the worker's path)" : "lazy masks (no precomputation)");
-  GrammarCache cache(tok, 129280, 64, CompiledGrammar::kDefaultCacheBytes, precompute);
+  GrammarCache cache(tok, 129280, 64, CompiledGrammar::kDefaultCacheBytes,
+                     precompute ? GrammarCache::Precompute::kAtCompile : GrammarCache::Precompute::kNever);
   auto t0 = std::chrono::steady_clock::now();
   cache.Get(R"({"type":"json_schema","schema":{"type":"boolean"}})");  // builds the vocabulary trie once
   std::printf("vocabulary trie: %.1f ms (once per worker)\n", Us(t0) / 1000);

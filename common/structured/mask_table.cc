@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <limits>
 #include <unordered_map>
 
@@ -39,7 +40,7 @@ const CompiledGrammar::PrecomputeStats& CompiledGrammar::Precompute(size_t max_s
       pre_stats_.expand_ms = MsSince(t0);
       return pre_stats_;  // too big to precompute: stays lazy
     }
-    for (uint8_t b : reps) Next(static_cast<int32_t>(s), b);
+    for (uint8_t b : reps) Step(static_cast<int32_t>(s), b);
   }
   const size_t n = sets_.size();
   pre_stats_.states = n;
@@ -75,7 +76,7 @@ const CompiledGrammar::PrecomputeStats& CompiledGrammar::Precompute(size_t max_s
       collect_ = nullptr;
       if (after[1] > after[0] && walked.size() <= kMaxProfileTokens) {
         // Tokens end at different distances: budget masks will be needed; keep the walked tokens.
-        for (auto& [d, tok] : walked) d -= Distance(static_cast<int32_t>(s));
+        for (auto& [d, tok] : walked) d -= dist_[s];
         std::sort(walked.begin(), walked.end());
         const uint64_t h = HashWords(reinterpret_cast<const uint64_t*>(walked.data()), walked.size());
         int32_t p = -1;
@@ -114,8 +115,24 @@ const CompiledGrammar::PrecomputeStats& CompiledGrammar::Precompute(size_t max_s
   pre_stats_.profiles = profiles_.size();
   pre_stats_.masks_ms = MsSince(t0);
   pre_stats_.done = std::find(class_mask.begin(), class_mask.end(), -1) == class_mask.end();
-  Evict();
   return pre_stats_;
+}
+
+void CompiledGrammar::PrecomputeInBackground() {
+  if (!ready_.load(std::memory_order_acquire)) return;  // already running
+  ready_.store(false, std::memory_order_release);
+  background_ = std::async(std::launch::async, [this] {
+    try {
+      Precompute();
+    } catch (...) {
+      // Out of memory, say: the states without a mask in the table stay lazy.
+    }
+    ready_.store(true, std::memory_order_release);
+  });
+}
+
+void CompiledGrammar::WaitForPrecompute() const {
+  if (background_.valid()) background_.wait();
 }
 
 }  // namespace dsmesh::structured

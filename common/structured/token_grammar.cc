@@ -241,7 +241,7 @@ int32_t CompiledGrammar::Intern(std::vector<int32_t> set) {
   return id;
 }
 
-int32_t CompiledGrammar::Next(int32_t state, uint8_t byte) {
+int32_t CompiledGrammar::Step(int32_t state, uint8_t byte) {
   int32_t& slot = trans_[static_cast<size_t>(state) * 256 + byte];
   if (slot != -2) return slot;
   std::vector<int32_t> next;
@@ -255,13 +255,19 @@ int32_t CompiledGrammar::Next(int32_t state, uint8_t byte) {
   return id;
 }
 
+int32_t CompiledGrammar::Next(int32_t state, uint8_t byte) {
+  WaitReady();
+  return Step(state, byte);
+}
+
 int32_t CompiledGrammar::AdvanceToken(int32_t state, int32_t token) {
-  if (token == trie_->eos()) return Accepting(state) ? state : -1;
+  WaitReady();
+  if (token == trie_->eos()) return accepting_[state] ? state : -1;
   if (token < 0 || token >= trie_->vocab_size()) return -1;
   const std::string& b = trie_->bytes(token);
   if (b.empty()) return -1;
   for (unsigned char c : b) {
-    state = Next(state, c);
+    state = Step(state, c);
     if (state < 0) return -1;
   }
   return state;
@@ -279,7 +285,7 @@ int32_t CompiledGrammar::CharTarget(int32_t state) {
     if (target == kUnknown) target = t;
     else if (target != t) mixed = true;
   };
-  auto step = [&](int32_t s, int b) { return s < 0 ? -1 : Next(s, static_cast<uint8_t>(b)); };
+  auto step = [&](int32_t s, int b) { return s < 0 ? -1 : Step(s, static_cast<uint8_t>(b)); };
   auto add = [](std::vector<int32_t>* v, int32_t s) {
     if (std::find(v->begin(), v->end(), s) == v->end()) v->push_back(s);
   };
@@ -359,8 +365,8 @@ void CompiledGrammar::WalkTrie(const ByteTrie& t, int32_t state, uint64_t* mask,
     const int32_t parent = at[node.depth - 1];
     int32_t ns = trans[static_cast<size_t>(parent) * 256 + node.byte];
     if (ns == -2) {
-      ns = Next(parent, node.byte);
-      trans = trans_.data();  // Next may have grown trans_
+      ns = Step(parent, node.byte);
+      trans = trans_.data();  // Step may have grown trans_
     }
     if (ns < 0) {
       n = node.end;
@@ -416,6 +422,7 @@ void CompiledGrammar::Evict() {
 }
 
 CompiledGrammar::CacheStats CompiledGrammar::cache_stats() const {
+  WaitReady();
   return {cache_bytes_ + pre_stats_.bytes, cache_limit_, cache_.size(), evictions_, full_masks_, text_shortcut_,
           tail_masks_};
 }
@@ -434,14 +441,14 @@ bool CompiledGrammar::ComputeMask(int32_t state, uint64_t* mask, int32_t* after)
     for (int32_t n = 1, s = state; n <= limit; ++n) {
       s = CharTarget(s);
       if (trie_->text_start(n) > trie_->text_start(n - 1)) {
-        after[0] = std::min(after[0], Distance(s));
-        after[1] = std::max(after[1], Distance(s));
+        after[0] = std::min(after[0], dist_[s]);
+        after[1] = std::max(after[1], dist_[s]);
       }
     }
     WalkTrie<true, false>(trie_->rest(), state, mask, after, 0);
   }
   const int32_t eos = trie_->eos();
-  if (Accepting(state) && eos >= 0) mask[eos >> 6] |= 1ull << (eos & 63);
+  if (accepting_[state] && eos >= 0) mask[eos >> 6] |= 1ull << (eos & 63);
   return shortcut;
 }
 
@@ -452,7 +459,7 @@ void CompiledGrammar::ComputeTailMask(int32_t state, int32_t limit, uint64_t* ma
   if (profile >= 0) {
     // The walked tokens, by distance after them: a prefix of the profile fits.
     for (const auto& [rel, tok] : profiles_[profile]) {
-      if (Distance(state) + rel > limit) break;
+      if (dist_[state] + rel > limit) break;
       mask[tok >> 6] |= 1ull << (tok & 63);
     }
   }
@@ -470,7 +477,7 @@ void CompiledGrammar::ComputeTailMask(int32_t state, int32_t limit, uint64_t* ma
     };
     for (int32_t n = 1, s = state; n <= chars; ++n) {
       s = CharTarget(s);
-      const bool fits = Distance(s) <= limit;
+      const bool fits = dist_[s] <= limit;
       if (fits && !run_start) run_start = n;
       if (!fits && run_start) close_run(n - 1);
     }
@@ -478,16 +485,17 @@ void CompiledGrammar::ComputeTailMask(int32_t state, int32_t limit, uint64_t* ma
     if (profile < 0) WalkTrie<false, true>(trie_->rest(), state, mask, nullptr, limit);
   }
   const int32_t eos = trie_->eos();
-  if (Accepting(state) && eos >= 0) mask[eos >> 6] |= 1ull << (eos & 63);
+  if (accepting_[state] && eos >= 0) mask[eos >> 6] |= 1ull << (eos & 63);
 }
 
 std::vector<uint64_t> CompiledGrammar::ComputeMaskForTest(int32_t state, int64_t remaining) {
+  WaitReady();
   std::vector<uint64_t> mask(words_, 0);
   int32_t after[2];
   ComputeMask(state, mask.data(), after);
   // The same decisions as Mask(), by the walk.
   const int64_t limit = std::max<int64_t>(remaining - 1, after[0]);
-  if (remaining > Distance(state) + 64 || after[1] <= limit) return mask;
+  if (remaining > dist_[state] + 64 || after[1] <= limit) return mask;
   std::fill(mask.begin(), mask.end(), 0);
   ComputeTailMask(state, static_cast<int32_t>(limit), mask.data(), false);
   return mask;
@@ -512,11 +520,12 @@ const uint64_t* CompiledGrammar::FullMask(int32_t state) {
 
 const uint64_t* CompiledGrammar::Mask(int32_t state, int64_t remaining, std::vector<uint64_t>* scratch) {
   (void)scratch;
+  WaitReady();
   touched_ = 0;
   const uint64_t* full = FullMask(state);
   // Far from the end of the budget no token can push the shortest completion past it.
   constexpr int64_t kMargin = 64;
-  if (remaining > Distance(state) + kMargin) {
+  if (remaining > dist_[state] + kMargin) {
     Evict();
     return full;
   }
@@ -564,7 +573,8 @@ std::shared_ptr<CompiledGrammar> GrammarCache::Get(const std::string& spec_text)
   auto& trie = added ? with_added_ : plain_;
   if (!trie) trie = std::make_shared<VocabTrie>(*tokenizer_, vocab_size_, added);
   auto g = std::make_shared<CompiledGrammar>(std::move(nfa), trie, cache_bytes_);
-  if (precompute_) g->Precompute();
+  if (precompute_ == Precompute::kAtCompile) g->Precompute();
+  if (precompute_ == Precompute::kBackground) g->PrecomputeInBackground();
   if (entries_.size() >= capacity_) {
     auto oldest = entries_.begin();
     for (auto e = entries_.begin(); e != entries_.end(); ++e)

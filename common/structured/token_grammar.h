@@ -18,7 +18,9 @@
 // Cached masks and budget tables are held in an LRU cache bounded in bytes per grammar.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <future>
 #include <list>
 #include <memory>
 #include <string>
@@ -93,21 +95,31 @@ class CompiledGrammar {
   static constexpr size_t kDefaultCacheBytes = size_t{32} << 20;
 
   CompiledGrammar(Nfa nfa, std::shared_ptr<const VocabTrie> trie, size_t cache_bytes = kDefaultCacheBytes);
+  ~CompiledGrammar() { WaitForPrecompute(); }
 
   int32_t start() const { return 0; }
   // State after one byte / a token's bytes; -1 when the language rejects it. EOS leaves the state as is.
   int32_t Next(int32_t state, uint8_t byte);
   int32_t AdvanceToken(int32_t state, int32_t token);
-  bool Accepting(int32_t state) const { return accepting_[state]; }
+  bool Accepting(int32_t state) const {
+    WaitReady();
+    return accepting_[state];
+  }
   // Fewest bytes from `state` to an accepting state.
-  int32_t Distance(int32_t state) const { return dist_[state]; }
+  int32_t Distance(int32_t state) const {
+    WaitReady();
+    return dist_[state];
+  }
 
   // The allowed tokens (bit t of word t / 64) when `remaining` tokens may still be generated (this one
   // included). The pointer stays valid until the next Mask() call on this grammar (the cache may evict
   // it then). `scratch` is unused (kept for callers that pass one).
   const uint64_t* Mask(int32_t state, int64_t remaining, std::vector<uint64_t>* scratch);
   size_t words() const { return words_; }
-  size_t num_states() const { return sets_.size(); }
+  size_t num_states() const {
+    WaitReady();
+    return sets_.size();
+  }
 
   struct CacheStats {
     size_t bytes = 0;          // held now: masks and budget tables
@@ -139,7 +151,13 @@ class CompiledGrammar {
     double expand_ms = 0, classes_ms = 0, masks_ms = 0;
   };
   const PrecomputeStats& Precompute(size_t max_states = kMaxPrecomputeStates);
-  const PrecomputeStats& precompute_stats() const { return pre_stats_; }
+  // Precompute() on a thread of its own, started when a request is admitted, so that it overlaps the
+  // prompt's prefill; the first call that needs the grammar waits for what is left of it.
+  void PrecomputeInBackground();
+  const PrecomputeStats& precompute_stats() const {
+    WaitReady();
+    return pre_stats_;
+  }
   // The mask of `state` by the lazy path (walk, text table), bypassing table, profiles and cache, for
   // `remaining` tokens left: for tests.
   std::vector<uint64_t> ComputeMaskForTest(int32_t state, int64_t remaining = int64_t{1} << 40);
@@ -155,6 +173,13 @@ class CompiledGrammar {
     std::list<uint64_t>::iterator lru;
   };
 
+  // Public calls wait here while PrecomputeInBackground runs (one atomic load once it is done).
+  void WaitReady() const {
+    if (!ready_.load(std::memory_order_acquire)) WaitForPrecompute();
+  }
+  void WaitForPrecompute() const;
+  // The transition, computed on first use (Next() without the wait, for the precomputation itself).
+  int32_t Step(int32_t state, uint8_t byte);
   int32_t Intern(std::vector<int32_t> set);
   void Closure(std::vector<int32_t>* set);
   int32_t CharTarget(int32_t state);
@@ -211,6 +236,8 @@ class CompiledGrammar {
   std::vector<int32_t> state_profile_;  // per state; -1: none (the budget mask walks)
   std::vector<std::pair<int32_t, int32_t>>* collect_ = nullptr;
   PrecomputeStats pre_stats_;
+  std::atomic<bool> ready_{true};  // false while PrecomputeInBackground runs
+  std::future<void> background_;
 };
 
 // Compiled grammars by spec text, sharing one trie per (tokenizer, vocab size, added tokens) (the worker's
@@ -218,9 +245,11 @@ class CompiledGrammar {
 // bounded by `cache_bytes`.
 class GrammarCache {
  public:
-  // `precompute`: CompiledGrammar::Precompute() on every new grammar (off: masks computed lazily).
+  // When a new grammar's masks are precomputed: never (computed lazily, on first use), in Get(), or on a
+  // thread started by Get() (the worker: it overlaps the prefill; the first use waits for the rest).
+  enum class Precompute { kNever, kAtCompile, kBackground };
   GrammarCache(std::shared_ptr<const Tokenizer> tokenizer, int64_t vocab_size, size_t capacity = 64,
-               size_t cache_bytes = CompiledGrammar::kDefaultCacheBytes, bool precompute = true)
+               size_t cache_bytes = CompiledGrammar::kDefaultCacheBytes, Precompute precompute = Precompute::kBackground)
       : tokenizer_(std::move(tokenizer)),
         vocab_size_(vocab_size),
         capacity_(capacity),
@@ -234,7 +263,7 @@ class GrammarCache {
   int64_t vocab_size_;
   size_t capacity_;
   size_t cache_bytes_;
-  bool precompute_;
+  Precompute precompute_;
   std::shared_ptr<const VocabTrie> plain_, with_added_;
   std::unordered_map<std::string, std::pair<std::shared_ptr<CompiledGrammar>, uint64_t>> entries_;
   uint64_t tick_ = 0;

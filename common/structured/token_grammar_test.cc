@@ -193,7 +193,8 @@ std::vector<std::string> MaskTestSpecs() {
 // precomputed at compile time (the worker's path) or computed lazily on first use.
 void CheckMasksAgainstOracle(bool precompute) {
   const std::vector<std::string> specs = MaskTestSpecs();
-  GrammarCache cache(Tok(), kVocab, 64, CompiledGrammar::kDefaultCacheBytes, precompute);
+  GrammarCache cache(Tok(), kVocab, 64, CompiledGrammar::kDefaultCacheBytes,
+                     precompute ? GrammarCache::Precompute::kBackground : GrammarCache::Precompute::kNever);
   size_t checked = 0, shortcut = 0;
   for (size_t i = 0; i < specs.size(); ++i) {
     SCOPED_TRACE(specs[i]);
@@ -256,6 +257,21 @@ TEST(TokenGrammar, PrecomputedMasksEqualWalkedMasksForAllStates) {
   EXPECT_GT(states, 10000u);
   EXPECT_GT(shared, 5000u);  // equivalent states and identical masks are shared
   EXPECT_GT(profiles, 100u);
+}
+
+// Background precomputation: a grammar dropped while its thread runs waits for it (no use after free),
+// and one used at once waits and then gives the table's masks.
+TEST(TokenGrammar, BackgroundPrecomputeIsWaitedFor) {
+  GrammarCache cache(Tok(), kVocab, 1);  // capacity 1: each Get drops the previous grammar
+  cache.Get(R"({"type":"json_object"})");
+  cache.Get(json{{"type", "json_schema"}, {"schema", {{"type", "string"}, {"format", "email"}}}}.dump());
+  auto g = cache.Get(R"({"type":"json_object"})");
+  std::vector<uint64_t> scratch;
+  const uint64_t* m = g->Mask(g->start(), 1 << 20, &scratch);  // waits for the thread
+  EXPECT_TRUE(g->precompute_stats().done);
+  const std::vector<uint64_t> want = g->ComputeMaskForTest(g->start());
+  EXPECT_TRUE(std::equal(want.begin(), want.end(), m));
+  EXPECT_EQ(g->cache_stats().full_masks, 0u);
 }
 
 // Equivalent states of a small DFA: states 1 and 2 accept the same language, 0 and 3 do not.
