@@ -31,9 +31,10 @@ const CompiledGrammar::PrecomputeStats& CompiledGrammar::Precompute(size_t max_s
   if (pre_stats_.done) return pre_stats_;
   auto t0 = std::chrono::steady_clock::now();
   // Every state reachable from the start. Every byte is a token of the vocabulary, so every state can be
-  // the state of some step. One transition per run of equivalent bytes (Next fills the run).
+  // the state of some step. One transition per class of equivalent bytes (Step fills the class).
   std::vector<uint8_t> reps;
-  for (int b = 0; b < 256; b = run_hi_[b] + 1) reps.push_back(static_cast<uint8_t>(b));
+  for (const auto& bytes : class_bytes_) reps.push_back(bytes.front());
+  pre_stats_.byte_classes = reps.size();
   for (size_t s = 0; s < sets_.size(); ++s) {
     if (sets_.size() > max_states) {
       pre_stats_.states = sets_.size();
@@ -64,7 +65,8 @@ const CompiledGrammar::PrecomputeStats& CompiledGrammar::Precompute(size_t max_s
   state_profile_.assign(n, -1);
   std::vector<int32_t> class_profile(classes, -1);
   std::unordered_multimap<uint64_t, int32_t> profile_by_hash;
-  std::vector<std::pair<int32_t, int32_t>> walked;
+  std::vector<std::pair<int32_t, int32_t>> walked, sorted;
+  std::vector<size_t> counts;
   for (size_t s = 0; s < n; ++s) {
     const int32_t c = cls[s];
     if (class_mask[c] == -2) {
@@ -76,8 +78,15 @@ const CompiledGrammar::PrecomputeStats& CompiledGrammar::Precompute(size_t max_s
       collect_ = nullptr;
       if (after[1] > after[0] && walked.size() <= kMaxProfileTokens) {
         // Tokens end at different distances: budget masks will be needed; keep the walked tokens.
-        for (auto& [d, tok] : walked) d -= dist_[s];
-        std::sort(walked.begin(), walked.end());
+        // Counting sort by distance (a small range), walk order kept within one distance: a comparison
+        // sort of thousands of pairs per class was most of the precomputation.
+        const int32_t lo = after[0], range = after[1] - after[0] + 1;
+        counts.assign(static_cast<size_t>(range) + 1, 0);
+        for (const auto& [d, tok] : walked) ++counts[d - lo + 1];
+        for (int32_t r = 0; r < range; ++r) counts[r + 1] += counts[r];
+        sorted.resize(walked.size());
+        for (const auto& [d, tok] : walked) sorted[counts[d - lo]++] = {d - dist_[s], tok};
+        walked.swap(sorted);
         const uint64_t h = HashWords(reinterpret_cast<const uint64_t*>(walked.data()), walked.size());
         int32_t p = -1;
         for (auto [it, end] = profile_by_hash.equal_range(h); it != end && p < 0; ++it)

@@ -175,19 +175,24 @@ CompiledGrammar::CompiledGrammar(Nfa nfa, std::shared_ptr<const VocabTrie> trie,
       }
     }
   }
-  // Bytes between two consecutive edge boundaries are in exactly the same NFA edges, so they lead every
-  // DFA state to the same state: Next() computes one transition per such run and fills the whole run.
-  std::vector<char> boundary(257, 0);
-  boundary[0] = boundary[256] = 1;
+  // Bytes in exactly the same NFA edges lead every DFA state to the same state: Step() computes one
+  // transition per such class and fills the row for all its bytes. The class of a byte is the set of
+  // distinct edge ranges holding it, so bytes need not be adjacent to share one (the letters that no
+  // keyword of the schema uses, say): fewer transitions to build and fewer columns to compare.
+  std::vector<std::pair<uint8_t, uint8_t>> ranges;
   for (const auto& st : nfa_.states)
-    for (const auto& e : st.edges) boundary[e.lo] = boundary[e.hi + 1] = 1;
-  for (int b = 0, lo = 0; b < 256; ++b) {
-    if (boundary[b]) lo = b;
-    run_lo_[b] = static_cast<uint8_t>(lo);
-  }
-  for (int b = 255, hi = 255; b >= 0; --b) {
-    if (boundary[b + 1]) hi = b;
-    run_hi_[b] = static_cast<uint8_t>(hi);
+    for (const auto& e : st.edges) ranges.push_back({e.lo, e.hi});
+  std::sort(ranges.begin(), ranges.end());
+  ranges.erase(std::unique(ranges.begin(), ranges.end()), ranges.end());
+  std::vector<std::string> member_of(256, std::string(ranges.size(), '\0'));
+  for (size_t r = 0; r < ranges.size(); ++r)
+    for (int b = ranges[r].first; b <= ranges[r].second; ++b) member_of[b][r] = 1;
+  std::unordered_map<std::string, uint8_t> class_of;
+  for (int b = 0; b < 256; ++b) {
+    auto [it, added] = class_of.emplace(member_of[b], static_cast<uint8_t>(class_bytes_.size()));
+    if (added) class_bytes_.emplace_back();
+    byte_class_[b] = it->second;
+    class_bytes_[it->second].push_back(static_cast<uint8_t>(b));
   }
   mark_.assign(n, 0);
   std::vector<int32_t> start = {nfa_.start};
@@ -251,7 +256,7 @@ int32_t CompiledGrammar::Step(int32_t state, uint8_t byte) {
   if (!next.empty()) Closure(&next);
   const int32_t id = Intern(std::move(next));
   int32_t* row = &trans_[static_cast<size_t>(state) * 256];  // Intern may have grown trans_
-  for (int b = run_lo_[byte]; b <= run_hi_[byte]; ++b) row[b] = id;
+  for (uint8_t b : class_bytes_[byte_class_[byte]]) row[b] = id;
   return id;
 }
 
@@ -378,7 +383,7 @@ void CompiledGrammar::WalkTrie(const ByteTrie& t, int32_t state, uint64_t* mask,
       if constexpr (kAfter) {
         after[0] = std::min(after[0], dist_[ns]);
         after[1] = std::max(after[1], dist_[ns]);
-        if (collect_)
+        if (collect_ && collect_->size() <= kMaxProfileTokens)  // past the bound no profile is kept
           for (int32_t tok = node.token; tok >= 0; tok = trie_->next_same(tok)) collect_->push_back({dist_[ns], tok});
       }
     }

@@ -144,6 +144,7 @@ class CompiledGrammar {
   struct PrecomputeStats {
     bool done = false;          // every state has its mask in the table
     size_t states = 0;          // DFA states built
+    size_t byte_classes = 0;    // classes of bytes every state treats alike
     int32_t classes = 0;        // classes of equivalent states
     size_t distinct_masks = 0;  // masks stored
     size_t profiles = 0;        // budget profiles stored
@@ -207,7 +208,8 @@ class CompiledGrammar {
   std::vector<std::vector<int32_t>> sets_;
   std::unordered_map<std::string, int32_t> index_;
   std::vector<int32_t> trans_;  // 256 per state; -2 not computed yet
-  uint8_t run_lo_[256], run_hi_[256];  // the run of equivalent bytes each byte is in (first, last)
+  uint8_t byte_class_[256];                      // bytes every state treats alike share a class
+  std::vector<std::vector<uint8_t>> class_bytes_;  // the bytes of each class, ascending
   std::vector<char> accepting_;
   std::vector<int32_t> dist_;
   std::vector<int32_t> char_target_;
@@ -230,7 +232,8 @@ class CompiledGrammar {
   std::vector<int32_t> after_min_, after_max_;
   // Budget profiles (mask_table.cc): for a class whose tokens end at different distances, its walked
   // tokens (the text tokens of the shortcut excluded) as (distance after the token minus the state's
-  // distance, token), sorted; classes with the same list share it. A budget mask is then the text runs
+  // distance, token), sorted by that difference (trie order within one); classes with the same list
+  // share it. A budget mask is then the text runs
   // plus a prefix of the list: no walk at decode time.
   std::vector<std::vector<std::pair<int32_t, int32_t>>> profiles_;
   std::vector<int32_t> state_profile_;  // per state; -1: none (the budget mask walks)
