@@ -195,6 +195,9 @@ CompiledGrammar::CompiledGrammar(Nfa nfa, std::shared_ptr<const VocabTrie> trie,
     class_bytes_[it->second].push_back(static_cast<uint8_t>(b));
   }
   mark_.assign(n, 0);
+  in_next_.assign(n, 0);
+  closures_.resize(n);
+  closure_done_.assign(n, 0);
   std::vector<int32_t> start = {nfa_.start};
   Closure(&start);
   Intern(std::move(start));
@@ -220,6 +223,16 @@ void CompiledGrammar::Closure(std::vector<int32_t>* set) {
              set->end());
   std::sort(set->begin(), set->end());
   set->erase(std::unique(set->begin(), set->end()), set->end());
+}
+
+const std::vector<int32_t>& CompiledGrammar::StateClosure(int32_t s) {
+  if (!closure_done_[s]) {
+    std::vector<int32_t> set = {s};
+    Closure(&set);
+    closures_[s] = std::move(set);
+    closure_done_[s] = 1;
+  }
+  return closures_[s];
 }
 
 int32_t CompiledGrammar::Intern(std::vector<int32_t> set) {
@@ -249,11 +262,18 @@ int32_t CompiledGrammar::Intern(std::vector<int32_t> set) {
 int32_t CompiledGrammar::Step(int32_t state, uint8_t byte) {
   int32_t& slot = trans_[static_cast<size_t>(state) * 256 + byte];
   if (slot != -2) return slot;
+  // The union of the (cached) closures of the targets: no closure search per transition.
   std::vector<int32_t> next;
   for (int32_t s : sets_[state])
     for (const auto& e : nfa_.states[s].edges)
-      if (e.lo <= byte && byte <= e.hi) next.push_back(e.to);
-  if (!next.empty()) Closure(&next);
+      if (e.lo <= byte && byte <= e.hi)
+        for (int32_t t : StateClosure(e.to))
+          if (!in_next_[t]) {
+            in_next_[t] = 1;
+            next.push_back(t);
+          }
+  for (int32_t t : next) in_next_[t] = 0;
+  std::sort(next.begin(), next.end());
   const int32_t id = Intern(std::move(next));
   int32_t* row = &trans_[static_cast<size_t>(state) * 256];  // Intern may have grown trans_
   for (uint8_t b : class_bytes_[byte_class_[byte]]) row[b] = id;

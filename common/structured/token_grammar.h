@@ -182,6 +182,8 @@ class CompiledGrammar {
   // The transition, computed on first use (Next() without the wait, for the precomputation itself).
   int32_t Step(int32_t state, uint8_t byte);
   int32_t Intern(std::vector<int32_t> set);
+  // The closure of one NFA state (as Closure() leaves it), computed once.
+  const std::vector<int32_t>& StateClosure(int32_t s);
   void Closure(std::vector<int32_t>* set);
   int32_t CharTarget(int32_t state);
   int32_t TextLimit(int32_t state);
@@ -216,6 +218,9 @@ class CompiledGrammar {
   std::vector<int32_t> text_limit_;
   size_t words_;
   std::vector<char> mark_;
+  std::vector<char> in_next_;  // Step: NFA states already in the set being built
+  std::vector<std::vector<int32_t>> closures_;
+  std::vector<char> closure_done_;
   std::vector<int32_t> walk_states_;  // WalkTrie: the state at each depth of the current path
   // Masks (key kind 0), budget tables (1) and budget masks (2), most recently used first in lru_.
   std::unordered_map<uint64_t, Entry> cache_;
