@@ -185,7 +185,14 @@ void Run(const std::shared_ptr<const Tokenizer>& tok, const json& schemas, const
   Report("compile: spec -> NFA (per schema)", nfa, "ms", 1000);
   if (precompute) Report("compile: mask precomputation", pre, "ms", 1000);
   Report("compile: total (GrammarCache::Get)", compile, "ms", 1000);
-  {
+  if (precompute) {
+    std::vector<size_t> order(compile.size());
+    for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return compile[a] > compile[b]; });
+    std::printf("next slowest compiles:");
+    for (size_t k = 1; k < std::min<size_t>(6, order.size()); ++k)
+      std::printf(" %s %.1f ms%s", order[k] < schemas.size() ? schemas[order[k]]["name"].get<std::string>().c_str() : "json_object",
+                  compile[order[k]] / 1000, k + 1 < std::min<size_t>(6, order.size()) ? "," : "\n");
     auto g = cache.Get(specs[worst]);
     const auto& p = g->precompute_stats();
     std::printf("slowest compile: %s, %.2f ms (%zu byte classes; DFA states %zu built in %.2f ms, %d classes in %.2f "
