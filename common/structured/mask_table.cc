@@ -25,6 +25,15 @@ uint64_t HashWords(const uint64_t* w, size_t n) {
   return h;
 }
 
+uint64_t HashPairs(const std::vector<std::pair<int32_t, int32_t>>& v) {
+  uint64_t h = 0x9E3779B97F4A7C15ull;
+  for (const auto& [a, b] : v) {
+    const uint64_t w = (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
+    h = (h ^ w) * 0xBF58476D1CE4E5B9ull + (h >> 29);
+  }
+  return h;
+}
+
 }  // namespace
 
 const CompiledGrammar::PrecomputeStats& CompiledGrammar::Precompute(size_t max_states) {
@@ -87,7 +96,7 @@ const CompiledGrammar::PrecomputeStats& CompiledGrammar::Precompute(size_t max_s
         sorted.resize(walked.size());
         for (const auto& [d, tok] : walked) sorted[counts[d - lo]++] = {d - dist_[s], tok};
         walked.swap(sorted);
-        const uint64_t h = HashWords(reinterpret_cast<const uint64_t*>(walked.data()), walked.size());
+        const uint64_t h = HashPairs(walked);
         int32_t p = -1;
         for (auto [it, end] = profile_by_hash.equal_range(h); it != end && p < 0; ++it)
           if (profiles_[it->second] == walked) p = it->second;

@@ -3,7 +3,9 @@
 // vocabulary tokens whose bytes keep the text inside the language. EOS is allowed exactly in accepting
 // states. Near the end of the token budget the mask keeps only tokens after which the text can still be
 // completed in the tokens left (shortest completion counted in bytes, each byte being one token at worst),
-// so even a random model ends with a complete value. Not thread-safe: one executor thread uses it.
+// so even a random model ends with a complete value (a budget mask keeps the tokens whose end state is
+// close enough to acceptance). Not thread-safe: one executor thread uses it (PrecomputeInBackground's
+// thread excepted: every public call waits for it to finish).
 //
 // How a state's mask is computed (once; then cached):
 //   - "Text tokens" are the tokens made only of whole UTF-8 characters that a JSON string holds
@@ -15,7 +17,9 @@
 //   - Every other token (and every token, for states where the characters disagree) is found by one
 //     walk of a byte trie that prunes each subtree the DFA rejects: the trie of the other tokens only,
 //     or the whole vocabulary's.
-// Cached masks and budget tables are held in an LRU cache bounded in bytes per grammar.
+// Masks are precomputed when the grammar is compiled (mask_table.cc: one walk per class of equivalent
+// states, usually on a background thread), so no decode step walks the vocabulary; what stays lazy (budget
+// masks, grammars too large to precompute) is held in an LRU cache bounded in bytes per grammar.
 #pragma once
 
 #include <atomic>
@@ -197,8 +201,6 @@ class CompiledGrammar {
   // only tokens ending at distance <= limit.
   template <bool kAfter, bool kLimit>
   void WalkTrie(const ByteTrie& trie, int32_t state, uint64_t* mask, int32_t* after, int32_t limit);
-  // The least / most distance after an allowed token of `state`, computing its mask if needed.
-  void After(int32_t state, int32_t* least, int32_t* most);
   const uint64_t* FullMask(int32_t state);
   Entry* Find(uint64_t key);
   Entry& Insert(uint64_t key, Entry entry);
@@ -222,7 +224,7 @@ class CompiledGrammar {
   std::vector<std::vector<int32_t>> closures_;
   std::vector<char> closure_done_;
   std::vector<int32_t> walk_states_;  // WalkTrie: the state at each depth of the current path
-  // Masks (key kind 0), budget tables (1) and budget masks (2), most recently used first in lru_.
+  // Lazily computed masks (key kind 0) and budget masks (2), most recently used first in lru_.
   std::unordered_map<uint64_t, Entry> cache_;
   std::list<uint64_t> lru_;
   size_t cache_bytes_ = 0, cache_limit_;
@@ -238,8 +240,7 @@ class CompiledGrammar {
   // Budget profiles (mask_table.cc): for a class whose tokens end at different distances, its walked
   // tokens (the text tokens of the shortcut excluded) as (distance after the token minus the state's
   // distance, token), sorted by that difference (trie order within one); classes with the same list
-  // share it. A budget mask is then the text runs
-  // plus a prefix of the list: no walk at decode time.
+  // share it. A budget mask is then the text runs plus a prefix of the list: no walk at decode time.
   std::vector<std::vector<std::pair<int32_t, int32_t>>> profiles_;
   std::vector<int32_t> state_profile_;  // per state; -1: none (the budget mask walks)
   std::vector<std::pair<int32_t, int32_t>>* collect_ = nullptr;

@@ -218,7 +218,9 @@ void CheckMasksAgainstOracle(bool precompute) {
     shortcut += g->cache_stats().text_shortcut;
   }
   EXPECT_GE(checked, 200u);
-  if (!precompute) EXPECT_GT(shortcut, 20u);  // the shortcut is exercised, not only the walk
+  if (!precompute) {
+    EXPECT_GT(shortcut, 20u);  // the shortcut is exercised, not only the walk
+  }
 }
 
 TEST(TokenGrammar, MasksEqualTokenByTokenAcceptance) { CheckMasksAgainstOracle(false); }
