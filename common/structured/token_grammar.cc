@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <deque>
 #include <limits>
+#include <stdexcept>
 
 #include <nlohmann/json.hpp>
 
@@ -69,31 +70,33 @@ ByteTrie BuildTrie(const std::vector<std::string>& bytes, const std::vector<int3
     (*next_same)[id] = tmp[node].token;
     tmp[node].token = id;
   }
-  // Preorder numbering (smallest byte first).
-  std::vector<uint32_t> order, new_index(tmp.size()), stack = {0};
-  order.reserve(tmp.size());
-  while (!stack.empty()) {
-    const uint32_t n = stack.back();
-    stack.pop_back();
-    new_index[n] = static_cast<uint32_t>(order.size());
-    order.push_back(n);
-    auto& ch = tmp[n].children;
-    std::sort(ch.begin(), ch.end());
-    for (auto it = ch.rbegin(); it != ch.rend(); ++it) stack.push_back(it->second);
-  }
+  // Preorder (smallest byte first); `end` is filled when a node's subtree is done.
   ByteTrie t;
-  t.first.assign(order.size() + 1, 0);
-  t.node_token.resize(order.size());
-  for (size_t i = 0; i < order.size(); ++i) {
-    const TmpNode& n = tmp[order[i]];
-    t.node_token[i] = n.token;
-    t.first[i] = static_cast<uint32_t>(t.child_node.size());
-    for (auto& [byte, idx] : n.children) {
-      t.child_byte.push_back(byte);
-      t.child_node.push_back(new_index[idx]);
+  t.nodes_pre.reserve(tmp.size());
+  struct Frame {
+    uint32_t tmp_node, pre;
+    uint8_t byte;
+    uint16_t depth;
+    bool expanded;
+  };
+  std::vector<Frame> stack = {{0, 0, 0, 0, false}};
+  while (!stack.empty()) {
+    Frame& f = stack.back();
+    if (f.expanded) {
+      t.nodes_pre[f.pre].end = static_cast<uint32_t>(t.nodes_pre.size());
+      stack.pop_back();
+      continue;
     }
+    f.expanded = true;
+    f.pre = static_cast<uint32_t>(t.nodes_pre.size());
+    if (f.depth > 0xFFFF - 1) throw std::runtime_error("token longer than 65535 bytes");
+    t.nodes_pre.push_back({0, tmp[f.tmp_node].token, f.byte, 0, f.depth});
+    t.max_depth = std::max(t.max_depth, f.depth);
+    auto ch = tmp[f.tmp_node].children;
+    std::sort(ch.begin(), ch.end());
+    const uint16_t depth = static_cast<uint16_t>(f.depth + 1);  // f may move when the stack grows
+    for (auto it = ch.rbegin(); it != ch.rend(); ++it) stack.push_back({it->second, 0, it->first, depth, false});
   }
-  t.first[order.size()] = static_cast<uint32_t>(t.child_node.size());
   return t;
 }
 
@@ -103,7 +106,6 @@ VocabTrie::VocabTrie(const Tokenizer& tok, int64_t vocab_size, bool with_added) 
   if (tok.eos_id()) eos_ = *tok.eos_id();
   bytes_.resize(vocab_size);
   next_same_.assign(vocab_size, -1);
-  text_bits_.assign(words(), 0);
   std::vector<int32_t> all, rest;
   std::vector<std::pair<int, int32_t>> text;  // (chars, id)
   const int64_t n = std::min<int64_t>(vocab_size, tok.vocab_size());
@@ -121,7 +123,6 @@ VocabTrie::VocabTrie(const Tokenizer& tok, int64_t vocab_size, bool with_added) 
     const int chars = TextTokenChars(b);
     if (chars > 0) {
       text.push_back({chars, id});
-      text_bits_[id >> 6] |= 1ull << (id & 63);
     } else {
       rest.push_back(id);
     }
@@ -139,6 +140,12 @@ VocabTrie::VocabTrie(const Tokenizer& tok, int64_t vocab_size, bool with_added) 
     text_start_[chars] = text_tokens_.size();
   }
   for (int c = 1; c <= max_chars; ++c) text_start_[c] = std::max(text_start_[c], text_start_[c - 1]);
+  text_upto_.assign(static_cast<size_t>(max_chars + 1) * words(), 0);
+  for (int c = 1; c <= max_chars; ++c) {
+    uint64_t* bits = &text_upto_[static_cast<size_t>(c) * words()];
+    std::copy(bits - words(), bits, bits);
+    for (size_t i = text_start_[c - 1]; i < text_start_[c]; ++i) bits[text_tokens_[i] >> 6] |= 1ull << (text_tokens_[i] & 63);
+  }
 }
 
 // ---- grammar -------------------------------------------------------------------------------
@@ -168,21 +175,29 @@ CompiledGrammar::CompiledGrammar(Nfa nfa, std::shared_ptr<const VocabTrie> trie,
       }
     }
   }
-  // Bytes between two consecutive edge boundaries are in exactly the same NFA edges, so they lead every
-  // DFA state to the same state: Next() computes one transition per such run and fills the whole run.
-  std::vector<char> boundary(257, 0);
-  boundary[0] = boundary[256] = 1;
+  // Bytes in exactly the same NFA edges lead every DFA state to the same state: Step() computes one
+  // transition per such class and fills the row for all its bytes. The class of a byte is the set of
+  // distinct edge ranges holding it, so bytes need not be adjacent to share one (the letters that no
+  // keyword of the schema uses, say): fewer transitions to build and fewer columns to compare.
+  std::vector<std::pair<uint8_t, uint8_t>> ranges;
   for (const auto& st : nfa_.states)
-    for (const auto& e : st.edges) boundary[e.lo] = boundary[e.hi + 1] = 1;
-  for (int b = 0, lo = 0; b < 256; ++b) {
-    if (boundary[b]) lo = b;
-    run_lo_[b] = static_cast<uint8_t>(lo);
-  }
-  for (int b = 255, hi = 255; b >= 0; --b) {
-    if (boundary[b + 1]) hi = b;
-    run_hi_[b] = static_cast<uint8_t>(hi);
+    for (const auto& e : st.edges) ranges.push_back({e.lo, e.hi});
+  std::sort(ranges.begin(), ranges.end());
+  ranges.erase(std::unique(ranges.begin(), ranges.end()), ranges.end());
+  std::vector<std::string> member_of(256, std::string(ranges.size(), '\0'));
+  for (size_t r = 0; r < ranges.size(); ++r)
+    for (int b = ranges[r].first; b <= ranges[r].second; ++b) member_of[b][r] = 1;
+  std::unordered_map<std::string, uint8_t> class_of;
+  for (int b = 0; b < 256; ++b) {
+    auto [it, added] = class_of.emplace(member_of[b], static_cast<uint8_t>(class_bytes_.size()));
+    if (added) class_bytes_.emplace_back();
+    byte_class_[b] = it->second;
+    class_bytes_[it->second].push_back(static_cast<uint8_t>(b));
   }
   mark_.assign(n, 0);
+  in_next_.assign(n, 0);
+  closures_.resize(n);
+  closure_done_.assign(n, 0);
   std::vector<int32_t> start = {nfa_.start};
   Closure(&start);
   Intern(std::move(start));
@@ -210,6 +225,16 @@ void CompiledGrammar::Closure(std::vector<int32_t>* set) {
   set->erase(std::unique(set->begin(), set->end()), set->end());
 }
 
+const std::vector<int32_t>& CompiledGrammar::StateClosure(int32_t s) {
+  if (!closure_done_[s]) {
+    std::vector<int32_t> set = {s};
+    Closure(&set);
+    closures_[s] = std::move(set);
+    closure_done_[s] = 1;
+  }
+  return closures_[s];
+}
+
 int32_t CompiledGrammar::Intern(std::vector<int32_t> set) {
   if (set.empty()) return -1;
   std::string key(reinterpret_cast<const char*>(set.data()), set.size() * sizeof(int32_t));
@@ -227,32 +252,47 @@ int32_t CompiledGrammar::Intern(std::vector<int32_t> set) {
   dist_.push_back(d);
   char_target_.push_back(kUnknown);
   text_limit_.push_back(kUnknown);
+  after_min_.push_back(kUnknown);
+  after_max_.push_back(kUnknown);
   sets_.push_back(std::move(set));
   trans_.resize(trans_.size() + 256, -2);
   return id;
 }
 
-int32_t CompiledGrammar::Next(int32_t state, uint8_t byte) {
+int32_t CompiledGrammar::Step(int32_t state, uint8_t byte) {
   int32_t& slot = trans_[static_cast<size_t>(state) * 256 + byte];
   if (slot != -2) return slot;
+  // The union of the (cached) closures of the targets: no closure search per transition.
   std::vector<int32_t> next;
   for (int32_t s : sets_[state])
     for (const auto& e : nfa_.states[s].edges)
-      if (e.lo <= byte && byte <= e.hi) next.push_back(e.to);
-  if (!next.empty()) Closure(&next);
+      if (e.lo <= byte && byte <= e.hi)
+        for (int32_t t : StateClosure(e.to))
+          if (!in_next_[t]) {
+            in_next_[t] = 1;
+            next.push_back(t);
+          }
+  for (int32_t t : next) in_next_[t] = 0;
+  std::sort(next.begin(), next.end());
   const int32_t id = Intern(std::move(next));
   int32_t* row = &trans_[static_cast<size_t>(state) * 256];  // Intern may have grown trans_
-  for (int b = run_lo_[byte]; b <= run_hi_[byte]; ++b) row[b] = id;
+  for (uint8_t b : class_bytes_[byte_class_[byte]]) row[b] = id;
   return id;
 }
 
+int32_t CompiledGrammar::Next(int32_t state, uint8_t byte) {
+  WaitReady();
+  return Step(state, byte);
+}
+
 int32_t CompiledGrammar::AdvanceToken(int32_t state, int32_t token) {
-  if (token == trie_->eos()) return Accepting(state) ? state : -1;
+  WaitReady();
+  if (token == trie_->eos()) return accepting_[state] ? state : -1;
   if (token < 0 || token >= trie_->vocab_size()) return -1;
   const std::string& b = trie_->bytes(token);
   if (b.empty()) return -1;
   for (unsigned char c : b) {
-    state = Next(state, c);
+    state = Step(state, c);
     if (state < 0) return -1;
   }
   return state;
@@ -270,7 +310,7 @@ int32_t CompiledGrammar::CharTarget(int32_t state) {
     if (target == kUnknown) target = t;
     else if (target != t) mixed = true;
   };
-  auto step = [&](int32_t s, int b) { return s < 0 ? -1 : Next(s, static_cast<uint8_t>(b)); };
+  auto step = [&](int32_t s, int b) { return s < 0 ? -1 : Step(s, static_cast<uint8_t>(b)); };
   auto add = [](std::vector<int32_t>* v, int32_t s) {
     if (std::find(v->begin(), v->end(), s) == v->end()) v->push_back(s);
   };
@@ -334,36 +374,47 @@ int32_t CompiledGrammar::TextLimit(int32_t state) {
   return limit;
 }
 
-// Adds to `mask` every token of `trie` the DFA accepts from `state`: one walk that prunes each subtree the
-// DFA rejects.
-void CompiledGrammar::WalkTrie(const ByteTrie& t, int32_t state, uint64_t* mask) {
-  stack_node_.assign(1, 0);
-  stack_state_.assign(1, state);
-  while (!stack_node_.empty()) {
-    const uint32_t node = stack_node_.back();
-    const int32_t st = stack_state_.back();
-    stack_node_.pop_back();
-    stack_state_.pop_back();
-    const size_t row = static_cast<size_t>(st) * 256;
-    for (uint32_t c = t.first[node]; c < t.first[node + 1]; ++c) {
-      const uint8_t byte = t.child_byte[c];
-      int32_t ns = trans_[row + byte];
-      if (ns == -2) ns = Next(st, byte);
-      if (ns < 0) continue;
-      const uint32_t child = t.child_node[c];
-      for (int32_t tok = t.node_token[child]; tok >= 0; tok = trie_->next_same(tok)) mask[tok >> 6] |= 1ull << (tok & 63);
-      if (t.first[child] != t.first[child + 1]) {
-        stack_node_.push_back(child);
-        stack_state_.push_back(ns);
+// Adds to `mask` every token of `trie` the DFA accepts from `state`: one pass over the preorder nodes
+// that jumps past each subtree the DFA rejects. The state of a node's parent is the one last set at the
+// parent's depth, so a small array by depth replaces a stack.
+template <bool kAfter, bool kLimit>
+void CompiledGrammar::WalkTrie(const ByteTrie& t, int32_t state, uint64_t* mask, int32_t* after, int32_t limit) {
+  walk_states_.resize(static_cast<size_t>(t.max_depth) + 1);
+  int32_t* at = walk_states_.data();
+  at[0] = state;
+  const ByteTrie::Node* nodes = t.nodes_pre.data();
+  const uint32_t n_nodes = static_cast<uint32_t>(t.nodes());
+  const int32_t* trans = trans_.data();
+  for (uint32_t n = 1; n < n_nodes;) {
+    const ByteTrie::Node& node = nodes[n];
+    const int32_t parent = at[node.depth - 1];
+    int32_t ns = trans[static_cast<size_t>(parent) * 256 + node.byte];
+    if (ns == -2) {
+      ns = Step(parent, node.byte);
+      trans = trans_.data();  // Step may have grown trans_
+    }
+    if (ns < 0) {
+      n = node.end;
+      continue;
+    }
+    at[node.depth] = ns;
+    if (node.token >= 0 && (!kLimit || dist_[ns] <= limit)) {
+      for (int32_t tok = node.token; tok >= 0; tok = trie_->next_same(tok)) mask[tok >> 6] |= 1ull << (tok & 63);
+      if constexpr (kAfter) {
+        after[0] = std::min(after[0], dist_[ns]);
+        after[1] = std::max(after[1], dist_[ns]);
+        if (collect_ && collect_->size() <= kMaxProfileTokens)  // past the bound no profile is kept
+          for (int32_t tok = node.token; tok >= 0; tok = trie_->next_same(tok)) collect_->push_back({dist_[ns], tok});
       }
     }
+    ++n;
   }
 }
 
 // ---- cache ---------------------------------------------------------------------------------
 
 namespace {
-constexpr uint64_t kFullMask = 0, kTailTable = 1, kTailMask = 2;
+constexpr uint64_t kFullMask = 0, kTailMask = 2;
 uint64_t Key(uint64_t kind, int32_t state, uint64_t limit = 0) {
   return (kind << 62) | (static_cast<uint64_t>(state) << 20) | limit;
 }
@@ -386,7 +437,7 @@ CompiledGrammar::Entry& CompiledGrammar::Insert(uint64_t key, Entry entry) {
 }
 
 void CompiledGrammar::Evict() {
-  while (cache_bytes_ > cache_limit_ && lru_.size() > touched_) {
+  while (cache_bytes_ + pre_stats_.bytes > cache_limit_ && lru_.size() > touched_) {
     auto it = cache_.find(lru_.back());
     cache_bytes_ -= it->second.bytes;
     cache_.erase(it);
@@ -396,100 +447,133 @@ void CompiledGrammar::Evict() {
 }
 
 CompiledGrammar::CacheStats CompiledGrammar::cache_stats() const {
-  return {cache_bytes_, cache_limit_, cache_.size(), evictions_, full_masks_, text_shortcut_};
+  WaitReady();
+  return {cache_bytes_ + pre_stats_.bytes, cache_limit_, cache_.size(), evictions_, full_masks_, text_shortcut_,
+          tail_masks_};
+}
+
+bool CompiledGrammar::ComputeMask(int32_t state, uint64_t* mask, int32_t* after) {
+  after[0] = std::numeric_limits<int32_t>::max();
+  after[1] = std::numeric_limits<int32_t>::min();
+  const int32_t limit = TextLimit(state);
+  const bool shortcut = limit != kNoShortcut;
+  if (!shortcut) {
+    WalkTrie<true, false>(trie_->all(), state, mask, after, 0);
+  } else {
+    const uint64_t* text = trie_->text_bits_upto(limit);
+    for (size_t w = 0; w < words_; ++w) mask[w] |= text[w];
+    // Text tokens of n characters end n steps along the CharTarget chain.
+    for (int32_t n = 1, s = state; n <= limit; ++n) {
+      s = CharTarget(s);
+      if (trie_->text_start(n) > trie_->text_start(n - 1)) {
+        after[0] = std::min(after[0], dist_[s]);
+        after[1] = std::max(after[1], dist_[s]);
+      }
+    }
+    WalkTrie<true, false>(trie_->rest(), state, mask, after, 0);
+  }
+  const int32_t eos = trie_->eos();
+  if (accepting_[state] && eos >= 0) mask[eos >> 6] |= 1ull << (eos & 63);
+  return shortcut;
+}
+
+void CompiledGrammar::ComputeTailMask(int32_t state, int32_t limit, uint64_t* mask, bool use_profile) {
+  const int32_t chars = TextLimit(state);
+  const int32_t profile =
+      use_profile && static_cast<size_t>(state) < state_profile_.size() ? state_profile_[state] : -1;
+  if (profile >= 0) {
+    // The walked tokens, by distance after them: a prefix of the profile fits.
+    for (const auto& [rel, tok] : profiles_[profile]) {
+      if (dist_[state] + rel > limit) break;
+      mask[tok >> 6] |= 1ull << (tok & 63);
+    }
+  }
+  if (chars == kNoShortcut) {
+    if (profile < 0) WalkTrie<false, true>(trie_->all(), state, mask, nullptr, limit);
+  } else {
+    // Text tokens: each run a..b of character counts whose chain state is close enough is one bitset
+    // difference (text_bits_upto(b) minus text_bits_upto(a - 1)).
+    int32_t run_start = 0;  // 0: not in a run
+    auto close_run = [&](int32_t last) {
+      const uint64_t* hi = trie_->text_bits_upto(last);
+      const uint64_t* lo = trie_->text_bits_upto(run_start - 1);
+      for (size_t w = 0; w < words_; ++w) mask[w] |= hi[w] & ~lo[w];
+      run_start = 0;
+    };
+    for (int32_t n = 1, s = state; n <= chars; ++n) {
+      s = CharTarget(s);
+      const bool fits = dist_[s] <= limit;
+      if (fits && !run_start) run_start = n;
+      if (!fits && run_start) close_run(n - 1);
+    }
+    if (run_start) close_run(chars);
+    if (profile < 0) WalkTrie<false, true>(trie_->rest(), state, mask, nullptr, limit);
+  }
+  const int32_t eos = trie_->eos();
+  if (accepting_[state] && eos >= 0) mask[eos >> 6] |= 1ull << (eos & 63);
+}
+
+std::vector<uint64_t> CompiledGrammar::ComputeMaskForTest(int32_t state, int64_t remaining) {
+  WaitReady();
+  std::vector<uint64_t> mask(words_, 0);
+  int32_t after[2];
+  ComputeMask(state, mask.data(), after);
+  // The same decisions as Mask(), by the walk.
+  const int64_t limit = std::max<int64_t>(remaining - 1, after[0]);
+  if (remaining > dist_[state] + 64 || after[1] <= limit) return mask;
+  std::fill(mask.begin(), mask.end(), 0);
+  ComputeTailMask(state, static_cast<int32_t>(limit), mask.data(), false);
+  return mask;
 }
 
 const uint64_t* CompiledGrammar::FullMask(int32_t state) {
+  if (static_cast<size_t>(state) < state_mask_.size() && state_mask_[state] >= 0)
+    return pre_masks_[state_mask_[state]].get();
   if (Entry* e = Find(Key(kFullMask, state))) return e->bits.get();
   Entry e;
   e.bits = std::make_unique<uint64_t[]>(words_);
   e.bytes = words_ * sizeof(uint64_t);
   uint64_t* mask = e.bits.get();
   std::fill(mask, mask + words_, 0);
-  const int32_t limit = TextLimit(state);
-  if (limit == kNoShortcut) {
-    WalkTrie(trie_->all(), state, mask);
-  } else {
-    ++text_shortcut_;
-    if (limit == trie_->max_text_chars()) {
-      const uint64_t* text = trie_->text_bits();
-      for (size_t w = 0; w < words_; ++w) mask[w] |= text[w];
-    } else {
-      const auto& text = trie_->text_tokens();
-      for (size_t i = 0, end = trie_->text_start(limit); i < end; ++i) mask[text[i] >> 6] |= 1ull << (text[i] & 63);
-    }
-    WalkTrie(trie_->rest(), state, mask);
-  }
-  const int32_t eos = trie_->eos();
-  if (Accepting(state) && eos >= 0) mask[eos >> 6] |= 1ull << (eos & 63);
+  int32_t after[2];
+  if (ComputeMask(state, mask, after)) ++text_shortcut_;
+  after_min_[state] = after[0];
+  after_max_[state] = after[1];
   ++full_masks_;
   return Insert(Key(kFullMask, state), std::move(e)).bits.get();
 }
 
-// Per state, once: the shortest completion after each allowed token. Text tokens under the shortcut are
-// grouped by character count (the state after n characters is the same for all of them).
-const CompiledGrammar::TailTable& CompiledGrammar::Tail(int32_t state, const uint64_t* full) {
-  if (Entry* e = Find(Key(kTailTable, state))) return e->table;
-  Entry e;
-  TailTable& t = e.table;
-  const int32_t limit = TextLimit(state);
-  const bool shortcut = limit != kNoShortcut;
-  const uint64_t* text = trie_->text_bits();
-  for (size_t w = 0; w < words_; ++w) {
-    uint64_t bits = full[w] & (shortcut ? ~text[w] : ~uint64_t{0});
-    while (bits) {
-      const int32_t tok = static_cast<int32_t>(w * 64 + __builtin_ctzll(bits));
-      bits &= bits - 1;
-      if (tok == trie_->eos()) continue;
-      const int32_t ns = AdvanceToken(state, tok);
-      if (ns >= 0) t.tokens.push_back({Distance(ns), tok});
-    }
-  }
-  std::sort(t.tokens.begin(), t.tokens.end());
-  t.best = t.tokens.empty() ? std::numeric_limits<int32_t>::max() : t.tokens.front().first;
-  if (shortcut) {
-    for (int32_t n = 1, s = state; n <= limit; ++n) {
-      s = CharTarget(s);
-      t.text_distance.push_back(Distance(s));
-      if (trie_->text_start(n) > trie_->text_start(n - 1)) t.best = std::min(t.best, Distance(s));
-    }
-  }
-  e.bytes = t.tokens.capacity() * sizeof(t.tokens[0]) + t.text_distance.capacity() * sizeof(int32_t) + sizeof(Entry);
-  return Insert(Key(kTailTable, state), std::move(e)).table;
-}
-
 const uint64_t* CompiledGrammar::Mask(int32_t state, int64_t remaining, std::vector<uint64_t>* scratch) {
   (void)scratch;
+  WaitReady();
   touched_ = 0;
   const uint64_t* full = FullMask(state);
   // Far from the end of the budget no token can push the shortest completion past it.
   constexpr int64_t kMargin = 64;
-  if (remaining > Distance(state) + kMargin) {
+  if (remaining > dist_[state] + kMargin) {
+    Evict();
+    return full;
+  }
+  // When every allowed token leaves a completion within the budget, the budget mask is the full one.
+  // The limit never goes below the least distance after a token, so some token stays allowed.
+  const int64_t limit = std::max<int64_t>(remaining - 1, after_min_[state]);
+  if (after_max_[state] <= limit) {
     Evict();
     return full;
   }
   // Per (state, limit): the mask of the tokens whose shortest completion fits, cached.
-  const TailTable& t = Tail(state, full);
-  const int64_t limit = std::max<int64_t>(remaining - 1, t.best);
   const uint64_t key = Key(kTailMask, state, static_cast<uint64_t>(std::min<int64_t>(limit, 0xFFFFF)));
   if (Entry* e = Find(key)) {
     Evict();
     return e->bits.get();
   }
+  ++tail_masks_;
   Entry e;
   e.bits = std::make_unique<uint64_t[]>(words_);
   e.bytes = words_ * sizeof(uint64_t);
   uint64_t* mask = e.bits.get();
   std::fill(mask, mask + words_, 0);
-  for (auto [d, tok] : t.tokens) {
-    if (d > limit) break;
-    mask[tok >> 6] |= 1ull << (tok & 63);
-  }
-  const auto& text = trie_->text_tokens();
-  for (size_t n = 1; n <= t.text_distance.size(); ++n)
-    if (t.text_distance[n - 1] <= limit)
-      for (size_t i = trie_->text_start(n - 1); i < trie_->text_start(n); ++i) mask[text[i] >> 6] |= 1ull << (text[i] & 63);
-  if (Accepting(state) && trie_->eos() >= 0) mask[trie_->eos() >> 6] |= 1ull << (trie_->eos() & 63);
+  ComputeTailMask(state, static_cast<int32_t>(limit), mask);
   const uint64_t* out = Insert(key, std::move(e)).bits.get();
   Evict();
   return out;
@@ -514,6 +598,8 @@ std::shared_ptr<CompiledGrammar> GrammarCache::Get(const std::string& spec_text)
   auto& trie = added ? with_added_ : plain_;
   if (!trie) trie = std::make_shared<VocabTrie>(*tokenizer_, vocab_size_, added);
   auto g = std::make_shared<CompiledGrammar>(std::move(nfa), trie, cache_bytes_);
+  if (precompute_ == Precompute::kAtCompile) g->Precompute();
+  if (precompute_ == Precompute::kBackground) g->PrecomputeInBackground();
   if (entries_.size() >= capacity_) {
     auto oldest = entries_.begin();
     for (auto e = entries_.begin(); e != entries_.end(); ++e)

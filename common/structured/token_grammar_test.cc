@@ -14,6 +14,7 @@
 
 #include "common/repo_file.h"
 #include "common/structured/schema_compiler.h"
+#include "common/structured/state_classes.h"
 
 namespace dsmesh::structured {
 namespace {
@@ -164,10 +165,9 @@ std::vector<int32_t> WalkStates(CompiledGrammar& g, uint64_t seed, size_t max) {
   return states;
 }
 
-// Every mask (the text-token shortcut, the walk of the other tokens, the budget tables) equals the set of
-// tokens the DFA accepts token by token, on states of every schema, json_object, a tool-call grammar and
-// strings with length bounds (states where text characters lead to a chain of states).
-TEST(TokenGrammar, MasksEqualTokenByTokenAcceptance) {
+// The specs of the mask tests: every schema, json_object, strings with length bounds (states where text
+// characters lead to a chain of states) and a tool-call grammar.
+std::vector<std::string> MaskTestSpecs() {
   std::ifstream in(RepoFile("common/structured/testdata/schemas.json"));
   json schemas = json::parse(in);
   std::vector<std::string> specs;
@@ -185,7 +185,16 @@ TEST(TokenGrammar, MasksEqualTokenByTokenAcceptance) {
                                                    {"properties", {{"text", {{"type", "string"}}}}},
                                                    {"required", {"text"}}}}}}}}
                       .dump());
-  GrammarCache cache(Tok(), kVocab);
+  return specs;
+}
+
+// Every mask (the text-token shortcut, the walk of the other tokens, the budget tables) equals the set of
+// tokens the DFA accepts token by token, on states of every spec of MaskTestSpecs, with the masks
+// precomputed at compile time (the worker's path) or computed lazily on first use.
+void CheckMasksAgainstOracle(bool precompute) {
+  const std::vector<std::string> specs = MaskTestSpecs();
+  GrammarCache cache(Tok(), kVocab, 64, CompiledGrammar::kDefaultCacheBytes,
+                     precompute ? GrammarCache::Precompute::kBackground : GrammarCache::Precompute::kNever);
   size_t checked = 0, shortcut = 0;
   for (size_t i = 0; i < specs.size(); ++i) {
     SCOPED_TRACE(specs[i]);
@@ -209,10 +218,90 @@ TEST(TokenGrammar, MasksEqualTokenByTokenAcceptance) {
     shortcut += g->cache_stats().text_shortcut;
   }
   EXPECT_GE(checked, 200u);
-  EXPECT_GT(shortcut, 20u);  // the shortcut is exercised, not only the walk
+  if (!precompute) {
+    EXPECT_GT(shortcut, 20u);  // the shortcut is exercised, not only the walk
+  }
 }
 
-// The mask cache stays within its byte bound (evicting the least recently used masks and tables), and
+TEST(TokenGrammar, MasksEqualTokenByTokenAcceptance) { CheckMasksAgainstOracle(false); }
+TEST(TokenGrammar, PrecomputedMasksEqualTokenByTokenAcceptance) { CheckMasksAgainstOracle(true); }
+
+// The precomputed table (one mask per class of equivalent states, identical masks shared) gives every
+// state of every test grammar the mask the lazy path (text table + trie walk) computes for that state,
+// and the budget masks built from the budget profiles equal those built by the walk.
+TEST(TokenGrammar, PrecomputedMasksEqualWalkedMasksForAllStates) {
+  GrammarCache cache(Tok(), kVocab);
+  size_t states = 0, shared = 0, profiles = 0;
+  for (const std::string& spec : MaskTestSpecs()) {
+    SCOPED_TRACE(spec);
+    auto g = cache.Get(spec);
+    const auto& p = g->precompute_stats();
+    ASSERT_TRUE(p.done);
+    EXPECT_EQ(p.states, g->num_states());  // every reachable state was built: none appears later
+    EXPECT_LE(p.distinct_masks, static_cast<size_t>(p.classes));
+    shared += g->num_states() - p.distinct_masks;
+    std::vector<uint64_t> scratch;
+    for (int32_t s = 0; s < static_cast<int32_t>(g->num_states()); ++s) {
+      const std::vector<uint64_t> want = g->ComputeMaskForTest(s);
+      const uint64_t* m = g->Mask(s, 1 << 20, &scratch);
+      ASSERT_TRUE(std::equal(want.begin(), want.end(), m)) << "state " << s;
+      // Budget masks from the budget profiles == budget masks by the walk.
+      for (int64_t remaining : {1, 3, 8}) {
+        const std::vector<uint64_t> tail = g->ComputeMaskForTest(s, remaining);
+        const uint64_t* t = g->Mask(s, remaining, &scratch);
+        ASSERT_TRUE(std::equal(tail.begin(), tail.end(), t)) << "state " << s << " remaining " << remaining;
+      }
+      ++states;
+    }
+    EXPECT_EQ(g->cache_stats().full_masks, 0u);  // no mask was computed outside the table
+    profiles += p.profiles;
+  }
+  EXPECT_GT(states, 10000u);
+  EXPECT_GT(shared, 5000u);  // equivalent states and identical masks are shared
+  EXPECT_GT(profiles, 100u);
+}
+
+// Background precomputation: a grammar dropped while its thread runs waits for it (no use after free),
+// and one used at once waits and then gives the table's masks.
+TEST(TokenGrammar, BackgroundPrecomputeIsWaitedFor) {
+  GrammarCache cache(Tok(), kVocab, 1);  // capacity 1: each Get drops the previous grammar
+  cache.Get(R"({"type":"json_object"})");
+  cache.Get(json{{"type", "json_schema"}, {"schema", {{"type", "string"}, {"format", "email"}}}}.dump());
+  auto g = cache.Get(R"({"type":"json_object"})");
+  std::vector<uint64_t> scratch;
+  const uint64_t* m = g->Mask(g->start(), 1 << 20, &scratch);  // waits for the thread
+  EXPECT_TRUE(g->precompute_stats().done);
+  const std::vector<uint64_t> want = g->ComputeMaskForTest(g->start());
+  EXPECT_TRUE(std::equal(want.begin(), want.end(), m));
+  EXPECT_EQ(g->cache_stats().full_masks, 0u);
+}
+
+// Equivalent states of a small DFA: states 1 and 2 accept the same language, 0 and 3 do not.
+TEST(StateClasses, MooreRefinement) {
+  // 0 -a-> 1, 0 -b-> 2, 1 -a-> 3, 2 -a-> 3, 3 accepting, 3 -a-> 3.
+  std::vector<int32_t> trans(4 * 256, -1);
+  trans[0 * 256 + 'a'] = 1;
+  trans[0 * 256 + 'b'] = 2;
+  trans[1 * 256 + 'a'] = 3;
+  trans[2 * 256 + 'a'] = 3;
+  trans[3 * 256 + 'a'] = 3;
+  std::vector<char> accepting = {0, 0, 0, 1};
+  std::vector<uint8_t> reps = {0, 'a', 'b', 'c'};
+  int32_t classes = 0;
+  std::vector<int32_t> cls = EquivalentStates(4, accepting, trans.data(), reps, &classes);
+  EXPECT_EQ(classes, 3);
+  EXPECT_EQ(cls[1], cls[2]);
+  EXPECT_NE(cls[0], cls[1]);
+  EXPECT_NE(cls[0], cls[3]);
+  EXPECT_NE(cls[1], cls[3]);
+  // One more byte tells 1 and 2 apart.
+  trans[2 * 256 + 'c'] = 3;
+  cls = EquivalentStates(4, accepting, trans.data(), reps, &classes);
+  EXPECT_EQ(classes, 4);
+  EXPECT_NE(cls[1], cls[2]);
+}
+
+// The mask cache stays within its byte bound (evicting the least recently used masks), and
 // masks recomputed after eviction are the same.
 TEST(TokenGrammar, MaskCacheIsBoundedInBytes) {
   const size_t limit = 256 << 10;  // room for ~15 masks of 129,280 bits
@@ -232,7 +321,7 @@ TEST(TokenGrammar, MaskCacheIsBoundedInBytes) {
   ASSERT_GT(states.size(), 30u);
   for (int32_t s : states) {
     g->Mask(s, 1 << 20, &scratch);
-    g->Mask(s, 5, &scratch);  // a budget table and a budget mask too
+    g->Mask(s, 5, &scratch);  // a budget mask too
     auto st = g->cache_stats();
     EXPECT_TRUE(st.bytes <= limit || st.entries <= 3) << st.bytes << " bytes in " << st.entries << " entries";
   }
