@@ -15,15 +15,22 @@ const SCHEMAS = JSON.parse(fs.readFileSync(path.join(ROOT, 'common/structured/te
 const VALIDATE = path.join(ROOT, 'common/structured/testdata/validate.py');
 // --speculative: the mesh runs MTP speculation (3 drafts): drafts that leave the grammar must be rejected.
 const SPECULATIVE = args.includes('--speculative');
+// --trained: the trained small model `./dsmesh up` serves (models/dsv4-small) instead of the random one.
+const TRAINED = args.includes('--trained');
+const MODEL_KIND = TRAINED ? 'trained model' : 'random model';
 const PYTHON = fs.existsSync('/usr/bin/python3') ? '/usr/bin/python3' : 'python3';
 
 async function startUp() {
   const dir = fs.mkdtempSync(path.join(process.env.TEST_TMPDIR || os.tmpdir(), 'structured-'));
-  const model = path.join(dir, 'tiny');
-  const mk = spawnSync(DSMESH, ['make-tiny', '--out', model], { encoding: 'utf8' });
-  assertEq(mk.status, 0, `make-tiny: ${mk.stderr}`);
+  let model = path.join(ROOT, 'models/dsv4-small');
+  if (!TRAINED) {
+    model = path.join(dir, 'tiny');
+    const mk = spawnSync(DSMESH, ['make-tiny', '--out', model], { encoding: 'utf8' });
+    assertEq(mk.status, 0, `make-tiny: ${mk.stderr}`);
+  }
+  assert(fs.existsSync(path.join(model, 'config.json')), `${model}: no config.json`);
   const port = await freePort();
-  const up = track(spawn(DSMESH, ['up', '--model', model, '--world', '2', '--port', String(port), '--kv-memory', '64M',
+  const up = track(spawn(DSMESH, ['up', '--model', model, '--world', TRAINED ? '1' : '2', '--port', String(port), '--kv-memory', '64M',
     '--max-num-seqs', '4', '--served-model-name', 'tiny-model',
     ...(SPECULATIVE ? ['--speculative-config', '{"method":"mtp","num_speculative_tokens":3}'] : [])], { stdio: ['ignore', 'ignore', 'pipe'] }), 'SIGINT');
   let log = '';
@@ -70,7 +77,7 @@ const lookup = {
 };
 
 const cases = [
-  [`response_format json_schema: ${SCHEMAS.length} schemas, every output validates (random model, sampled)`, async ({ m }) => {
+  [`response_format json_schema: ${SCHEMAS.length} schemas, every output validates (${MODEL_KIND}, sampled)`, async ({ m }) => {
     const outs = await pool(SCHEMAS, 4, async (s, i) => {
       const r = await client(m).chat.completions.create({
         model: 'tiny-model', messages, max_tokens: 96, temperature: 1, seed: 100 + i,
