@@ -261,6 +261,10 @@ __global__ void TopKKernel(const float* scores, int64_t ld_scores, int64_t num_k
   for (int i = threadIdx.x; i < top_k; i += blockDim.x) out[r * top_k + i] = i < k ? sel_idx[i] : -1;
 }
 
+struct RowSpan {
+  int64_t lo = 0, nwin = 0, visible = 0, nkeys = 0;
+};
+
 // Key j of query row r: the window rows first, then the compressed entries (listed or all visible).
 // Null for a listed entry that is absent or not yet visible.
 struct AttnKeys {
@@ -270,6 +274,22 @@ struct AttnKeys {
   const int32_t* topk;
   int64_t topk_cols, start, num_entries, d, ring_slots;
   int window, ratio;
+
+  // The keys query row r sees: window positions lo .. lo + nwin - 1, then its compressed entries (the
+  // visible ones, or the top-k list), nkeys in all.
+  __device__ RowSpan Span(int64_t r) const {
+    RowSpan sp;
+    const int64_t t = start + r;
+    sp.lo = t - window + 1 > 0 ? t - window + 1 : 0;
+    sp.nwin = t - sp.lo + 1;
+    int64_t ncomp = 0;
+    if (entries.pool && ratio > 0) {
+      sp.visible = min(num_entries, (t + 1) / ratio);
+      ncomp = topk ? topk_cols : sp.visible;
+    }
+    sp.nkeys = sp.nwin + ncomp;
+    return sp;
+  }
 
   __device__ const float* Key(int64_t r, int64_t lo, int64_t nwin, int64_t visible, int64_t j) const {
     if (j < nwin) {
@@ -289,15 +309,8 @@ __global__ void AttentionKernel(const float* q, int64_t heads, AttnKeys keys, co
   float* qs = smem;                          // d
   float* s = smem + kAttnFixedSmemFloats;    // keys
   const int64_t r = blockIdx.x / heads, h = blockIdx.x % heads, d = keys.d;
-  const int64_t t = keys.start + r;
-  const int64_t lo = t - keys.window + 1 > 0 ? t - keys.window + 1 : 0;
-  const int64_t nwin = t - lo + 1;
-  int64_t visible = 0, ncomp = 0;
-  if (keys.entries.pool && keys.ratio > 0) {
-    visible = min(keys.num_entries, (t + 1) / keys.ratio);
-    ncomp = keys.topk ? keys.topk_cols : visible;
-  }
-  const int64_t nkeys = nwin + ncomp;
+  const RowSpan span = keys.Span(r);
+  const int64_t lo = span.lo, nwin = span.nwin, visible = span.visible, nkeys = span.nkeys;
   for (int64_t c = threadIdx.x; c < d; c += blockDim.x) qs[c] = q[(r * heads + h) * d + c];
   __syncthreads();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
@@ -391,15 +404,8 @@ __global__ void __launch_bounds__(kSplitThreads) AttentionSplitKernel(const floa
   float* alpha = ps + head_group * kSplitKeys;       // [head_group] rescale of the running values
   const int64_t groups = heads / head_group;
   const int64_t r = blockIdx.x / groups, h0 = (blockIdx.x % groups) * head_group, g = blockIdx.y;
-  const int64_t t = keys.start + r;
-  const int64_t lo = t - keys.window + 1 > 0 ? t - keys.window + 1 : 0;
-  const int64_t nwin = t - lo + 1;
-  int64_t visible = 0, ncomp = 0;
-  if (keys.entries.pool && keys.ratio > 0) {
-    visible = min(keys.num_entries, (t + 1) / keys.ratio);
-    ncomp = keys.topk ? keys.topk_cols : visible;
-  }
-  const int64_t nkeys = nwin + ncomp;
+  const RowSpan span = keys.Span(r);
+  const int64_t lo = span.lo, nwin = span.nwin, visible = span.visible, nkeys = span.nkeys;
   const int64_t k_begin = g * keys_per_range;
   const int64_t k_end = nkeys < k_begin + keys_per_range ? nkeys : k_begin + keys_per_range;
   for (int i = threadIdx.x; i < head_group * static_cast<int>(d); i += blockDim.x) qs[i] = q[(r * heads + h0) * d + i];
