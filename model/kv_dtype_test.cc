@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <numeric>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -94,6 +95,29 @@ void Compare(const std::string& name, const std::string& dir, const std::vector<
     EXPECT_LE(mean, bf16 ? 2e-2 : 1.2e-1) << name << " " << KvCacheDtypeName(d);
     EXPECT_GT(worst, 0.0) << "the stored rows made no difference: is the storage in use?";
   }
+}
+
+// A prefix snapshot of an fp8 pool (shared blocks, the open block's byte rows copied) continues exactly
+// as the sequence it was taken from.
+TEST(KvCacheDtype, Fp8SnapshotContinuesBitwise) {
+  const std::string dir = GoldenDir();
+  ASSERT_FALSE(dir.empty());
+  auto model = LoadModel(dir, ShardSpec{}, MakeCpuBackend(2));
+  StatePoolOptions po;
+  po.kv_dtype = KvCacheDtype::kFp8;
+  model->ConfigureStatePool(po);
+  const std::vector<int32_t> a = Tokens(620, 512, 11);
+  auto st = model->NewState();
+  model->Forward({{st.get(), std::vector<int32_t>(a.begin(), a.begin() + 600), false}});
+  auto snap = st->Clone();
+  ASSERT_EQ(snap->block_table().size(), 3u);
+  EXPECT_EQ(snap->block_table()[0], st->block_table()[0]);
+  EXPECT_NE(snap->block_table()[2], st->block_table()[2]);
+  const std::vector<int32_t> rest(a.begin() + 600, a.end());
+  const Tensor x = model->Forward({{st.get(), rest, false}})[0].logits;
+  const Tensor y = model->Forward({{snap.get(), rest, false}})[0].logits;
+  ASSERT_EQ(x.nbytes(), y.nbytes());
+  EXPECT_EQ(std::memcmp(x.data, y.data, x.nbytes()), 0);
 }
 
 TEST(KvCacheDtype, GoldenFixture) {
