@@ -44,7 +44,9 @@ TEST(SeatProjection, EfficiencyTimesSeatFloorPlusCollectives) {
       EXPECT_NEAR(k.seat_ms, k.h200_ms / k.h200_floor_ms * k.seat_floor_ms, 1e-12);
       EXPECT_DOUBLE_EQ(k.seat_fixed_cost_ms, std::max(k.h200_ms, k.seat_floor_ms));
     }
-    if (k.kind == "dense linears") EXPECT_DOUBLE_EQ(k.h200_ms, 2.0);
+    if (k.kind == "dense linears") {
+      EXPECT_DOUBLE_EQ(k.h200_ms, 2.0);
+    }
     if (k.kind == "routed experts") {
       EXPECT_DOUBLE_EQ(k.h200_ms, 2.0);
       // One seat card's floor: its eighth of the expert slices over the card's bandwidth and integer rate.
