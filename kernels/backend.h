@@ -95,6 +95,14 @@ struct OpTiming {
   double ms = 0;
 };
 
+// What the profiler saw since it was last asked: the ops (largest first) and the steps they ran in.
+struct OpProfile {
+  std::vector<OpTiming> ops;
+  int64_t steps = 0;
+  double step_ms = 0;      // the steps' device timelines, summed
+  double between_ms = 0;   // of which no op's interval (the host's gaps between ops)
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -153,7 +161,7 @@ class Backend {
   // eagerly; TakeOpProfile returns the totals since the last call, largest first. A backend that cannot
   // time ops returns nothing.
   virtual void SetOpProfiling(bool on) {}
-  virtual std::vector<OpTiming> TakeOpProfile() { return {}; }
+  virtual OpProfile TakeOpProfile() { return {}; }
   // The forward names the phase its next ops belong to (OpTiming::op is then "phase / op"); phases nest
   // by replacement, EndPhase restores the enclosing one.
   virtual void BeginPhase(const char* phase) {}

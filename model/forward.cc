@@ -15,6 +15,10 @@
 namespace dsmesh {
 namespace {
 
+// The forward's graph segments (Backend::SegmentKey::site): runs of per-token ops between the stateful
+// work (compressors, indexer, attention against each sequence's own state) and the collectives.
+enum SegmentSite { kEmbedSite = 1, kAttentionInputSite, kAttentionOutputSite, kFfnSite, kHeadSite };
+
 // Names the phase of the ops inside its scope for the backend's profiler (dsmesh bench --profile).
 class Phase {
  public:
@@ -61,14 +65,6 @@ void ModelImpl::AllReduce(Tensor* t) {
   backend_->FromHost(host.data(), t);
 }
 
-namespace {
-
-// The forward's graph segments (Backend::SegmentKey::site): runs of per-token ops between the stateful
-// work (compressors, indexer, attention against each sequence's own state) and the collectives.
-enum SegmentSite { kEmbedSite = 1, kAttentionInputSite, kAttentionOutputSite, kFfnSite, kHeadSite };
-
-
-}  // namespace
 
 ModelImpl::BlockActivations ModelImpl::AllocateBlockActivations(const BlockWeights& b, const SeqRows& first,
                                                                  int64_t N) {

@@ -31,17 +31,16 @@ int32_t TokenAt(int64_t i, int64_t vocab) { return static_cast<int32_t>((i * 791
 
 // Prints the profiled steps per phase (the forward's Phase scopes) and the costliest ops, in ms per
 // step; returns the same as JSON.
-nlohmann::json PrintProfile(const std::vector<OpTiming>& ops, int steps) {
-  if (ops.empty()) {
+nlohmann::json PrintProfile(const OpProfile& profile) {
+  const std::vector<OpTiming>& ops = profile.ops;
+  if (ops.empty() || profile.steps == 0) {
     std::printf("  profile: this backend does not time its ops (a CUDA device does)\n");
     return nlohmann::json::object();
   }
   std::map<std::string, std::pair<double, int64_t>> phases;
-  double total = 0, between = 0;
+  const double steps = static_cast<double>(profile.steps);
+  const double total = profile.step_ms / steps, between = profile.between_ms / steps;
   for (const OpTiming& t : ops) {
-    if (t.op == "(step total)") total = t.ms / steps;
-    if (t.op == "(between ops)") between = t.ms / steps;
-    if (t.op.front() == '(') continue;
     const size_t cut = t.op.find(" / ");
     auto& p = phases[cut == std::string::npos ? "(no phase)" : t.op.substr(0, cut)];
     p.first += t.ms / steps;
@@ -49,23 +48,22 @@ nlohmann::json PrintProfile(const std::vector<OpTiming>& ops, int steps) {
   }
   std::vector<std::pair<std::string, std::pair<double, int64_t>>> sorted(phases.begin(), phases.end());
   std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
-  std::printf("  profile (eager, device events, %d steps): %.3f ms/step on the device timeline\n", steps, total);
+  std::printf("  profile (eager, device events, %lld steps): %.3f ms/step on the device timeline\n",
+              static_cast<long long>(profile.steps), total);
   std::printf("  %-50s %10s %8s %12s\n", "phase", "ms/step", "%", "ops/step");
   nlohmann::json j = {{"step_ms", total}, {"between_ops_ms", between}};
   for (const auto& [name, v] : sorted) {
-    std::printf("  %-50s %10.3f %7.1f%% %12.1f\n", name.c_str(), v.first, 100 * v.first / total,
-                static_cast<double>(v.second) / steps);
-    j["phases"].push_back({{"phase", name}, {"ms", v.first}, {"ops_per_step", static_cast<double>(v.second) / steps}});
+    std::printf("  %-50s %10.3f %7.1f%% %12.1f\n", name.c_str(), v.first, 100 * v.first / total, v.second / steps);
+    j["phases"].push_back({{"phase", name}, {"ms", v.first}, {"ops_per_step", v.second / steps}});
   }
   std::printf("  %-50s %10.3f %7.1f%%\n", "(host gaps between ops)", between, 100 * between / total);
   std::printf("  costliest ops:\n");
   int shown = 0;
   for (const OpTiming& t : ops) {
-    if (t.op.front() == '(') continue;
-    j["ops"].push_back({{"op", t.op}, {"ms", t.ms / steps}, {"calls_per_step", static_cast<double>(t.calls) / steps}});
+    j["ops"].push_back({{"op", t.op}, {"ms", t.ms / steps}, {"calls_per_step", t.calls / steps}});
     if (shown++ < 25)
-      std::printf("  %-78s %9.3f ms %7.1f calls  %8.1f us/call\n", t.op.c_str(), t.ms / steps,
-                  static_cast<double>(t.calls) / steps, 1e3 * t.ms / t.calls);
+      std::printf("  %-78s %9.3f ms %7.1f calls  %8.1f us/call\n", t.op.c_str(), t.ms / steps, t.calls / steps,
+                  1e3 * t.ms / t.calls);
   }
   return j;
 }
@@ -210,9 +208,9 @@ int RunLocalBench(const std::vector<std::string>& args) {
         // The same steps again, eager, every op timed by device events: where the step's time goes.
         model->backend().SetOpProfiling(true);
         for (int i = 1; i <= steps; ++i) step(steps + i);
-        const std::vector<OpTiming> ops = model->backend().TakeOpProfile();
+        const OpProfile prof = model->backend().TakeOpProfile();
         model->backend().SetOpProfiling(false);
-        row["profile"] = PrintProfile(ops, steps);
+        row["profile"] = PrintProfile(prof);
       }
       out.push_back(row);
     }

@@ -308,7 +308,7 @@ class CudaBackend final : public Backend {
     return line;
   }
 
-  std::vector<OpTiming> TakeOpProfile() override { return profiler_ ? profiler_->Take() : std::vector<OpTiming>{}; }
+  OpProfile TakeOpProfile() override { return profiler_ ? profiler_->Take() : OpProfile{}; }
   void BeginPhase(const char* phase) override {
     if (profiler_) profiler_->BeginPhase(phase);
   }
@@ -708,8 +708,16 @@ class CudaBackend final : public Backend {
   // Independent launches overlap on side streams only inside a step whose temporaries fit the arena
   // (a temporary from the stream-ordered pool would be freed on the main stream while a side stream
   // may still read it).
-  bool ConcurrencyAllowed() const {
-    return options_.concurrent_linears && in_step_ && arena_top_ + (size_t{64} << 20) <= arena_bytes_;
+  // Requested but not possible (outside a step, or the arena nearly full) runs in order, logged once.
+  bool ConcurrencyAllowed() {
+    if (!options_.concurrent_linears) return false;
+    if (in_step_ && arena_top_ + (size_t{64} << 20) <= arena_bytes_) return true;
+    if (!logged_serial_linears_) {
+      std::fprintf(stderr, "[cuda] --concurrent-linears: linears outside a step or with the scratch arena nearly "
+                           "full run in order (logged once)\n");
+      logged_serial_linears_ = true;
+    }
+    return false;
   }
 
   // Runs job(i, stream, workspace) for i < n on side streams (each with its own GEMV workspace) that
@@ -1176,6 +1184,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Exl3GemmWorkspace> gemm_ws_;
   int64_t gemm_ws_k_ = 0, gemm_ws_n_ = 0, gemm_ws_weights_ = 0;
   bool logged_many_rows_ = false;  // the per-expert path for large steps was logged
+  bool logged_serial_linears_ = false;  // concurrent linears requested but run in order was logged
   std::mutex cache_mu_, moe_mu_;
   std::map<std::pair<const void*, size_t>, CachedCopy> host_cache_;
   std::set<const void*> device_tables_;  // routing tables already in device memory

@@ -72,15 +72,14 @@ void OpProfiler::Collect() {
   used_.clear();
 }
 
-std::vector<OpTiming> OpProfiler::Take() {
+OpProfile OpProfiler::Take() {
   Collect();
-  std::vector<OpTiming> out;
-  for (auto& [name, t] : totals_) out.push_back(t);
-  std::sort(out.begin(), out.end(), [](const OpTiming& a, const OpTiming& b) { return a.ms > b.ms; });
-  if (steps_ > 0) {
-    out.push_back({"(step total)", steps_, step_ms_});
-    out.push_back({"(between ops)", steps_, step_ms_ - ops_in_steps_ms_});
-  }
+  OpProfile out;
+  for (auto& [name, t] : totals_) out.ops.push_back(t);
+  std::sort(out.ops.begin(), out.ops.end(), [](const OpTiming& a, const OpTiming& b) { return a.ms > b.ms; });
+  out.steps = steps_;
+  out.step_ms = step_ms_;
+  out.between_ms = step_ms_ - ops_in_steps_ms_;
   totals_.clear();
   step_ms_ = ops_in_steps_ms_ = 0;
   steps_ = 0;

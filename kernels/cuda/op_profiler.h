@@ -37,8 +37,8 @@ class OpProfiler {
   void BeginStep();
   void EndStep();
 
-  // Totals since the last Take, with "(step total)" and "(between ops)" rows when steps were seen.
-  std::vector<OpTiming> Take();
+  // Totals since the last Take.
+  OpProfile Take();
 
  private:
   cudaEvent_t NewEvent();
