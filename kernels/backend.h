@@ -236,6 +236,12 @@ class Backend {
   virtual void CompressorPool(const Tensor& kv, const Tensor& score, int64_t base_pos, int64_t first_window,
                               int64_t num_windows, int ratio, bool overlap, int64_t d, Tensor* out) = 0;
 
+  // Stores `rows` f32 rows of src (from src_row; [., dim]) as rows dst_row.. of a state pool tensor in its
+  // storage (kernels/kv_rows.h): F32 rows as they are, BF16 rows of dim values, U8 rows in the fp8 layout
+  // with `rope_dim` bf16 rope values. Bit for bit EncodeKvRows on every backend.
+  virtual void StoreKvRows(const Tensor& src, int64_t src_row, int64_t rows, int64_t rope_dim, Tensor* dst,
+                           int64_t dst_row) = 0;
+
   // ---- lightning indexer ----
   // q [n, heads*dim], weights [n, heads], keys: >= num_keys rows of dim. For query row r at position
   // positions[r], score(w) = sum_h weights[r,h] * relu(q[r,h] . keys[w]) over w < (pos+1)/ratio;

@@ -88,11 +88,15 @@ int RunGenerate(const std::vector<std::string>& args) {
 }
 
 int RunMakeTiny(const std::vector<std::string>& args) {
-  Flags f(args, {"out", "seed", "vision"}, {"vision"});
+  Flags f(args, {"out", "seed", "vision", "mtp-layers"}, {"vision"});
   std::string dir = f.Require("out");
   long long seed = f.GetInt("seed", 0);
   TinyModelSpec spec;
   spec.vision = f.GetBool("vision", false);  // a tiny vision tower too (DeepSeek-V4-Flash-Vision layout)
+  // MTP blocks (num_nextn_predict_layers): draft step i uses block i, so 3 blocks serve 3 drafts as trained.
+  const long long mtp_layers = f.GetInt("mtp-layers", spec.num_mtp_layers);
+  if (mtp_layers < 0 || mtp_layers > 8) throw UsageError("--mtp-layers: expected 0..8, got " + std::to_string(mtp_layers));
+  spec.num_mtp_layers = static_cast<int>(mtp_layers);
   WriteTinyModel(dir, static_cast<uint64_t>(seed), spec);
   // Ship the real DeepSeek tokenizer beside the weights when this checkout has it, so the demo serves text.
   const char* root = std::getenv("DSMESH_ROOT");
@@ -142,6 +146,6 @@ DSMESH_REGISTER_COMMAND(logits, "logits --model DIR --tokens 5,17,9 --out FILE.s
 DSMESH_REGISTER_COMMAND(generate, "generate --model DIR --tokens 5,17,9 --max-new-tokens N [--ignore-eos] [--threads N] [--world N | --coordinator HOST:PORT]",
                         RunGenerate);
 // The macro names commands after a C identifier; "make-tiny" has a dash, so register it directly.
-static CommandRegistration make_tiny_registration("make-tiny", "make-tiny --out DIR [--seed S] [--vision]", RunMakeTiny);
+static CommandRegistration make_tiny_registration("make-tiny", "make-tiny --out DIR [--seed S] [--vision] [--mtp-layers N]", RunMakeTiny);
 
 }  // namespace dsmesh

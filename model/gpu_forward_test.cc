@@ -6,6 +6,7 @@
 // GPU machine).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -305,12 +306,89 @@ TEST(GpuForward, SyntheticWeightsMatchTheCpuGenerator) {
   EXPECT_LE(worst, 2e-3);
 }
 
+// Per row logits of a prompt (all rows) and `steps` decode steps fed `feed` (the first run picks them),
+// with the state pool's rows stored as `dtype`.
+std::vector<std::vector<float>> RunStored(Model& model, KvCacheDtype dtype, const std::vector<int32_t>& prompt,
+                                          std::vector<int32_t>* feed, int steps) {
+  StatePoolOptions po;
+  po.kv_dtype = dtype;
+  EXPECT_EQ(model.ConfigureStatePool(po).kv_dtype(), dtype);
+  const int64_t V = model.config().vocab_size;
+  auto st = model.NewState();
+  std::vector<std::vector<float>> rows;
+  Tensor lg = model.Forward({{st.get(), prompt, true}})[0].logits;
+  for (int64_t r = 0; r < lg.shape[0]; ++r) rows.emplace_back(lg.as<float>() + r * V, lg.as<float>() + (r + 1) * V);
+  for (int s = 0; s < steps; ++s) {
+    if (static_cast<int>(feed->size()) <= s) feed->push_back(Argmax(lg, lg.shape[0] - 1));
+    lg = model.Forward({{st.get(), {(*feed)[s]}, false}})[0].logits;
+    rows.emplace_back(lg.as<float>(), lg.as<float>() + V);
+  }
+  return rows;
+}
+
+struct RowErrors {
+  double median = 0, mean = 0, worst = 0;
+};
+RowErrors Errors(const std::vector<std::vector<float>>& got, const std::vector<std::vector<float>>& want) {
+  std::vector<double> e;
+  for (size_t r = 0; r < want.size() && r < got.size(); ++r)
+    e.push_back(RelL2(got[r].data(), want[r].data(), static_cast<int64_t>(want[r].size())));
+  RowErrors out;
+  if (e.empty()) return out;
+  for (double v : e) out.mean += v / e.size();
+  std::sort(e.begin(), e.end());
+  out.median = e[e.size() / 2];
+  out.worst = e.back();
+  return out;
+}
+
+// --kv-cache-dtype bf16 and fp8 on the GPU: the device encodes the compressors' rows into the pool and the
+// attention and indexer kernels read them. Against the CPU backend with the same storage (the reference
+// decoder, kernels/kv_rows.h), and fp8 against bf16 (the error the issue asks to report), on the golden
+// fixture and the EXL3 pack, over a prompt that crosses many compressed windows and the top-k.
+TEST(GpuForward, StoredStateRowsMatchCpuAndReportFp8VsBf16) {
+  DSMESH_REQUIRE_GPU();
+  for (const std::string& dir : {GoldenDir(), Exl3PackDir()}) {
+    const bool exl3 = dir == Exl3PackDir();
+    const char* name = exl3 ? "EXL3 pack" : "golden tiny_v4";
+    auto cpu = LoadModel(dir, ShardSpec{}, MakeCpuBackend());
+    auto gpu = LoadModel(dir, ShardSpec{}, MakeCudaBackend(0));
+    const int V = static_cast<int>(gpu->config().vocab_size);
+    const std::vector<int32_t> prompt = Tokens(300, V, 5);
+    std::vector<int32_t> feed;
+    const auto gpu_bf16 = RunStored(*gpu, KvCacheDtype::kBf16, prompt, &feed, 16);
+    const auto gpu_fp8 = RunStored(*gpu, KvCacheDtype::kFp8, prompt, &feed, 16);
+    const auto cpu_bf16 = RunStored(*cpu, KvCacheDtype::kBf16, prompt, &feed, 16);
+    const auto cpu_fp8 = RunStored(*cpu, KvCacheDtype::kFp8, prompt, &feed, 16);
+    const RowErrors b = Errors(gpu_bf16, cpu_bf16), f = Errors(gpu_fp8, cpu_fp8), fb = Errors(gpu_fp8, gpu_bf16);
+    std::printf("%s, GPU vs CPU, bf16 rows: rel L2 per row median %.3g, mean %.3g, worst %.3g\n", name, b.median,
+                b.mean, b.worst);
+    std::printf("%s, GPU vs CPU, fp8 rows: rel L2 per row median %.3g, mean %.3g, worst %.3g\n", name, f.median,
+                f.mean, f.worst);
+    std::printf("%s, GPU, fp8 rows vs bf16 rows: rel L2 per row median %.3g, mean %.3g, worst %.3g (%zu rows)\n",
+                name, fb.median, fb.mean, fb.worst, gpu_bf16.size());
+    // GPU vs CPU differ by f32 summation order before a row is rounded to its storage: a value near a
+    // rounding boundary can land on the other side, so the median is bounded, not the worst row.
+    const double same = exl3 ? 2e-3 : 1e-4;
+    EXPECT_LE(b.median, same) << name;
+    EXPECT_LE(f.median, same) << name;
+    EXPECT_LE(fb.median, 5e-2) << name;
+    EXPECT_GT(fb.worst, 0.0) << name << ": fp8 and bf16 rows gave the same logits: is the storage in use?";
+  }
+}
+
 // The workload compute-sanitizer runs (tests/gpu/run_gpu.sh): a prefill and 8 decode steps for a batch
 // of 4 sequences, through every op of the forward (golden model: dense; the EXL3 pack: GEMV, GEMM, MoE).
 TEST(GpuForward, SanitizerWorkload) {
   DSMESH_REQUIRE_GPU();
-  for (const std::string& dir : {GoldenDir(), Exl3PackDir()}) {
+  // The last pass stores the state rows as fp8 (the encode kernel, the fp8 key reads).
+  const std::pair<std::string, KvCacheDtype> passes[] = {
+      {GoldenDir(), KvCacheDtype::kF32}, {Exl3PackDir(), KvCacheDtype::kF32}, {GoldenDir(), KvCacheDtype::kFp8}};
+  for (const auto& [dir, dtype] : passes) {
     auto model = LoadModel(dir, ShardSpec{}, MakeCudaBackend(0));
+    StatePoolOptions po;
+    po.kv_dtype = dtype;
+    model->ConfigureStatePool(po);
     const int V = static_cast<int>(model->config().vocab_size);
     std::vector<std::unique_ptr<SequenceState>> st;
     std::vector<SequenceStep> prefill;

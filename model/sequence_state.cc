@@ -4,7 +4,6 @@
 #include <stdexcept>
 #include <string>
 
-#include "kernels/kv_rows.h"
 #include "model/model.h"
 
 namespace dsmesh {
@@ -66,11 +65,8 @@ void SequenceStateData::PutEntries(int layer, bool indexer, const Tensor& src, i
     Tensor dst = pool->BlockRows(layer, indexer, blocks[j]);
     if (dst.dtype == DType::kF32) {
       backend->CopyRows(src, done, &dst, e % per, in_block);
-    } else {  // bf16 / fp8 rows: encoded on the host (only host pools store them)
-      const StatePool::LayerGeometry& g = pool->layers()[layer];
-      const int64_t dim = indexer ? g.index_dim : g.dim, rope = indexer ? 0 : g.rope_dim;
-      EncodeKvRows(static_cast<const float*>(src.data) + done * dim, in_block, dim, rope, dst.dtype,
-                   static_cast<uint8_t*>(dst.data) + (e % per) * KvRowBytes(dst.dtype, dim, rope));
+    } else {  // bf16 / fp8 rows, encoded where the pool lives
+      backend->StoreKvRows(src, done, in_block, indexer ? 0 : pool->layers()[layer].rope_dim, &dst, e % per);
     }
     done += in_block;
   }

@@ -54,10 +54,6 @@ std::string MiB(double bytes) {
 
 StatePool::StatePool(const ModelConfig& c, bool has_mtp, const StatePoolOptions& o, Backend* backend)
     : backend_(backend), external_(o.external), kv_dtype_(o.kv_dtype) {
-  if (kv_dtype_ != KvCacheDtype::kF32 && !backend->host_memory())
-    throw std::runtime_error(std::string("--kv-cache-dtype ") + KvCacheDtypeName(kv_dtype_) + ": " + backend->name() +
-                             " reads f32 state rows only (its attention and indexer kernels); use --kv-cache-dtype "
-                             "auto on this device, or the CPU backend");
   max_spare_ = o.max_speculative_tokens >= 0 ? o.max_speculative_tokens : (has_mtp ? 4 : 0);
   num_slots_ = o.slots > 0 ? o.slots : 32;
   const bool mtp = has_mtp && max_spare_ > 0;

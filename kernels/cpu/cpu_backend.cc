@@ -444,6 +444,16 @@ class CpuBackend final : public Backend {
     });
   }
 
+  void StoreKvRows(const Tensor& src, int64_t src_row, int64_t rows, int64_t rope_dim, Tensor* dst,
+                   int64_t dst_row) override {
+    const int64_t dim = RowWidth(src), bytes = KvRowBytes(dst->dtype, dim, rope_dim);
+    Require(RowWidth(*dst) * static_cast<int64_t>(DTypeSize(dst->dtype)) == bytes, "StoreKvRows",
+            "destination rows are not the storage's row size");
+    Require(src_row + rows <= src.shape[0] && dst_row + rows <= dst->shape[0], "StoreKvRows", "rows out of range");
+    EncodeKvRows(F(src) + src_row * dim, rows, dim, rope_dim, dst->dtype,
+                 static_cast<uint8_t*>(dst->data) + dst_row * bytes);
+  }
+
   void UpdateRing(const Tensor& new_kv, int64_t start, int window, Tensor* ring) override {
     const int64_t n = new_kv.shape[0], d = RowWidth(new_kv), slots = ring->shape[0];
     Require(slots >= window, "UpdateRing", "ring has fewer slots than the window");

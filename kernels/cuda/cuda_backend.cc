@@ -42,6 +42,7 @@
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/op_profiler.h"
 #include "kernels/exl3/exl3_linear.h"
+#include "kernels/kv_rows.h"
 
 namespace dsmesh {
 namespace {
@@ -63,6 +64,16 @@ const int32_t* I32(const Tensor& t) { return static_cast<const int32_t*>(t.data)
 
 void Require(bool ok, const char* op, const std::string& what) {
   if (!ok) throw std::runtime_error(std::string("cuda backend ") + op + ": " + what);
+}
+
+// How a state pool tensor stores its rows (kernels/kv_rows.h): U8 tensors hold the fp8 layout.
+cuda_ops::RowKind RowKindOf(DType t) {
+  switch (t) {
+    case DType::kF32: return cuda_ops::RowKind::kF32;
+    case DType::kBF16: return cuda_ops::RowKind::kBF16;
+    case DType::kU8: return cuda_ops::RowKind::kFp8;
+    default: throw std::runtime_error(std::string("cuda backend: state rows of dtype ") + DTypeName(t) + " (expected F32, BF16 or U8)");
+  }
 }
 
 cuda_ops::WType WTypeOf(DType t, const std::string& what) {
@@ -563,7 +574,7 @@ class CudaBackend final : public Backend {
     Require(num_keys <= keys.capacity(), "IndexerTopK", "more keys than the block table holds");
     Tensor pos, table;
     const int64_t* dev = StepPositions(positions, n, &pos);
-    const cuda_ops::PagedRowsDev paged = Paged(keys, num_keys, &table);
+    const cuda_ops::PagedRowsDev paged = Paged(keys, num_keys, dim, &table);
     Tensor scratch = Temp(DType::kF32, {cuda_ops::IndexerScratchFloats(n, num_keys)});
     cuda_ops::IndexerTopK(F(q), F(weights), paged, num_keys, heads, dim, dev, n, ratio,
                           top_k, F(scratch),
@@ -580,7 +591,7 @@ class CudaBackend final : public Backend {
     Require(!entries || num_entries <= entries->capacity(), "Attention", "more entries than the block table holds");
     Use();
     Tensor table;
-    const cuda_ops::PagedRowsDev paged = entries ? Paged(*entries, num_entries, &table) : cuda_ops::PagedRowsDev{};
+    const cuda_ops::PagedRowsDev paged = entries ? Paged(*entries, num_entries, d, &table) : cuda_ops::PagedRowsDev{};
     const int64_t split_floats = cuda_ops::AttentionSplitScratchFloats(q.shape[0], heads, d);
     Tensor split = split_floats > 0 ? Temp(DType::kF32, {split_floats}) : Tensor{};
     cuda_ops::Attention(F(q), q.shape[0], heads, d, start, F(ring), ring.shape[0], F(new_kv), window,
@@ -588,6 +599,20 @@ class CudaBackend final : public Backend {
                         topk ? I32(*topk) : nullptr, topk ? RowWidth(*topk) : 0, F(sinks), softmax_scale, F(*out),
                         split_floats > 0 ? F(split) : nullptr, ctx_->stream);
     Launched("Attention");
+  }
+
+  void StoreKvRows(const Tensor& src, int64_t src_row, int64_t rows, int64_t rope_dim, Tensor* dst,
+                   int64_t dst_row) override {
+    const ProfileScope ps = Profile("StoreKvRows");
+    if (rows <= 0) return;
+    Use();
+    const int64_t dim = RowWidth(src), bytes = KvRowBytes(dst->dtype, dim, rope_dim);
+    Require(RowWidth(*dst) * static_cast<int64_t>(DTypeSize(dst->dtype)) == bytes, "StoreKvRows",
+            "destination rows are not the storage's row size");
+    Require(src_row + rows <= src.shape[0] && dst_row + rows <= dst->shape[0], "StoreKvRows", "rows out of range");
+    cuda_ops::EncodeKvRows(F(src) + src_row * dim, rows, dim, rope_dim, RowKindOf(dst->dtype),
+                           static_cast<uint8_t*>(dst->data) + dst_row * bytes, ctx_->stream);
+    Launched("StoreKvRows");
   }
 
   void UpdateRing(const Tensor& new_kv, int64_t start, int window, Tensor* ring) override {
@@ -795,10 +820,16 @@ class CudaBackend final : public Backend {
 
   // Paged rows with the block table on the device (only the blocks `rows` rows touch are copied).
   // An empty pool (no rows yet) gives a null pool pointer.
-  cuda_ops::PagedRowsDev Paged(const PagedRows& p, int64_t rows, Tensor* keep) {
+  cuda_ops::PagedRowsDev Paged(const PagedRows& p, int64_t rows, int64_t dim, Tensor* keep) {
     cuda_ops::PagedRowsDev d;
     if (rows <= 0 || !p.pool || !p.pool->data) return d;
-    d.pool = F(*p.pool);
+    d.pool = p.pool->data;
+    d.kind = RowKindOf(p.pool->dtype);
+    d.row_bytes = RowWidth(*p.pool) * static_cast<int64_t>(DTypeSize(p.pool->dtype));
+    if (d.row_bytes != KvRowBytes(p.pool->dtype, dim, p.rope_dim))
+      throw std::invalid_argument("paged rows: " + std::to_string(d.row_bytes) + "-byte rows of " +
+                                  DTypeName(p.pool->dtype) + " do not hold " + std::to_string(dim) + " values");
+    d.nope = static_cast<int32_t>(d.kind == cuda_ops::RowKind::kFp8 ? d.row_bytes - 4 - 2 * p.rope_dim : 0);
     if (p.rows_per_block <= 0 || p.rows_per_block > INT32_MAX || p.capacity() > INT32_MAX)
       throw std::invalid_argument("paged rows: " + std::to_string(p.rows_per_block) + " rows per block x " +
                                   std::to_string(p.table_len) + " blocks exceeds the kernels' 32-bit row index");

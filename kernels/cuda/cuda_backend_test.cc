@@ -25,6 +25,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/gpu_test_util.h"
 #include "kernels/exl3/exl3_linear.h"
+#include "kernels/kv_rows.h"
 
 namespace dsmesh {
 namespace {
@@ -139,17 +140,22 @@ class CudaBackendTest : public ::testing::Test {
     std::vector<int32_t> table;
     PagedRows c, g;
   };
-  std::unique_ptr<PagedPair> Paged(const Tensor& rows, int64_t per) {
+  // f32 rows [n, dim] in a paged pool of `per` rows per block whose table runs backwards, stored as
+  // `storage` (kernels/kv_rows.h: F32, BF16, or U8 for the fp8 layout with rope_dim bf16 values).
+  std::unique_ptr<PagedPair> Paged(const Tensor& rows, int64_t per, DType storage = DType::kF32,
+                                   int64_t rope_dim = 0) {
     auto p = std::make_unique<PagedPair>();
     const int64_t n = rows.shape[0], dim = rows.numel() / std::max<int64_t>(n, 1), blocks = (n + per - 1) / per;
-    Tensor pool = AllocateTensor(DType::kF32, {(blocks + 1) * per, dim});
+    const int64_t bytes = KvRowBytes(storage, dim, rope_dim);
+    const int64_t width = storage == DType::kU8 ? bytes : dim;
+    Tensor pool = AllocateTensor(storage, {(blocks + 1) * per, width});
     for (int64_t j = 0; j < blocks; ++j) p->table.push_back(static_cast<int32_t>(blocks - j));
     for (int64_t e = 0; e < n; ++e)
-      std::memcpy(pool.as<float>() + (p->table[e / per] * per + e % per) * dim, rows.as<float>() + e * dim,
-                  dim * sizeof(float));
+      EncodeKvRows(rows.as<float>() + e * dim, 1, dim, rope_dim, storage,
+                   static_cast<uint8_t*>(pool.data) + (p->table[e / per] * per + e % per) * bytes);
     p->pool = Both(pool);
-    p->c = PagedRows{&p->pool.c, per, p->table.data(), blocks};
-    p->g = PagedRows{&p->pool.g, per, p->table.data(), blocks};
+    p->c = PagedRows{&p->pool.c, per, p->table.data(), blocks, rope_dim};
+    p->g = PagedRows{&p->pool.g, per, p->table.data(), blocks, rope_dim};
     return p;
   }
   // A separate copy of p.c on both backends (the "before" of an in-place op).
@@ -473,6 +479,18 @@ TEST_F(CudaBackendTest, IndexerTopK) {
     if (k.num_keys == 5) {
       EXPECT_EQ(out.c.as<int32_t>()[0], -1) << "position 2 sees no key";
     }
+    // Keys stored as bf16 and fp8 (--kv-cache-dtype): both backends read the same stored rows. Each row's
+    // first value is 1.75, so an fp8 row's scale is 2^-8 and every grid value is an exact e4m3 value:
+    // the scores stay exact and the rankings must agree exactly.
+    float* kc = keys.c.as<float>();
+    for (int64_t i = 0; i < k.num_keys; ++i) kc[i * dim] = 1.75f;
+    for (DType storage : {DType::kBF16, DType::kU8}) {
+      auto stored = Paged(keys.c, 64, storage);
+      Pair sout = Zeros(DType::kI32, {n, k.top_k});
+      cpu_->IndexerTopK(q.c, w.c, stored->c, k.num_keys, heads, dim, k.positions.data(), ratio, k.top_k, &sout.c);
+      gpu().IndexerTopK(q.g, w.g, stored->g, k.num_keys, heads, dim, k.positions.data(), ratio, k.top_k, &sout.g);
+      ExpectSame(sout, std::string("IndexerTopK ") + k.what + " " + DTypeName(storage) + " keys");
+    }
   }
 }
 
@@ -508,6 +526,41 @@ TEST_F(CudaBackendTest, Attention) {
     gpu().Attention(q.g, heads, d, k.start, ring.g, new_kv.g, k.window, comp ? &paged->g : nullptr, k.num_entries,
                     k.ratio, k.topk_cols ? &topk.g : nullptr, sinks.g, softmax_scale, &out.g);
     ExpectClose(out, kF32Tol, std::string("Attention ") + k.what);
+    if (!comp) continue;
+    // Entries stored as bf16 and fp8 with 16 rope dims (--kv-cache-dtype), the same stored rows on both.
+    for (DType storage : {DType::kBF16, DType::kU8}) {
+      auto stored = Paged(entries.c, 16, storage, 16);
+      Pair sout = Zeros(DType::kF32, {k.n, heads * d});
+      cpu_->Attention(q.c, heads, d, k.start, ring.c, new_kv.c, k.window, &stored->c, k.num_entries, k.ratio,
+                      k.topk_cols ? &topk.c : nullptr, sinks.c, softmax_scale, &sout.c);
+      gpu().Attention(q.g, heads, d, k.start, ring.g, new_kv.g, k.window, &stored->g, k.num_entries, k.ratio,
+                      k.topk_cols ? &topk.g : nullptr, sinks.g, softmax_scale, &sout.g);
+      ExpectClose(sout, kF32Tol, std::string("Attention ") + k.what + " " + DTypeName(storage) + " entries");
+    }
+  }
+}
+
+// Rows a compressor emits, stored as bf16 and in the fp8 layout on the device: bit for bit the host encoder
+// (kernels/kv_rows.h), including an all-zero row, a row of one huge value and values near e4m3 rounding ties.
+TEST_F(CudaBackendTest, StoreKvRows) {
+  DSMESH_REQUIRE_GPU();
+  const int64_t rows = 9, dim = 80, rope = 16;
+  Tensor src = HostRand(DType::kF32, {rows, dim}, 3.0f);
+  float* x = src.as<float>();
+  std::fill(x, x + dim, 0.0f);                                    // row 0: zeros (scale 1)
+  x[dim + 5] = 3.0e38f;                                           // row 1: one huge value
+  for (int64_t c = 0; c < dim; ++c) x[2 * dim + c] = 0.5f + c * (1.0f / 1024);  // row 2: dense steps
+  const Pair s = Both(src);
+  for (DType storage : {DType::kBF16, DType::kU8}) {
+    const int64_t bytes = KvRowBytes(storage, dim, rope), width = storage == DType::kU8 ? bytes : dim;
+    Tensor zeros = AllocateTensor(storage, {rows + 4, width});
+    std::memset(zeros.data, 0, zeros.nbytes());
+    Pair dst = Both(zeros);
+    cpu_->StoreKvRows(s.c, 1, rows - 1, rope, &dst.c, 3);  // rows 1.. of src at 3.. of dst
+    gpu().StoreKvRows(s.g, 1, rows - 1, rope, &dst.g, 3);
+    cpu_->StoreKvRows(s.c, 0, 1, rope, &dst.c, 0);
+    gpu().StoreKvRows(s.g, 0, 1, rope, &dst.g, 0);
+    ExpectSame(dst, std::string("StoreKvRows ") + DTypeName(storage));
   }
 }
 

@@ -11,24 +11,36 @@
 
 namespace dsmesh::cuda_ops {
 
+// How a paged pool stores its rows (kernels/kv_rows.h, --kv-cache-dtype): f32, bf16, or the fp8 layout
+// (dim - rope_dim e4m3 bytes, the row's f32 scale, rope_dim bf16 values).
+enum class RowKind : int32_t { kF32 = 0, kBF16 = 1, kFp8 = 2 };
+
 // Rows of a paged pool (Backend's PagedRows on the device): row e is row
-// table[e / rows_per_block] * rows_per_block + e % rows_per_block of pool.
+// table[e / rows_per_block] * rows_per_block + e % rows_per_block of pool, row_bytes bytes each.
 struct PagedRowsDev {
-  const float* pool = nullptr;
+  const void* pool = nullptr;
   int32_t rows_per_block = 1;
   // log2(rows_per_block) when it is a power of two (every state pool's block is), else -1: the key
   // loops call Row() once per key, and a shift and mask cost far less than an integer division.
   int32_t block_shift = 0;
   const int32_t* table = nullptr;
+  int64_t row_bytes = 0;
+  RowKind kind = RowKind::kF32;
+  int32_t nope = 0;  // fp8 rows: the e4m3 values before the scale (dim - rope_dim)
 #ifdef __CUDACC__
-  __device__ const float* Row(int64_t e, int64_t dim) const {
+  __device__ const void* Row(int64_t e) const {
     const int32_t i = static_cast<int32_t>(e);  // entries of one sequence: far below 2^31
     const int32_t block = block_shift >= 0 ? i >> block_shift : i / rows_per_block;
     const int32_t row = block_shift >= 0 ? i & (rows_per_block - 1) : i - block * rows_per_block;
-    return pool + (static_cast<int64_t>(table[block]) * rows_per_block + row) * dim;
+    return static_cast<const uint8_t*>(pool) + (static_cast<int64_t>(table[block]) * rows_per_block + row) * row_bytes;
   }
 #endif
 };
+
+// src [rows, dim] f32 -> `rows` rows of the storage `kind` at dst (contiguous, KvRowBytes apart), bit for bit
+// what kernels/kv_rows.h's EncodeKvRows writes.
+void EncodeKvRows(const float* src, int64_t rows, int64_t dim, int64_t rope_dim, RowKind kind, void* dst,
+                  cudaStream_t s);
 
 // Weight/table element types the dense kernels read (the order of the template instantiations).
 enum class WType { kF32, kBF16, kF16 };

@@ -5,6 +5,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/model_ops.h"
+#include "kernels/cuda/kv_rows_device.cuh"
 #include "kernels/cuda/model_ops_device.cuh"
 
 namespace dsmesh::cuda_ops {
@@ -52,23 +53,6 @@ __global__ void CompressorPoolKernel(const float* kv, const float* score, int64_
   }
 }
 
-// One warp copies a row of `dd` floats into shared memory (a padded row: scalar stores), as float4 loads
-// when `vec4` (dd % 4 == 0 and the row 16-byte aligned); a null row is written as zeros.
-__device__ __forceinline__ void WarpCopyRow(const float* row, int dd, bool vec4, int lane, float* dst) {
-  if (vec4) {
-#pragma unroll 4
-    for (int c4 = lane; c4 < dd / 4; c4 += 32) {
-      const float4 v = row ? __ldg(reinterpret_cast<const float4*>(row) + c4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      dst[4 * c4] = v.x;
-      dst[4 * c4 + 1] = v.y;
-      dst[4 * c4 + 2] = v.z;
-      dst[4 * c4 + 3] = v.w;
-    }
-  } else {
-    for (int c = lane; c < dd; c += 32) dst[c] = row ? row[c] : 0.0f;
-  }
-}
-
 // scores[r, w] = sum_h weights[r, h] * relu(q[r, h] . keys[w]) for w < valid(r). One block per 32 keys
 // of a row: the keys go to shared memory, lane j of every warp takes key j, warp v takes the heads
 // v, v + warps, ... (each dot product in index order), and the warps' partial sums are added in warp
@@ -92,10 +76,10 @@ __global__ void __launch_bounds__(kIndexerThreads) IndexerScoresKernel(const flo
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int hd = static_cast<int>(heads * dim), dd = static_cast<int>(dim);
   for (int i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = q[r * hd + i];
-  // Warp v copies keys v, v + warps, ... (float4 when rows allow), no division.
-  const bool vec4 = dd % 4 == 0 && (reinterpret_cast<uintptr_t>(keys.pool) & 15) == 0;
+  // Warp v copies keys v, v + warps, ... (float4 when f32 rows allow; bf16/fp8 rows decoded), no division.
+  const bool vec4 = keys.kind == RowKind::kF32 && dd % 4 == 0 && (reinterpret_cast<uintptr_t>(keys.pool) & 15) == 0;
   for (int j = warp; j < kIndexerKeys; j += warps) {
-    WarpCopyRow(j < nk ? keys.Row(first + j, dim) : nullptr, dd, vec4, lane, ks + j * ld);
+    WarpCopyStoredRow(j < nk ? keys.Row(first + j) : nullptr, keys.kind, keys.nope, dd, vec4, lane, ks + j * ld);
   }
   __syncthreads();
   const float* k = ks + lane * ld;
@@ -291,15 +275,17 @@ struct AttnKeys {
     return sp;
   }
 
-  __device__ const float* Key(int64_t r, int64_t lo, int64_t nwin, int64_t visible, int64_t j) const {
+  // Key j's row: window rows (j < nwin) are f32, entries are stored as entries.kind.
+  __device__ const void* Key(int64_t r, int64_t lo, int64_t nwin, int64_t visible, int64_t j) const {
     if (j < nwin) {
       const int64_t p = lo + j;
       return p < start ? ring + (p % ring_slots) * d : new_kv + (p - start) * d;
     }
     const int64_t i = j - nwin;
     const int64_t e = topk ? topk[r * topk_cols + i] : i;
-    return e >= 0 && e < visible ? entries.Row(e, d) : nullptr;
+    return e >= 0 && e < visible ? entries.Row(e) : nullptr;
   }
+  __device__ RowKind KindOf(int64_t nwin, int64_t j) const { return j < nwin ? RowKind::kF32 : entries.kind; }
 };
 
 // One block per (row, head): scores into shared memory, softmax with the sink, weighted sum of keys.
@@ -314,11 +300,15 @@ __global__ void AttentionKernel(const float* q, int64_t heads, AttnKeys keys, co
   for (int64_t c = threadIdx.x; c < d; c += blockDim.x) qs[c] = q[(r * heads + h) * d + c];
   __syncthreads();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int nope = keys.entries.nope;
   for (int64_t j = warp; j < nkeys; j += warps) {
-    const float* k = keys.Key(r, lo, nwin, visible, j);
+    const void* k = keys.Key(r, lo, nwin, visible, j);
+    const RowKind kind = keys.KindOf(nwin, j);
     float dot = 0.0f;
-    if (k)
-      for (int64_t c = lane; c < d; c += 32) dot += qs[c] * k[c];
+    if (k) {
+      const float scale = kind == RowKind::kFp8 ? Fp8RowScale(static_cast<const uint8_t*>(k), nope) : 0.0f;
+      for (int64_t c = lane; c < d; c += 32) dot += qs[c] * StoredRowValue(k, kind, nope, scale, static_cast<int>(c));
+    }
     dot = WarpSum(dot);
     if (lane == 0) s[j] = k ? dot * softmax_scale : -INFINITY;
   }
@@ -338,8 +328,10 @@ __global__ void AttentionKernel(const float* q, int64_t heads, AttnKeys keys, co
     float acc = 0.0f;
     for (int64_t j = 0; j < nkeys; ++j) {
       if (s[j] == 0.0f) continue;
-      const float* k = keys.Key(r, lo, nwin, visible, j);
-      acc += (s[j] / denom) * k[c];
+      const void* k = keys.Key(r, lo, nwin, visible, j);
+      const RowKind kind = keys.KindOf(nwin, j);
+      const float scale = kind == RowKind::kFp8 ? Fp8RowScale(static_cast<const uint8_t*>(k), nope) : 0.0f;
+      acc += (s[j] / denom) * StoredRowValue(k, kind, nope, scale, static_cast<int>(c));
     }
     out[(r * heads + h) * d + c] = acc;
   }
@@ -386,8 +378,9 @@ SplitLayout SplitLayoutFor(int64_t n, int64_t heads, int head_group, int64_t max
 // Whether every key row the kernel may read starts on 16 bytes (float4 loads): the ring, the step's new
 // rows and the entry pool all do when head_dim is a multiple of 4 and the bases are aligned.
 __device__ __forceinline__ bool AllRowsAligned(const AttnKeys& k) {
-  const auto aligned = [](const float* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
-  return aligned(k.ring) && aligned(k.new_kv) && (!k.entries.pool || aligned(k.entries.pool));
+  const auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+  return aligned(k.ring) && aligned(k.new_kv) &&
+         (!k.entries.pool || k.entries.kind != RowKind::kF32 || aligned(k.entries.pool));
 }
 
 // Partials of (row r, head h, range g): [max, sum, values[d]] at ((r * heads + h) * ranges + g) * (d + 2).
@@ -396,7 +389,7 @@ __global__ void __launch_bounds__(kSplitThreads) AttentionSplitKernel(const floa
                                                                       int64_t keys_per_range, int64_t ranges,
                                                                       float* partial) {
   extern __shared__ float smem[];
-  __shared__ const float* kp[kSplitKeys];  // the pass's key rows (null: absent)
+  __shared__ const void* kp[kSplitKeys];  // the pass's key rows (null: absent)
   const int64_t d = keys.d, ld = d + 1;  // key rows padded by one float: lane j reads row j without conflicts
   float* ks = smem;                                  // [kSplitKeys][d + 1]
   float* qs = ks + kSplitKeys * ld;                  // [head_group][d]
@@ -432,12 +425,13 @@ __global__ void __launch_bounds__(kSplitThreads) AttentionSplitKernel(const floa
     // Warp v copies keys v, v + 8, ...: lanes stride the row (float4 when rows allow), no division.
     const int dd = static_cast<int>(d);
     for (int j = warp; j < kSplitKeys; j += kSplitThreads / 32) {
-      WarpCopyRow(kp[j], dd, vec4, lane, ks + j * ld);
+      const RowKind kind = keys.KindOf(nwin, k0 + j);
+      WarpCopyStoredRow(kp[j], kind, keys.entries.nope, dd, vec4, lane, ks + j * ld);
     }
     __syncthreads();
     if (warp < head_group) {
       const int64_t j = lane;
-      const float* k = kp[j];
+      const void* k = kp[j];
       float s = -INFINITY;
       if (k) {
         const float* qh = qs + warp * d;

@@ -4,7 +4,7 @@
 # greedy tokens with 1 and 2 worker processes on one GPU), and `dsmesh up --device cuda` serving the
 # OpenAI API (chat, streaming, a client disconnect) checked with curl. Logs go to $OUT (or /tmp/out).
 #   usage (repository root on the GPU machine): tests/gpu/run_gpu.sh [parts]
-#   parts: any of tests,sanitize,cli,serve,flash,flashbench,profile (default: all but flashbench and profile)
+#   parts: any of tests,sanitize,cli,serve,flash,flashbench,profile,specbench (default: all but the benches)
 set -uo pipefail
 B=.bundle/gpu
 PARTS=${1:-tests,sanitize,cli,serve,flash}
@@ -110,6 +110,16 @@ if [[ $PARTS == *profile* ]]; then
   check test -s "$OUT/flash_profile.json"
 fi
 
+if [[ $PARTS == *specbench* ]]; then
+  step "dsmesh bench, verification shape (1 + 3 draft rows per stream) beside the plain decode step, full-size V4-Flash, graphs"
+  for rows in 1 4; do
+    timeout 400 $DS bench --device cuda --model synthetic:v4-flash:seed=1 --contexts ${FLASH_CONTEXTS:-4096} \
+      --streams ${FLASH_STREAMS:-1,4} --steps ${FLASH_STEPS:-8} --rows $rows \
+      --json "$OUT/spec_bench_rows$rows.json" 2> "$OUT/spec_bench_rows$rows.log" | tee "$OUT/spec_bench_rows$rows.txt"
+    check test -s "$OUT/spec_bench_rows$rows.json"
+  done
+fi
+
 if [[ $PARTS == *serve* ]]; then
   # The random tiny model by name (served as "tiny-model"), so that these checks do not depend on the
   # trained pack being in the carried tree.
@@ -145,16 +155,34 @@ if [[ $PARTS == *serve* ]]; then
     grep -E "backend|holds" "$OUT/up_w$world.log" | head -4
     kill -INT $up; wait $up
   done
-  step "dsmesh up --device cuda with MTP speculation (3 drafts): greedy output equals speculation off"
-  $DS up --model $TINY --device cuda --world 1 --port 8110 --kv-memory 2G \
-    --speculative-config '{"method":"mtp","num_speculative_tokens":3}' > "$OUT/up_spec.log" 2>&1 &
-  up=$!
-  for _ in $(seq 1 240); do curl -sf localhost:8110/health >/dev/null && break; sleep 0.5; done
-  curl -s localhost:8110/v1/chat/completions -H 'content-type: application/json' -d "$gbody" > "$OUT/greedy_spec.json"
-  check python3 -c "import json; a=json.load(open('$OUT/greedy_w1.json'))['choices'][0]['message']; b=json.load(open('$OUT/greedy_spec.json'))['choices'][0]['message']; assert a == b, (a, b)"
-  curl -s localhost:8110/metrics | grep -E '^vllm:spec_decode_num_(draft|accepted)_tokens_total' | tee "$OUT/spec_metrics.txt"
-  check grep -qE '^vllm:spec_decode_num_draft_tokens_total(\{[^}]*\})? [1-9]' "$OUT/spec_metrics.txt"
-  kill -INT $up; wait $up
+  # A tiny model with 3 MTP blocks, as V4 is trained to draft: draft i runs block i.
+  TINY3=/tmp/tiny-model-mtp3
+  [[ -f $TINY3/config.json ]] || $DS make-tiny --out $TINY3 --mtp-layers 3 > /dev/null
+  for world in 1 2; do
+    port=$((8110 + world))
+    step "dsmesh up --device cuda --world $world, 3 MTP blocks: greedy with speculation (3 drafts) equals speculation off"
+    for spec in off on; do
+      sflag=(); [[ $spec == on ]] && sflag=(--speculative-config '{"method":"mtp","num_speculative_tokens":3}')
+      $DS up --model $TINY3 --device cuda --world $world --port $port --kv-memory 2G "${sflag[@]}" > "$OUT/up_mtp3_w${world}_$spec.log" 2>&1 &
+      up=$!
+      for _ in $(seq 1 240); do curl -sf localhost:$port/health >/dev/null && break; sleep 0.5; done
+      for q in "Count to ten" "Write a poem about the sea" "What is a prime number?"; do
+        qb="{\"model\":\"tiny-model-mtp3\",\"messages\":[{\"role\":\"user\",\"content\":\"$q\"}],\"max_tokens\":64,\"temperature\":0,\"ignore_eos\":true}"
+        curl -s localhost:$port/v1/chat/completions -H 'content-type: application/json' -d "$qb" >> "$OUT/mtp3_w${world}_$spec.jsonl"
+        echo >> "$OUT/mtp3_w${world}_$spec.jsonl"
+      done
+      curl -s localhost:$port/metrics | grep -E '^vllm:spec_decode_num_(draft|accepted)_tokens_total' > "$OUT/spec_metrics_w${world}_$spec.txt"
+      kill -INT $up; wait $up
+    done
+    check python3 -c "
+import json
+a=[json.loads(l)['choices'][0]['message'] for l in open('$OUT/mtp3_w${world}_off.jsonl') if l.strip()]
+b=[json.loads(l)['choices'][0]['message'] for l in open('$OUT/mtp3_w${world}_on.jsonl') if l.strip()]
+assert len(a) == 3 and a == b, (a, b)
+print('greedy equal over', len(a), 'requests of 64 tokens')"
+    cat "$OUT/spec_metrics_w${world}_on.txt"
+    check grep -qE '^vllm:spec_decode_num_draft_tokens_total(\{[^}]*\})? [1-9]' "$OUT/spec_metrics_w${world}_on.txt"
+  done
 fi
 echo
 [[ $fail == 0 ]] && echo "ALL GPU CHECKS PASSED" || echo "SOME GPU CHECKS FAILED"
