@@ -88,12 +88,21 @@ inline LinearWeight Exl3LinearWeight(const std::string& name, int64_t out_begin,
   return lw;
 }
 
-// Device time of one kind of op, summed over its calls (Backend::TakeOpProfile).
+// Device time of one kind of op, summed over its calls (Backend::TakeOpProfile), and the host's time
+// inside the op's call (argument checks, metadata, launches).
 struct OpTiming {
   std::string op;
   int64_t calls = 0;
   double ms = 0;
+  double host_ms = 0;
 };
+
+// How a device backend times its ops (Backend::SetOpProfiling):
+//   kTimeline: events around each op on the stream as it runs; the intervals tile the step's timeline,
+//     so an op's time includes the host's launch gaps inside it (what the step costs, op by op);
+//   kDeviceOnly: before each op the stream first waits on a short spin kernel, long enough for the host
+//     to enqueue the whole op behind it, so each interval holds the op's device work alone.
+enum class OpProfiling { kOff, kTimeline, kDeviceOnly };
 
 // What the profiler saw since it was last asked: the ops (largest first) and the steps they ran in.
 struct OpProfile {
@@ -160,7 +169,7 @@ class Backend {
   // While on, a device backend times every op (and every step) with device events and runs segments
   // eagerly; TakeOpProfile returns the totals since the last call, largest first. A backend that cannot
   // time ops returns nothing.
-  virtual void SetOpProfiling(bool on) {}
+  virtual void SetOpProfiling(OpProfiling mode) {}
   virtual OpProfile TakeOpProfile() { return {}; }
   // The forward names the phase its next ops belong to (OpTiming::op is then "phase / op"); phases nest
   // by replacement, EndPhase restores the enclosing one.

@@ -31,7 +31,9 @@ int32_t TokenAt(int64_t i, int64_t vocab) { return static_cast<int32_t>((i * 791
 
 // Prints the profiled steps per phase (the forward's Phase scopes) and the costliest ops, in ms per
 // step; returns the same as JSON.
-nlohmann::json PrintProfile(const OpProfile& profile) {
+// `device_only` (the same steps with each op isolated behind a spin, OpProfiling::kDeviceOnly) adds each
+// op's device time alone and the host's time inside its call, which tell a launch-bound op from a slow one.
+nlohmann::json PrintProfile(const OpProfile& profile, const OpProfile& device_only) {
   const std::vector<OpTiming>& ops = profile.ops;
   if (ops.empty() || profile.steps == 0) {
     std::printf("  profile: this backend does not time its ops (a CUDA device does)\n");
@@ -57,13 +59,31 @@ nlohmann::json PrintProfile(const OpProfile& profile) {
     j["phases"].push_back({{"phase", name}, {"ms", v.first}, {"ops_per_step", v.second / steps}});
   }
   std::printf("  %-50s %10.3f %7.1f%%\n", "(host gaps between ops)", between, 100 * between / total);
-  std::printf("  costliest ops:\n");
+  std::map<std::string, const OpTiming*> alone;
+  for (const OpTiming& t : device_only.ops) alone[t.op] = &t;
+  std::printf("  costliest ops (timeline; then, from a second pass with each op isolated, its device time alone and "
+              "the host's time inside the call):\n");
+  std::printf("  %-78s %12s %7s %10s %10s %10s\n", "op", "ms/step", "calls", "us/call", "device us", "host us");
   int shown = 0;
   for (const OpTiming& t : ops) {
-    j["ops"].push_back({{"op", t.op}, {"ms", t.ms / steps}, {"calls_per_step", t.calls / steps}});
-    if (shown++ < 25)
-      std::printf("  %-78s %9.3f ms %7.1f calls  %8.1f us/call\n", t.op.c_str(), t.ms / steps, t.calls / steps,
-                  1e3 * t.ms / t.calls);
+    const auto a = alone.find(t.op);
+    const double dev_us = a != alone.end() && a->second->calls ? 1e3 * a->second->ms / a->second->calls : -1;
+    const double host_us = a != alone.end() && a->second->calls ? 1e3 * a->second->host_ms / a->second->calls : -1;
+    nlohmann::json o = {{"op", t.op}, {"ms", t.ms / steps}, {"calls_per_step", t.calls / steps}};
+    if (dev_us >= 0) o["device_us_per_call"] = dev_us, o["host_us_per_call"] = host_us;
+    j["ops"].push_back(o);
+    if (shown++ < 30)
+      std::printf("  %-78s %9.3f ms %7.1f %10.1f %10.1f %10.1f\n", t.op.c_str(), t.ms / steps, t.calls / steps,
+                  1e3 * t.ms / t.calls, dev_us, host_us);
+  }
+  if (!device_only.ops.empty()) {
+    double dev = 0, host = 0;
+    for (const OpTiming& t : device_only.ops) dev += t.ms, host += t.host_ms;
+    const double dsteps = static_cast<double>(std::max<int64_t>(device_only.steps, 1));
+    std::printf("  all ops, isolated: %.3f ms/step of device work, %.3f ms/step of host time inside the calls\n",
+                dev / dsteps, host / dsteps);
+    j["device_only_ms"] = dev / dsteps;
+    j["host_in_calls_ms"] = host / dsteps;
   }
   return j;
 }
@@ -120,7 +140,9 @@ int RunLocalBench(const std::vector<std::string>& args) {
   {
     // The state pool holds the largest shape's streams at the longest context (and the measured steps).
     const StatePool& probe = model->state_pool();
-    const int64_t max_ctx = *std::max_element(contexts.begin(), contexts.end()) + (steps + 1) * rows;
+    // (the warm-up step, the timed steps, and with --profile the two profiled passes)
+    const int64_t all_steps = 1 + (profile ? 3 : 1) * static_cast<int64_t>(steps);
+    const int64_t max_ctx = *std::max_element(contexts.begin(), contexts.end()) + all_steps * rows;
     const int max_streams = *std::max_element(streams.begin(), streams.end());
     const int64_t blocks = (max_ctx + probe.block_tokens() - 1) / probe.block_tokens();
     StatePoolOptions po;
@@ -206,11 +228,14 @@ int RunLocalBench(const std::vector<std::string>& args) {
       }
       if (profile) {
         // The same steps again, eager, every op timed by device events: where the step's time goes.
-        model->backend().SetOpProfiling(true);
+        model->backend().SetOpProfiling(OpProfiling::kTimeline);
         for (int i = 1; i <= steps; ++i) step(steps + i);
         const OpProfile prof = model->backend().TakeOpProfile();
-        model->backend().SetOpProfiling(false);
-        row["profile"] = PrintProfile(prof);
+        model->backend().SetOpProfiling(OpProfiling::kDeviceOnly);
+        for (int i = 1; i <= steps; ++i) step(2 * steps + i);
+        const OpProfile alone = model->backend().TakeOpProfile();
+        model->backend().SetOpProfiling(OpProfiling::kOff);
+        row["profile"] = PrintProfile(prof, alone);
       }
       out.push_back(row);
     }

@@ -301,10 +301,11 @@ class CudaBackend final : public Backend {
     Capture(key, &g, ops);
   }
 
-  void SetOpProfiling(bool on) override {
+  void SetOpProfiling(OpProfiling mode) override {
     Use();
-    if (on && !profiler_) profiler_ = std::make_unique<OpProfiler>(ctx_->stream);
-    if (!on) profiler_.reset();
+    profiler_.reset();
+    if (mode != OpProfiling::kOff)
+      profiler_ = std::make_unique<OpProfiler>(ctx_->stream, mode == OpProfiling::kDeviceOnly);
   }
   std::string MemoryDescription() const override {
     Use();

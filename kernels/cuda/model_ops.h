@@ -42,6 +42,10 @@ struct PagedRowsDev {
 void EncodeKvRows(const float* src, int64_t rows, int64_t dim, int64_t rope_dim, RowKind kind, void* dst,
                   cudaStream_t s);
 
+// Keeps the stream busy for about `ns` nanoseconds (one thread reading the global timer): the op
+// profiler's device-only mode puts it before an op so that the op's launches are all queued when it starts.
+void Spin(int64_t ns, cudaStream_t s);
+
 // Weight/table element types the dense kernels read (the order of the template instantiations).
 enum class WType { kF32, kBF16, kF16 };
 

@@ -312,4 +312,14 @@ void HcHead(const float* X, int64_t n, int64_t D, int hc, const float* fn, const
   HcHeadFinishKernel<<<n, kThreads, 0, s>>>(X, D, hc, mixes, base, scale, eps, y);
 }
 
+__global__ void SpinKernel(int64_t ns) {
+  uint64_t t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < static_cast<uint64_t>(ns));
+}
+
+void Spin(int64_t ns, cudaStream_t s) { SpinKernel<<<1, 1, 0, s>>>(ns); }
+
 }  // namespace dsmesh::cuda_ops

@@ -4,6 +4,7 @@
 #include <cctype>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/model_ops.h"
 
 namespace dsmesh {
 
@@ -24,18 +25,24 @@ cudaEvent_t OpProfiler::NewEvent() {
   return e;
 }
 
+// Longer than the host takes to enqueue any one op (a few launches and metadata copies).
+constexpr int64_t kSpinNs = 200 * 1000;
+
 void OpProfiler::Begin(const std::string& op) {
   if (depth_++ > 0) return;
   open_op_ = phases_.empty() ? op : std::string(phases_.back()) + " / " + op;
+  if (device_only_) cuda_ops::Spin(kSpinNs, stream_);
   open_begin_ = NewEvent();
   CudaCheck(cudaEventRecord(open_begin_, stream_), "cudaEventRecord (op profiler)");
+  open_host_ = std::chrono::steady_clock::now();
 }
 
 void OpProfiler::End() {
   if (--depth_ > 0) return;
+  const double host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - open_host_).count();
   cudaEvent_t end = NewEvent();
   CudaCheck(cudaEventRecord(end, stream_), "cudaEventRecord (op profiler)");
-  pending_.push_back({open_op_, open_begin_, end});
+  pending_.push_back({open_op_, open_begin_, end, host_ms});
 }
 
 void OpProfiler::BeginStep() {
@@ -65,6 +72,7 @@ void OpProfiler::Collect() {
     t.op = iv.op;
     ++t.calls;
     t.ms += ms;
+    t.host_ms += iv.host_ms;
     if (step_begin_) ops_in_steps_ms_ += ms;
   }
   pending_.clear();

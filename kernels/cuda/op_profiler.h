@@ -4,11 +4,15 @@
 // ops tile the stream's timeline, so their sum over a step is the step's device time with the host's
 // gaps between launches inside the ops; the gaps between ops are the step's total minus that sum.
 // Only outermost ops are timed (SharedExpert's own Linear calls count as SharedExpert). Graph captures
-// never see it: the backend runs segments eagerly while profiling.
+// never see it: the backend runs segments eagerly while profiling. With `device_only`, each op's begin
+// event waits behind a spin kernel (kernels/cuda/model_ops.h Spin) that outlasts the host's enqueueing
+// of the op, so the interval is the op's device time alone (the step total then counts the spins too).
+// Either way the host's time inside each op is measured with a steady clock.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -20,7 +24,7 @@ namespace dsmesh {
 
 class OpProfiler {
  public:
-  explicit OpProfiler(cudaStream_t stream) : stream_(stream) {}
+  OpProfiler(cudaStream_t stream, bool device_only) : stream_(stream), device_only_(device_only) {}
   ~OpProfiler();
   OpProfiler(const OpProfiler&) = delete;
   OpProfiler& operator=(const OpProfiler&) = delete;
@@ -47,12 +51,15 @@ class OpProfiler {
   struct Interval {
     std::string op;
     cudaEvent_t begin, end;
+    double host_ms;
   };
   cudaStream_t stream_;
+  bool device_only_;
   std::vector<const char*> phases_;
   int depth_ = 0;
   std::string open_op_;
   cudaEvent_t open_begin_ = nullptr;
+  std::chrono::steady_clock::time_point open_host_;
   cudaEvent_t step_begin_ = nullptr;
   std::vector<Interval> pending_;
   std::vector<cudaEvent_t> free_, used_;
