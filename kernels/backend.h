@@ -259,6 +259,18 @@ class Backend {
                            int64_t heads, int64_t dim, const int64_t* positions, int ratio, int top_k,
                            Tensor* out) = 0;
 
+  // IndexerTopK for several sequences of one step at once: sequence i owns rows seqs[i].offset .. + count - 1
+  // of q, weights, positions and out and reads its own keys. Equal to IndexerTopK per sequence (the
+  // default does exactly that); a device backend may run them as one launch.
+  struct IndexerSeq {
+    int64_t offset = 0, count = 0;
+    const PagedRows* keys = nullptr;
+    int64_t num_keys = 0;
+  };
+  virtual void IndexerTopKBatch(const Tensor& q, const Tensor& weights, int64_t heads, int64_t dim,
+                                const int64_t* positions, int ratio, int top_k, const std::vector<IndexerSeq>& seqs,
+                                Tensor* out);
+
   // ---- attention (one sequence) ----
   // q [n, heads*d] for positions start .. start+n-1. The shared K=V rows are:
   //   window: positions max(0, t-window+1) .. t; positions < start come from ring [slots, d]
@@ -270,6 +282,19 @@ class Backend {
                          const Tensor& new_kv, int window, const PagedRows* entries, int64_t num_entries,
                          int ratio, const Tensor* topk, const Tensor& sinks, float softmax_scale,
                          Tensor* out) = 0;
+  // Attention for several sequences of one step at once: sequence i owns rows seqs[i].offset ..
+  // + count - 1 of q, new_kv, topk and out, starts at position seqs[i].start and has its own ring and
+  // entries; everything else is Attention's. Equal to Attention per sequence (the default does exactly
+  // that); a device backend may run them as one launch.
+  struct AttentionSeq {
+    int64_t offset = 0, count = 0, start = 0;
+    const Tensor* ring = nullptr;
+    const PagedRows* entries = nullptr;  // null for sliding-window layers
+    int64_t num_entries = 0;
+  };
+  virtual void AttentionBatch(const Tensor& q, int64_t heads, int64_t d, const Tensor& new_kv, int window, int ratio,
+                              const Tensor* topk, const Tensor& sinks, float softmax_scale,
+                              const std::vector<AttentionSeq>& seqs, Tensor* out);
   // Writes the last min(n, slots) rows of new_kv (positions start..start+n-1) into the ring (slot pos % slots,
   // slots = ring->shape[0] >= window). A ring with window + k slots lets k rows be written and then
   // forgotten (speculative rollback) without overwriting a row the window still needs.
@@ -325,6 +350,27 @@ inline Tensor RowView(const Tensor& t, int64_t begin, int64_t count) {
   v.shape[0] = count;
   v.data = static_cast<char*>(t.data) + static_cast<size_t>(begin) * row * DTypeSize(t.dtype);
   return v;
+}
+
+inline void Backend::IndexerTopKBatch(const Tensor& q, const Tensor& weights, int64_t heads, int64_t dim,
+                                      const int64_t* positions, int ratio, int top_k,
+                                      const std::vector<IndexerSeq>& seqs, Tensor* out) {
+  for (const IndexerSeq& s : seqs) {
+    Tensor ov = RowView(*out, s.offset, s.count);
+    IndexerTopK(RowView(q, s.offset, s.count), RowView(weights, s.offset, s.count), *s.keys, s.num_keys, heads, dim,
+                positions + s.offset, ratio, top_k, &ov);
+  }
+}
+
+inline void Backend::AttentionBatch(const Tensor& q, int64_t heads, int64_t d, const Tensor& new_kv, int window,
+                                    int ratio, const Tensor* topk, const Tensor& sinks, float softmax_scale,
+                                    const std::vector<AttentionSeq>& seqs, Tensor* out) {
+  for (const AttentionSeq& s : seqs) {
+    Tensor ov = RowView(*out, s.offset, s.count), tv;
+    if (topk) tv = RowView(*topk, s.offset, s.count);
+    Attention(RowView(q, s.offset, s.count), heads, d, s.start, *s.ring, RowView(new_kv, s.offset, s.count), window,
+              s.entries, s.entries ? s.num_entries : 0, ratio, topk ? &tv : nullptr, sinks, softmax_scale, &ov);
+  }
 }
 
 }  // namespace dsmesh

@@ -190,31 +190,33 @@ void ModelImpl::AttentionCore(const BlockWeights& b, const std::vector<SeqRows>&
     Phase phase(be, "indexer + top-k");
     CompressorUpdate(b.attn.indexer_compressor, a->ikv, a->iscore, b.layer, true, seqs);
     const int64_t hi = c.index_n_heads, di = c.index_head_dim;
-    for (const SeqRows& s : seqs) {
-      const CompressorState& ic = s.state->layers[b.layer].indexer;
-      Tensor tv = RowView(a->topk, s.offset, s.count);
-      be.IndexerTopK(RowView(a->iq, s.offset, s.count), RowView(a->iw, s.offset, s.count),
-                     s.state->Entries(b.layer, true, s.table), ic.num_entries, hi, di, positions.data() + s.offset, b.ratio,
-                     c.index_topk, &tv);
+    std::vector<PagedRows> keys(seqs.size());
+    std::vector<Backend::IndexerSeq> parts(seqs.size());
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const SeqRows& s = seqs[i];
+      keys[i] = s.state->Entries(b.layer, true, s.table);
+      parts[i] = {s.offset, s.count, &keys[i], s.state->layers[b.layer].indexer.num_entries};
     }
+    be.IndexerTopKBatch(a->iq, a->iw, hi, di, positions.data(), b.ratio, c.index_topk, parts, &a->topk);
   }
 
   const float softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
   const bool compressed = b.kind != AttentionKind::kSliding;
   Phase phase(be, "attention core");
-  for (const SeqRows& s : seqs) {
+  // Every sequence of the step in one call (a device backend launches them together), then the rings.
+  std::vector<PagedRows> entries(seqs.size());
+  std::vector<Backend::AttentionSeq> parts(seqs.size());
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const SeqRows& s = seqs[i];
     LayerState& ls = s.state->layers[b.layer];
-    Tensor ov = RowView(a->o, s.offset, s.count);
-    Tensor kvv = RowView(a->kv, s.offset, s.count);
-    Tensor tv;
-    if (a->topk.data) tv = RowView(a->topk, s.offset, s.count);
-    PagedRows entries;
-    if (compressed) entries = s.state->Entries(b.layer, false, s.table);
-    be.Attention(RowView(a->q, s.offset, s.count), Hl, d, s.start, ls.ring, kvv, c.sliding_window,
-                 compressed ? &entries : nullptr, compressed ? ls.compressor.num_entries : 0,
-                 b.ratio, a->topk.data ? &tv : nullptr, b.attn.sinks, softmax_scale, &ov);
-    be.UpdateRing(kvv, s.start, c.sliding_window, &ls.ring);
+    if (compressed) entries[i] = s.state->Entries(b.layer, false, s.table);
+    parts[i] = {s.offset, s.count, s.start, &ls.ring, compressed ? &entries[i] : nullptr,
+                compressed ? ls.compressor.num_entries : 0};
   }
+  be.AttentionBatch(a->q, Hl, d, a->kv, c.sliding_window, b.ratio, a->topk.data ? &a->topk : nullptr, b.attn.sinks,
+                    softmax_scale, parts, &a->o);
+  for (const SeqRows& s : seqs)
+    be.UpdateRing(RowView(a->kv, s.offset, s.count), s.start, c.sliding_window, &s.state->layers[b.layer].ring);
 }
 
 void ModelImpl::AttentionOutput(const BlockWeights& b, const std::vector<int64_t>& positions, BlockActivations* a) {

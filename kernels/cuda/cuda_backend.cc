@@ -583,6 +583,37 @@ class CudaBackend final : public Backend {
     Launched("IndexerTopK");
   }
 
+  void IndexerTopKBatch(const Tensor& q, const Tensor& weights, int64_t heads, int64_t dim, const int64_t* positions,
+                        int ratio, int top_k, const std::vector<IndexerSeq>& seqs, Tensor* out) override {
+    const int64_t n = q.shape[0];
+    if (seqs.size() <= 1 || n > cuda_ops::IndexerBatchMaxRows() ||
+        static_cast<int>(seqs.size()) > cuda_ops::IndexerBatchMaxSeqs()) {
+      Backend::IndexerTopKBatch(q, weights, heads, dim, positions, ratio, top_k, seqs, out);
+      return;
+    }
+    const ProfileScope ps = Profile("IndexerTopKBatch");
+    Require(RowWidth(*out) == top_k && out->dtype == DType::kI32, "IndexerTopKBatch", "output shape");
+    Use();
+    std::vector<cuda_ops::IndexerSeqDev> dev(seqs.size());
+    std::vector<Tensor> tables(seqs.size());
+    int64_t max_keys = 0;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const IndexerSeq& a = seqs[i];
+      Require(a.num_keys <= a.keys->capacity(), "IndexerTopKBatch", "more keys than the block table holds");
+      dev[i].offset = a.offset;
+      dev[i].count = a.count;
+      dev[i].keys = Paged(*a.keys, a.num_keys, dim, &tables[i]);
+      dev[i].num_keys = a.num_keys;
+      max_keys = std::max(max_keys, a.num_keys);
+    }
+    Tensor pos;
+    const int64_t* dev_pos = StepPositions(positions, n, &pos);
+    Tensor scratch = Temp(DType::kF32, {cuda_ops::IndexerScratchFloats(n, max_keys)});
+    cuda_ops::IndexerTopKBatch(F(q), F(weights), dev.data(), static_cast<int>(dev.size()), heads, dim, dev_pos, n,
+                               ratio, top_k, F(scratch), static_cast<int32_t*>(out->data), ctx_->stream);
+    Launched("IndexerTopKBatch");
+  }
+
   // ---- attention ----
   void Attention(const Tensor& q, int64_t heads, int64_t d, int64_t start, const Tensor& ring, const Tensor& new_kv,
                  int window, const PagedRows* entries, int64_t num_entries, int ratio, const Tensor* topk,
@@ -614,6 +645,40 @@ class CudaBackend final : public Backend {
     cuda_ops::EncodeKvRows(F(src) + src_row * dim, rows, dim, rope_dim, RowKindOf(dst->dtype),
                            static_cast<uint8_t*>(dst->data) + dst_row * bytes, ctx_->stream);
     Launched("StoreKvRows");
+  }
+
+  void AttentionBatch(const Tensor& q, int64_t heads, int64_t d, const Tensor& new_kv, int window, int ratio,
+                      const Tensor* topk, const Tensor& sinks, float softmax_scale,
+                      const std::vector<AttentionSeq>& seqs, Tensor* out) override {
+    const int64_t n = q.shape[0];
+    if (seqs.size() <= 1 || n > cuda_ops::AttentionBatchMaxRows() ||
+        static_cast<int>(seqs.size()) > cuda_ops::AttentionBatchMaxSeqs()) {
+      Backend::AttentionBatch(q, heads, d, new_kv, window, ratio, topk, sinks, softmax_scale, seqs, out);
+      return;
+    }
+    const ProfileScope ps = Profile("AttentionBatch");
+    Require(RowWidth(q) == heads * d && RowWidth(*out) == heads * d, "AttentionBatch", "shape");
+    Use();
+    std::vector<cuda_ops::AttentionSeqDev> dev(seqs.size());
+    std::vector<Tensor> tables(seqs.size());
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const AttentionSeq& a = seqs[i];
+      Require(a.ring && a.ring->shape[0] >= window, "AttentionBatch", "ring has fewer slots than the window");
+      Require(!a.entries || a.num_entries <= a.entries->capacity(), "AttentionBatch",
+              "more entries than the block table holds");
+      dev[i].offset = a.offset;
+      dev[i].count = a.count;
+      dev[i].start = a.start;
+      dev[i].ring = F(*a.ring);
+      dev[i].ring_slots = a.ring->shape[0];
+      if (a.entries) dev[i].entries = Paged(*a.entries, a.num_entries, d, &tables[i]);
+      dev[i].num_entries = a.entries ? a.num_entries : 0;
+    }
+    Tensor split = Temp(DType::kF32, {cuda_ops::AttentionSplitScratchFloats(n, heads, d)});
+    cuda_ops::AttentionBatch(F(q), n, heads, d, F(new_kv), window, ratio, topk ? I32(*topk) : nullptr,
+                             topk ? RowWidth(*topk) : 0, dev.data(), static_cast<int>(dev.size()), F(sinks),
+                             softmax_scale, F(*out), F(split), ctx_->stream);
+    Launched("AttentionBatch");
   }
 
   void UpdateRing(const Tensor& new_kv, int64_t start, int window, Tensor* ring) override {

@@ -540,6 +540,94 @@ TEST_F(CudaBackendTest, Attention) {
   }
 }
 
+// Several sequences in one launch (Backend::AttentionBatch): against the CPU (which runs Attention per
+// sequence), and bitwise against the GPU's own per-sequence calls: a row splits its keys by its own key
+// count only, so batching changes no sum. Decode (1 row each) and verification (4 rows each) shapes, with
+// listed top-k entries and with all entries, f32 and fp8 entries.
+TEST_F(CudaBackendTest, AttentionBatchEqualsPerSequence) {
+  DSMESH_REQUIRE_GPU();
+  const int64_t heads = 8, d = 64;
+  const int window = 16, ratio = 4;
+  const float softmax_scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const std::vector<int64_t> starts = {37, 5, 2000, 611};
+  for (int rows : {1, 4})
+    for (int topk_cols : {0, 8})
+      for (DType storage : {DType::kF32, DType::kU8}) {
+        const int64_t n = rows * static_cast<int64_t>(starts.size());
+        Pair q = Rand({n, heads * d}), new_kv = Rand({n, d}), sinks = Rand({heads});
+        Pair topk = Ints({n, std::max(topk_cols, 1)}, -1, 600);
+        std::vector<Pair> rings;
+        std::vector<Tensor> entry_rows;
+        std::vector<std::unique_ptr<PagedPair>> paged;
+        std::vector<Backend::AttentionSeq> cs, gs;
+        for (size_t i = 0; i < starts.size(); ++i) {
+          const int64_t num_entries = (starts[i] + rows) / ratio;
+          rings.push_back(Rand({window + 3, d}));
+          entry_rows.push_back(HostRand(DType::kF32, {std::max<int64_t>(num_entries, 1), d}));
+          paged.push_back(Paged(entry_rows.back(), 16, storage, storage == DType::kU8 ? 16 : 0));
+        }
+        for (size_t i = 0; i < starts.size(); ++i) {
+          const int64_t num_entries = (starts[i] + rows) / ratio;
+          cs.push_back({static_cast<int64_t>(i) * rows, rows, starts[i], &rings[i].c, &paged[i]->c, num_entries});
+          gs.push_back({static_cast<int64_t>(i) * rows, rows, starts[i], &rings[i].g, &paged[i]->g, num_entries});
+        }
+        Pair out = Zeros(DType::kF32, {n, heads * d});
+        const Tensor* tc = topk_cols ? &topk.c : nullptr;
+        const Tensor* tg = topk_cols ? &topk.g : nullptr;
+        cpu_->AttentionBatch(q.c, heads, d, new_kv.c, window, ratio, tc, sinks.c, softmax_scale, cs, &out.c);
+        gpu().AttentionBatch(q.g, heads, d, new_kv.g, window, ratio, tg, sinks.g, softmax_scale, gs, &out.g);
+        const std::string what = std::string("AttentionBatch rows=") + std::to_string(rows) +
+                                 " topk=" + std::to_string(topk_cols) + " " + DTypeName(storage);
+        ExpectClose(out, kF32Tol, what);
+        // The GPU's per-sequence calls, into a separate output: bitwise the batch's rows.
+        Pair alone = Zeros(DType::kF32, {n, heads * d});
+        for (const Backend::AttentionSeq& a : gs) {
+          Tensor ov = RowView(alone.g, a.offset, a.count), tv;
+          if (tg) tv = RowView(*tg, a.offset, a.count);
+          gpu().Attention(RowView(q.g, a.offset, a.count), heads, d, a.start, *a.ring, RowView(new_kv.g, a.offset, a.count),
+                          window, a.entries, a.num_entries, ratio, tg ? &tv : nullptr, sinks.g, softmax_scale, &ov);
+        }
+        EXPECT_EQ(GpuBytes(alone.g), GpuBytes(out.g)) << what << ": batched rows differ from the same rows alone";
+      }
+}
+
+// The indexer for several sequences in one launch (Backend::IndexerTopKBatch): the same top-k lists as the
+// CPU (grid values: exact scores) and as the GPU's per-sequence calls.
+TEST_F(CudaBackendTest, IndexerTopKBatchEqualsPerSequence) {
+  DSMESH_REQUIRE_GPU();
+  const int64_t heads = 8, dim = 64;
+  const int ratio = 4, top_k = 64;
+  const std::vector<int64_t> starts = {4003, 37, 811, 2500};
+  for (int rows : {1, 4}) {
+    const int64_t n = rows * static_cast<int64_t>(starts.size());
+    Pair q = Grid({n, heads * dim}, 4, 0.25f), w = Grid({n, heads}, 8, 0.125f);
+    std::vector<int64_t> positions;
+    std::vector<Pair> keys;
+    std::vector<std::unique_ptr<PagedPair>> paged;
+    std::vector<Backend::IndexerSeq> cs, gs;
+    for (size_t i = 0; i < starts.size(); ++i) {
+      for (int r = 0; r < rows; ++r) positions.push_back(starts[i] + r);
+      keys.push_back(Grid({(starts[i] + rows) / ratio, dim}, 4, 0.25f));
+      paged.push_back(Paged(keys.back().c, 64));
+    }
+    for (size_t i = 0; i < starts.size(); ++i) {
+      const int64_t num = (starts[i] + rows) / ratio;
+      cs.push_back({static_cast<int64_t>(i) * rows, rows, &paged[i]->c, num});
+      gs.push_back({static_cast<int64_t>(i) * rows, rows, &paged[i]->g, num});
+    }
+    Pair out = Zeros(DType::kI32, {n, top_k}), alone = Zeros(DType::kI32, {n, top_k});
+    cpu_->IndexerTopKBatch(q.c, w.c, heads, dim, positions.data(), ratio, top_k, cs, &out.c);
+    gpu().IndexerTopKBatch(q.g, w.g, heads, dim, positions.data(), ratio, top_k, gs, &out.g);
+    ExpectSame(out, "IndexerTopKBatch rows=" + std::to_string(rows));
+    for (const Backend::IndexerSeq& a : gs) {
+      Tensor ov = RowView(alone.g, a.offset, a.count);
+      gpu().IndexerTopK(RowView(q.g, a.offset, a.count), RowView(w.g, a.offset, a.count), *a.keys, a.num_keys, heads,
+                        dim, positions.data() + a.offset, ratio, top_k, &ov);
+    }
+    EXPECT_EQ(GpuBytes(alone.g), GpuBytes(out.g)) << "IndexerTopKBatch rows=" << rows << ": differs from per-sequence calls";
+  }
+}
+
 // Rows a compressor emits, stored as bf16 and in the fp8 layout on the device: bit for bit the host encoder
 // (kernels/kv_rows.h), including an all-zero row, a row of one huge value and values near e4m3 rounding ties.
 TEST_F(CudaBackendTest, StoreKvRows) {

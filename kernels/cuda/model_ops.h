@@ -103,6 +103,20 @@ void IndexerTopK(const float* q, const float* weights, PagedRowsDev keys, int64_
                  int64_t dim, const int64_t* positions, int64_t n, int ratio, int top_k, float* scratch,
                  int32_t* out, cudaStream_t s);
 
+// Several sequences of one step in one launch (Backend::IndexerTopKBatch): sequence i owns rows
+// offset .. offset + count - 1 of q, weights, positions and out; scratch of IndexerScratchFloats(n, the
+// largest num_keys) floats; at most IndexerBatchMaxRows() rows of IndexerBatchMaxSeqs() sequences.
+struct IndexerSeqDev {
+  int64_t offset = 0, count = 0;
+  PagedRowsDev keys;
+  int64_t num_keys = 0;
+};
+int IndexerBatchMaxRows();
+int IndexerBatchMaxSeqs();
+void IndexerTopKBatch(const float* q, const float* weights, const IndexerSeqDev* seqs, int num_seqs, int64_t heads,
+                      int64_t dim, const int64_t* positions, int64_t n, int ratio, int top_k, float* scratch,
+                      int32_t* out, cudaStream_t s);
+
 // ---- attention (one sequence; see Backend::Attention) ----
 // Largest number of keys one query row may see (shared memory of the kernel).
 int64_t AttentionMaxKeys();
@@ -115,6 +129,21 @@ void Attention(const float* q, int64_t n, int64_t heads, int64_t d, int64_t star
                int64_t ring_slots, const float* new_kv, int window, PagedRowsDev entries, int64_t num_entries, int ratio,
                const int32_t* topk, int64_t topk_cols, const float* sinks, float softmax_scale, float* out,
                float* split_scratch, cudaStream_t s);
+// Several sequences of one step in one launch (Backend::AttentionBatch): sequence i owns rows
+// offset .. offset + count - 1 of q, new_kv, topk and out. Steps of at most AttentionBatchMaxRows() rows
+// and AttentionBatchMaxSeqs() sequences, with split_scratch of AttentionSplitScratchFloats(n, ...).
+struct AttentionSeqDev {
+  int64_t offset = 0, count = 0, start = 0;
+  const float* ring = nullptr;
+  int64_t ring_slots = 0;
+  PagedRowsDev entries;  // pool null: no compressed entries
+  int64_t num_entries = 0;
+};
+int AttentionBatchMaxRows();
+int AttentionBatchMaxSeqs();
+void AttentionBatch(const float* q, int64_t n, int64_t heads, int64_t d, const float* new_kv, int window, int ratio,
+                    const int32_t* topk, int64_t topk_cols, const AttentionSeqDev* seqs, int num_seqs,
+                    const float* sinks, float softmax_scale, float* out, float* split_scratch, cudaStream_t s);
 void UpdateRing(const float* new_kv, int64_t n, int64_t d, int64_t start, int64_t ring_slots, float* ring,
                 cudaStream_t s);
 

@@ -59,8 +59,20 @@ __global__ void CompressorPoolKernel(const float* kv, const float* score, int64_
 // order.
 constexpr int kIndexerKeys = 32;
 constexpr int kIndexerThreads = 256;
+constexpr int kIndexerMaxSeqs = 8, kIndexerBatchMaxRows = 16;
+
+// The keys of each row of a step: one sequence (any number of rows), or up to kIndexerMaxSeqs sequences of
+// at most kIndexerBatchMaxRows rows in all, row r belonging to sequence row_seq[r].
+struct IndexerBatch {
+  PagedRowsDev keys[kIndexerMaxSeqs];
+  int64_t num_keys[kIndexerMaxSeqs];
+  int8_t row_seq[kIndexerBatchMaxRows];
+  int num_seqs;
+  __device__ int SeqOf(int64_t r) const { return num_seqs == 1 ? 0 : row_seq[r]; }
+};
+
 __global__ void __launch_bounds__(kIndexerThreads) IndexerScoresKernel(const float* q, const float* weights,
-                                                                       PagedRowsDev keys, int64_t num_keys,
+                                                                       const __grid_constant__ IndexerBatch batch,
                                                                        int64_t heads, int64_t dim,
                                                                        const int64_t* positions, int ratio,
                                                                        int64_t ld_scores, float* scores) {
@@ -69,7 +81,9 @@ __global__ void __launch_bounds__(kIndexerThreads) IndexerScoresKernel(const flo
   float* ks = qs + heads * dim;                // [kIndexerKeys][dim + 1]
   __shared__ float part[kIndexerThreads / 32][kIndexerKeys];
   const int64_t r = blockIdx.y, ld = dim + 1;
-  const int64_t valid = min(num_keys, (positions[r] + 1) / ratio);
+  const int seq = batch.SeqOf(r);
+  const PagedRowsDev& keys = batch.keys[seq];
+  const int64_t valid = min(batch.num_keys[seq], (positions[r] + 1) / ratio);
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kIndexerKeys;
   if (first >= valid) return;
   const int64_t nk = valid - first < kIndexerKeys ? valid - first : kIndexerKeys;
@@ -127,8 +141,8 @@ __device__ int BlockExclusiveScan(int flag, int* total) {
 // takes every key above it and the lowest-index keys equal to it, and a bitonic sort orders the
 // selection by (score desc, index asc) like the CPU's partial_sort. Deterministic (no atomics in the
 // output path).
-__global__ void TopKKernel(const float* scores, int64_t ld_scores, int64_t num_keys, const int64_t* positions,
-                           int ratio, int top_k, int32_t* out) {
+__global__ void TopKKernel(const float* scores, int64_t ld_scores, const __grid_constant__ IndexerBatch batch,
+                           const int64_t* positions, int ratio, int top_k, int32_t* out) {
   __shared__ unsigned hist[256];
   __shared__ uint32_t sel_key[kMaxTopK];
   __shared__ int32_t sel_idx[kMaxTopK];
@@ -137,7 +151,7 @@ __global__ void TopKKernel(const float* scores, int64_t ld_scores, int64_t num_k
   __shared__ int scan_part[8];
   const int64_t r = blockIdx.x;
   const float* sc = scores + r * ld_scores;
-  const int64_t valid = min(num_keys, (positions[r] + 1) / ratio);
+  const int64_t valid = min(batch.num_keys[batch.SeqOf(r)], (positions[r] + 1) / ratio);
   const int k = static_cast<int>(valid < top_k ? valid : static_cast<int64_t>(top_k));
 
   // 1. Threshold: the k-th largest key (skipped when every key is taken).
@@ -356,23 +370,13 @@ int SplitHeadsFor(int64_t heads, int64_t d) {
   return 1;
 }
 
-struct SplitLayout {
-  int64_t ranges = 1, keys_per_range = kSplitKeys;
-};
-
-// Ranges of whole 32-key passes, at most kSplitMaxRanges, enough blocks to cover the GPU.
-SplitLayout SplitLayoutFor(int64_t n, int64_t heads, int head_group, int64_t max_keys) {
-  SplitLayout l;
-  const int64_t passes = (max_keys + kSplitKeys - 1) / kSplitKeys;
-  const int64_t groups = n * (heads / head_group);
-  int64_t want = (264 + groups - 1) / groups;  // about two blocks per multiprocessor of a large GPU
-  want = want < 1 ? 1 : (want > kSplitMaxRanges ? kSplitMaxRanges : want);
-  if (want > passes) want = passes < 1 ? 1 : passes;
-  const int64_t passes_per_range = (passes + want - 1) / want;
-  l.keys_per_range = passes_per_range * kSplitKeys;
-  l.ranges = (passes + passes_per_range - 1) / passes_per_range;
-  if (l.ranges < 1) l.ranges = 1;
-  return l;
+// A row's keys are split into ranges of whole 32-key passes, as few passes per range as keep the ranges
+// at most kSplitMaxRanges. The split depends on the row's own key count only, so a row sums its keys in
+// the same order whatever it is batched with (a sequence alone == in a batch, bitwise).
+__host__ __device__ __forceinline__ int64_t SplitKeysPerRange(int64_t nkeys) {
+  const int64_t passes = (nkeys + kSplitKeys - 1) / kSplitKeys;
+  const int64_t per = (passes + kSplitMaxRanges - 1) / kSplitMaxRanges;
+  return (per < 1 ? 1 : per) * kSplitKeys;
 }
 
 // Whether every key row the kernel may read starts on 16 bytes (float4 loads): the ring, the step's new
@@ -383,22 +387,36 @@ __device__ __forceinline__ bool AllRowsAligned(const AttnKeys& k) {
          (!k.entries.pool || k.entries.kind != RowKind::kF32 || aligned(k.entries.pool));
 }
 
+// The sequences of one split launch: row r of the step belongs to sequence row_seq[r], as its row
+// row_local[r]; each sequence's AttnKeys has its new_kv and topk pointers at its own first row.
+constexpr int kSplitMaxSeqs = 8;
+struct AttnBatch {
+  AttnKeys seq[kSplitMaxSeqs];
+  int8_t row_seq[kSplitMaxRows];
+  int8_t row_local[kSplitMaxRows];
+};
+
 // Partials of (row r, head h, range g): [max, sum, values[d]] at ((r * heads + h) * ranges + g) * (d + 2).
+// `batch` stays in parameter space (__grid_constant__): indexing it by row copies nothing.
+// gridDim.y = ranges: at least the most any row of the step needs; a row's ranges past its keys write
+// empty partials (max -inf), which the combine skips.
 __global__ void __launch_bounds__(kSplitThreads) AttentionSplitKernel(const float* q, int64_t heads, int head_group,
-                                                                      AttnKeys keys, float softmax_scale,
-                                                                      int64_t keys_per_range, int64_t ranges,
-                                                                      float* partial) {
+                                                                      const __grid_constant__ AttnBatch batch,
+                                                                      float softmax_scale, float* partial) {
   extern __shared__ float smem[];
   __shared__ const void* kp[kSplitKeys];  // the pass's key rows (null: absent)
-  const int64_t d = keys.d, ld = d + 1;  // key rows padded by one float: lane j reads row j without conflicts
+  const int64_t d = batch.seq[0].d, ld = d + 1;  // key rows padded by one float: lane j reads row j without conflicts
   float* ks = smem;                                  // [kSplitKeys][d + 1]
   float* qs = ks + kSplitKeys * ld;                  // [head_group][d]
   float* ps = qs + head_group * d;                   // [head_group][kSplitKeys] probabilities of the pass
   float* alpha = ps + head_group * kSplitKeys;       // [head_group] rescale of the running values
   const int64_t groups = heads / head_group;
   const int64_t r = blockIdx.x / groups, h0 = (blockIdx.x % groups) * head_group, g = blockIdx.y;
-  const RowSpan span = keys.Span(r);
+  const AttnKeys& keys = batch.seq[batch.row_seq[r]];
+  const int64_t rl = batch.row_local[r];  // the row within its sequence
+  const RowSpan span = keys.Span(rl);
   const int64_t lo = span.lo, nwin = span.nwin, visible = span.visible, nkeys = span.nkeys;
+  const int64_t ranges = gridDim.y, keys_per_range = SplitKeysPerRange(nkeys);
   const int64_t k_begin = g * keys_per_range;
   const int64_t k_end = nkeys < k_begin + keys_per_range ? nkeys : k_begin + keys_per_range;
   for (int i = threadIdx.x; i < head_group * static_cast<int>(d); i += blockDim.x) qs[i] = q[(r * heads + h0) * d + i];
@@ -420,7 +438,7 @@ __global__ void __launch_bounds__(kSplitThreads) AttentionSplitKernel(const floa
     // The pass's keys into shared memory; absent ones (unlisted, not yet visible, past the range) are zero.
     const int64_t npass = k_end - k0 < kSplitKeys ? k_end - k0 : kSplitKeys;
     if (threadIdx.x < kSplitKeys)
-      kp[threadIdx.x] = threadIdx.x < npass ? keys.Key(r, lo, nwin, visible, k0 + threadIdx.x) : nullptr;
+      kp[threadIdx.x] = threadIdx.x < npass ? keys.Key(rl, lo, nwin, visible, k0 + threadIdx.x) : nullptr;
     __syncthreads();
     // Warp v copies keys v, v + 8, ...: lanes stride the row (float4 when rows allow), no division.
     const int dd = static_cast<int>(d);
@@ -519,9 +537,11 @@ void CompressorPool(const float* kv, const float* score, int64_t width, int64_t 
 
 int64_t IndexerScratchFloats(int64_t n, int64_t num_keys) { return n * (num_keys > 0 ? num_keys : 1); }
 
-void IndexerTopK(const float* q, const float* weights, PagedRowsDev keys, int64_t num_keys, int64_t heads,
-                 int64_t dim, const int64_t* positions, int64_t n, int ratio, int top_k, float* scratch,
-                 int32_t* out, cudaStream_t s) {
+namespace {
+
+void LaunchIndexer(const float* q, const float* weights, const IndexerBatch& batch, int64_t heads, int64_t dim,
+                   const int64_t* positions, int64_t n, int ratio, int top_k, float* scratch, int32_t* out,
+                   cudaStream_t s) {
   if (n <= 0) return;
   if (top_k > kMaxTopK)
     throw std::runtime_error("cuda IndexerTopK: top_k " + std::to_string(top_k) + " above " + std::to_string(kMaxTopK));
@@ -532,13 +552,54 @@ void IndexerTopK(const float* q, const float* weights, PagedRowsDev keys, int64_
               "indexer smem attribute");
   });
   if (smem > 160 * 1024) throw std::runtime_error("cuda IndexerTopK: heads x dim too large for shared memory");
-  const int64_t ld = num_keys > 0 ? num_keys : 1;
-  if (num_keys > 0) {
-    dim3 grid(static_cast<unsigned>((num_keys + kIndexerKeys - 1) / kIndexerKeys), static_cast<unsigned>(n));
-    IndexerScoresKernel<<<grid, kIndexerThreads, smem, s>>>(q, weights, keys, num_keys, heads, dim, positions, ratio,
-                                                            ld, scratch);
+  int64_t max_keys = 0;
+  for (int i = 0; i < batch.num_seqs; ++i) max_keys = batch.num_keys[i] > max_keys ? batch.num_keys[i] : max_keys;
+  const int64_t ld = max_keys > 0 ? max_keys : 1;
+  if (max_keys > 0) {
+    dim3 grid(static_cast<unsigned>((max_keys + kIndexerKeys - 1) / kIndexerKeys), static_cast<unsigned>(n));
+    IndexerScoresKernel<<<grid, kIndexerThreads, smem, s>>>(q, weights, batch, heads, dim, positions, ratio, ld,
+                                                            scratch);
   }
-  TopKKernel<<<static_cast<unsigned>(n), kTopkThreads, 0, s>>>(scratch, ld, num_keys, positions, ratio, top_k, out);
+  TopKKernel<<<static_cast<unsigned>(n), kTopkThreads, 0, s>>>(scratch, ld, batch, positions, ratio, top_k, out);
+}
+
+}  // namespace
+
+void IndexerTopK(const float* q, const float* weights, PagedRowsDev keys, int64_t num_keys, int64_t heads,
+                 int64_t dim, const int64_t* positions, int64_t n, int ratio, int top_k, float* scratch,
+                 int32_t* out, cudaStream_t s) {
+  IndexerBatch batch{};
+  batch.num_seqs = 1;
+  batch.keys[0] = keys;
+  batch.num_keys[0] = num_keys;
+  LaunchIndexer(q, weights, batch, heads, dim, positions, n, ratio, top_k, scratch, out, s);
+}
+
+int IndexerBatchMaxRows() { return kIndexerBatchMaxRows; }
+int IndexerBatchMaxSeqs() { return kIndexerMaxSeqs; }
+
+void IndexerTopKBatch(const float* q, const float* weights, const IndexerSeqDev* seqs, int num_seqs, int64_t heads,
+                      int64_t dim, const int64_t* positions, int64_t n, int ratio, int top_k, float* scratch,
+                      int32_t* out, cudaStream_t s) {
+  if (n > kIndexerBatchMaxRows || num_seqs < 1 || num_seqs > kIndexerMaxSeqs)
+    throw std::runtime_error("cuda IndexerTopKBatch: " + std::to_string(n) + " rows of " + std::to_string(num_seqs) +
+                             " sequences (at most " + std::to_string(kIndexerBatchMaxRows) + " rows of " +
+                             std::to_string(kIndexerMaxSeqs) + ")");
+  IndexerBatch batch{};
+  batch.num_seqs = num_seqs;
+  int64_t rows = 0;
+  for (int i = 0; i < num_seqs; ++i) {
+    batch.keys[i] = seqs[i].keys;
+    batch.num_keys[i] = seqs[i].num_keys;
+    for (int64_t r = 0; r < seqs[i].count; ++r) {
+      if (seqs[i].offset + r >= n) throw std::runtime_error("cuda IndexerTopKBatch: a sequence's rows pass the step's");
+      batch.row_seq[seqs[i].offset + r] = static_cast<int8_t>(i);
+    }
+    rows += seqs[i].count;
+  }
+  if (rows != n) throw std::runtime_error("cuda IndexerTopKBatch: the sequences cover " + std::to_string(rows) +
+                                          " of the step's " + std::to_string(n) + " rows");
+  LaunchIndexer(q, weights, batch, heads, dim, positions, n, ratio, top_k, scratch, out, s);
 }
 
 int64_t AttentionMaxKeys() { return kAttnMaxKeys; }
@@ -564,26 +625,74 @@ void Attention(const float* q, int64_t n, int64_t heads, int64_t d, int64_t star
                                    static_cast<int>((kAttnFixedSmemFloats + kAttnMaxKeys) * sizeof(float))),
               "attention smem attribute");
   });
-  AttnKeys keys{ring, new_kv, entries, topk, topk_cols, start, num_entries, d, ring_slots, window, ratio};
   if (split_scratch && n <= kSplitMaxRows) {
-    const int hg = SplitHeadsFor(heads, d);
-    const SplitLayout l = SplitLayoutFor(n, heads, hg, max_keys);
-    static PerDeviceOnce split_once;
-    split_once.Run([](int) {
-      CudaCheck(cudaFuncSetAttribute(AttentionSplitKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     static_cast<int>((kSplitKeys * 513 + kSplitHeads * 512 + kSplitHeads * (kSplitKeys + 1)) *
-                                                      sizeof(float))),
-                "split attention smem attribute");
-    });
-    const size_t split_smem = static_cast<size_t>(kSplitKeys * (d + 1) + hg * d + hg * (kSplitKeys + 1)) * sizeof(float);
-    AttentionSplitKernel<<<dim3(static_cast<unsigned>(n * (heads / hg)), static_cast<unsigned>(l.ranges)), kSplitThreads,
-                           split_smem, s>>>(q, heads, hg, keys, softmax_scale, l.keys_per_range, l.ranges, split_scratch);
-    AttentionCombineKernel<<<static_cast<unsigned>(n * heads), 128, 0, s>>>(split_scratch, heads, d, l.ranges, sinks, out);
+    AttentionSeqDev one;
+    one.count = n;
+    one.start = start;
+    one.ring = ring;
+    one.ring_slots = ring_slots;
+    one.entries = entries;
+    one.num_entries = num_entries;
+    AttentionBatch(q, n, heads, d, new_kv, window, ratio, topk, topk_cols, &one, 1, sinks, softmax_scale, out,
+                   split_scratch, s);
     return;
   }
+  AttnKeys keys{ring, new_kv, entries, topk, topk_cols, start, num_entries, d, ring_slots, window, ratio};
   const size_t smem = static_cast<size_t>(kAttnFixedSmemFloats + max_keys) * sizeof(float);
   AttentionKernel<<<static_cast<unsigned>(n * heads), kAttnThreads, smem, s>>>(q, heads, keys, sinks, softmax_scale,
                                                                                out);
+}
+
+int AttentionBatchMaxRows() { return kSplitMaxRows; }
+int AttentionBatchMaxSeqs() { return kSplitMaxSeqs; }
+
+void AttentionBatch(const float* q, int64_t n, int64_t heads, int64_t d, const float* new_kv, int window, int ratio,
+                    const int32_t* topk, int64_t topk_cols, const AttentionSeqDev* seqs, int num_seqs,
+                    const float* sinks, float softmax_scale, float* out, float* split_scratch, cudaStream_t s) {
+  if (n <= 0) return;
+  if (n > kSplitMaxRows || num_seqs < 1 || num_seqs > kSplitMaxSeqs || !split_scratch)
+    throw std::runtime_error("cuda AttentionBatch: " + std::to_string(n) + " rows of " + std::to_string(num_seqs) +
+                             " sequences (at most " + std::to_string(kSplitMaxRows) + " rows of " +
+                             std::to_string(kSplitMaxSeqs) + ", with split scratch)");
+  if (d > kAttnFixedSmemFloats) throw std::runtime_error("cuda Attention: head_dim above 512");
+  AttnBatch batch{};
+  int64_t max_keys = 0, rows = 0;
+  for (int i = 0; i < num_seqs; ++i) {
+    const AttentionSeqDev& q_seq = seqs[i];
+    const bool comp = q_seq.entries.pool && ratio > 0;
+    batch.seq[i] = AttnKeys{q_seq.ring, new_kv + q_seq.offset * d, comp ? q_seq.entries : PagedRowsDev{},
+                            topk ? topk + q_seq.offset * topk_cols : nullptr, topk_cols, q_seq.start,
+                            comp ? q_seq.num_entries : 0, d, q_seq.ring_slots, window, ratio};
+    const int64_t ncomp = comp ? (topk ? topk_cols : q_seq.num_entries) : 0;
+    max_keys = max_keys > window + ncomp ? max_keys : window + ncomp;
+    for (int64_t r = 0; r < q_seq.count; ++r) {
+      if (q_seq.offset + r >= n) throw std::runtime_error("cuda AttentionBatch: a sequence's rows pass the step's");
+      batch.row_seq[q_seq.offset + r] = static_cast<int8_t>(i);
+      batch.row_local[q_seq.offset + r] = static_cast<int8_t>(r);
+    }
+    rows += q_seq.count;
+  }
+  if (rows != n) throw std::runtime_error("cuda AttentionBatch: the sequences cover " + std::to_string(rows) +
+                                          " of the step's " + std::to_string(n) + " rows");
+  if (max_keys > kAttnMaxKeys)
+    throw std::runtime_error("cuda Attention: " + std::to_string(max_keys) + " keys per query, the kernel holds " +
+                             std::to_string(kAttnMaxKeys));
+  const int hg = SplitHeadsFor(heads, d);
+  // A row of p passes takes ceil(p / ceil(p / 32)) <= min(p, 32) ranges.
+  const int64_t max_passes = (max_keys + kSplitKeys - 1) / kSplitKeys;
+  const int64_t ranges = max_passes < kSplitMaxRanges ? max_passes : kSplitMaxRanges;
+  static PerDeviceOnce split_once;
+  split_once.Run([](int) {
+    CudaCheck(cudaFuncSetAttribute(AttentionSplitKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>((kSplitKeys * 513 + kSplitHeads * 512 + kSplitHeads * (kSplitKeys + 1)) *
+                                                    sizeof(float))),
+              "split attention smem attribute");
+  });
+  const size_t split_smem = static_cast<size_t>(kSplitKeys * (d + 1) + hg * d + hg * (kSplitKeys + 1)) * sizeof(float);
+  AttentionSplitKernel<<<dim3(static_cast<unsigned>(n * (heads / hg)), static_cast<unsigned>(ranges < 1 ? 1 : ranges)),
+                         kSplitThreads, split_smem, s>>>(q, heads, hg, batch, softmax_scale, split_scratch);
+  AttentionCombineKernel<<<static_cast<unsigned>(n * heads), 128, 0, s>>>(split_scratch, heads, d,
+                                                                         ranges < 1 ? 1 : ranges, sinks, out);
 }
 
 void UpdateRing(const float* new_kv, int64_t n, int64_t d, int64_t start, int64_t ring_slots, float* ring,
