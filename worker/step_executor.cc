@@ -1,6 +1,6 @@
 #include "worker/step_executor.h"
 
-#include "worker/random_stream.h"
+#include "kernels/sampling/random_stream.h"
 #include "worker/rejection_sampler.h"
 
 #include <chrono>
