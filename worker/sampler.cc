@@ -28,7 +28,9 @@ std::vector<float> PenalizedLogits(const float* raw, int64_t vocab, const Sampli
   return x;
 }
 
-void ToProto(const SampledRow& r, TokenLogprobs* out) {
+}  // namespace
+
+void ToTokenLogprobs(const SampledRow& r, TokenLogprobs* out) {
   out->set_token_id(r.token);
   out->set_logprob(r.logprob);
   for (size_t i = 0; i < r.top_ids.size(); ++i) {
@@ -37,8 +39,6 @@ void ToProto(const SampledRow& r, TokenLogprobs* out) {
     t->set_logprob(r.top_logprobs[i]);
   }
 }
-
-}  // namespace
 
 RowSampling RowSamplingOf(const SamplingParams& p, uint64_t seed, int64_t position) {
   RowSampling r;
@@ -79,7 +79,7 @@ SampleResult SampleToken(const float* raw, int64_t vocab, const SamplingParams& 
   }
   SampleResult result;
   result.token_id = row.token;
-  if (r.logprobs >= 0) ToProto(row, &result.logprobs);
+  if (r.logprobs >= 0) ToTokenLogprobs(row, &result.logprobs);
   return result;
 }
 

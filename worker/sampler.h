@@ -42,6 +42,9 @@ bool Penalized(const SamplingParams& params, const PenaltyState& penalties);
 TokenDist ProcessedDist(const float* logits, int64_t vocab, const SamplingParams& params,
                         const PenaltyState& penalties);
 
+// A row sampled by Backend::SampleRows (or SampleRow) as the logprobs of a SequenceResult.
+void ToTokenLogprobs(const SampledRow& row, TokenLogprobs* out);
+
 // `position` is the position of the token being sampled (its index in prompt + output), which selects
 // the random stream.
 SampleResult SampleToken(const float* logits, int64_t vocab, const SamplingParams& params, uint64_t seed,
