@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "common/tensor.h"
+#include "kernels/sampling/row_sampler.h"  // RowSampling, SampledRow
 
 namespace dsmesh {
 
@@ -311,6 +312,16 @@ class Backend {
                           const std::vector<ExpertWeights>& experts, float swiglu_limit, Tensor* out) = 0;
   // out [n, D] += expert(x) (the shared expert).
   virtual void SharedExpert(const Tensor& x, const ExpertWeights& expert, float swiglu_limit, Tensor* out) = 0;
+
+  // ---- sampling (kernels/sampling/row_sampler.h) ----
+  // Samples every row of `logits` [rows.size(), vocab] (the head's output, whole vocabulary) by its
+  // RowSampling and returns what the host needs: the token, and its logprob and the top-n when asked.
+  // The same result as SampleRow on the host copy of the row (tokens exactly; logprobs to about a float
+  // ulp, as the device sums exp in another order). Not inside a Segment (the results come back to the
+  // host). Not pure: a backend that cannot sample throws "SampleRows is not implemented on <backend>".
+  virtual std::vector<SampledRow> SampleRows(const Tensor& logits, const std::vector<RowSampling>& rows) {
+    NotImplemented("SampleRows");
+  }
 
   // ---- vision encoder (a ViT and its aligner; model/vision_tower.cc) ----
   // Not pure: a backend that has not written them yet throws "<op> is not implemented on <backend>".

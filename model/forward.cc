@@ -300,20 +300,30 @@ void ModelImpl::RunBlock(const BlockWeights& b, const std::vector<SeqRows>& seqs
   be.ReleaseScratch(block_mark);
 }
 
-Tensor ModelImpl::HeadLogits(const Tensor& Xs, const HcWeights& hc_head, const Tensor& norm, int64_t step_rows) {
+Tensor ModelImpl::HeadLocalLogits(const Tensor& Xs, const HcWeights& hc_head, const Tensor& norm,
+                                  int64_t step_rows) {
   Backend& be = *backend_;
   const ModelConfig& c = config_;
   const int64_t D = c.hidden_size, R = Xs.shape[0];
   const float eps = static_cast<float>(c.rms_norm_eps);
-  const int64_t V = c.vocab_size, per = weights_.head_rows_per_rank, Vl = weights_.head.out;
   Tensor z = be.Scratch(DType::kF32, {R, D});
-  Tensor lv = be.Scratch(DType::kF32, {R, Vl});
+  Tensor lv = be.Scratch(DType::kF32, {R, weights_.head.out});
   Phase phase(be, "head + logits");
   be.Segment({kHeadSite, -1, R, step_rows}, [&] {
     be.HcHead(Xs, hc_head.fn, hc_head.base, hc_head.scale, c.hc_mult, static_cast<float>(c.hc_eps), eps, &z);
     be.RmsNorm(z, D, &norm, eps, &z);
     be.Linear(z, weights_.head, &lv);
   });
+  return lv;
+}
+
+Tensor ModelImpl::HeadLogits(const Tensor& Xs, const HcWeights& hc_head, const Tensor& norm, int64_t step_rows) {
+  Backend& be = *backend_;
+  const ModelConfig& c = config_;
+  const int64_t R = Xs.shape[0];
+  const int64_t V = c.vocab_size, per = weights_.head_rows_per_rank, Vl = weights_.head.out;
+  Tensor lv = HeadLocalLogits(Xs, hc_head, norm, step_rows);
+  Phase phase(be, "head + logits");
   Tensor out = AllocateTensor(DType::kF32, {R, V});
   float* dst = out.as<float>();
   const int world = comm_->world();
@@ -406,15 +416,42 @@ std::vector<SequenceOutput> ModelImpl::Forward(const std::vector<SequenceStep>& 
     Xs = be.Scratch(DType::kF32, {R, hc * D});
     for (int64_t r = 0; r < R; ++r) be.CopyRows(X, rows[r], &Xs, r, 1);
   }
-  Tensor logits = HeadLogits(Xs, weights_.hc_head, weights_.norm, N);
+  std::vector<SequenceOutput> outs(batch.size());
+  // On one rank with every sequence asking for it, the backend samples the logits where they are and only
+  // tokens and logprobs come back; otherwise the logits come to the host (gathered across ranks).
+  const bool sample_on_backend =
+      comm_->world() == 1 &&
+      std::all_of(batch.begin(), batch.end(), [](const SequenceStep& s) { return s.sampling.has_value(); });
+  Tensor logits;
+  if (sample_on_backend) {
+    std::vector<RowSampling> spec;
+    for (size_t i = 0; i < batch.size(); ++i)
+      for (int64_t r = 0, n = batch[i].all_logits ? seqs[i].count : 1; r < n; ++r) {
+        spec.push_back(*batch[i].sampling);
+        spec.back().position += r;
+      }
+    const Tensor lv = HeadLocalLogits(Xs, weights_.hc_head, weights_.norm, N);
+    std::vector<SampledRow> sampled;
+    {
+      Phase phase(be, "sampling");
+      sampled = be.SampleRows(lv, spec);
+    }
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const int64_t n = batch[i].all_logits ? seqs[i].count : 1;
+      outs[i].samples.assign(sampled.begin() + first_row[i], sampled.begin() + first_row[i] + n);
+    }
+  } else {
+    logits = HeadLogits(Xs, weights_.hc_head, weights_.norm, N);
+  }
   const int64_t V = c.vocab_size;
 
-  std::vector<SequenceOutput> outs(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
     int64_t n = batch[i].all_logits ? seqs[i].count : 1;
-    Tensor lg = AllocateTensor(DType::kF32, {n, V});
-    std::memcpy(lg.as<float>(), logits.as<float>() + first_row[i] * V, static_cast<size_t>(n * V) * sizeof(float));
-    outs[i].logits = lg;
+    if (!sample_on_backend) {
+      Tensor lg = AllocateTensor(DType::kF32, {n, V});
+      std::memcpy(lg.as<float>(), logits.as<float>() + first_row[i] * V, static_cast<size_t>(n * V) * sizeof(float));
+      outs[i].logits = lg;
+    }
     if (batch[i].want_hidden) {
       Tensor hid = AllocateTensor(DType::kF32, {n, hc * D});
       be.ToHost(RowView(Xs, first_row[i], n), hid.as<float>());

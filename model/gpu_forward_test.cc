@@ -411,6 +411,62 @@ TEST(GpuForward, SanitizerWorkload) {
 // ratio-4 windows, so the eager compressor work between segments changes from step to step) and
 // 4-row verify-shaped steps (all logits). On the EXL3 pack every segment is capturable (fused MoE); the
 // golden model's dense experts sync per layer, so its FFN segments stay eager (a counted failure).
+// Sampling on the device (SequenceStep::sampling: only tokens and logprobs leave the GPU) against the
+// host path (full logits copied back, then the reference row sampler) on the golden model (vocabulary
+// 129280): a batch of a greedy and three seeded sampled sequences (temperature, top_k, top_p, min_p,
+// logprobs) decoding 24 steps, with verification-shaped steps (3 rows each, every row sampled) between.
+TEST(GpuForward, DeviceSamplingEqualsHostSampling) {
+  DSMESH_REQUIRE_GPU();
+  auto model = LoadModel(GoldenDir(), ShardSpec{}, MakeCudaBackend(0));
+  const int V = static_cast<int>(model->config().vocab_size);
+  std::vector<RowSampling> params(4);
+  params[1].temperature = 0.8f, params[1].top_p = 0.9f, params[1].seed = 1234;
+  params[2].temperature = 1.0f, params[2].top_k = 50, params[2].min_p = 0.02f, params[2].seed = 99, params[2].logprobs = 5;
+  params[3].temperature = 1.5f, params[3].seed = 7, params[3].logprobs = 0;
+  std::vector<std::unique_ptr<SequenceState>> dev, host;
+  std::vector<std::vector<int32_t>> feed;
+  for (int s = 0; s < 4; ++s) {
+    dev.push_back(model->NewState());
+    host.push_back(model->NewState());
+    feed.push_back(Tokens(11 + 7 * s, V, 60 + s));
+  }
+  int64_t device_rows = 0;
+  for (int step = 0; step < 24; ++step) {
+    const bool verify = step % 6 == 5;  // 3 fed rows, logits and a sample for each
+    std::vector<SequenceStep> bd, bh;
+    for (int s = 0; s < 4; ++s) {
+      if (verify) feed[s] = Tokens(3, V, 500 + step * 4 + s);
+      RowSampling p = params[s];
+      p.position = dev[s]->length() + (verify ? 1 : static_cast<int64_t>(feed[s].size()));
+      SequenceStep d{dev[s].get(), feed[s], verify};
+      d.sampling = p;
+      bd.push_back(d);
+      bh.push_back({host[s].get(), feed[s], verify});
+    }
+    const auto od = model->Forward(bd), oh = model->Forward(bh);
+    for (int s = 0; s < 4; ++s) {
+      ASSERT_TRUE(od[s].logits.data == nullptr) << "the device path returned logits";
+      const int64_t rows = oh[s].logits.shape[0];
+      ASSERT_EQ(static_cast<int64_t>(od[s].samples.size()), rows);
+      for (int64_t r = 0; r < rows; ++r) {
+        RowSampling p = bd[s].sampling.value();
+        p.position += r;
+        const SampledRow want = SampleRow(oh[s].logits.as<float>() + r * V, V, p);
+        const SampledRow& got = od[s].samples[r];
+        ASSERT_EQ(got.token, want.token) << "sequence " << s << " step " << step << " row " << r;
+        if (p.logprobs >= 0) {
+          EXPECT_NEAR(got.logprob, want.logprob, 2e-6 * std::max(1.0f, std::fabs(want.logprob)));
+          EXPECT_EQ(got.top_ids, want.top_ids);
+        }
+        ++device_rows;
+      }
+      feed[s] = {od[s].samples.back().token};
+    }
+  }
+  std::printf("device sampling == host sampling on %lld rows (golden model, vocabulary %d)\n",
+              static_cast<long long>(device_rows), V);
+}
+
 TEST(GpuForward, GraphReplayEqualsEagerBitwise) {
   DSMESH_REQUIRE_GPU();
   for (const std::string& dir : {Exl3PackDir(), GoldenDir()}) {

@@ -24,11 +24,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "common/communicator.h"
 #include "common/tensor.h"
+#include "kernels/sampling/row_sampler.h"  // RowSampling, SampledRow
 #include "model/config.h"
 #include "model/state_pool.h"
 
@@ -95,6 +97,11 @@ struct SequenceStep {
   std::vector<int32_t> tokens;     // new tokens, at positions state->length() .. + tokens.size() - 1
   bool all_logits = false;         // logits for every new token; false: only for the last one
   bool want_hidden = false;        // also return the last block's 4-stream residual (MTP input)
+  // Sample on the backend instead of returning logits (SequenceOutput::samples), so that only tokens and
+  // logprobs leave the device: the parameters of the sequence's first logits row; row r samples
+  // position sampling->position + r. Honoured when every sequence of the batch sets it and the model
+  // runs on one rank (tensor-parallel steps return logits); check SequenceOutput::samples.
+  std::optional<RowSampling> sampling;
 };
 
 // One sequence's part of a drafting call (Model::Draft).
@@ -114,8 +121,9 @@ struct DraftResult {
 };
 
 struct SequenceOutput {
-  Tensor logits;  // host f32 [rows, vocab]; rows = tokens.size() if all_logits else 1
+  Tensor logits;  // host f32 [rows, vocab]; rows = tokens.size() if all_logits else 1 (empty when sampled)
   Tensor hidden;  // host f32 [rows, hc_mult * hidden_size] when want_hidden (pre hc_head / final norm)
+  std::vector<SampledRow> samples;  // one per logits row when the step was sampled on the backend
 };
 
 class Model {

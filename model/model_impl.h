@@ -73,6 +73,8 @@ class ModelImpl {
   // hc head, final norm and the vocabulary-split head over Xs [R, hc*D]: host f32 [R, vocab] on every rank.
   // step_rows: the step's row count (the head's segment key; 0 outside Forward).
   Tensor HeadLogits(const Tensor& Xs, const HcWeights& hc_head, const Tensor& norm, int64_t step_rows);
+  // The head's logits of this rank's vocabulary rows, left in backend scratch [R, head.out].
+  Tensor HeadLocalLogits(const Tensor& Xs, const HcWeights& hc_head, const Tensor& norm, int64_t step_rows);
   // Keeps the step's last-block residual rows and tokens of MTP-enabled sequences for Draft.
   void RecordMtpInput(const Tensor& X, const std::vector<SeqRows>& seqs, const std::vector<int32_t>& tokens);
   // The MTP block's input rows: h_proj(hnorm(X) per stream) + e_proj(enorm(embed(token))) on every stream.

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <unordered_map>
 
-#include "worker/random_stream.h"
+#include "kernels/sampling/random_stream.h"
 
 namespace dsmesh {
 namespace {

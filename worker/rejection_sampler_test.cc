@@ -17,7 +17,7 @@
 
 #include <gtest/gtest.h>
 
-#include "worker/random_stream.h"
+#include "kernels/sampling/random_stream.h"
 
 namespace dsmesh {
 namespace {

@@ -1,9 +1,11 @@
 #include "worker/step_executor.h"
 
-#include "worker/random_stream.h"
+#include "kernels/sampling/random_stream.h"
 #include "worker/rejection_sampler.h"
+#include "kernels/backend.h"
 
 #include <chrono>
+#include <cstdio>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -44,6 +46,32 @@ const float* StepExecutor::MaskRow(Sequence& s, int32_t state, int64_t generated
       if (t < vocab) masked_[t] = row[t];
     }
   return masked_.data();
+}
+
+const char* StepExecutor::HostSamplingReason(const SequencePlan& sp, const Sequence& s) {
+  const SamplingParams& p = s.params;
+  if (sp.return_logits()) return "raw logits requested";
+  if (s.grammar) return "structured output (grammar mask)";
+  if ((p.repetition_penalty() != 0 && p.repetition_penalty() != 1.0f) || p.frequency_penalty() != 0 ||
+      p.presence_penalty() != 0)
+    return "penalties";
+  if (sp.draft_tokens_size() > 0 && p.temperature() >= sampling::kGreedyTemperature)
+    return "sampled speculative drafts (rejection sampling needs the distribution)";
+  if (p.logprobs() > sampling::kMaxTopLogprobs) return "more top logprobs than the device returns";
+  return nullptr;
+}
+
+void StepExecutor::CountSampledRows(bool on_device, int64_t rows, const char* host_reason) {
+  (on_device ? sampling_counts_.device_rows : sampling_counts_.host_rows) += rows;
+  const std::string path = on_device ? std::string("device") : std::string("host: ") + host_reason;
+  if (!logged_sampling_paths_.insert(path).second) return;
+  if (on_device) {
+    std::fprintf(stderr, "[worker %d/%d] sampling on %s: only sampled tokens and logprobs leave it (logged once)\n",
+                 comm_->rank(), comm_->world(), model_->backend().name().c_str());
+  } else {
+    std::fprintf(stderr, "[worker %d/%d] sampling on the host from full logits: %s (logged once per reason)\n",
+                 comm_->rank(), comm_->world(), host_reason);
+  }
 }
 
 void StepExecutor::Reset() {
@@ -135,6 +163,20 @@ StepResult StepExecutor::Run(const StepPlan& plan) {
     step.all_logits = sp.return_logits() || sp.draft_tokens_size() > 0;
     batch.push_back(std::move(step));
   }
+  // Sample on the device when every row of the step allows it (the model then returns tokens, not logits).
+  const char* host_reason = device_sampling_ ? nullptr : "device sampling turned off";
+  for (int i = 0; i < plan.seqs_size() && !host_reason; ++i)
+    host_reason = HostSamplingReason(plan.seqs(i), seqs_.at(plan.seqs(i).seq_id()));
+  if (!host_reason)
+    for (int i = 0; i < plan.seqs_size(); ++i) {
+      const auto& sp = plan.seqs(i);
+      const Sequence& s = seqs_.at(sp.seq_id());
+      // Row 0 of the sequence's logits predicts the token after its first fed token when every row has
+      // logits (drafts), else the one after its last.
+      const int64_t first = sp.draft_tokens_size() > 0 ? sp.start_pos() + 1 : sp.start_pos() + sp.tokens_size();
+      batch[i].sampling = RowSamplingOf(s.params, s.seed, first);
+      if (!sp.sample()) batch[i].sampling->temperature = 0;  // a prefill chunk that samples nothing: argmax is cheapest
+    }
 
   comm_->TakeSeconds();
   comm_->TakeCalls();
@@ -164,8 +206,10 @@ StepResult StepExecutor::Run(const StepPlan& plan) {
     out->set_seq_id(sp.seq_id());
     out->set_token_id(-1);
     const Tensor& logits = outputs[i].logits;
-    const int64_t rows = logits.shape.at(0);
-    const float* data = logits.as<float>();
+    const std::vector<SampledRow>& sampled = outputs[i].samples;
+    const bool on_device = !sampled.empty();
+    const int64_t rows = on_device ? static_cast<int64_t>(sampled.size()) : logits.shape.at(0);
+    const float* data = on_device ? nullptr : logits.as<float>();
     if (sp.return_logits() && rank0) {
       for (int64_t r = 0; r < sp.tokens_size(); ++r) {
         LogitsRow* row = out->add_logits();
@@ -184,7 +228,22 @@ StepResult StepExecutor::Run(const StepPlan& plan) {
     const int n = sp.draft_tokens_size();
     const bool greedy = s.params.temperature() < 1e-5f;
     int accepted = 0;
+    CountSampledRows(on_device, n + 1, on_device ? nullptr : host_reason ? host_reason : "tensor-parallel step");
     for (int r = 0; r <= n; ++r) {
+      if (on_device) {
+        // Sampled where the logits are (greedy, or a plain draw: no drafts then), by the same rules.
+        const SampledRow& row = sampled[first + r];
+        if (r == n && r == 0 && rank0 && (s.params.want_logprobs() || s.params.logprobs() > 0))
+          ToTokenLogprobs(row, out->mutable_logprobs());
+        const bool pass = r < n && row.token == sp.draft_tokens(r);
+        if (r == 0) out->set_token_id(row.token);
+        out->add_token_ids(row.token);
+        if (!pass) break;
+        s.penalties.AddOutputToken(row.token);
+        Advance(s, row.token);
+        ++accepted;
+        continue;
+      }
       const float* row = data + (first + r) * vocab;
       // Constrained: the row's logits outside the grammar (at the state after the drafts accepted so far)
       // are -inf, so a draft that leaves the grammar is rejected and every produced token stays inside.

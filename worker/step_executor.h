@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <set>
+#include <string>
 #include <unordered_map>
 
 #include "model/model.h"
@@ -41,6 +43,17 @@ class StepExecutor {
   void set_tokenizer_dir(std::string dir) { tokenizer_dir_ = std::move(dir); }
   void set_tokenizer(std::shared_ptr<const Tokenizer> tokenizer) { tokenizer_ = std::move(tokenizer); }
 
+  // Rows sampled on the backend (Backend::SampleRows: only tokens and logprobs leave the device) rather
+  // than from logits copied to the host. A step goes to the device when every row of it can: no
+  // penalties, no grammar mask, no raw logits asked for, no sampled drafts to verify (greedy drafts are
+  // verified by the device's argmax), one rank. Each path logs once, the host path with its reason.
+  void set_device_sampling(bool on) { device_sampling_ = on; }
+  struct SamplingCounts {
+    int64_t device_rows = 0;
+    int64_t host_rows = 0;
+  };
+  SamplingCounts sampling_counts() const { return sampling_counts_; }
+
   size_t num_sequences() const { return seqs_.size(); }
   size_t num_snapshots() const { return snapshots_.size(); }
   size_t StateBytes() const;
@@ -64,6 +77,10 @@ class StepExecutor {
   structured::GrammarCache& Grammars();
   // Copies `row` into masked_ with every token the grammar forbids at `state` set to -inf.
   const float* MaskRow(Sequence& s, int32_t state, int64_t generated, const float* row, int64_t vocab);
+  // Why this sequence's rows must be sampled on the host this step, or nullptr when the device can.
+  static const char* HostSamplingReason(const SequencePlan& sp, const Sequence& s);
+  // Counts rows of one sequence by path; logs the first use of each path (and each host reason).
+  void CountSampledRows(bool on_device, int64_t rows, const char* host_reason);
   static void Advance(Sequence& s, int32_t token) {
     if (s.grammar && s.grammar_state >= 0) s.grammar_state = s.grammar->AdvanceToken(s.grammar_state, token);
   }
@@ -77,6 +94,9 @@ class StepExecutor {
   std::shared_ptr<const Tokenizer> tokenizer_;
   std::unique_ptr<structured::GrammarCache> grammars_;
   std::vector<float> masked_;
+  bool device_sampling_ = true;
+  SamplingCounts sampling_counts_;
+  std::set<std::string> logged_sampling_paths_;
   std::vector<uint64_t> mask_scratch_;
 };
 

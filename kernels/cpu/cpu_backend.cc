@@ -565,6 +565,15 @@ class CpuBackend final : public Backend {
     Require(out->shape[0] == blocks && RowWidth(*out) == C * r * r, "Unfold2D", "output shape");
     cpu::Unfold2D(F(x), h, w, C, r, F(*out));
   }
+
+  // The reference sampler itself, row by row (the CUDA kernels are tested against this).
+  std::vector<SampledRow> SampleRows(const Tensor& logits, const std::vector<RowSampling>& rows) override {
+    const int64_t n = static_cast<int64_t>(rows.size()), vocab = RowWidth(logits);
+    Require(logits.dtype == DType::kF32 && logits.shape[0] == n, "SampleRows", "logits must be f32 [rows, vocab]");
+    std::vector<SampledRow> out(n);
+    cpu::ParallelFor(n, n * vocab * 16, [&](int64_t r) { out[r] = SampleRow(F(logits) + r * vocab, vocab, rows[r]); });
+    return out;
+  }
 };
 
 }  // namespace

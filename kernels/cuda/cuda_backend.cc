@@ -41,6 +41,7 @@
 #include "kernels/cuda/exl3_moe.h"
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/op_profiler.h"
+#include "kernels/cuda/sampling_ops.h"
 #include "kernels/exl3/exl3_linear.h"
 #include "kernels/kv_rows.h"
 
@@ -761,6 +762,43 @@ class CudaBackend final : public Backend {
     Linear(g, expert.w2, &y);
     cuda_ops::Add(F(y), m * D, F(*out), ctx_->stream);
     Launched("SharedExpert");
+  }
+
+  // ---- sampling (sampling_ops.h): only the tokens and the asked-for logprobs come back ----
+  std::vector<SampledRow> SampleRows(const Tensor& logits, const std::vector<RowSampling>& rows) override {
+    const ProfileScope ps = Profile("SampleRows");
+    const int64_t n = static_cast<int64_t>(rows.size()), vocab = RowWidth(logits);
+    Require(logits.dtype == DType::kF32 && logits.shape[0] == n, "SampleRows", "logits must be f32 [rows, vocab]");
+    Require(vocab < (int64_t{1} << 31), "SampleRows", "vocabulary too large for 32-bit token ids");
+    if (n == 0) return {};
+    Use();
+    if (capturing_) throw std::runtime_error("SampleRows inside a graph segment (its results go to the host)");
+    std::vector<cuda_ops::SampleRowParams> params(n);
+    for (int64_t r = 0; r < n; ++r) {
+      const RowSampling& q = rows[r];
+      Require(q.logprobs <= cuda_ops::kSampleMaxTopLogprobs, "SampleRows", "more than 20 top logprobs");
+      params[r] = {q.temperature, q.top_k, q.top_p, q.min_p, q.seed, q.position, q.logprobs};
+    }
+    Tensor dparams = Temp(DType::kU8, {static_cast<int64_t>(n * sizeof(cuda_ops::SampleRowParams))});
+    Tensor dout = Temp(DType::kU8, {static_cast<int64_t>(n * sizeof(cuda_ops::SampleRowOut))});
+    Tensor scratch = Temp(DType::kU8, {cuda_ops::SampleRowsScratchBytes(n, vocab)});
+    CudaCheck(cudaMemcpyAsync(dparams.data, params.data(), dparams.nbytes(), cudaMemcpyHostToDevice, ctx_->stream),
+              "SampleRows parameters upload");
+    cuda_ops::SampleRows(F(logits), n, vocab, static_cast<const cuda_ops::SampleRowParams*>(dparams.data), scratch.data,
+                         static_cast<cuda_ops::SampleRowOut*>(dout.data), ctx_->stream);
+    Launched("SampleRows");
+    std::vector<cuda_ops::SampleRowOut> host(n);
+    ToHost(dout, host.data());
+    std::vector<SampledRow> out(n);
+    for (int64_t r = 0; r < n; ++r) {
+      out[r].token = host[r].token;
+      if (rows[r].logprobs < 0) continue;
+      out[r].logprob = host[r].logprob;
+      const int top = static_cast<int>(std::min<int64_t>(rows[r].logprobs, vocab));
+      out[r].top_ids.assign(host[r].top_ids, host[r].top_ids + top);
+      out[r].top_logprobs.assign(host[r].top_logprobs, host[r].top_logprobs + top);
+    }
+    return out;
   }
 
  private:

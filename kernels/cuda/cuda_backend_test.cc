@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -886,6 +887,103 @@ TEST_F(CudaBackendTest, ErrorsSurfaceAsExceptions) {
   cpu_->Add(a.c, &acc.c);
   gpu().Add(a.g, &acc.g);
   ExpectSame(acc, "Add after errors");
+}
+
+// ---- sampling: the device row sampler against the CPU backend's (kernels/sampling/row_sampler.h) ----
+
+// Logit rows of the shapes sampling meets: wide normal, peaked (a few far above the rest), exact ties
+// (quantized values), masked stretches (-inf), NaNs, and a row with nothing drawable.
+std::vector<float> SamplingRow(std::mt19937& rng, int64_t vocab, int kind) {
+  std::vector<float> x(vocab);
+  std::normal_distribution<float> nd(0.0f, kind == 1 ? 3.0f : 1.0f);
+  for (float& v : x) v = nd(rng);
+  std::uniform_int_distribution<int64_t> any(0, vocab - 1);
+  switch (kind) {
+    case 1: for (int i = 0; i < 5; ++i) x[any(rng)] += 15.0f; break;
+    case 2: for (float& v : x) v = std::round(v * 2.0f) / 2.0f; break;
+    case 3: for (int64_t i = 0; i < vocab; i += 3) x[i] = -std::numeric_limits<float>::infinity(); break;
+    case 4: for (int i = 0; i < 3; ++i) x[any(rng)] = std::nanf(""); break;
+    case 5: for (float& v : x) v = -std::numeric_limits<float>::infinity(); break;
+    case 6: for (float& v : x) v = 0.0f; break;  // every token ties
+  }
+  return x;
+}
+
+RowSampling RandomRowSampling(std::mt19937& rng) {
+  RowSampling p;
+  std::uniform_int_distribution<int> pick(0, 9);
+  const float temps[] = {0.0f, 0.0f, 0.3f, 0.7f, 1.0f, 1.0f, 1.3f, 2.0f, 0.05f, 1e-6f};
+  p.temperature = temps[pick(rng)];
+  if (pick(rng) < 5) p.top_k = std::uniform_int_distribution<int>(1, 2000)(rng);
+  if (pick(rng) < 5) p.top_p = std::uniform_real_distribution<float>(0.02f, 1.0f)(rng);
+  if (pick(rng) < 3) p.min_p = std::uniform_real_distribution<float>(0.0f, 0.5f)(rng);
+  if (pick(rng) < 5) p.logprobs = std::uniform_int_distribution<int>(0, 20)(rng);
+  p.seed = rng();
+  p.position = std::uniform_int_distribution<int64_t>(0, 400000)(rng);
+  return p;
+}
+
+// Tokens exactly (ties included: lower id first on both); logprobs to a float ulp or two (the device
+// sums exp in a tree); the top ids exactly.
+void ExpectSameSamples(const std::vector<SampledRow>& c, const std::vector<SampledRow>& g,
+                       const std::vector<RowSampling>& spec, const std::string& what) {
+  ASSERT_EQ(c.size(), g.size()) << what;
+  for (size_t r = 0; r < c.size(); ++r) {
+    SCOPED_TRACE(what + " row " + std::to_string(r) + " temperature " + std::to_string(spec[r].temperature) +
+                 " top_k " + std::to_string(spec[r].top_k) + " top_p " + std::to_string(spec[r].top_p) + " min_p " +
+                 std::to_string(spec[r].min_p));
+    EXPECT_EQ(g[r].token, c[r].token);
+    if (spec[r].logprobs < 0) continue;
+    const auto near = [](float a, float b) { return a == b || std::fabs(a - b) <= 2e-7f * std::max(1.0f, std::fabs(b)); };
+    EXPECT_TRUE(near(g[r].logprob, c[r].logprob)) << "logprob cuda " << g[r].logprob << " cpu " << c[r].logprob;
+    ASSERT_EQ(g[r].top_ids, c[r].top_ids);
+    for (size_t i = 0; i < c[r].top_logprobs.size(); ++i)
+      EXPECT_TRUE(near(g[r].top_logprobs[i], c[r].top_logprobs[i])) << "top " << i;
+  }
+}
+
+TEST_F(CudaBackendTest, SampleRowsEqualsCpuOnRandomRowsAndParameters) {
+  DSMESH_REQUIRE_GPU();
+  std::mt19937 rng(77);
+  int drawn = 0;
+  for (int64_t vocab : {5, 1000, 4099, 129280}) {
+    const int rows = vocab > 100000 ? 56 : 140;
+    Tensor host = AllocateTensor(DType::kF32, {rows, vocab});
+    std::vector<RowSampling> spec(rows);
+    for (int r = 0; r < rows; ++r) {
+      const std::vector<float> x = SamplingRow(rng, vocab, r % 7);
+      std::copy(x.begin(), x.end(), host.as<float>() + r * vocab);
+      spec[r] = RandomRowSampling(rng);
+      drawn += spec[r].temperature >= 1e-5f;
+    }
+    const Pair logits = Both(host);
+    ExpectSameSamples(cpu_->SampleRows(logits.c, spec), gpu().SampleRows(logits.g, spec), spec,
+                      "vocab " + std::to_string(vocab));
+  }
+  EXPECT_GT(drawn, 200);
+}
+
+TEST_F(CudaBackendTest, SampleRowsCutsAtTheirBoundariesAndDrawsAcrossPositions) {
+  DSMESH_REQUIRE_GPU();
+  // One peaked row of the real vocabulary, every cut alone and together, 64 positions each: the draw
+  // lands everywhere in the kept set, including next to the cuts.
+  const int64_t vocab = 129280;
+  std::mt19937 rng(5);
+  std::vector<float> x = SamplingRow(rng, vocab, 1);
+  std::vector<RowSampling> spec;
+  for (float t : {0.6f, 1.0f, 1.7f})
+    for (int k : {0, 1, 2, 40, 1024})
+      for (float p : {1.0f, 0.9f, 0.5f})
+        for (float m : {0.0f, 0.05f})
+          for (int pos = 0; pos < 8; ++pos) {
+            RowSampling s;
+            s.temperature = t, s.top_k = k, s.top_p = p, s.min_p = m, s.seed = 1234, s.position = pos * 7919;
+            spec.push_back(s);
+          }
+  Tensor host = AllocateTensor(DType::kF32, {static_cast<int64_t>(spec.size()), vocab});
+  for (size_t r = 0; r < spec.size(); ++r) std::copy(x.begin(), x.end(), host.as<float>() + r * vocab);
+  const Pair logits = Both(host);
+  ExpectSameSamples(cpu_->SampleRows(logits.c, spec), gpu().SampleRows(logits.g, spec), spec, "peaked row");
 }
 
 }  // namespace
