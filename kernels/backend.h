@@ -127,6 +127,17 @@ class Backend {
   // Copies `rows` rows (row = product of shape[1:]) from src starting at src_row into dst at dst_row.
   virtual void CopyRows(const Tensor& src, int64_t src_row, Tensor* dst, int64_t dst_row, int64_t rows) = 0;
   virtual void Zero(Tensor* t) = 0;  // every byte of t = 0
+  // Several CopyRows at once, in any order (no copy may write what another reads or writes). A device
+  // backend may run them as one launch; the default runs CopyRows for each.
+  struct RowCopy {
+    const Tensor* src = nullptr;
+    int64_t src_row = 0;
+    Tensor* dst = nullptr;
+    int64_t dst_row = 0, rows = 0;
+  };
+  virtual void CopyRowsBatch(const std::vector<RowCopy>& copies) {
+    for (const RowCopy& c : copies) CopyRows(*c.src, c.src_row, c.dst, c.dst_row, c.rows);
+  }
 
   // ---- step scope ----
   // Starts a forward step whose rows carry these token ids and positions, and whose sequences' block
@@ -235,8 +246,8 @@ class Backend {
                       float eps, float norm_eps, Tensor* y) = 0;
 
   // ---- compressor ----
-  // score[r, :] += ape[(first_pos + r) % ratio, :]   (score [n, c*d], ape [ratio, c*d] f32)
-  virtual void AddPositionBias(Tensor* score, const Tensor& ape, int64_t first_pos, int ratio) = 0;
+  // score[r, :] += ape[positions[r] % ratio, :]   (score [n, c*d], ape [ratio, c*d] f32; positions: n host values)
+  virtual void AddPositionBias(Tensor* score, const Tensor& ape, const int64_t* positions, int ratio) = 0;
   // Pools windows [first_window, first_window + num_windows) into out [num_windows, d].
   // kv/score [rows, c*d] hold consecutive positions starting at base_pos (which must cover the windows
   // used: window w spans positions w*ratio .. w*ratio+ratio-1; with overlap, window w-1 too).

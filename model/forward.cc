@@ -99,15 +99,20 @@ ModelImpl::BlockActivations ModelImpl::AllocateBlockActivations(const BlockWeigh
 }
 
 void ModelImpl::CompressorUpdate(const CompressorWeights& w, const Tensor& kvp, const Tensor& score, int layer,
-                                 bool indexer, const std::vector<SeqRows>& seqs) {
+                                 bool indexer, const std::vector<SeqRows>& seqs, const std::vector<int64_t>& positions) {
   Backend& be = *backend_;
   const ModelConfig& c = config_;
+  {
+    const CompressorState& first = indexer ? seqs[0].state->layers[layer].indexer : seqs[0].state->layers[layer].compressor;
+    Tensor all = score;
+    be.AddPositionBias(&all, w.ape, positions.data(), first.ratio);
+  }
+  // The rings take this step's rows after every sequence's windows were pooled: one batch of copies.
+  std::vector<Backend::RowCopy> ring_writes;
   for (const SeqRows& s : seqs) {
     CompressorState& cs = indexer ? s.state->layers[layer].indexer : s.state->layers[layer].compressor;
     const int ratio = cs.ratio;
     const int64_t dim = cs.dim, width = cs.width();
-    Tensor sc = RowView(score, s.offset, s.count);
-    be.AddPositionBias(&sc, w.ape, s.start, ratio);
     const int64_t end = s.start + s.count;
     const int64_t emitted = cs.num_entries, emitted_after = end / ratio;
     if (emitted_after > emitted) {
@@ -131,9 +136,10 @@ void ModelImpl::CompressorUpdate(const CompressorWeights& w, const Tensor& kvp, 
     }
     // The ring keeps this step's newest rows; older pending rows stay in their slots until overwritten.
     const int64_t from = std::max(s.start, end - cs.slots());
-    RingPut(be, kvp, s.offset + (from - s.start), from, end - from, &cs.pending_kv);
-    RingPut(be, score, s.offset + (from - s.start), from, end - from, &cs.pending_score);
+    RingPutCopies(kvp, s.offset + (from - s.start), from, end - from, &cs.pending_kv, &ring_writes);
+    RingPutCopies(score, s.offset + (from - s.start), from, end - from, &cs.pending_score, &ring_writes);
   }
+  be.CopyRowsBatch(ring_writes);
 }
 
 void ModelImpl::AttentionInputs(const BlockWeights& b, const std::vector<int64_t>& positions, BlockActivations* a) {
@@ -184,11 +190,11 @@ void ModelImpl::AttentionCore(const BlockWeights& b, const std::vector<SeqRows>&
   // Compressed entries first: a query may use every window completed up to and including itself.
   if (b.kind != AttentionKind::kSliding) {
     Phase phase(be, "compressor");
-    CompressorUpdate(b.attn.compressor, a->ckv, a->cscore, b.layer, false, seqs);
+    CompressorUpdate(b.attn.compressor, a->ckv, a->cscore, b.layer, false, seqs, positions);
   }
   if (b.kind == AttentionKind::kCompressedSparse) {
     Phase phase(be, "indexer + top-k");
-    CompressorUpdate(b.attn.indexer_compressor, a->ikv, a->iscore, b.layer, true, seqs);
+    CompressorUpdate(b.attn.indexer_compressor, a->ikv, a->iscore, b.layer, true, seqs, positions);
     const int64_t hi = c.index_n_heads, di = c.index_head_dim;
     std::vector<PagedRows> keys(seqs.size());
     std::vector<Backend::IndexerSeq> parts(seqs.size());
@@ -215,8 +221,14 @@ void ModelImpl::AttentionCore(const BlockWeights& b, const std::vector<SeqRows>&
   }
   be.AttentionBatch(a->q, Hl, d, a->kv, c.sliding_window, b.ratio, a->topk.data ? &a->topk : nullptr, b.attn.sinks,
                     softmax_scale, parts, &a->o);
-  for (const SeqRows& s : seqs)
-    be.UpdateRing(RowView(a->kv, s.offset, s.count), s.start, c.sliding_window, &s.state->layers[b.layer].ring);
+  // The window rings (UpdateRing's rows: the last min(count, slots) of each sequence) in one batch.
+  std::vector<Backend::RowCopy> ring_writes;
+  for (const SeqRows& s : seqs) {
+    Tensor& ring = s.state->layers[b.layer].ring;
+    const int64_t keep = std::min(s.count, ring.shape[0]);
+    RingPutCopies(a->kv, s.offset + s.count - keep, s.start + s.count - keep, keep, &ring, &ring_writes);
+  }
+  be.CopyRowsBatch(ring_writes);
 }
 
 void ModelImpl::AttentionOutput(const BlockWeights& b, const std::vector<int64_t>& positions, BlockActivations* a) {

@@ -65,7 +65,7 @@ class ModelImpl {
   // Folds every completed window of the projections kvp/score into new entries of each sequence's state
   // (normed, roped at the window's first position) and keeps the pending rows.
   void CompressorUpdate(const CompressorWeights& w, const Tensor& kvp, const Tensor& score, int layer, bool indexer,
-                        const std::vector<SeqRows>& seqs);
+                        const std::vector<SeqRows>& seqs, const std::vector<int64_t>& positions);
   void MoeBlock(const BlockWeights& b, const Tensor& x, const std::vector<int32_t>& tokens, Tensor* out);
   // One block (attention and MoE hyper-connection sites) over the residual X [N, hc*D], in place.
   void RunBlock(const BlockWeights& b, const std::vector<SeqRows>& seqs, const std::vector<int64_t>& positions,

@@ -17,12 +17,19 @@ void CopyTensor(Backend& be, const Tensor& src, Tensor* dst) {
 
 }  // namespace
 
-void RingPut(Backend& be, const Tensor& src, int64_t src_row, int64_t pos, int64_t n, Tensor* ring) {
+void RingPutCopies(const Tensor& src, int64_t src_row, int64_t pos, int64_t n, Tensor* ring,
+                   std::vector<Backend::RowCopy>* copies) {
   const int64_t slots = ring->shape[0];
   if (n > slots) throw std::logic_error("RingPut: more rows than slots");
   const int64_t first = pos % slots, head = std::min(n, slots - first);
-  if (head > 0) be.CopyRows(src, src_row, ring, first, head);
-  if (n > head) be.CopyRows(src, src_row + head, ring, 0, n - head);
+  if (head > 0) copies->push_back({&src, src_row, ring, first, head});
+  if (n > head) copies->push_back({&src, src_row + head, ring, 0, n - head});
+}
+
+void RingPut(Backend& be, const Tensor& src, int64_t src_row, int64_t pos, int64_t n, Tensor* ring) {
+  std::vector<Backend::RowCopy> copies;
+  RingPutCopies(src, src_row, pos, n, ring, &copies);
+  for (const Backend::RowCopy& c : copies) be.CopyRows(*c.src, c.src_row, c.dst, c.dst_row, c.rows);
 }
 
 void RingGet(Backend& be, const Tensor& ring, int64_t pos, int64_t n, Tensor* dst, int64_t dst_row) {

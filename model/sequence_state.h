@@ -84,6 +84,9 @@ struct SequenceStateData {
 
 // Ring copies by position: rows for positions pos .. pos+n-1 at slot p % ring.shape[0] (n <= slots).
 void RingPut(Backend& be, const Tensor& src, int64_t src_row, int64_t pos, int64_t n, Tensor* ring);
+// RingPut's copies appended to `copies` (for one Backend::CopyRowsBatch of many rings).
+void RingPutCopies(const Tensor& src, int64_t src_row, int64_t pos, int64_t n, Tensor* ring,
+                   std::vector<Backend::RowCopy>* copies);
 void RingGet(Backend& be, const Tensor& ring, int64_t pos, int64_t n, Tensor* dst, int64_t dst_row);
 
 }  // namespace dsmesh

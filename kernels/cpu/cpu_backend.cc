@@ -328,10 +328,10 @@ class CpuBackend final : public Backend {
   }
 
   // ---- compressor ----
-  void AddPositionBias(Tensor* score, const Tensor& ape, int64_t first_pos, int ratio) override {
+  void AddPositionBias(Tensor* score, const Tensor& ape, const int64_t* positions, int ratio) override {
     const int64_t n = score->shape[0], w = RowWidth(*score);
     Require(RowWidth(ape) == w && ape.shape[0] == ratio, "AddPositionBias", "ape shape");
-    for (int64_t r = 0; r < n; ++r) Axpy(1.0f, F(ape) + ((first_pos + r) % ratio) * w, F(*score) + r * w, w);
+    for (int64_t r = 0; r < n; ++r) Axpy(1.0f, F(ape) + (positions[r] % ratio) * w, F(*score) + r * w, w);
   }
 
   void CompressorPool(const Tensor& kv, const Tensor& score, int64_t base_pos, int64_t first_window,

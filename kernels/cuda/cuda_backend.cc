@@ -365,6 +365,27 @@ class CudaBackend final : public Backend {
     CudaCheck(cudaStreamSynchronize(ctx_->stream), "FromHost");
   }
 
+  void CopyRowsBatch(const std::vector<RowCopy>& copies) override {
+    if (copies.empty()) return;
+    const ProfileScope ps = Profile("CopyRowsBatch");
+    Use();
+    std::vector<cuda_ops::ByteCopy> bytes;
+    for (const RowCopy& c : copies) {
+      if (c.rows <= 0) continue;
+      const int64_t row_bytes = RowWidth(*c.src) * static_cast<int64_t>(DTypeSize(c.src->dtype));
+      Require(row_bytes == RowWidth(*c.dst) * static_cast<int64_t>(DTypeSize(c.dst->dtype)), "CopyRowsBatch",
+              "row sizes differ");
+      Require(c.src_row + c.rows <= c.src->shape[0] && c.dst_row + c.rows <= c.dst->shape[0], "CopyRowsBatch",
+              "rows out of range");
+      bytes.push_back({static_cast<const char*>(c.src->data) + c.src_row * row_bytes,
+                       static_cast<char*>(c.dst->data) + c.dst_row * row_bytes, c.rows * row_bytes});
+    }
+    const int most = cuda_ops::CopyBytesBatchMax();
+    for (size_t i = 0; i < bytes.size(); i += most)
+      cuda_ops::CopyBytesBatch(bytes.data() + i, static_cast<int>(std::min<size_t>(most, bytes.size() - i)), ctx_->stream);
+    Launched("CopyRowsBatch");
+  }
+
   void CopyRows(const Tensor& src, int64_t src_row, Tensor* dst, int64_t dst_row, int64_t rows) override {
     const ProfileScope ps = Profile("CopyRows");
     if (rows <= 0) return;
@@ -544,12 +565,14 @@ class CudaBackend final : public Backend {
   }
 
   // ---- compressor ----
-  void AddPositionBias(Tensor* score, const Tensor& ape, int64_t first_pos, int ratio) override {
+  void AddPositionBias(Tensor* score, const Tensor& ape, const int64_t* positions, int ratio) override {
     const ProfileScope ps = Profile("AddPositionBias");
-    const int64_t w = RowWidth(*score);
+    const int64_t w = RowWidth(*score), n = score->shape[0];
     Require(RowWidth(ape) == w && ape.shape[0] == ratio, "AddPositionBias", "ape shape");
     Use();
-    cuda_ops::AddPositionBias(F(*score), score->shape[0], w, F(ape), first_pos, ratio, ctx_->stream);
+    Tensor pos;
+    const int64_t* dev = StepPositions(positions, n, &pos);
+    cuda_ops::AddPositionBias(F(*score), n, w, F(ape), dev, ratio, ctx_->stream);
     Launched("AddPositionBias");
   }
 

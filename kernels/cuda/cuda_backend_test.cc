@@ -310,6 +310,27 @@ TEST_F(CudaBackendTest, MemoryAllocCopyRowsAndTransfers) {
   }
 }
 
+// Many row copies in one launch: 16-byte words where the copy allows them, bytes where it does not (5-byte
+// rows), into several destinations; equal to the CPU's CopyRows one by one.
+TEST_F(CudaBackendTest, CopyRowsBatch) {
+  DSMESH_REQUIRE_GPU();
+  Pair src = Rand({40, 64}), a = Rand({19, 64}), b = Rand({7, 64});
+  Tensor bytes_src = AllocateTensor(DType::kU8, {12, 5}), bytes_dst = AllocateTensor(DType::kU8, {9, 5});
+  for (int64_t i = 0; i < bytes_src.numel(); ++i) static_cast<uint8_t*>(bytes_src.data)[i] = static_cast<uint8_t>(i * 37);
+  std::memset(bytes_dst.data, 0, bytes_dst.nbytes());
+  Pair bs = Both(bytes_src), bd = Both(bytes_dst);
+  auto copies = [](Pair& s, Pair& x, Pair& y, Pair& p, Pair& q, bool gpu) {
+    auto T = [gpu](Pair& t) { return gpu ? &t.g : &t.c; };
+    return std::vector<Backend::RowCopy>{{T(s), 3, T(x), 17, 2}, {T(s), 0, T(x), 0, 5}, {T(s), 39, T(y), 6, 1},
+                                         {T(s), 10, T(y), 0, 4}, {T(p), 2, T(q), 4, 5}, {T(p), 0, T(q), 0, 1}};
+  };
+  cpu_->CopyRowsBatch(copies(src, a, b, bs, bd, false));
+  gpu().CopyRowsBatch(copies(src, a, b, bs, bd, true));
+  ExpectSame(a, "CopyRowsBatch a");
+  ExpectSame(b, "CopyRowsBatch b");
+  ExpectSame(bd, "CopyRowsBatch 5-byte rows");
+}
+
 TEST_F(CudaBackendTest, Embedding) {
   DSMESH_REQUIRE_GPU();
   const std::vector<int32_t> tokens = {0, 999, 17, 17, 500, 3, 998};
@@ -426,8 +447,10 @@ TEST_F(CudaBackendTest, CompressorPositionBiasAndPool) {
   DSMESH_REQUIRE_GPU();
   for (auto [ratio, first_pos, n, width] : {std::tuple<int, int64_t, int64_t, int64_t>{4, 6, 9, 64}, {128, 300, 5, 48}}) {
     Pair score = Rand({n, width}), ape = Rand({ratio, width});
-    cpu_->AddPositionBias(&score.c, ape.c, first_pos, ratio);
-    gpu().AddPositionBias(&score.g, ape.g, first_pos, ratio);
+    std::vector<int64_t> positions;
+    for (int64_t r = 0; r < n; ++r) positions.push_back(first_pos + (r % 3 == 2 ? 1000 + 7 * r : r));  // two sequences' rows
+    cpu_->AddPositionBias(&score.c, ape.c, positions.data(), ratio);
+    gpu().AddPositionBias(&score.g, ape.g, positions.data(), ratio);
     ExpectSame(score, "AddPositionBias ratio " + std::to_string(ratio));
   }
   struct Case {

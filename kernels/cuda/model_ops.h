@@ -73,6 +73,14 @@ void ScatterAddRows(const float* src, const int32_t* rows, const float* w, int64
 // g = silu(min(g, limit)) * clamp(u, -limit, limit) (no clamp for limit <= 0), in place in g.
 void SwiGlu(float* g, const float* u, int64_t n, float limit, cudaStream_t s);
 // dst rows [dst_row, +rows) = src rows [src_row, +rows), row_bytes each (overlapping ranges allowed).
+// Up to CopyBytesBatchMax() copies of bytes[i] bytes from src[i] to dst[i], in one launch.
+struct ByteCopy {
+  const void* src;
+  void* dst;
+  int64_t bytes;
+};
+int CopyBytesBatchMax();
+void CopyBytesBatch(const ByteCopy* copies, int n, cudaStream_t s);
 void CopyRows(const void* src, int64_t src_row, void* dst, int64_t dst_row, int64_t rows, int64_t row_bytes,
               cudaStream_t s);
 
@@ -91,7 +99,8 @@ void DenseLinear(const float* x, int64_t ldx, int64_t m, const void* w, WType ty
                  int64_t k, const float* bias, float* out, int64_t ldo, cudaStream_t s);
 
 // ---- compressor ----
-void AddPositionBias(float* score, int64_t n, int64_t width, const float* ape, int64_t first_pos, int ratio,
+// positions: n device values (the rows' positions).
+void AddPositionBias(float* score, int64_t n, int64_t width, const float* ape, const int64_t* positions, int ratio,
                      cudaStream_t s);
 void CompressorPool(const float* kv, const float* score, int64_t width, int64_t base_pos, int64_t first_window,
                     int64_t num_windows, int ratio, bool overlap, int64_t d, float* out, cudaStream_t s);

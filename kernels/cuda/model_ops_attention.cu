@@ -17,12 +17,12 @@ constexpr int kMaxTopK = 2048;                       // selection buffer of the 
 constexpr int64_t kAttnMaxKeys = 40 * 1024;         // score slots of the attention kernel (160 KB)
 constexpr int kAttnFixedSmemFloats = 512;            // q row (head_dim <= 512)
 
-__global__ void AddPositionBiasKernel(float* score, int64_t n, int64_t width, const float* ape, int64_t first_pos,
-                                      int ratio) {
+__global__ void AddPositionBiasKernel(float* score, int64_t n, int64_t width, const float* ape,
+                                      const int64_t* positions, int ratio) {
   const int64_t total = n * width;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
     const int64_t r = i / width, c = i % width;
-    score[i] += ape[((first_pos + r) % ratio) * width + c];
+    score[i] += ape[(positions[r] % ratio) * width + c];
   }
 }
 
@@ -523,9 +523,9 @@ inline unsigned GridFor(int64_t total, int threads = 256) {
 
 }  // namespace
 
-void AddPositionBias(float* score, int64_t n, int64_t width, const float* ape, int64_t first_pos, int ratio,
+void AddPositionBias(float* score, int64_t n, int64_t width, const float* ape, const int64_t* positions, int ratio,
                      cudaStream_t s) {
-  if (n > 0) AddPositionBiasKernel<<<GridFor(n * width), 256, 0, s>>>(score, n, width, ape, first_pos, ratio);
+  if (n > 0) AddPositionBiasKernel<<<GridFor(n * width), 256, 0, s>>>(score, n, width, ape, positions, ratio);
 }
 
 void CompressorPool(const float* kv, const float* score, int64_t width, int64_t base_pos, int64_t first_window,

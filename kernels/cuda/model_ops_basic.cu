@@ -3,6 +3,10 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <stdexcept>
+#include <string>
+
+
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/model_ops_device.cuh"
 
@@ -279,6 +283,48 @@ void ScatterAddRows(const float* src, const int32_t* rows, const float* w, int64
 
 void SwiGlu(float* g, const float* u, int64_t n, float limit, cudaStream_t s) {
   if (n > 0) SwiGluKernel<<<Blocks(n), kThreads, 0, s>>>(g, u, n, limit);
+}
+
+namespace {
+
+constexpr int kCopyBatchMax = 32;
+struct ByteCopies {
+  ByteCopy c[kCopyBatchMax];
+};
+
+// blockIdx.y = copy; 16-byte words when the copy allows them (the state rows always do), else bytes.
+__global__ void CopyBytesBatchKernel(const __grid_constant__ ByteCopies copies) {
+  const ByteCopy& c = copies.c[blockIdx.y];
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (((reinterpret_cast<uintptr_t>(c.src) | reinterpret_cast<uintptr_t>(c.dst) | c.bytes) & 15) == 0) {
+    const int4* src = static_cast<const int4*>(c.src);
+    int4* dst = static_cast<int4*>(c.dst);
+    for (int64_t i = first; i < c.bytes / 16; i += stride) dst[i] = src[i];
+  } else {
+    const char* src = static_cast<const char*>(c.src);
+    char* dst = static_cast<char*>(c.dst);
+    for (int64_t i = first; i < c.bytes; i += stride) dst[i] = src[i];
+  }
+}
+
+}  // namespace
+
+int CopyBytesBatchMax() { return kCopyBatchMax; }
+
+void CopyBytesBatch(const ByteCopy* copies, int n, cudaStream_t s) {
+  if (n <= 0) return;
+  if (n > kCopyBatchMax) throw std::runtime_error("cuda CopyBytesBatch: " + std::to_string(n) + " copies, at most " +
+                                                  std::to_string(kCopyBatchMax));
+  ByteCopies all{};
+  int64_t most = 0;
+  for (int i = 0; i < n; ++i) {
+    all.c[i] = copies[i];
+    most = copies[i].bytes > most ? copies[i].bytes : most;
+  }
+  const int64_t words = (most + 15) / 16;
+  const unsigned blocks = static_cast<unsigned>(words / 256 + 1 < 64 ? words / 256 + 1 : 64);
+  CopyBytesBatchKernel<<<dim3(blocks, static_cast<unsigned>(n)), 256, 0, s>>>(all);
 }
 
 void CopyRows(const void* src, int64_t src_row, void* dst, int64_t dst_row, int64_t rows, int64_t row_bytes,
