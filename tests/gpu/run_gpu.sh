@@ -37,10 +37,12 @@ if [[ $PARTS == *tests* ]]; then
 fi
 
 if [[ $PARTS == *sanitize* ]]; then
-  step "compute-sanitizer on a full forward (prefill + 8 decode steps, batch of 4)"
+  # SAN_BIN/SAN_FILTER pick another workload: racecheck (shared-memory hazards, kernel by kernel) runs far
+  # slower than memcheck, and the kernel tests reach every kernel that uses shared memory in seconds.
+  step "compute-sanitizer on ${SAN_BIN:-gpu_forward_test} ${SAN_FILTER:-*SanitizerWorkload*} (default: a full forward, prefill + 8 decode steps, batch of 4)"
   for tool in ${SAN_TOOLS:-memcheck racecheck initcheck}; do
-    timeout ${SAN_TIMEOUT:-300} /usr/local/cuda/bin/compute-sanitizer --tool $tool --error-exitcode 9 "$B/bin/gpu_forward_test" \
-      --gtest_filter='*SanitizerWorkload*' > "$OUT/sanitizer_$tool.log" 2>&1
+    timeout ${SAN_TIMEOUT:-300} /usr/local/cuda/bin/compute-sanitizer --tool $tool --error-exitcode 9 "$B/bin/${SAN_BIN:-gpu_forward_test}" \
+      --gtest_filter="${SAN_FILTER:-*SanitizerWorkload*}" > "$OUT/sanitizer_$tool.log" 2>&1
     rc=$?
     echo "compute-sanitizer $tool: exit $rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tr '\n' ' ')"
     check test $rc = 0
