@@ -496,7 +496,7 @@ class CudaBackend final : public Backend {
     Require(RowWidth(x) == groups * w.in && RowWidth(*out) == w.out && w.out % groups == 0, "GroupedLinear",
             w.name + ": shape");
     Use();
-    if (w.is_exl3() && m == 1 && GroupedExl3SingleRow(x, w, groups, out)) return;
+    if (w.is_exl3() && m <= kExl3GemvMaxRows && GroupedExl3Rows(x, w, groups, out)) return;
     for (int g = 0; g < groups; ++g) {
       if (w.is_exl3()) {
         auto& e = *static_cast<CudaExl3Linear*>(w.exl3.get());
@@ -1209,9 +1209,12 @@ class CudaBackend final : public Backend {
   // GroupedLinear of one row when every group's part is its whole block range (the usual case: group
   // widths are multiples of 128): one fp16 conversion of the row, then one GEMV per group writing its
   // columns of `out` directly. False (nothing done) when the parts do not allow it.
-  bool GroupedExl3SingleRow(const Tensor& x, const LinearWeight& w, int groups, Tensor* out) {
+  // A grouped EXL3 linear of m <= 16 rows as one conversion, a GEMV per group and (m > 1) one scatter back
+  // into rows, instead of a conversion, GEMV and column copy per group. False when a group's slice is not
+  // a whole EXL3 linear (the caller then runs them group by group).
+  bool GroupedExl3Rows(const Tensor& x, const LinearWeight& w, int groups, Tensor* out) {
     auto& e = *static_cast<CudaExl3Linear*>(w.exl3.get());
-    const int64_t out_g = w.out / groups;
+    const int64_t out_g = w.out / groups, m = x.shape[0];
     std::vector<const Exl3Part*> parts;
     for (int g = 0; g < groups; ++g) {
       const int64_t o0 = e.slice.out_begin + g * out_g;
@@ -1222,19 +1225,22 @@ class CudaBackend final : public Backend {
         return false;
       parts.push_back(&part);
     }
-    Tensor xh = Temp(DType::kF16, {1, groups * w.in});
-    cuda_ops::ToHalfPadded(F(x), 1, groups * w.in, groups * w.in, static_cast<uint16_t*>(xh.data), groups * w.in, 0,
-                           ctx_->stream);
+    // Group g's m input rows at xh + g * m * in (for one row that is x's own layout), its output rows at
+    // yg + g * m * out_g (for one row: out itself).
+    Tensor xh = Temp(DType::kF16, {m, groups * w.in});
+    cuda_ops::GroupMajorToHalf(F(x), m, groups, w.in, static_cast<uint16_t*>(xh.data), ctx_->stream);
+    Tensor yg = m == 1 ? *out : Temp(DType::kF32, {m, w.out});
     const auto gemv = [&](int g, cudaStream_t stream, Exl3GemvWorkspace& ws) {
-      Exl3Gemv(parts[g]->buffers->linear(), static_cast<const uint16_t*>(xh.data) + g * w.in, 1, F(*out) + g * out_g,
-               Exl3Out::kF32, ws, stream);
+      Exl3Gemv(parts[g]->buffers->linear(), static_cast<const uint16_t*>(xh.data) + g * m * w.in, static_cast<int>(m),
+               F(yg) + g * m * out_g, Exl3Out::kF32, ws, stream);
     };
     if (ConcurrencyAllowed()) {
       Concurrently(groups, gemv);
     } else {
       for (int g = 0; g < groups; ++g) gemv(g, ctx_->stream, MainGemvWorkspace());
     }
-    Launched("GroupedLinear (EXL3, one row)");
+    if (m > 1) cuda_ops::RowMajorFromGroups(F(yg), m, groups, out_g, F(*out), ctx_->stream);
+    Launched("GroupedLinear (EXL3, grouped rows)");
     return true;
   }
 

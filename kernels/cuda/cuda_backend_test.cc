@@ -864,7 +864,7 @@ TEST_F(CudaBackendTest, Exl3LinearSlicesAndGrouped) {
       gpu().Linear(x.g, l.g, &y.g);
       ExpectClose(y, kExl3Tol, std::string("EXL3 Linear ") + cases[i].what + " m=" + std::to_string(m));
     }
-  for (int64_t m : {1, 5, 20}) {
+  for (int64_t m : {1, 4, 5, 16, 20}) {  // one conversion and a GEMV per group up to 16 rows, per group beyond
     Pair x = Rand({m, groups * grp.c.in}, 1.0f, true), y = Zeros(DType::kF32, {m, grp.c.out});
     cpu_->GroupedLinear(x.c, grp.c, groups, &y.c);
     gpu().GroupedLinear(x.g, grp.g, groups, &y.g);

@@ -62,6 +62,10 @@ void Rope(float* x, int64_t n, int64_t heads, int64_t head_dim, int64_t rope_dim
 // f32 [rows, cols] -> fp16 [rows, ld_out] at column offset col0 (other columns zero).
 void ToHalfPadded(const float* x, int64_t rows, int64_t cols, int64_t ld_in, uint16_t* out, int64_t ld_out,
                   int64_t col0, cudaStream_t s);
+// A grouped linear's rows regrouped: xh[g][r][:] = fp16(x[r][g * in ..]) (each group's m rows contiguous),
+// and back: out[r][g * cols ..] = yg[g][r][:].
+void GroupMajorToHalf(const float* x, int64_t m, int64_t groups, int64_t in, uint16_t* xh, cudaStream_t s);
+void RowMajorFromGroups(const float* yg, int64_t m, int64_t groups, int64_t cols, float* out, cudaStream_t s);
 // out[r, c] (= or +=) y[r, col0 + c] + bias[c] for c < cols; y row stride ld_y, out row stride ld_out.
 void TakeColumns(const float* y, int64_t rows, int64_t ld_y, int64_t col0, int64_t cols, const float* bias,
                  float* out, int64_t ld_out, bool accumulate, cudaStream_t s);

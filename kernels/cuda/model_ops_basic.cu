@@ -79,6 +79,24 @@ __global__ void ToHalfPaddedKernel(const float* x, int64_t rows, int64_t cols, i
   }
 }
 
+// xh[g][r][c] = fp16(x[r][g * in + c]): a grouped linear's input, each group's rows contiguous.
+__global__ void GroupMajorToHalfKernel(const float* x, int64_t m, int64_t groups, int64_t in, uint16_t* xh) {
+  const int64_t total = m * groups * in;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t c = i % in, gr = i / in, r = gr % m, g = gr / m;
+    xh[i] = __half_as_ushort(__float2half_rn(x[(r * groups + g) * in + c]));
+  }
+}
+
+// out[r][g * cols + c] = yg[g][r][c]: the groups' outputs back into rows.
+__global__ void RowMajorFromGroupsKernel(const float* yg, int64_t m, int64_t groups, int64_t cols, float* out) {
+  const int64_t total = m * groups * cols;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t c = i % cols, gr = i / cols, r = gr % m, g = gr / m;
+    out[(r * groups + g) * cols + c] = yg[i];
+  }
+}
+
 __global__ void TakeColumnsKernel(const float* y, int64_t rows, int64_t ld_y, int64_t col0, int64_t cols,
                                   const float* bias, float* out, int64_t ld_out, bool accumulate) {
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
@@ -263,6 +281,14 @@ void ToHalfPadded(const float* x, int64_t rows, int64_t cols, int64_t ld_in, uin
   if (rows > 0)
     ToHalfPaddedKernel<<<dim3(Blocks(ld_out), RowBlocks(rows)), kThreads, 0, s>>>(x, rows, cols, ld_in, out, ld_out,
                                                                                   col0);
+}
+
+void GroupMajorToHalf(const float* x, int64_t m, int64_t groups, int64_t in, uint16_t* xh, cudaStream_t s) {
+  if (m > 0) GroupMajorToHalfKernel<<<Blocks(m * groups * in), kThreads, 0, s>>>(x, m, groups, in, xh);
+}
+
+void RowMajorFromGroups(const float* yg, int64_t m, int64_t groups, int64_t cols, float* out, cudaStream_t s) {
+  if (m > 0) RowMajorFromGroupsKernel<<<Blocks(m * groups * cols), kThreads, 0, s>>>(yg, m, groups, cols, out);
 }
 
 void TakeColumns(const float* y, int64_t rows, int64_t ld_y, int64_t col0, int64_t cols, const float* bias,
