@@ -134,9 +134,9 @@ void IndexerTopKBatch(const float* q, const float* weights, const IndexerSeqDev*
 // Largest number of keys one query row may see (shared memory of the kernel).
 int64_t AttentionMaxKeys();
 // The ring holds ring_slots >= window rows (slot = position % ring_slots).
-// With `split_scratch` (AttentionSplitScratchFloats floats) each row's keys are split over many blocks,
-// 16 rows per launch (decode and verification in one, prefill chunks in slices); with a null scratch one
-// block per (row, head) takes them all.
+// Steps of at most 16 rows with `split_scratch` (AttentionSplitScratchFloats floats) split each row's keys
+// over many blocks (decode and verification); larger steps, or a null scratch, take one block per
+// (row, head).
 int64_t AttentionSplitScratchFloats(int64_t n, int64_t heads, int64_t d);
 void Attention(const float* q, int64_t n, int64_t heads, int64_t d, int64_t start, const float* ring,
                int64_t ring_slots, const float* new_kv, int window, PagedRowsDev entries, int64_t num_entries, int ratio,
@@ -147,7 +147,6 @@ void Attention(const float* q, int64_t n, int64_t heads, int64_t d, int64_t star
 // and AttentionBatchMaxSeqs() sequences, with split_scratch of AttentionSplitScratchFloats(n, ...).
 struct AttentionSeqDev {
   int64_t offset = 0, count = 0, start = 0;
-  int64_t first_row = 0;  // the sequence's row that row `offset` of the launch is (slices of a long step)
   const float* ring = nullptr;
   int64_t ring_slots = 0;
   PagedRowsDev entries;  // pool null: no compressed entries
