@@ -740,30 +740,24 @@ class CudaBackend final : public Backend {
     const int64_t n = x.shape[0], k = RowWidth(idx);
     Use();
     FusedMoe* fused = FusedFor(experts, limit, static_cast<int>(k));
-    if (fused) {
-      // Steps of more rows (prefill chunks) run the single-launch kernel on slices of kExl3MoeMaxRows rows:
-      // no routing on the host and no per-expert launches, at the price of reading an expert once per
-      // slice that uses it. Each row's result does not depend on its slice.
+    if (fused && n <= kExl3MoeMaxRows) {
       const int64_t D = RowWidth(x);
       Tensor xh = Temp(DType::kF16, {n, D});
       cuda_ops::ToHalfPadded(F(x), n, D, D, static_cast<uint16_t*>(xh.data), D, 0, ctx_->stream);
       Tensor y = Temp(DType::kF32, {n, D});
-      for (int64_t r0 = 0; r0 < n; r0 += kExl3MoeMaxRows) {
-        const int64_t m = std::min<int64_t>(kExl3MoeMaxRows, n - r0);
-        Exl3MoeForward(fused->layer->layer(), static_cast<const uint16_t*>(xh.data) + r0 * D, I32(idx) + r0 * k,
-                       F(weight) + r0 * k, static_cast<int>(m), F(y) + r0 * D, *fused->workspace, ctx_->stream);
-        ++g_fused_moe;
-      }
+      Exl3MoeForward(fused->layer->layer(), static_cast<const uint16_t*>(xh.data), I32(idx), F(weight),
+                     static_cast<int>(n), F(y), *fused->workspace, ctx_->stream);
       cuda_ops::Add(F(y), n * D, F(*out), ctx_->stream);
       Launched("MoeExperts (fused)");
-      if (n > kExl3MoeMaxRows && !logged_many_rows_) {
-        std::fprintf(stderr, "[cuda] routed experts: steps of more than %d rows (prefill chunks) run the fused kernel "
-                             "on slices of %d rows\n", kExl3MoeMaxRows, kExl3MoeMaxRows);
-        logged_many_rows_ = true;
-      }
+      ++g_fused_moe;
       return;
     }
     ++g_per_expert_moe;
+    if (fused && !logged_many_rows_) {
+      std::fprintf(stderr, "[cuda] routed experts: steps of more than %d rows (prefill chunks) run per expert\n",
+                   kExl3MoeMaxRows);
+      logged_many_rows_ = true;
+    }
     // Per expert: the routing leaves the device once (a sync), rows are grouped on the host.
     std::vector<int32_t> ix(n * k);
     std::vector<float> wt(n * k);
