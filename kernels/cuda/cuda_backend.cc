@@ -604,6 +604,7 @@ class CudaBackend final : public Backend {
     const ProfileScope ps = Profile("MoeRoute");
     const int64_t n = logits.shape[0], E = RowWidth(logits);
     Require(RowWidth(*idx) == p.top_k && RowWidth(*weight) == p.top_k, "MoeRoute", "output shape");
+    if (p.image_rows) throw std::runtime_error("MoeRoute with image rows (bias_vl) is not implemented on " + name());
     Tensor toks;
     const int32_t* table = nullptr;
     const int32_t* dev_tokens = nullptr;
