@@ -1,5 +1,7 @@
 #include "worker/step_executor.h"
 
+#include "worker/plan_images.h"
+
 #include "worker/random_stream.h"
 #include "worker/rejection_sampler.h"
 
@@ -133,6 +135,7 @@ StepResult StepExecutor::Run(const StepPlan& plan) {
     step.tokens.assign(sp.tokens().begin(), sp.tokens().end());
     step.tokens.insert(step.tokens.end(), sp.draft_tokens().begin(), sp.draft_tokens().end());
     step.all_logits = sp.return_logits() || sp.draft_tokens_size() > 0;
+    step.images = ImageRowsForChunk(*model_, sp);
     batch.push_back(std::move(step));
   }
 
