@@ -86,6 +86,7 @@ std::shared_ptr<Request> Engine::Submit(const GenerateRequest& req) {
   r->priority = req.priority();
   r->seed = req.sampling().has_seed() ? req.sampling().seed() : next_seed_++;
   r->return_logits = req.return_logits();
+  r->images.assign(req.images().begin(), req.images().end());
   incoming_.push_back(r);
   cv_.notify_all();
   return r;

@@ -50,6 +50,16 @@ void Scheduler::Validate(const GenerateRequest& req) const {
                                 " tokens (" + std::to_string(n) + " in the prompt, " + std::to_string(need - n) +
                                 " in the completion), so the request could never run; reduce the prompt or "
                                 "max_tokens, or give the workers more KV memory (" + geometry().Describe(1) + ")");
+  int64_t after = 0;
+  for (const PromptImage& im : req.images()) {
+    if (im.begin() < after || im.length() < 2 || im.begin() + im.length() > n)
+      throw std::invalid_argument("image blocks must be ascending, disjoint and inside the prompt");
+    if (im.length() > config_.max_batched_tokens)
+      throw std::invalid_argument("an image block of " + std::to_string(im.length()) +
+                                  " tokens does not fit one step (--max-num-batched-tokens " +
+                                  std::to_string(config_.max_batched_tokens) + "); an image is prefilled in one step");
+    after = im.begin() + im.length();
+  }
   if (req.priority() != 0 && config_.policy != SchedulingPolicy::kPriority)
     throw std::invalid_argument("Got priority " + std::to_string(req.priority()) +
                                 " but Priority scheduling is not enabled (the coordinator runs "
@@ -156,6 +166,8 @@ SequencePlan* Scheduler::AddChunk(StepPlan* plan, Request& r, int64_t n, const s
     sp->set_num_speculative_tokens(config_.num_speculative_tokens);
     r.first_chunk = false;
   }
+  for (const PromptImage& im : r.images)
+    if (im.begin() >= r.computed && im.begin() + im.length() <= r.computed + n) *sp->add_images() = im;
   if (r.snapshot_at > 0 && r.computed + n == r.snapshot_at) {
     const uint64_t id = next_id_++;
     // The snapshot shares the sequence's blocks up to the boundary (neither writes them again) and
@@ -211,6 +223,17 @@ StepPlan Scheduler::Schedule() {
   auto cut_at_snapshot = [](const Request& r, int64_t n) {
     return r.snapshot_at > r.computed ? std::min<int64_t>(n, r.snapshot_at - r.computed) : n;
   };
+  // An image block is prefilled in one step (its span attends both ways, docs/vision.md): a chunk that
+  // would end inside a block ends before it; one that starts at a block covers the whole block, even past
+  // the budget when `grow` (Validate keeps every block within max_batched_tokens).
+  auto image_safe = [](const Request& r, int64_t n, bool grow) {
+    const int64_t start = r.computed, end = start + n;
+    for (const PromptImage& im : r.images) {
+      const int64_t b = im.begin(), e = im.begin() + im.length();
+      if (end > b && end < e) return b > start ? b - start : (grow ? e - start : 0);
+    }
+    return n;
+  };
 
   // Running requests, best rank first, grow their blocks. The fair order gives decodes their row now and
   // prefills an upper bound (their share is what admission leaves); the vLLM order spends the budget here.
@@ -237,7 +260,7 @@ StepPlan Scheduler::Schedule() {
     } else {
       n = std::min({remaining, cap, prefill_bound});
     }
-    n = cap_logits_rows(*r, cut_at_snapshot(*r, n));
+    n = image_safe(*r, cap_logits_rows(*r, cut_at_snapshot(*r, n)), /*grow=*/!fair || !decode);
     if (n <= 0) {
       ++i;
       continue;
@@ -281,7 +304,7 @@ StepPlan Scheduler::Schedule() {
          budget > 0) {
     auto r = waiting_.front();
     const int64_t total = static_cast<int64_t>(r->tokens.size());
-    const bool cacheable = config_.prefix_caching && !r->return_logits;
+    const bool cacheable = config_.prefix_caching && !r->return_logits && r->images.empty();
     int64_t start = 0;
     uint64_t restore = 0;
     if (cacheable) {
@@ -297,6 +320,8 @@ StepPlan Scheduler::Schedule() {
     }
     int64_t n = cap_logits_rows(*r, std::min({total - start, budget, cap}));
     if (snapshot_at > 0) n = std::min<int64_t>(n, snapshot_at - start);
+    r->computed = start;  // (image_safe reads it; set again below once admitted)
+    n = image_safe(*r, n, /*grow=*/true);
     const uint64_t seq_id = next_id_++;
     std::set<uint64_t> pinned_with = pinned;
     if (restore) pinned_with.insert(restore);
@@ -334,7 +359,7 @@ StepPlan Scheduler::Schedule() {
   for (const auto& c : admitted) AddChunk(&plan, *c.r, c.n, pinned);
   for (auto& c : prefills) {
     if (fair) {
-      c.n = std::min(c.n, budget);
+      c.n = image_safe(*c.r, std::min(c.n, budget), /*grow=*/false);
       budget -= c.n;
     }
     if (c.n > 0) AddChunk(&plan, *c.r, c.n, pinned);

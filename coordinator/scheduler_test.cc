@@ -145,6 +145,42 @@ TEST(Scheduler, ChunkedPrefillUnderBudgetThenDecode) {
   EXPECT_EQ(out.back().completion_tokens(), 2);
 }
 
+// An image block (docs/vision.md) is prefilled in one step: a chunk that would end inside it ends before
+// it, the block's chunk covers it whole (past the budget when it must), its PromptImage rides with that
+// chunk only, and the request stays out of the prefix cache.
+TEST(Scheduler, ImageBlocksArePrefilledWholeInOneChunk) {
+  Scheduler s(Config(4, 8, true), Geometry(100));
+  auto r = Req(std::vector<int32_t>(30, 3), 2);
+  PromptImage im;
+  im.set_begin(5);
+  im.set_length(8);  // positions 5 .. 12: the first chunk (8 tokens) would end inside it
+  r->images.push_back(im);
+  PromptImage late;
+  late.set_begin(14);
+  late.set_length(8);  // 14 .. 21
+  r->images.push_back(late);
+  s.Add(r);
+  std::vector<std::pair<int, int>> chunks;  // (tokens, images)
+  for (int step = 0; step < 12 && s.HasWork(); ++step) {
+    StepPlan p = s.Schedule();
+    if (p.seqs_size()) chunks.push_back({p.seqs(0).tokens_size(), p.seqs(0).images_size()});
+    s.Apply(p, Result(p));
+  }
+  const std::vector<std::pair<int, int>> want = {{5, 0}, {8, 1}, {1, 0}, {8, 1}, {8, 0}, {1, 0}};
+  EXPECT_EQ(chunks, want);
+  EXPECT_EQ(s.prefix_cache().queries, 0) << "an image request bypasses the prefix cache";
+
+  GenerateRequest too_big;
+  too_big.add_prompt_token_ids(1);
+  for (int i = 0; i < 20; ++i) too_big.add_prompt_token_ids(3);
+  too_big.mutable_sampling()->set_max_tokens(1);
+  PromptImage wide;
+  wide.set_begin(1);
+  wide.set_length(12);  // more than the step's 8 tokens
+  *too_big.add_images() = wide;
+  EXPECT_THROW(s.Validate(too_big), std::invalid_argument);
+}
+
 TEST(Scheduler, ReturnLogitsChunksKeepTheirRowsWithinTheStepCap) {
   SchedulerConfig c = Config(4, 512, false);
   c.vocab_size = 129280;  // 8 MiB of f32 rows: 16 per step

@@ -9,8 +9,9 @@
 //                  [--allowed-local-media-path DIR]  (file:// image URLs under DIR; none without it)
 //                  [--max-image-bytes N] [--max-image-pixels N] [--max-image-side N] [--max-images-per-request N]
 //
-// Image parts (image_url with a data: URL) are decoded and checked against the --max-image-* limits; the
-// served models take no images yet, so a request with one ends in a 400 "model X does not accept images".
+// Image parts (image_url with a data: URL) are decoded and checked against the --max-image-* limits; a
+// model with a vision tower (config.json vision_n_layers > 0) gets them preprocessed and expanded into the
+// prompt (gateway/image_prompt_builder.h), any other ends in a 400 "model X does not accept images".
 //
 // --max-queued N: admission (429 queue_full) is held by the coordinator, shared by every gateway of the
 // mesh; N, when given, is sent with each request and can only lower the coordinator's own --max-queued.
@@ -42,6 +43,7 @@
 #include "common/mesh/mesh_credentials.h"
 #include "gateway/mesh_monitor.h"
 #include "gateway/openai_server.h"
+#include "model/vision_config.h"
 #include "gateway/serving_metrics.h"
 
 namespace dsmesh {
@@ -99,6 +101,7 @@ struct ModelInfo {
   ChatFormat chat_format = ChatFormat::kDeepSeekV4;
   int max_position_embeddings = 1 << 20;
   int vision_layers = 0;  // config.json vision_n_layers (DeepSeek-V4-Flash-Vision); 0: text only
+  VisionConfig vision;    // its vision_* keys (the preprocessing of image parts)
 };
 
 ModelInfo ReadModelInfo(const std::string& dir, const std::string& chat_format_flag) {
@@ -116,6 +119,7 @@ ModelInfo ReadModelInfo(const std::string& dir, const std::string& chat_format_f
     info.max_position_embeddings = config["max_position_embeddings"].get<int>();
   if (config.contains("vision_n_layers") && config["vision_n_layers"].is_number_integer())
     info.vision_layers = config["vision_n_layers"].get<int>();
+  info.vision = VisionConfig::FromJson(config);
   if (!chat_format_flag.empty()) {
     info.chat_format = ParseChatFormatName(chat_format_flag);
   } else {
@@ -178,10 +182,8 @@ int Run(int argc, char** argv) {
   images.url.limits.max_pixels = static_cast<uint64_t>(max_image_pixels);
   images.url.limits.max_side = static_cast<int>(max_image_side);
   images.max_images = static_cast<int>(max_images);
-  api_options.images_refused_reason =
-      model.vision_layers > 0 ? "dsmesh does not run vision towers yet (config.json has vision_n_layers " +
-                                    std::to_string(model.vision_layers) + ")"
-                              : "it has no vision tower (config.json has no vision_n_layers)";
+  api_options.images_refused_reason = "it has no vision tower (config.json has no vision_n_layers)";
+  if (model.vision.enabled()) api_options.vision = model.vision;
 
   MeshClient mesh(coordinator, MeshCredentialsFromFlags(flags));
   ServingMetrics metrics(api_options.served_model_name, model.max_position_embeddings);

@@ -96,6 +96,7 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
         GenerateRequest request;
         request.set_request_id(SequenceId(i));
         for (int id : job_.prompt_ids) request.add_prompt_token_ids(id);
+        for (const PromptImage& im : job_.images) *request.add_images() = im;
         *request.mutable_sampling() = job_.options.sampling;
         SamplingParams* sp = request.mutable_sampling();
         sp->set_max_tokens(job_.max_tokens);

@@ -34,6 +34,7 @@ struct GenerationJob {
   bool thinking = false;  // chat prompt opened a reasoning block
   RequestOptions options;
   std::vector<int> prompt_ids;
+  std::vector<PromptImage> images;  // image blocks in prompt_ids (chat with image parts on a vision model)
   int max_tokens = 0;  // resolved (request value or the rest of the context)
   std::string request_id;
   std::string response_id;  // "chatcmpl-<request_id>" / "cmpl-<request_id>" / "resp_<request_id>"

@@ -1,5 +1,7 @@
 #include "gateway/openai_server.h"
 
+#include "gateway/image_prompt_builder.h"
+
 #include "common/constant_time.h"
 
 #include <spdlog/spdlog.h>
@@ -195,12 +197,12 @@ StatsResponse OpenAiServer::RequireReady() const {
   return *stats;
 }
 
-void OpenAiServer::CheckImages(const ChatRequest& request) const {
-  if (!request.has_images()) return;
-  // Decoded first, so a bad image gets its own 400 whatever the model; the pixels are what the vision
-  // preprocessing (model/vision_preprocess.h) will take once a vision path serves them.
+std::vector<ChatImage> OpenAiServer::CheckImages(const ChatRequest& request) const {
+  if (!request.has_images()) return {};
+  // Decoded first, so a bad image gets its own 400 whatever the model.
   std::vector<ChatImage> images = DecodeChatImages(request, options_.images);
-  RefuseImages(request, options_.served_model_name, options_.images_refused_reason);
+  if (!options_.vision) RefuseImages(request, options_.served_model_name, options_.images_refused_reason);
+  return images;
 }
 
 void OpenAiServer::Responses(std::shared_ptr<HttpExchange>& exchange, Context& ctx) {
@@ -246,9 +248,10 @@ void OpenAiServer::Generation(std::shared_ptr<HttpExchange>& exchange, Context& 
     if (auto tc = body.find("tool_choice"); tc != body.end() && tc->is_string() && *tc == "none") body.erase("tools");
     ChatRequest chat_request;
     std::string prompt;
+    std::vector<ChatImage> images;
     try {
       chat_request = ParseChatRequest(body);
-      CheckImages(chat_request);
+      images = CheckImages(chat_request);
       // Constrained output starts at the first generated token: no reasoning block before it.
       if (!structured.spec.empty()) chat_request.thinking = false;
       prompt = RenderChatPrompt(options_.chat_format, chat_request);
@@ -256,7 +259,13 @@ void OpenAiServer::Generation(std::shared_ptr<HttpExchange>& exchange, Context& 
       throw BadRequest(e.what(), ChatErrorParam(e.what()));
     }
     job.thinking = chat_request.thinking && options_.chat_format == ChatFormat::kDeepSeekV4;
-    job.prompt_ids = tokenizer_->Encode(prompt, /*add_special_tokens=*/false);  // the prompt has its BOS
+    if (images.empty()) {
+      job.prompt_ids = tokenizer_->Encode(prompt, /*add_special_tokens=*/false);  // the prompt has its BOS
+    } else {  // each placeholder becomes its image's sentinel block; the patches ride beside the ids
+      ImagePrompt built = BuildImagePrompt(prompt, images, *tokenizer_, *options_.vision);
+      job.prompt_ids = std::move(built.prompt_ids);
+      job.images = std::move(built.images);
+    }
   } else {
     auto it = body.find("prompt");
     if (it == body.end() || it->is_null()) throw BadRequest("'prompt' is required", "prompt");
@@ -348,14 +357,16 @@ void OpenAiServer::Tokenize(std::shared_ptr<HttpExchange>& exchange, Context& ct
   std::vector<int> ids;
   if (body.contains("messages")) {
     std::string prompt;
+    std::vector<ChatImage> images;
     try {
       ChatRequest chat_request = ParseChatRequest(body);
-      CheckImages(chat_request);
+      images = CheckImages(chat_request);
       prompt = RenderChatPrompt(options_.chat_format, chat_request);
     } catch (const ChatFormatError& e) {
       throw BadRequest(e.what(), ChatErrorParam(e.what()));
     }
-    ids = tokenizer_->Encode(prompt, false);
+    ids = images.empty() ? tokenizer_->Encode(prompt, false)
+                         : BuildImagePrompt(prompt, images, *tokenizer_, *options_.vision).prompt_ids;
   } else {
     auto p = body.find("prompt");
     if (p == body.end() || !p->is_string()) throw BadRequest("'prompt' (a string) or 'messages' is required", "prompt");

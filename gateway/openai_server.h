@@ -3,6 +3,8 @@
 // Generation itself is in generation_session.h; HTTP mechanics in http_server.h.
 #pragma once
 
+#include <optional>
+
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -14,6 +16,7 @@
 #include "gateway/generation_session.h"
 #include "gateway/http_server.h"
 #include "gateway/image_inputs.h"
+#include "model/vision_config.h"
 #include "common/mesh/mesh_client.h"
 #include "gateway/mesh_monitor.h"
 #include "gateway/serving_metrics.h"
@@ -29,6 +32,8 @@ struct OpenAiServerOptions {
   // Why image parts are refused after they decode (the mesh has no vision path yet): the tail of the 400
   // "model `X` does not accept images: <reason>".
   std::string images_refused_reason = "it has no vision tower";
+  // The model's vision tower (config.json vision_* keys); absent: image parts are refused after decoding.
+  std::optional<VisionConfig> vision;
 };
 
 class OpenAiServer {
@@ -54,7 +59,8 @@ class OpenAiServer {
   void CheckApiKey(const HttpRequest& request) const;
   // A chat request's image parts: each decoded under options_.images (a 400 naming the part when one is
   // bad), then refused, since no model served here takes images yet (400 "does not accept images").
-  void CheckImages(const ChatRequest& request) const;
+  // Decodes the request's images (400 for a bad one) and refuses them when the model has no tower.
+  std::vector<ChatImage> CheckImages(const ChatRequest& request) const;
   // Stats for limits (max_model_len, max_num_seqs); throws 503 when the mesh is not ready.
   StatsResponse RequireReady() const;
 

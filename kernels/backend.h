@@ -56,6 +56,11 @@ struct RouterParams {
   bool hash = false;             // experts from tid2eid[token] instead of top-k(score + bias)
   const Tensor* bias = nullptr;  // f32 [E] e_score_correction_bias (non-hash layers)
   const Tensor* tid2eid = nullptr;  // int [vocab, top_k] (hash layers), host or backend memory
+  // Image rows (DeepSeek-V4-Flash-Vision, docs/vision.md): host flags, one per row, or null for none. A
+  // flagged row takes top_k(score + bias_vl) on every layer, hash layers included (bias_vl replaces the
+  // tid2eid lookup there); its weights still come from the unbiased scores.
+  const uint8_t* image_rows = nullptr;
+  const Tensor* bias_vl = nullptr;  // f32 [E], required when image_rows is set
 };
 
 // Rows of one sequence's compressed entries or indexer keys in a paged pool: row e is row
@@ -311,6 +316,22 @@ class Backend {
   // slots = ring->shape[0] >= window). A ring with window + k slots lets k rows be written and then
   // forgotten (speculative rollback) without overwriting a row the window still needs.
   virtual void UpdateRing(const Tensor& new_kv, int64_t start, int window, Tensor* ring) = 0;
+  // Attention with image spans (docs/vision.md): as Attention, except that query row r sees the window
+  // positions visible_from[r] .. visible_to[r] (host arrays, absolute positions) instead of
+  // max(0, t-window+1) .. t. A row inside an image span [s, e] sees max(0, min(t-window+1, s)) .. e
+  // (bidirectional within the span); other rows pass the causal bounds. Bounds must satisfy
+  // min(t-window+1, start) <= visible_from <= t <= visible_to < start + n (positions before `start` come
+  // from the ring, so no further back than the window). Compressed entries stay causal.
+  virtual void SpanWindowAttention(const Tensor& q, int64_t heads, int64_t d, int64_t start, const Tensor& ring,
+                                   const Tensor& new_kv, int window, const int64_t* visible_from,
+                                   const int64_t* visible_to, const PagedRows* entries, int64_t num_entries,
+                                   int ratio, const Tensor* topk, const Tensor& sinks, float softmax_scale,
+                                   Tensor* out) {
+    NotImplemented("SpanWindowAttention");
+  }
+  // Whether this backend runs steps with image rows (given embeddings, bias_vl routing, span attention).
+  // The forward refuses such a step up front on a backend that does not, before any state has moved.
+  virtual bool supports_image_rows() const { return false; }
 
   // ---- mixture of experts ----
   // logits [n, E] (router linear output). idx int32 [n, k], weight f32 [n, k].

@@ -88,7 +88,7 @@ int RunGenerate(const std::vector<std::string>& args) {
 }
 
 int RunMakeTiny(const std::vector<std::string>& args) {
-  Flags f(args, {"out", "seed", "vision", "mtp-layers"}, {"vision"});
+  Flags f(args, {"out", "seed", "vision", "mtp-layers", "vocab", "sliding-layers"}, {"vision"});
   std::string dir = f.Require("out");
   long long seed = f.GetInt("seed", 0);
   TinyModelSpec spec;
@@ -97,6 +97,14 @@ int RunMakeTiny(const std::vector<std::string>& args) {
   const long long mtp_layers = f.GetInt("mtp-layers", spec.num_mtp_layers);
   if (mtp_layers < 0 || mtp_layers > 8) throw UsageError("--mtp-layers: expected 0..8, got " + std::to_string(mtp_layers));
   spec.num_mtp_layers = static_cast<int>(mtp_layers);
+  // A smaller variant for fixtures whose reference has no compressor (tests/golden/make_image_rows_fixture.py):
+  // a small vocabulary and only sliding layers, no MTP block.
+  spec.vocab_size = f.GetInt("vocab", spec.vocab_size);
+  if (spec.vocab_size < 2) throw UsageError("--vocab must be >= 2");
+  if (long long n = f.GetInt("sliding-layers", 0); n > 0) {
+    spec.compress_ratios.assign(static_cast<size_t>(n), 0);
+    spec.num_mtp_layers = 0;
+  }
   WriteTinyModel(dir, static_cast<uint64_t>(seed), spec);
   // Ship the real DeepSeek tokenizer beside the weights when this checkout has it, so the demo serves text.
   const char* root = std::getenv("DSMESH_ROOT");
@@ -146,6 +154,7 @@ DSMESH_REGISTER_COMMAND(logits, "logits --model DIR --tokens 5,17,9 --out FILE.s
 DSMESH_REGISTER_COMMAND(generate, "generate --model DIR --tokens 5,17,9 --max-new-tokens N [--ignore-eos] [--threads N] [--world N | --coordinator HOST:PORT]",
                         RunGenerate);
 // The macro names commands after a C identifier; "make-tiny" has a dash, so register it directly.
-static CommandRegistration make_tiny_registration("make-tiny", "make-tiny --out DIR [--seed S] [--vision] [--mtp-layers N]", RunMakeTiny);
+static CommandRegistration make_tiny_registration(
+    "make-tiny", "make-tiny --out DIR [--seed S] [--vision] [--mtp-layers N] [--vocab V] [--sliding-layers N]", RunMakeTiny);
 
 }  // namespace dsmesh

@@ -48,6 +48,59 @@ void ModelImpl::Validate(const std::vector<SequenceStep>& batch) const {
       if (t < 0 || t >= config_.vocab_size)
         throw std::runtime_error(where + ": token id " + std::to_string(t) + " is outside the vocabulary [0, " +
                                  std::to_string(config_.vocab_size) + ")");
+    if (!step.images.empty()) ValidateImages(step, where);
+  }
+}
+
+// Image rows are refused before anything moves, so that a refused step leaves every state as it was.
+void ModelImpl::ValidateImages(const SequenceStep& step, const std::string& where) const {
+  const StepImageRows& im = step.images;
+  if (!backend_->supports_image_rows())
+    throw std::runtime_error(where + ": image rows are not implemented on " + backend_->name());
+  if (!config_.vision.enabled())
+    throw std::runtime_error(where + " has image rows but the model has no vision tower (vision_n_layers 0)");
+  const int64_t n = static_cast<int64_t>(step.tokens.size()), k = static_cast<int64_t>(im.rows.size());
+  for (int64_t i = 0; i < k; ++i)
+    if (im.rows[i] < 0 || im.rows[i] >= n || (i > 0 && im.rows[i] <= im.rows[i - 1]))
+      throw std::runtime_error(where + ": image rows must be ascending token indices in [0, " + std::to_string(n) + ")");
+  const Tensor& e = im.embeddings;
+  if (e.dtype != DType::kF32 || e.shape.size() != 2 || e.shape[0] != k || e.shape[1] != config_.hidden_size ||
+      !e.data)
+    throw std::runtime_error(where + ": image embeddings must be host f32 [" + std::to_string(k) + ", " +
+                             std::to_string(config_.hidden_size) + "], got " + DTypeName(e.dtype) + " " +
+                             e.ShapeString());
+  std::vector<uint8_t> is_image(n, 0);
+  for (int64_t r : im.rows) is_image[r] = 1;
+  int64_t after = 0;  // the first token index a next span may start at
+  for (const StepImageRows::Span& sp : im.spans) {
+    if (sp.first < after || sp.last < sp.first || sp.last >= n)
+      throw std::runtime_error(where + ": image spans must be ascending, disjoint and inside the step's " +
+                               std::to_string(n) + " tokens (an image is prefilled in one step)");
+    if (sp.last - sp.first + 1 > config_.vision.max_n_token)
+      throw std::runtime_error(where + ": an image span of " + std::to_string(sp.last - sp.first + 1) +
+                               " rows is longer than vision_max_n_token " + std::to_string(config_.vision.max_n_token));
+    for (int64_t r = sp.first; r <= sp.last; ++r)
+      if (!is_image[r]) throw std::runtime_error(where + ": image span row " + std::to_string(r) + " is not an image row");
+    after = sp.last + 1;
+  }
+  if (!weights_.layers.empty() && !weights_.layers[0].moe.bias_vl.data)
+    throw std::runtime_error(where + " has image rows but the weights carry no ffn.gate.bias_vl");
+}
+
+void ModelImpl::PlaceImageEmbeddings(const std::vector<SeqRows>& seqs, Tensor* h) {
+  Backend& be = *backend_;
+  for (const SeqRows& s : seqs) {
+    if (!s.images || s.images->empty()) continue;
+    const StepImageRows& im = *s.images;
+    Tensor given = be.Scratch(DType::kF32, {static_cast<int64_t>(im.rows.size()), config_.hidden_size});
+    be.FromHost(im.embeddings.data, &given);
+    // One copy per run of consecutive rows (an image block is one run).
+    for (size_t i = 0; i < im.rows.size();) {
+      size_t j = i + 1;
+      while (j < im.rows.size() && im.rows[j] == im.rows[j - 1] + 1) ++j;
+      be.CopyRows(given, static_cast<int64_t>(i), h, s.offset + im.rows[i], static_cast<int64_t>(j - i));
+      i = j;
+    }
   }
 }
 
@@ -209,15 +262,39 @@ void ModelImpl::AttentionCore(const BlockWeights& b, const std::vector<SeqRows>&
   const float softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
   const bool compressed = b.kind != AttentionKind::kSliding;
   Phase phase(be, "attention core");
-  // Every sequence of the step in one call (a device backend launches them together), then the rings.
+  // Every sequence of the step in one call (a device backend launches them together), but for those with
+  // image spans, then the rings.
   std::vector<PagedRows> entries(seqs.size());
-  std::vector<Backend::AttentionSeq> parts(seqs.size());
+  std::vector<Backend::AttentionSeq> parts;
   for (size_t i = 0; i < seqs.size(); ++i) {
     const SeqRows& s = seqs[i];
     LayerState& ls = s.state->layers[b.layer];
     if (compressed) entries[i] = s.state->Entries(b.layer, false, s.table);
-    parts[i] = {s.offset, s.count, s.start, &ls.ring, compressed ? &entries[i] : nullptr,
-                compressed ? ls.compressor.num_entries : 0};
+    if (!s.images || s.images->spans.empty()) {
+      parts.push_back({s.offset, s.count, s.start, &ls.ring, compressed ? &entries[i] : nullptr,
+                       compressed ? ls.compressor.num_entries : 0});
+      continue;
+    }
+    // Rows inside an image span see back to min(window start, IMAGE_START) and forward to IMAGE_END
+    // (docs/vision.md (b)); the others keep the causal window.
+    std::vector<int64_t> from(s.count), to(s.count);
+    for (int64_t r = 0; r < s.count; ++r) {
+      const int64_t t = s.start + r;
+      from[r] = std::max<int64_t>(0, t - c.sliding_window + 1);
+      to[r] = t;
+    }
+    for (const StepImageRows::Span& sp : s.images->spans)
+      for (int64_t r = sp.first; r <= sp.last; ++r) {
+        const int64_t t = s.start + r;
+        from[r] = std::max<int64_t>(0, std::min<int64_t>(t - c.sliding_window + 1, s.start + sp.first));
+        to[r] = s.start + sp.last;
+      }
+    Tensor ov = RowView(a->o, s.offset, s.count), tv;
+    if (a->topk.data) tv = RowView(a->topk, s.offset, s.count);
+    be.SpanWindowAttention(RowView(a->q, s.offset, s.count), Hl, d, s.start, ls.ring,
+                           RowView(a->kv, s.offset, s.count), c.sliding_window, from.data(), to.data(),
+                           compressed ? &entries[i] : nullptr, compressed ? ls.compressor.num_entries : 0, b.ratio,
+                           a->topk.data ? &tv : nullptr, b.attn.sinks, softmax_scale, &ov);
   }
   be.AttentionBatch(a->q, Hl, d, a->kv, c.sliding_window, b.ratio, a->topk.data ? &a->topk : nullptr, b.attn.sinks,
                     softmax_scale, parts, &a->o);
@@ -240,7 +317,8 @@ void ModelImpl::AttentionOutput(const BlockWeights& b, const std::vector<int64_t
   be.Linear(a->oa, b.attn.wo_b, &a->attn_out);
 }
 
-void ModelImpl::MoeBlock(const BlockWeights& b, const Tensor& x, const std::vector<int32_t>& tokens, Tensor* out) {
+void ModelImpl::MoeBlock(const BlockWeights& b, const Tensor& x, const std::vector<int32_t>& tokens,
+                         const std::vector<uint8_t>& image_rows, Tensor* out) {
   Backend& be = *backend_;
   const ModelConfig& c = config_;
   const MoeWeights& m = b.moe;
@@ -255,6 +333,10 @@ void ModelImpl::MoeBlock(const BlockWeights& b, const Tensor& x, const std::vect
   p.hash = c.mlp_kind(b.layer) == MlpKind::kHashMoe;
   p.bias = p.hash ? nullptr : &m.bias;
   p.tid2eid = p.hash ? &m.tid2eid : nullptr;
+  if (!image_rows.empty()) {
+    p.image_rows = image_rows.data();
+    p.bias_vl = &m.bias_vl;
+  }
   Tensor idx = be.Scratch(DType::kI32, {N, (int64_t)p.top_k});
   Tensor wt = be.Scratch(DType::kF32, {N, (int64_t)p.top_k});
   be.MoeRoute(logits, tokens.data(), p, &idx, &wt);
@@ -271,7 +353,8 @@ void ModelImpl::MoeBlock(const BlockWeights& b, const Tensor& x, const std::vect
 }
 
 void ModelImpl::RunBlock(const BlockWeights& b, const std::vector<SeqRows>& seqs,
-                         const std::vector<int64_t>& positions, const std::vector<int32_t>& tokens, Tensor* X) {
+                         const std::vector<int64_t>& positions, const std::vector<int32_t>& tokens, Tensor* X,
+                         const std::vector<uint8_t>& image_rows) {
   Backend& be = *backend_;
   const ModelConfig& c = config_;
   const int hc = c.hc_mult;
@@ -304,7 +387,7 @@ void ModelImpl::RunBlock(const BlockWeights& b, const std::vector<SeqRows>& seqs
     be.HcPre(a.X2, b.hc_ffn.fn, b.hc_ffn.base, b.hc_ffn.scale, hc, c.hc_sinkhorn_iters, hc_eps, eps, &a.y, &a.post,
              &a.comb);
     be.RmsNorm(a.y, D, &b.ffn_norm, eps, &a.y);
-    MoeBlock(b, a.y, tokens, &a.moe_out);
+    MoeBlock(b, a.y, tokens, image_rows, &a.moe_out);
   });
   AllReduce(&a.moe_out);
   Phase phase(be, "hc post/pre + norms");
@@ -378,16 +461,23 @@ std::vector<SequenceOutput> ModelImpl::Forward(const std::vector<SequenceStep>& 
   std::vector<SeqRows> seqs;
   std::vector<int32_t> tokens;
   std::vector<int64_t> positions;
+  std::vector<uint8_t> image_rows;  // one flag per row once any sequence has image rows
   for (const SequenceStep& step : batch) {
     SequenceStateData* st = &step.state->data();
     st->EnsureBlocks(st->length + static_cast<int64_t>(step.tokens.size()));
     seqs.push_back({st, (int64_t)tokens.size(), (int64_t)step.tokens.size(), st->length});
+    if (!step.images.empty()) {
+      seqs.back().images = &step.images;
+      image_rows.resize(tokens.size() + step.tokens.size(), 0);
+      for (int64_t r : step.images.rows) image_rows[tokens.size() + r] = 1;
+    }
     for (size_t i = 0; i < step.tokens.size(); ++i) {
       tokens.push_back(step.tokens[i]);
       positions.push_back(st->length + (int64_t)i);
     }
   }
   const int64_t N = tokens.size();
+  if (!image_rows.empty()) image_rows.resize(N, 0);
   // Every sequence's block table, one after the other: uploaded with the tokens and positions.
   std::vector<int32_t> tables;
   for (const SeqRows& s : seqs) tables.insert(tables.end(), s.state->blocks.begin(), s.state->blocks.end());
@@ -405,9 +495,10 @@ std::vector<SequenceOutput> ModelImpl::Forward(const std::vector<SequenceStep>& 
   be.Segment({kEmbedSite, -1, N, 0}, [&] {
     Phase phase(be, "embedding");
     be.Embedding(weights_.embed, tokens.data(), N, &h);
+    if (!image_rows.empty()) PlaceImageEmbeddings(seqs, &h);
     be.HcExpand(h, hc, &X);
   });
-  for (const BlockWeights& b : weights_.layers) RunBlock(b, seqs, positions, tokens, &X);
+  for (const BlockWeights& b : weights_.layers) RunBlock(b, seqs, positions, tokens, &X, image_rows);
   for (const SeqRows& s : seqs) s.state->length += s.count;
   RecordMtpInput(X, seqs, tokens);
 

@@ -92,6 +92,21 @@ class SequenceState {
 };
 
 // One sequence's part of a step.
+// The image rows of one step (DeepSeek-V4-Flash-Vision; docs/vision.md "The language model's side"): every
+// row of an image's sentinel block. Their input embeddings are given (the aligner's rows for IMAGE slots,
+// the learned image_start/pad/newline/end vectors for the others: model/image_rows.h builds them), they route
+// experts with bias_vl, and inside each span (IMAGE_START .. IMAGE_END) attention is bidirectional. A span
+// must lie wholly inside one step. Empty for a text step, which then runs exactly as without images.
+struct StepImageRows {
+  std::vector<int64_t> rows;  // ascending indices into SequenceStep::tokens
+  Tensor embeddings;          // host f32 [rows.size(), hidden_size], row i for tokens[rows[i]]
+  struct Span {
+    int64_t first = 0, last = 0;  // token indices of IMAGE_START and IMAGE_END (inclusive); image rows
+  };
+  std::vector<Span> spans;  // ascending, disjoint
+  bool empty() const { return rows.empty(); }
+};
+
 struct SequenceStep {
   SequenceState* state = nullptr;  // advanced in place by tokens.size()
   std::vector<int32_t> tokens;     // new tokens, at positions state->length() .. + tokens.size() - 1
@@ -102,6 +117,7 @@ struct SequenceStep {
   // position sampling->position + r. Honoured when every sequence of the batch sets it and the model
   // runs on one rank (tensor-parallel steps return logits); check SequenceOutput::samples.
   std::optional<RowSampling> sampling;
+  StepImageRows images;            // image rows among tokens (a vision model on a backend that runs them)
 };
 
 // One sequence's part of a drafting call (Model::Draft).

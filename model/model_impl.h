@@ -43,9 +43,13 @@ class ModelImpl {
     int64_t count;   // new tokens
     int64_t start;   // position of the first new token
     const int32_t* table = nullptr;  // its block table in the step's array (BeginStep); null: the state's own
+    const StepImageRows* images = nullptr;  // its image rows, or null for a text step
   };
 
   void Validate(const std::vector<SequenceStep>& batch) const;
+  void ValidateImages(const SequenceStep& step, const std::string& where) const;
+  // Writes the steps' given image embeddings over the looked-up token embeddings h [N, D].
+  void PlaceImageEmbeddings(const std::vector<SeqRows>& seqs, Tensor* h);
   // One block's activations that cross its segments (Backend::Segment), taken from Scratch up front so
   // that their addresses depend only on the step's row count.
   struct BlockActivations {
@@ -66,10 +70,13 @@ class ModelImpl {
   // (normed, roped at the window's first position) and keeps the pending rows.
   void CompressorUpdate(const CompressorWeights& w, const Tensor& kvp, const Tensor& score, int layer, bool indexer,
                         const std::vector<SeqRows>& seqs, const std::vector<int64_t>& positions);
-  void MoeBlock(const BlockWeights& b, const Tensor& x, const std::vector<int32_t>& tokens, Tensor* out);
+  // image_rows: one flag per row (bias_vl routing), or empty for a step without images.
+  void MoeBlock(const BlockWeights& b, const Tensor& x, const std::vector<int32_t>& tokens,
+                const std::vector<uint8_t>& image_rows, Tensor* out);
   // One block (attention and MoE hyper-connection sites) over the residual X [N, hc*D], in place.
+  // image_rows: as MoeBlock's (the MTP blocks pass none).
   void RunBlock(const BlockWeights& b, const std::vector<SeqRows>& seqs, const std::vector<int64_t>& positions,
-                const std::vector<int32_t>& tokens, Tensor* X);
+                const std::vector<int32_t>& tokens, Tensor* X, const std::vector<uint8_t>& image_rows = {});
   // hc head, final norm and the vocabulary-split head over Xs [R, hc*D]: host f32 [R, vocab] on every rank.
   // step_rows: the step's row count (the head's segment key; 0 outside Forward).
   Tensor HeadLogits(const Tensor& Xs, const HcWeights& hc_head, const Tensor& norm, int64_t step_rows);

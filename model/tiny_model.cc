@@ -160,6 +160,11 @@ void WriteVision(TinyWriter& t, const TinyModelSpec& s) {
   biased("aligner.w1", D, dim * r * r);
   biased("aligner.w2", D, D);
   for (const char* name : {"image_start", "image_pad", "image_newline", "image_end"}) t.F32(name, {D}, t.Normal(D, 1.0));
+  // Image rows' router bias on every main layer, hash layers included; wide enough that image rows pick
+  // other experts than text rows would.
+  const int64_t E = s.n_routed_experts;
+  for (size_t l = 0; l < s.compress_ratios.size(); ++l)
+    t.F32("layers." + std::to_string(l) + ".ffn.gate.bias_vl", {E}, t.Normal(E, 1.0));
 }
 
 }  // namespace

@@ -9,6 +9,8 @@
 #include "common/safetensors.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "model/image_prompt.h"
+#include "model/image_rows.h"
+#include "model/model_impl.h"
 #include "model/test_util.h"
 #include "model/tiny_model.h"
 #include "model/vision_preprocess.h"
@@ -64,6 +66,59 @@ TEST(VisionTinyTest, PictureThroughTowerAndPrompt) {
   EXPECT_LE(prompt.images[0].length, config.vision.max_n_token);
   std::printf("500x300 image: vit grid %dx%d, aligner grid %dx%d, block of %lld tokens\n", pre.grid.vit_h,
               pre.grid.vit_w, pre.grid.llm_h, pre.grid.llm_w, static_cast<long long>(prompt.images[0].length));
+}
+
+// The worker's part: the picture's tower rows and sentinel vectors as the step's image rows, through the
+// language model (bias_vl routing, span attention); a different picture changes the answer, a chunk that
+// would cut the image is refused, and ImageSafeChunkEnd moves a chunk end out of the block.
+TEST(VisionTinyTest, PictureThroughTheLanguageModel) {
+  const std::string dir = testing_util::TempDir("tiny_vision_lm");
+  TinyModelSpec spec;
+  spec.vocab_size = 1024;
+  spec.vision = true;
+  WriteTinyModel(dir, 5, spec);
+  auto model = LoadModel(dir, ShardSpec{}, MakeCpuBackend());
+  const ModelConfig& config = model->config();
+  Backend& be = model->impl().backend();
+  const VisionWeights& vw = model->impl().weights().vision;
+
+  auto answer = [&](int shift) {
+    RgbImage img;
+    img.width = 90;
+    img.height = 60;
+    for (int y = 0; y < img.height; ++y)
+      for (int x = 0; x < img.width; ++x)
+        for (int c = 0; c < 3; ++c) img.pixels.push_back(static_cast<uint8_t>((x * (c + 2) + y * 5 + shift) % 256));
+    const PreprocessedImage pre = PreprocessImage(img, config.vision);
+    const int64_t n = static_cast<int64_t>(pre.grid.vit_h) * pre.grid.vit_w;
+    Tensor patches = be.Alloc(DType::kF32, {n, 3LL * config.vision.patch_size * config.vision.patch_size});
+    be.FromHost(pre.patches.data(), &patches);
+    const Tensor rows = RunVisionTower(be, config.vision, vw, patches, {{pre.grid.vit_h, pre.grid.vit_w}});
+    Tensor host = AllocateTensor(DType::kF32, rows.shape);
+    be.ToHost(rows, host.data);
+    const int32_t placeholder = 7;
+    const ExpandedPrompt prompt =
+        ExpandImagePlaceholders({0, 5, placeholder, 6, 9}, placeholder, {{pre.grid.llm_h, pre.grid.llm_w}});
+    const int64_t T = static_cast<int64_t>(prompt.tokens.size());
+    // The sentinel ids are the real tokenizer's; this tiny vocabulary is smaller, and nothing reads the ids
+    // of image rows, so any in-vocabulary id stands in for them.
+    std::vector<int32_t> tokens = prompt.tokens;
+    for (int32_t& t : tokens) t = t >= spec.vocab_size ? 3 : t;
+    EXPECT_THROW(BuildStepImageRows(prompt, host, vw, 0, prompt.images[0].begin + 4), std::runtime_error);
+    EXPECT_EQ(ImageSafeChunkEnd(prompt, prompt.images[0].begin + 4), prompt.images[0].begin);
+    EXPECT_EQ(ImageSafeChunkEnd(prompt, 1), 1);
+    auto st = model->NewState();
+    SequenceStep step{st.get(), tokens, false};
+    step.images = BuildStepImageRows(prompt, host, vw, 0, T);
+    EXPECT_EQ(step.images.rows.size(), static_cast<size_t>(prompt.images[0].length));
+    EXPECT_EQ(step.images.spans.size(), 1u);
+    return ToFloatVector(model->Forward({step})[0].logits);
+  };
+  const std::vector<float> a = answer(0), b = answer(100);
+  for (float v : a) ASSERT_TRUE(std::isfinite(v));
+  const double moved = testing_util::RelL2(b.data(), a.data(), static_cast<int64_t>(a.size()));
+  EXPECT_GT(moved, 1e-3) << "the picture does not reach the logits";
+  std::printf("another picture moves the last row's logits by rel L2 %.3g\n", moved);
 }
 
 }  // namespace

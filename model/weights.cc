@@ -386,6 +386,9 @@ class WeightLoader {
     } else {
       m.bias = F32(p + "gate.bias", {E});
     }
+    // Image rows route with bias_vl on every main layer, hash layers included (docs/vision.md); an MTP
+    // block may carry one too, but drafting does not route image rows.
+    if (c.vision.enabled() && (layer < c.num_layers || Has(p + "gate.bias_vl"))) m.bias_vl = F32(p + "gate.bias_vl", {E});
     // Routed experts: per-expert tensors (DeepSeek naming) or transformers' fused 3-D tensors.
     const int64_t i0 = l_.rank * l_.local_inter, i1 = i0 + l_.local_inter;
     std::string gate_up = TransformersGateUpName(layer);

@@ -42,6 +42,7 @@ struct AttentionWeights {
 struct MoeWeights {
   LinearWeight gate;    // router [E, D]
   Tensor bias;          // f32 [E] (routed layers)
+  Tensor bias_vl;       // f32 [E] image rows' router bias, every layer of a vision model (empty otherwise)
   Tensor tid2eid;       // int [vocab, k] (hash layers)
   std::vector<ExpertWeights> experts;  // E experts, rank's slice of the intermediate dim
   ExpertWeights shared;

@@ -1,6 +1,7 @@
 #include "worker/step_executor.h"
 
 #include "kernels/sampling/random_stream.h"
+#include "worker/plan_images.h"
 #include "worker/rejection_sampler.h"
 #include "kernels/backend.h"
 
@@ -161,6 +162,7 @@ StepResult StepExecutor::Run(const StepPlan& plan) {
     step.tokens.assign(sp.tokens().begin(), sp.tokens().end());
     step.tokens.insert(step.tokens.end(), sp.draft_tokens().begin(), sp.draft_tokens().end());
     step.all_logits = sp.return_logits() || sp.draft_tokens_size() > 0;
+    step.images = ImageRowsForChunk(*model_, sp);
     batch.push_back(std::move(step));
   }
   // Sample on the device when every row of the step allows it (the model then returns tokens, not logits).

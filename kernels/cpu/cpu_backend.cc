@@ -401,6 +401,33 @@ class CpuBackend final : public Backend {
   void Attention(const Tensor& q, int64_t heads, int64_t d, int64_t start, const Tensor& ring, const Tensor& new_kv,
                  int window, const PagedRows* entries_in, int64_t num_entries, int ratio, const Tensor* topk,
                  const Tensor& sinks, float softmax_scale, Tensor* out) override {
+    WindowAttention(q, heads, d, start, ring, new_kv, window, nullptr, nullptr, entries_in, num_entries, ratio, topk,
+                    sinks, softmax_scale, out);
+  }
+
+  void SpanWindowAttention(const Tensor& q, int64_t heads, int64_t d, int64_t start, const Tensor& ring,
+                           const Tensor& new_kv, int window, const int64_t* visible_from, const int64_t* visible_to,
+                           const PagedRows* entries, int64_t num_entries, int ratio, const Tensor* topk,
+                           const Tensor& sinks, float softmax_scale, Tensor* out) override {
+    const int64_t n = q.shape[0];
+    Require(visible_from && visible_to, "SpanWindowAttention", "bounds missing");
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t t = start + r;
+      Require(visible_from[r] >= std::max<int64_t>(0, std::min<int64_t>(t - window + 1, start)) &&
+                  visible_from[r] <= t && visible_to[r] >= t && visible_to[r] < start + n,
+              "SpanWindowAttention", "bounds of row " + std::to_string(r) + " outside what the step holds");
+    }
+    WindowAttention(q, heads, d, start, ring, new_kv, window, visible_from, visible_to, entries, num_entries, ratio,
+                    topk, sinks, softmax_scale, out);
+  }
+
+  bool supports_image_rows() const override { return true; }
+
+  // Attention and SpanWindowAttention: window keys max(0, t-window+1) .. t, or from[r] .. to[r] when given.
+  void WindowAttention(const Tensor& q, int64_t heads, int64_t d, int64_t start, const Tensor& ring,
+                       const Tensor& new_kv, int window, const int64_t* from, const int64_t* to,
+                       const PagedRows* entries_in, int64_t num_entries, int ratio, const Tensor* topk,
+                       const Tensor& sinks, float softmax_scale, Tensor* out) {
     const int64_t n = q.shape[0];
     Require(!entries_in || num_entries <= entries_in->capacity(), "Attention", "more entries than the block table holds");
     std::vector<float> decoded;
@@ -419,7 +446,8 @@ class CpuBackend final : public Backend {
       thread_local std::vector<const float*> keys;
       thread_local std::vector<float> s;
       keys.clear();
-      for (int64_t p = std::max<int64_t>(0, t - window + 1); p <= t; ++p)
+      const int64_t lo = from ? from[r] : std::max<int64_t>(0, t - window + 1), hi = to ? to[r] : t;
+      for (int64_t p = lo; p <= hi; ++p)
         keys.push_back(p < start ? F(ring) + (p % slots) * d : F(new_kv) + (p - start) * d);
       if (entries && ratio > 0) {
         const int64_t visible = std::min<int64_t>(num_entries, (t + 1) / ratio);
@@ -466,16 +494,19 @@ class CpuBackend final : public Backend {
                 Tensor* weight) override {
     const int64_t n = logits.shape[0], E = RowWidth(logits);
     const int k = p.top_k;
+    Require(!p.image_rows || (p.bias_vl && p.bias_vl->numel() == E), "MoeRoute", "image rows without bias_vl [E]");
     int32_t* ix = static_cast<int32_t*>(idx->data);
     for (int64_t r = 0; r < n; ++r) {
       std::vector<float> score(E);
       for (int64_t e = 0; e < E; ++e) score[e] = std::sqrt(Softplus(F(logits)[r * E + e]));
-      if (p.hash) {
+      const bool image = p.image_rows && p.image_rows[r];
+      if (p.hash && !image) {
         const int32_t* row = static_cast<const int32_t*>(p.tid2eid->data) + static_cast<int64_t>(tokens[r]) * k;
         for (int i = 0; i < k; ++i) ix[r * k + i] = row[i];
       } else {
         std::vector<float> biased(E);
-        for (int64_t e = 0; e < E; ++e) biased[e] = score[e] + (p.bias ? F(*p.bias)[e] : 0.0f);
+        const Tensor* bias = image ? p.bias_vl : p.bias;
+        for (int64_t e = 0; e < E; ++e) biased[e] = score[e] + (bias ? F(*bias)[e] : 0.0f);
         std::vector<int32_t> order(E);
         std::iota(order.begin(), order.end(), 0);
         std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {

@@ -675,7 +675,9 @@ class CudaBackend final : public Backend {
                       const Tensor* topk, const Tensor& sinks, float softmax_scale,
                       const std::vector<AttentionSeq>& seqs, Tensor* out) override {
     const int64_t n = q.shape[0];
-    if (seqs.size() <= 1 || n > cuda_ops::AttentionBatchMaxRows() ||
+    int64_t covered = 0;
+    for (const AttentionSeq& a : seqs) covered += a.count;
+    if (seqs.size() <= 1 || covered != n || n > cuda_ops::AttentionBatchMaxRows() ||
         static_cast<int>(seqs.size()) > cuda_ops::AttentionBatchMaxSeqs()) {
       Backend::AttentionBatch(q, heads, d, new_kv, window, ratio, topk, sinks, softmax_scale, seqs, out);
       return;
@@ -719,6 +721,7 @@ class CudaBackend final : public Backend {
     const ProfileScope ps = Profile("MoeRoute");
     const int64_t n = logits.shape[0], E = RowWidth(logits);
     Require(RowWidth(*idx) == p.top_k && RowWidth(*weight) == p.top_k, "MoeRoute", "output shape");
+    if (p.image_rows) throw std::runtime_error("MoeRoute with image rows (bias_vl) is not implemented on " + name());
     Tensor toks;
     const int32_t* table = nullptr;
     const int32_t* dev_tokens = nullptr;
