@@ -37,6 +37,40 @@ std::string PartsText(const ojson& content, const std::string& path) {
   return text;
 }
 
+// A user message's content with images: Responses parts -> chat parts (input_text -> text, input_image ->
+// image_url), so the chat path's image checks, decoding and prompt layout serve them. A string, or parts
+// without images, stays text (PartsText).
+bool HasImagePart(const ojson& content) {
+  if (!content.is_array()) return false;
+  for (const ojson& p : content)
+    if (p.is_object() && p.contains("type") && p["type"] == "input_image") return true;
+  return false;
+}
+
+ojson ChatPartsWithImages(const ojson& content, const std::string& path) {
+  ojson parts = ojson::array();
+  for (size_t i = 0; i < content.size(); ++i) {
+    const ojson& p = content[i];
+    const std::string where = path + "[" + std::to_string(i) + "]";
+    if (!p.is_object() || !p.contains("type") || !p["type"].is_string()) Refuse(where, "must be an object with a 'type'");
+    const std::string type = p["type"];
+    if (type == "input_image") {
+      if (p.contains("file_id")) Refuse(where + ".file_id", "is not supported (no files API): send the image as image_url");
+      if (!p.contains("image_url") || !p["image_url"].is_string())
+        Refuse(where + ".image_url", "must be a string (a data: URL)");
+      ojson image = {{"url", p["image_url"]}};
+      if (p.contains("detail")) image["detail"] = p["detail"];
+      parts.push_back({{"type", "image_url"}, {"image_url", image}});
+      continue;
+    }
+    if (type != "input_text" && type != "text")
+      Refuse(where + ".type", "'" + type + "' is not supported beside images (input_text, input_image)");
+    if (!p.contains("text") || !p["text"].is_string()) Refuse(where + ".text", "must be a string");
+    parts.push_back({{"type", "text"}, {"text", p["text"]}});
+  }
+  return parts;
+}
+
 ojson Messages(const ojson& input) {
   ojson messages = ojson::array();
   if (input.is_string()) {
@@ -74,6 +108,11 @@ ojson Messages(const ojson& input) {
         Refuse(where + ".role", "must be one of user, system, developer, assistant, got '" + role + "'");
       const ojson* content = FindField(item, "content");
       if (!content) Refuse(where + ".content", "is required");
+      if (HasImagePart(*content)) {
+        if (role != "user") Refuse(where + ".content", "may hold input_image parts only in a user message");
+        messages.push_back({{"role", "user"}, {"content", ChatPartsWithImages(*content, where + ".content")}});
+        continue;
+      }
       std::string text = PartsText(*content, where + ".content");
       if (role == "assistant") {
         messages.push_back({{"role", "assistant"}, {"content", text}});

@@ -1,6 +1,7 @@
 // A Responses API request body (POST /v1/responses) -> the chat-completions body the generation path
 // already serves, for the subset that maps onto chat: `input` (a string or a list of message /
-// function_call / function_call_output / reasoning items), `instructions` (a system message first),
+// function_call / function_call_output / reasoning items; a user message's input_image parts become chat
+// image_url parts), `instructions` (a system message first),
 // function `tools`, `tool_choice`, `max_output_tokens`, `temperature` / `top_p`, `text.format`
 // (json_schema / json_object: constrained decoding), `reasoning.effort`, `stream`. Stateless: nothing
 // is stored (`store` is answered false), so `previous_response_id`, `conversation`, `background` and

@@ -1,5 +1,5 @@
 // Images end to end with the real mesh (issue 24): `dsmesh up` (coordinator + 2 CPU worker ranks +
-// gateway) serving `dsmesh make-tiny --vision`, driven by the official openai client. The gateway decodes
+// gateway) serving `dsmesh make-tiny --vision`, driven by the official openai client (chat and Responses). The gateway decodes
 // and preprocesses the picture and expands its block into the prompt, the coordinator prefills the block in
 // one step, every worker rank runs the (replicated) tower and feeds the image rows to the language model.
 import { spawn, spawnSync } from 'node:child_process';
@@ -120,6 +120,24 @@ const cases = [
     assertEq(r.status, 400, 'truncated PNG');
     const e = await r.json();
     assertEq(e.error.param, 'messages[0].content[1].image_url', 'param');
+  }],
+  ['the Responses API takes input_image parts: the same prompt as the chat path; file_id is a 400', async ({ m }) => {
+    const c = client(m);
+    const url = dataUrl('image/png', file('rgb.png'));
+    const chat = await c.chat.completions.create({ model: MODEL, max_tokens: 4, temperature: 0,
+      messages: withImage(url) });
+    const r = await c.responses.create({ model: MODEL, max_output_tokens: 4, temperature: 0, input: [
+      { role: 'user', content: [{ type: 'input_text', text: 'What is in this picture?' },
+        { type: 'input_image', image_url: url, detail: 'auto' }] }] });
+    // 4 tokens end it by length: "incomplete" (max_output_tokens), as OpenAI answers.
+    assert(r.status === 'completed' || (r.status === 'incomplete' && r.incomplete_details.reason === 'max_output_tokens'),
+      `status ${r.status} ${JSON.stringify(r.incomplete_details)}`);
+    assert(r.usage.output_tokens >= 1, `output tokens ${r.usage.output_tokens}`);
+    assertEq(r.usage.input_tokens, chat.usage.prompt_tokens, 'the image block expanded as in chat');
+    const bad = await fetch(`${m.url}/responses`, { method: 'POST', headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: MODEL, input: [{ role: 'user', content: [{ type: 'input_image', file_id: 'file-1' }] }] }) });
+    assertEq(bad.status, 400, 'file_id');
+    assertEq((await bad.json()).error.param, 'input[0].content[0].file_id', 'param');
   }],
 ];
 
