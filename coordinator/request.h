@@ -53,9 +53,10 @@ struct Request {
   SamplingParams params;
   uint64_t seed = 0;            // effective seed
   bool return_logits = false;
-  // Images (blocks already in `tokens`; PromptImage.begin ascending). A block is prefilled in one step and
-  // such a request bypasses the prefix cache (its ids do not say which picture filled the block).
+  // Images (blocks already in `tokens`; PromptImage.begin ascending). A block is prefilled in one step; the
+  // prefix cache tells pictures apart by image_ids (Scheduler::CacheKey), filled at the first admission.
   std::vector<PromptImage> images;
+  std::vector<int32_t> image_ids;
   int32_t priority = 0;         // lower runs first (scheduling policy "priority"); 0 under fcfs
   std::shared_ptr<ResponseQueue> out = std::make_shared<ResponseQueue>();
   std::atomic<bool> cancelled{false};  // set by the Generate handler when the client goes away

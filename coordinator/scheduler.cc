@@ -66,6 +66,41 @@ void Scheduler::Validate(const GenerateRequest& req) const {
                                 "--scheduling-policy fcfs).");
 }
 
+int32_t Scheduler::InternImage(const PromptImage& im) {
+  std::string content;
+  const int32_t grid[2] = {im.vit_h(), im.vit_w()};
+  content.append(reinterpret_cast<const char*>(grid), sizeof(grid));
+  content.append(reinterpret_cast<const char*>(im.perm().data()), im.perm_size() * sizeof(int32_t));
+  content.append(im.patches());
+  auto it = interned_images_.find(content);
+  if (it == interned_images_.end()) {
+    if (interned_images_.size() >= kInternedImages) {
+      auto oldest = interned_images_.begin();
+      for (auto i = interned_images_.begin(); i != interned_images_.end(); ++i)
+        if (i->second.second < oldest->second.second) oldest = i;
+      interned_images_.erase(oldest);
+    }
+    it = interned_images_.emplace(std::move(content), std::make_pair(next_image_id_++, uint64_t{0})).first;
+  }
+  it->second.second = ++image_clock_;
+  return it->second.first;
+}
+
+std::vector<int32_t> Scheduler::CacheKey(Request& r) {
+  if (r.images.empty()) return r.tokens;
+  if (r.image_ids.empty())
+    for (const PromptImage& im : r.images) r.image_ids.push_back(InternImage(im));
+  std::vector<int32_t> key = r.tokens;
+  for (size_t i = 0; i < r.images.size(); ++i) key[r.images[i].begin()] = -1 - r.image_ids[i];
+  return key;
+}
+
+bool Scheduler::InsideImage(const Request& r, int64_t p) {
+  for (const PromptImage& im : r.images)
+    if (p > im.begin() && p < im.begin() + im.length()) return true;
+  return false;
+}
+
 void Scheduler::Add(std::shared_ptr<Request> r) {
   r->phase = Request::Phase::kWaiting;
   r->arrival_seq = next_arrival_++;
@@ -177,8 +212,9 @@ SequencePlan* Scheduler::AddChunk(StepPlan* plan, Request& r, int64_t n, const s
       sp->set_snapshot_after(id);
       sp->set_snapshot_slot(blocks_.slot(id));
       sp->mutable_snapshot_blocks()->Add(blocks_.table(id).begin(), blocks_.table(id).end());
-      pending_snapshots_.push_back({id, std::vector<int32_t>(r.tokens.begin(), r.tokens.begin() + r.snapshot_at),
-                                    r.snapshot_at});
+      std::vector<int32_t> key = CacheKey(r);
+      key.resize(r.snapshot_at);
+      pending_snapshots_.push_back({id, std::move(key), r.snapshot_at});
     }
     r.snapshot_at = 0;
   }
@@ -304,19 +340,27 @@ StepPlan Scheduler::Schedule() {
          budget > 0) {
     auto r = waiting_.front();
     const int64_t total = static_cast<int64_t>(r->tokens.size());
-    const bool cacheable = config_.prefix_caching && !r->return_logits && r->images.empty();
+    const bool cacheable = config_.prefix_caching && !r->return_logits;
     int64_t start = 0;
     uint64_t restore = 0;
+    std::vector<int32_t> key;
     if (cacheable) {
-      if (auto hit = cache_.Lookup(r->tokens, total - 1)) {
-        start = hit->tokens;
-        restore = hit->snapshot_id;
+      key = CacheKey(*r);
+      for (int64_t max_len = total - 1; max_len > 0;) {
+        auto hit = cache_.Lookup(key, max_len);
+        if (!hit) break;
+        if (!InsideImage(*r, hit->tokens)) {
+          start = hit->tokens;
+          restore = hit->snapshot_id;
+          break;
+        }
+        max_len = hit->tokens - 1;  // a shorter snapshot, ending before that picture
       }
     }
     int64_t snapshot_at = 0;
     if (cacheable) {
       const int64_t b = (total - 1) / geometry().block_size * geometry().block_size;
-      if (b > start && !cache_.Contains(r->tokens, b)) snapshot_at = b;
+      if (b > start && !InsideImage(*r, b) && !cache_.Contains(key, b)) snapshot_at = b;
     }
     int64_t n = cap_logits_rows(*r, std::min({total - start, budget, cap}));
     if (snapshot_at > 0) n = std::min<int64_t>(n, snapshot_at - start);

@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <deque>
 #include <memory>
 #include <optional>
@@ -120,6 +121,14 @@ class Scheduler {
   void Finish(const std::shared_ptr<Request>& r, FinishReason reason, const std::string& error,
               GenerateResponse* response);
   SequencePlan* AddChunk(StepPlan* plan, Request& r, int64_t n, const std::set<uint64_t>& pinned);
+  // The prefix cache's key of r: its tokens, with the first row of each image block replaced by the
+  // picture's interned id (negative, so never a token): two prompts share a cached prefix only when their
+  // pictures are byte for byte the same (grid, row order and patches), not merely the same size.
+  std::vector<int32_t> CacheKey(Request& r);
+  int32_t InternImage(const PromptImage& im);
+  // Whether position p lies strictly inside an image block of r (a snapshot or a restored prefix may
+  // start or end at a block's first row, never inside it: a block is prefilled in one step).
+  static bool InsideImage(const Request& r, int64_t p);
 
   SchedulerConfig config_;
   KvBlocks blocks_;
@@ -135,6 +144,12 @@ class Scheduler {
     int64_t len;
   };
   std::vector<PendingSnapshot> pending_snapshots_;
+  // Picture contents -> (id, last use), at most kInternedImages (least recently used go; their ids are
+  // never reused, so cache entries keyed by them just stop matching).
+  static constexpr size_t kInternedImages = 64;
+  std::map<std::string, std::pair<int32_t, uint64_t>> interned_images_;
+  int32_t next_image_id_ = 0;
+  uint64_t image_clock_ = 0;
   int64_t preemptions_ = 0;
   int64_t steps_ = 0;
   SpecDecodeStats spec_;

@@ -147,9 +147,9 @@ TEST(Scheduler, ChunkedPrefillUnderBudgetThenDecode) {
 
 // An image block (docs/vision.md) is prefilled in one step: a chunk that would end inside it ends before
 // it, the block's chunk covers it whole (past the budget when it must), its PromptImage rides with that
-// chunk only, and the request stays out of the prefix cache.
+// chunk only.
 TEST(Scheduler, ImageBlocksArePrefilledWholeInOneChunk) {
-  Scheduler s(Config(4, 8, true), Geometry(100));
+  Scheduler s(Config(4, 8, false), Geometry(100));
   auto r = Req(std::vector<int32_t>(30, 3), 2);
   PromptImage im;
   im.set_begin(5);
@@ -168,7 +168,6 @@ TEST(Scheduler, ImageBlocksArePrefilledWholeInOneChunk) {
   }
   const std::vector<std::pair<int, int>> want = {{5, 0}, {8, 1}, {1, 0}, {8, 1}, {8, 0}, {1, 0}};
   EXPECT_EQ(chunks, want);
-  EXPECT_EQ(s.prefix_cache().queries, 0) << "an image request bypasses the prefix cache";
 
   GenerateRequest too_big;
   too_big.add_prompt_token_ids(1);
@@ -179,6 +178,39 @@ TEST(Scheduler, ImageBlocksArePrefilledWholeInOneChunk) {
   wide.set_length(12);  // more than the step's 8 tokens
   *too_big.add_images() = wide;
   EXPECT_THROW(s.Validate(too_big), std::invalid_argument);
+}
+
+// Prompts with pictures share a cached prefix only when the pictures are the same bytes: the cache key
+// carries each picture's interned content, not just its block of sentinel ids (which two pictures of one
+// size share).
+TEST(Scheduler, ImagePrefixesHitOnlyForTheSamePicture) {
+  Scheduler s(Config(4, 64, true), Geometry(200));
+  auto make = [](const std::string& patches, const std::string& id) {
+    auto r = Req(std::vector<int32_t>(30, 3), 1);
+    r->request_id = id;
+    PromptImage im;
+    im.set_begin(5);
+    im.set_length(8);
+    im.set_vit_h(1);
+    im.set_vit_w(1);
+    im.set_patches(patches);
+    r->images.push_back(im);
+    return r;
+  };
+  auto run = [&](const std::shared_ptr<Request>& r) {
+    const int64_t hits = s.prefix_cache().hits;
+    s.Add(r);
+    while (s.HasWork()) {
+      StepPlan p = s.Schedule();
+      s.Apply(p, Result(p));
+    }
+    EXPECT_EQ(Drain(*r).back().finish_reason(), FINISH_LENGTH) << r->request_id;
+    return s.prefix_cache().hits - hits;
+  };
+  EXPECT_EQ(run(make("picture A", "a")), 0) << "nothing cached yet";
+  EXPECT_EQ(run(make("picture A", "a2")), 28) << "the same picture: the snapshot at 28 tokens";
+  EXPECT_EQ(run(make("picture B", "b")), 0) << "another picture of the same size must not reuse A's state";
+  EXPECT_EQ(run(make("picture B", "b2")), 28) << "B's own snapshot";
 }
 
 TEST(Scheduler, ReturnLogitsChunksKeepTheirRowsWithinTheStepCap) {
