@@ -306,42 +306,6 @@ TEST(GpuForward, SyntheticWeightsMatchTheCpuGenerator) {
   EXPECT_LE(worst, 2e-3);
 }
 
-// Per row logits of a prompt (all rows) and `steps` decode steps fed `feed` (the first run picks them),
-// with the state pool's rows stored as `dtype`.
-std::vector<std::vector<float>> RunStored(Model& model, KvCacheDtype dtype, const std::vector<int32_t>& prompt,
-                                          std::vector<int32_t>* feed, int steps) {
-  StatePoolOptions po;
-  po.kv_dtype = dtype;
-  EXPECT_EQ(model.ConfigureStatePool(po).kv_dtype(), dtype);
-  const int64_t V = model.config().vocab_size;
-  auto st = model.NewState();
-  std::vector<std::vector<float>> rows;
-  Tensor lg = model.Forward({{st.get(), prompt, true}})[0].logits;
-  for (int64_t r = 0; r < lg.shape[0]; ++r) rows.emplace_back(lg.as<float>() + r * V, lg.as<float>() + (r + 1) * V);
-  for (int s = 0; s < steps; ++s) {
-    if (static_cast<int>(feed->size()) <= s) feed->push_back(Argmax(lg, lg.shape[0] - 1));
-    lg = model.Forward({{st.get(), {(*feed)[s]}, false}})[0].logits;
-    rows.emplace_back(lg.as<float>(), lg.as<float>() + V);
-  }
-  return rows;
-}
-
-struct RowErrors {
-  double median = 0, mean = 0, worst = 0;
-};
-RowErrors Errors(const std::vector<std::vector<float>>& got, const std::vector<std::vector<float>>& want) {
-  std::vector<double> e;
-  for (size_t r = 0; r < want.size() && r < got.size(); ++r)
-    e.push_back(RelL2(got[r].data(), want[r].data(), static_cast<int64_t>(want[r].size())));
-  RowErrors out;
-  if (e.empty()) return out;
-  for (double v : e) out.mean += v / e.size();
-  std::sort(e.begin(), e.end());
-  out.median = e[e.size() / 2];
-  out.worst = e.back();
-  return out;
-}
-
 // --kv-cache-dtype bf16 and fp8 on the GPU: the device encodes the compressors' rows into the pool and the
 // attention and indexer kernels read them. Against the CPU backend with the same storage (the reference
 // decoder, kernels/kv_rows.h), and fp8 against bf16 (the error the issue asks to report), on the golden
@@ -356,11 +320,12 @@ TEST(GpuForward, StoredStateRowsMatchCpuAndReportFp8VsBf16) {
     const int V = static_cast<int>(gpu->config().vocab_size);
     const std::vector<int32_t> prompt = Tokens(300, V, 5);
     std::vector<int32_t> feed;
-    const auto gpu_bf16 = RunStored(*gpu, KvCacheDtype::kBf16, prompt, &feed, 16);
-    const auto gpu_fp8 = RunStored(*gpu, KvCacheDtype::kFp8, prompt, &feed, 16);
-    const auto cpu_bf16 = RunStored(*cpu, KvCacheDtype::kBf16, prompt, &feed, 16);
-    const auto cpu_fp8 = RunStored(*cpu, KvCacheDtype::kFp8, prompt, &feed, 16);
-    const RowErrors b = Errors(gpu_bf16, cpu_bf16), f = Errors(gpu_fp8, cpu_fp8), fb = Errors(gpu_fp8, gpu_bf16);
+    const auto gpu_bf16 = LogitsWithStoredRows(*gpu, KvCacheDtype::kBf16, prompt, &feed, 16);
+    const auto gpu_fp8 = LogitsWithStoredRows(*gpu, KvCacheDtype::kFp8, prompt, &feed, 16);
+    const auto cpu_bf16 = LogitsWithStoredRows(*cpu, KvCacheDtype::kBf16, prompt, &feed, 16);
+    const auto cpu_fp8 = LogitsWithStoredRows(*cpu, KvCacheDtype::kFp8, prompt, &feed, 16);
+    const RowErrors b = RowErrorsOf(gpu_bf16, cpu_bf16), f = RowErrorsOf(gpu_fp8, cpu_fp8),
+                    fb = RowErrorsOf(gpu_fp8, gpu_bf16);
     std::printf("%s, GPU vs CPU, bf16 rows: rel L2 per row median %.3g, mean %.3g, worst %.3g\n", name, b.median,
                 b.mean, b.worst);
     std::printf("%s, GPU vs CPU, fp8 rows: rel L2 per row median %.3g, mean %.3g, worst %.3g\n", name, f.median,

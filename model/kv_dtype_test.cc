@@ -48,27 +48,10 @@ std::string Exl3PackDir() {
   return dir;
 }
 
-// Per row logits of a prompt (all rows) and `steps` decode steps fed `feed` (the f32 run's argmaxes).
 std::vector<std::vector<float>> Run(const std::string& dir, KvCacheDtype dtype, const std::vector<int32_t>& prompt,
                                     std::vector<int32_t>* feed, int steps) {
   auto model = LoadModel(dir, ShardSpec{}, MakeCpuBackend(2));
-  StatePoolOptions po;
-  po.kv_dtype = dtype;
-  EXPECT_EQ(model->ConfigureStatePool(po).kv_dtype(), dtype);
-  const int64_t V = model->config().vocab_size;
-  auto st = model->NewState();
-  std::vector<std::vector<float>> rows;
-  Tensor lg = model->Forward({{st.get(), prompt, true}})[0].logits;
-  for (int64_t r = 0; r < lg.shape[0]; ++r) rows.emplace_back(lg.as<float>() + r * V, lg.as<float>() + (r + 1) * V);
-  for (int s = 0; s < steps; ++s) {
-    if (static_cast<int>(feed->size()) <= s) {  // the reference run picks the tokens
-      const std::vector<float>& last = rows.back();
-      feed->push_back(static_cast<int32_t>(std::max_element(last.begin(), last.end()) - last.begin()));
-    }
-    lg = model->Forward({{st.get(), {(*feed)[s]}, false}})[0].logits;
-    rows.emplace_back(lg.as<float>(), lg.as<float>() + V);
-  }
-  return rows;
+  return testing_util::LogitsWithStoredRows(*model, dtype, prompt, feed, steps);
 }
 
 // Per storage: the rows' rel L2 against f32 rows, reported (worst, mean, median) and bounded by the median
@@ -80,13 +63,8 @@ void Compare(const std::string& name, const std::string& dir, const std::vector<
   for (KvCacheDtype d : {KvCacheDtype::kBf16, KvCacheDtype::kFp8}) {
     const auto got = Run(dir, d, prompt, &feed, 16);
     ASSERT_EQ(got.size(), ref.size());
-    std::vector<double> err;
-    for (size_t r = 0; r < ref.size(); ++r)
-      err.push_back(RelL2(got[r].data(), ref[r].data(), static_cast<int64_t>(ref[r].size())));
-    const double mean = std::accumulate(err.begin(), err.end(), 0.0) / err.size();
-    std::vector<double> sorted = err;
-    std::sort(sorted.begin(), sorted.end());
-    const double median = sorted[sorted.size() / 2], worst = sorted.back();
+    const testing_util::RowErrors e = testing_util::RowErrorsOf(got, ref);
+    const double median = e.median, mean = e.mean, worst = e.worst;
     std::printf("%s, --kv-cache-dtype %s vs f32 rows: rel L2 per row median %.3g, mean %.3g, worst %.3g (%zu rows: "
                 "%zu prompt + 16 decode)\n",
                 name.c_str(), KvCacheDtypeName(d), median, mean, worst, ref.size(), prompt.size());

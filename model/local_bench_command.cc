@@ -32,7 +32,8 @@ int32_t TokenAt(int64_t i, int64_t vocab) { return static_cast<int32_t>((i * 791
 // Prints the profiled steps per phase (the forward's Phase scopes) and the costliest ops, in ms per
 // step; returns the same as JSON.
 // `device_only` (the same steps with each op isolated behind a spin, OpProfiling::kDeviceOnly) adds each
-// op's device time alone and the host's time inside its call, which tell a launch-bound op from a slow one.
+// op's device time alone; beside the host's time inside its call (from the timeline pass: in the isolated
+// pass the spins fill the launch queue and host calls block) they tell a launch-bound op from a slow one.
 nlohmann::json PrintProfile(const OpProfile& profile, const OpProfile& device_only) {
   const std::vector<OpTiming>& ops = profile.ops;
   if (ops.empty() || profile.steps == 0) {
@@ -61,29 +62,32 @@ nlohmann::json PrintProfile(const OpProfile& profile, const OpProfile& device_on
   std::printf("  %-50s %10.3f %7.1f%%\n", "(host gaps between ops)", between, 100 * between / total);
   std::map<std::string, const OpTiming*> alone;
   for (const OpTiming& t : device_only.ops) alone[t.op] = &t;
-  std::printf("  costliest ops (timeline; then, from a second pass with each op isolated, its device time alone and "
-              "the host's time inside the call):\n");
+  std::printf("  costliest ops (timeline, with the host's time inside the call; and from a second pass with each op "
+              "isolated, its device time alone):\n");
   std::printf("  %-78s %12s %7s %10s %10s %10s\n", "op", "ms/step", "calls", "us/call", "device us", "host us");
   int shown = 0;
   for (const OpTiming& t : ops) {
     const auto a = alone.find(t.op);
     const double dev_us = a != alone.end() && a->second->calls ? 1e3 * a->second->ms / a->second->calls : -1;
-    const double host_us = a != alone.end() && a->second->calls ? 1e3 * a->second->host_ms / a->second->calls : -1;
-    nlohmann::json o = {{"op", t.op}, {"ms", t.ms / steps}, {"calls_per_step", t.calls / steps}};
-    if (dev_us >= 0) o["device_us_per_call"] = dev_us, o["host_us_per_call"] = host_us;
+    const double host_us = 1e3 * t.host_ms / t.calls;
+    nlohmann::json o = {{"op", t.op}, {"ms", t.ms / steps}, {"calls_per_step", t.calls / steps},
+                        {"host_us_per_call", host_us}};
+    if (dev_us >= 0) o["device_us_per_call"] = dev_us;
     j["ops"].push_back(o);
     if (shown++ < 30)
       std::printf("  %-78s %9.3f ms %7.1f %10.1f %10.1f %10.1f\n", t.op.c_str(), t.ms / steps, t.calls / steps,
                   1e3 * t.ms / t.calls, dev_us, host_us);
   }
+  double host = 0;
+  for (const OpTiming& t : ops) host += t.host_ms;
+  std::printf("  host time inside the calls: %.3f ms/step\n", host / steps);
+  j["host_in_calls_ms"] = host / steps;
   if (!device_only.ops.empty()) {
-    double dev = 0, host = 0;
-    for (const OpTiming& t : device_only.ops) dev += t.ms, host += t.host_ms;
+    double dev = 0;
+    for (const OpTiming& t : device_only.ops) dev += t.ms;
     const double dsteps = static_cast<double>(std::max<int64_t>(device_only.steps, 1));
-    std::printf("  all ops, isolated: %.3f ms/step of device work, %.3f ms/step of host time inside the calls\n",
-                dev / dsteps, host / dsteps);
+    std::printf("  all ops, isolated: %.3f ms/step of device work\n", dev / dsteps);
     j["device_only_ms"] = dev / dsteps;
-    j["host_in_calls_ms"] = host / dsteps;
   }
   return j;
 }

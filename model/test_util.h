@@ -2,15 +2,18 @@
 // and an in-process Communicator that lets N threads act as N tensor-parallel ranks.
 #pragma once
 
+#include <algorithm>
 #include <condition_variable>
 #include <cmath>
 #include <cstdlib>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "common/communicator.h"
 #include "common/tensor.h"
+#include "model/model.h"
 #include "model/tiny_model.h"
 
 namespace dsmesh {
@@ -126,6 +129,48 @@ class ThreadCommunicator final : public Communicator {
   ThreadGroup* group_;
   int rank_, world_;
 };
+
+// Per row logits of a prompt (every row) and `steps` decode steps fed `feed` (the first run appends its
+// own argmaxes; later runs replay them), with the model's state rows stored as `dtype`.
+inline std::vector<std::vector<float>> LogitsWithStoredRows(Model& model, KvCacheDtype dtype,
+                                                            const std::vector<int32_t>& prompt,
+                                                            std::vector<int32_t>* feed, int steps) {
+  StatePoolOptions po;
+  po.kv_dtype = dtype;
+  if (model.ConfigureStatePool(po).kv_dtype() != dtype)
+    throw std::runtime_error(std::string("the state pool did not take --kv-cache-dtype ") + KvCacheDtypeName(dtype));
+  const int64_t V = model.config().vocab_size;
+  auto st = model.NewState();
+  std::vector<std::vector<float>> rows;
+  Tensor lg = model.Forward({{st.get(), prompt, true}})[0].logits;
+  for (int64_t r = 0; r < lg.shape[0]; ++r) rows.emplace_back(lg.as<float>() + r * V, lg.as<float>() + (r + 1) * V);
+  for (int s = 0; s < steps; ++s) {
+    if (static_cast<int>(feed->size()) <= s) {
+      const std::vector<float>& last = rows.back();
+      feed->push_back(static_cast<int32_t>(std::max_element(last.begin(), last.end()) - last.begin()));
+    }
+    lg = model.Forward({{st.get(), {(*feed)[s]}, false}})[0].logits;
+    rows.emplace_back(lg.as<float>(), lg.as<float>() + V);
+  }
+  return rows;
+}
+
+// Rel L2 per row of `got` against `want`: median, mean, worst.
+struct RowErrors {
+  double median = 0, mean = 0, worst = 0;
+};
+inline RowErrors RowErrorsOf(const std::vector<std::vector<float>>& got, const std::vector<std::vector<float>>& want) {
+  std::vector<double> e;
+  for (size_t r = 0; r < want.size() && r < got.size(); ++r)
+    e.push_back(RelL2(got[r].data(), want[r].data(), static_cast<int64_t>(want[r].size())));
+  RowErrors out;
+  if (e.empty()) return out;
+  for (double v : e) out.mean += v / e.size();
+  std::sort(e.begin(), e.end());
+  out.median = e[e.size() / 2];
+  out.worst = e.back();
+  return out;
+}
 
 }  // namespace testing_util
 }  // namespace dsmesh

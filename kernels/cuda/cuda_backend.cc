@@ -48,7 +48,7 @@
 namespace dsmesh {
 namespace {
 
-std::atomic<int64_t> g_fused_moe{0}, g_per_expert_moe{0};
+std::atomic<int64_t> g_fused_moe{0}, g_per_expert_moe{0}, g_per_sequence_fallbacks{0};
 std::atomic<int64_t> g_graph_captures{0}, g_graph_replays{0}, g_graph_failures{0}, g_eager_segments{0},
     g_scratch_overflows{0};
 
@@ -612,6 +612,8 @@ class CudaBackend final : public Backend {
     const int64_t n = q.shape[0];
     if (seqs.size() <= 1 || n > cuda_ops::IndexerBatchMaxRows() ||
         static_cast<int>(seqs.size()) > cuda_ops::IndexerBatchMaxSeqs()) {
+      if (seqs.size() > 1) PerSequenceFallback("IndexerTopKBatch", n, seqs.size(), cuda_ops::IndexerBatchMaxRows(),
+                                               cuda_ops::IndexerBatchMaxSeqs());
       Backend::IndexerTopKBatch(q, weights, heads, dim, positions, ratio, top_k, seqs, out);
       return;
     }
@@ -666,7 +668,7 @@ class CudaBackend final : public Backend {
     Require(RowWidth(*dst) * static_cast<int64_t>(DTypeSize(dst->dtype)) == bytes, "StoreKvRows",
             "destination rows are not the storage's row size");
     Require(src_row + rows <= src.shape[0] && dst_row + rows <= dst->shape[0], "StoreKvRows", "rows out of range");
-    cuda_ops::EncodeKvRows(F(src) + src_row * dim, rows, dim, rope_dim, RowKindOf(dst->dtype),
+    cuda_ops::EncodeKvRows(F(src) + src_row * dim, rows, dim, rope_dim, RowKindOf(dst->dtype), bytes,
                            static_cast<uint8_t*>(dst->data) + dst_row * bytes, ctx_->stream);
     Launched("StoreKvRows");
   }
@@ -679,6 +681,8 @@ class CudaBackend final : public Backend {
     for (const AttentionSeq& a : seqs) covered += a.count;
     if (seqs.size() <= 1 || covered != n || n > cuda_ops::AttentionBatchMaxRows() ||
         static_cast<int>(seqs.size()) > cuda_ops::AttentionBatchMaxSeqs()) {
+      if (seqs.size() > 1) PerSequenceFallback("AttentionBatch", n, seqs.size(), cuda_ops::AttentionBatchMaxRows(),
+                                               cuda_ops::AttentionBatchMaxSeqs());
       Backend::AttentionBatch(q, heads, d, new_kv, window, ratio, topk, sinks, softmax_scale, seqs, out);
       return;
     }
@@ -959,7 +963,7 @@ class CudaBackend final : public Backend {
     if (d.row_bytes != KvRowBytes(p.pool->dtype, dim, p.rope_dim))
       throw std::invalid_argument("paged rows: " + std::to_string(d.row_bytes) + "-byte rows of " +
                                   DTypeName(p.pool->dtype) + " do not hold " + std::to_string(dim) + " values");
-    d.nope = static_cast<int32_t>(d.kind == cuda_ops::RowKind::kFp8 ? d.row_bytes - 4 - 2 * p.rope_dim : 0);
+    d.nope = static_cast<int32_t>(d.kind == cuda_ops::RowKind::kFp8 ? dim - p.rope_dim : 0);
     if (p.rows_per_block <= 0 || p.rows_per_block > INT32_MAX || p.capacity() > INT32_MAX)
       throw std::invalid_argument("paged rows: " + std::to_string(p.rows_per_block) + " rows per block x " +
                                   std::to_string(p.table_len) + " blocks exceeds the kernels' 32-bit row index");
@@ -1067,6 +1071,16 @@ class CudaBackend final : public Backend {
     max_k_ = std::max(max_k_, k);
     max_n_ = std::max(max_n_, n);
     max_weights_ = std::max(max_weights_, k * n);
+  }
+
+  // A step of several sequences that one launch cannot hold (a prefill chunk beside decodes, or more
+  // sequences than the kernel takes) runs them one by one: counted, and logged once per op.
+  void PerSequenceFallback(const char* op, int64_t rows, size_t seqs, int max_rows, int max_seqs) {
+    ++g_per_sequence_fallbacks;
+    if (!logged_fallback_.insert(op).second) return;
+    std::fprintf(stderr, "[cuda] %s: a step of %lld rows in %zu sequences runs per sequence (one launch holds %d rows "
+                         "of %d sequences); counted in CudaPerSequenceFallbacks(), logged once\n",
+                 op, static_cast<long long>(rows), seqs, max_rows, max_seqs);
   }
 
   void Launched(const char* op) const {
@@ -1350,7 +1364,8 @@ class CudaBackend final : public Backend {
   cudaEvent_t fork_ = nullptr;
   std::unique_ptr<Exl3GemmWorkspace> gemm_ws_;
   int64_t gemm_ws_k_ = 0, gemm_ws_n_ = 0, gemm_ws_weights_ = 0;
-  bool logged_many_rows_ = false;  // the per-expert path for large steps was logged
+  bool logged_many_rows_ = false;
+  std::set<std::string> logged_fallback_;  // ops whose per-sequence fallback was logged  // the per-expert path for large steps was logged
   bool logged_serial_linears_ = false;  // concurrent linears requested but run in order was logged
   std::mutex cache_mu_, moe_mu_;
   std::map<std::pair<const void*, size_t>, CachedCopy> host_cache_;
@@ -1382,5 +1397,6 @@ CudaGraphCounts CudaGraphCallCounts() {
 }
 
 CudaMoePathCounts CudaMoePathCallCounts() { return {g_fused_moe.load(), g_per_expert_moe.load()}; }
+int64_t CudaPerSequenceFallbacks() { return g_per_sequence_fallbacks.load(); }
 
 }  // namespace dsmesh

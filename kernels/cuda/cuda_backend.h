@@ -50,5 +50,8 @@ struct CudaMoePathCounts {
   int64_t per_expert_launches = 0;
 };
 CudaMoePathCounts CudaMoePathCallCounts();
+// Steps of several sequences whose attention or indexer ran one sequence at a time (Backend::AttentionBatch /
+// IndexerTopKBatch past what one launch holds), in this process.
+int64_t CudaPerSequenceFallbacks();
 
 }  // namespace dsmesh

@@ -42,12 +42,9 @@ __global__ void __launch_bounds__(kEncodeThreads) EncodeKvRowsKernel(const float
 
 }  // namespace
 
-void EncodeKvRows(const float* src, int64_t rows, int64_t dim, int64_t rope_dim, RowKind kind, void* dst,
-                  cudaStream_t s) {
+void EncodeKvRows(const float* src, int64_t rows, int64_t dim, int64_t rope_dim, RowKind kind, int64_t row_bytes,
+                  void* dst, cudaStream_t s) {
   if (rows <= 0) return;
-  const int64_t row_bytes = kind == RowKind::kF32    ? 4 * dim
-                            : kind == RowKind::kBF16 ? 2 * dim
-                                                     : dim - rope_dim + 4 + 2 * rope_dim;
   if (kind == RowKind::kF32) {
     CudaCheck(cudaMemcpyAsync(dst, src, static_cast<size_t>(rows * row_bytes), cudaMemcpyDeviceToDevice, s),
               "EncodeKvRows copy");

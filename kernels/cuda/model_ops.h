@@ -37,10 +37,10 @@ struct PagedRowsDev {
 #endif
 };
 
-// src [rows, dim] f32 -> `rows` rows of the storage `kind` at dst (contiguous, KvRowBytes apart), bit for bit
-// what kernels/kv_rows.h's EncodeKvRows writes.
-void EncodeKvRows(const float* src, int64_t rows, int64_t dim, int64_t rope_dim, RowKind kind, void* dst,
-                  cudaStream_t s);
+// src [rows, dim] f32 -> `rows` rows of the storage `kind` at dst, row_bytes apart (the caller's
+// KvRowBytes), bit for bit what kernels/kv_rows.h's EncodeKvRows writes.
+void EncodeKvRows(const float* src, int64_t rows, int64_t dim, int64_t rope_dim, RowKind kind, int64_t row_bytes,
+                  void* dst, cudaStream_t s);
 
 // Keeps the stream busy for about `ns` nanoseconds (one thread reading the global timer): the op
 // profiler's device-only mode puts it before an op so that the op's launches are all queued when it starts.
