@@ -186,8 +186,42 @@ TEST(GpuForward, Exl3PackMatchesCpuAndTakesTheFusedMoeKernel) {
   EXPECT_LE(worst, 2e-3);
   const CudaMoePathCounts after = CudaMoePathCallCounts();
   EXPECT_GT(after.fused_launches, before.fused_launches) << "the routed experts never took the single-launch kernel";
+  // Greedy over 64 tokens, teacher-forced on the CPU's continuation: at every step the GPU's argmax must be
+  // the CPU's, unless the CPU's top-2 gap is within twice the largest logit difference of that step (a tie
+  // at the accuracy both sides have: EXL3 rounds activations to fp16 on the GPU, sums run in other orders).
+  // Such ties are reported and must stay rare. The free-running GPU continuation is reported beside it.
   const std::vector<int32_t> gc = Greedy(*cpu, prompt, 64), gg = Greedy(*gpu, prompt, 64);
-  EXPECT_EQ(gg, gc);
+  size_t same_prefix = 0;
+  while (same_prefix < gc.size() && gg[same_prefix] == gc[same_prefix]) ++same_prefix;
+  auto tc = cpu->NewState(), tg = gpu->NewState();
+  std::vector<int32_t> feed = prompt;
+  int ties = 0;
+  for (size_t i = 0; i < gc.size(); ++i) {
+    const Tensor c = cpu->Forward({{tc.get(), feed, false}})[0].logits;
+    const Tensor g = gpu->Forward({{tg.get(), feed, false}})[0].logits;
+    const float* pc = c.as<float>();
+    const float* pg = g.as<float>();
+    const int32_t best = Argmax(c);
+    ASSERT_EQ(best, gc[i]) << "step " << i << ": the CPU is not deterministic";
+    float second = -INFINITY, diff = 0.0f;
+    for (int64_t v = 0; v < V; ++v) {
+      if (v != best) second = std::max(second, pc[v]);
+      diff = std::max(diff, std::fabs(pg[v] - pc[v]));
+    }
+    const int32_t got = Argmax(g);
+    if (got != best) {
+      const float gap = pc[best] - second;
+      std::printf("greedy step %zu: GPU %d, CPU %d; CPU top-2 gap %.3g, largest logit difference %.3g\n", i, got, best,
+                  gap, diff);
+      EXPECT_LE(gap, 2.0f * diff) << "step " << i << ": the GPU's argmax differs where the CPU's is not a tie";
+      ++ties;
+    }
+    feed = {gc[i]};
+  }
+  std::printf("greedy 64 tokens: GPU free-running == CPU for the first %zu; teacher-forced argmax equal at %d of 64 "
+              "steps (the others ties)\n",
+              same_prefix, 64 - ties);
+  EXPECT_LE(ties, 2) << "more than 2 of 64 greedy steps were ties";
 }
 
 TEST(GpuForward, AloneEqualsInABatchOfFourBitwise) {

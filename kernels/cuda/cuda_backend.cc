@@ -22,6 +22,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -49,6 +50,12 @@ namespace dsmesh {
 namespace {
 
 std::atomic<int64_t> g_fused_moe{0}, g_per_expert_moe{0}, g_per_sequence_fallbacks{0};
+std::atomic<int64_t> g_gemv_batches{0}, g_gemv_batched_linears{0};
+
+bool EnvIs(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v && std::strcmp(v, value) == 0;
+}
 std::atomic<int64_t> g_graph_captures{0}, g_graph_replays{0}, g_graph_failures{0}, g_eager_segments{0},
     g_scratch_overflows{0};
 
@@ -168,6 +175,14 @@ class CudaBackend final : public Backend {
     CudaCheck(cudaMallocHost(&step_pinned_, kStepBufferRows * (sizeof(int32_t) + sizeof(int64_t))),
               "cudaMallocHost for step metadata");
     CudaCheck(cudaEventCreateWithFlags(&step_uploaded_, cudaEventDisableTiming), "cudaEventCreate");
+    // A/B knobs for prefill chunks (more rows than a decode bucket): the older per-expert MoE path and the
+    // one-block-per-(row, head) attention kernel instead of the sliced single-launch kernels.
+    prefill_moe_per_expert_ = EnvIs("DSMESH_CUDA_PREFILL_MOE", "per-expert");
+    prefill_attention_per_row_ = EnvIs("DSMESH_CUDA_PREFILL_ATTENTION", "per-row");
+    if (prefill_moe_per_expert_ || prefill_attention_per_row_)
+      std::fprintf(stderr, "[cuda] prefill chunks:%s%s (environment)\n",
+                   prefill_moe_per_expert_ ? " routed experts per expert" : "",
+                   prefill_attention_per_row_ ? " attention one block per (row, head)" : "");
   }
 
   ~CudaBackend() override {
@@ -473,20 +488,20 @@ class CudaBackend final : public Backend {
   }
 
   void LinearBatch(const std::vector<LinearJob>& jobs) override {
-    bool concurrent = jobs.size() > 1 && ConcurrencyAllowed();
-    for (const LinearJob& j : jobs) {
+    for (const LinearJob& j : jobs)
       Require(RowWidth(*j.x) == j.w->in && RowWidth(*j.out) == j.w->out && j.out->shape[0] == j.x->shape[0],
               "LinearBatch", j.w->name + ": shape");
-      concurrent = concurrent && j.x->shape[0] <= kExl3GemvMaxRows;
-    }
+    const std::vector<LinearJob> rest = jobs.size() > 1 ? BatchedExl3Gemvs(jobs) : jobs;
+    bool concurrent = rest.size() > 1 && ConcurrencyAllowed();
+    for (const LinearJob& j : rest) concurrent = concurrent && j.x->shape[0] <= kExl3GemvMaxRows;
     if (!concurrent) {
-      for (const LinearJob& j : jobs) Linear(*j.x, *j.w, j.out);
+      for (const LinearJob& j : rest) Linear(*j.x, *j.w, j.out);
       return;
     }
     const ProfileScope ps = Profile("LinearBatch");
     Use();
-    Concurrently(static_cast<int>(jobs.size()), [&](int i, cudaStream_t stream, Exl3GemvWorkspace& ws) {
-      LinearOn(*jobs[i].x, *jobs[i].w, jobs[i].out, stream, ws);
+    Concurrently(static_cast<int>(rest.size()), [&](int i, cudaStream_t stream, Exl3GemvWorkspace& ws) {
+      LinearOn(*rest[i].x, *rest[i].w, rest[i].out, stream, ws);
     });
   }
 
@@ -532,7 +547,7 @@ class CudaBackend final : public Backend {
     const int64_t n = X.shape[0], D = RowWidth(X) / hc;
     Require(fn.shape.size() == 2 && fn.shape[0] == (2 + hc) * hc && fn.shape[1] == hc * D, "HcPre", "fn shape");
     Use();
-    Tensor mixes = Temp(DType::kF32, {n, static_cast<int64_t>((2 + hc) * hc)});
+    Tensor mixes = Temp(DType::kF32, {cuda_ops::HcPreScratchFloats(n, D, hc)});
     cuda_ops::HcPre(F(X), n, D, hc, F(fn), F(base), F(scale), iters, eps, norm_eps, F(mixes), F(*y), F(*post), F(*comb),
                     ctx_->stream);
     Launched("HcPre");
@@ -650,7 +665,8 @@ class CudaBackend final : public Backend {
     Use();
     Tensor table;
     const cuda_ops::PagedRowsDev paged = entries ? Paged(*entries, num_entries, d, &table) : cuda_ops::PagedRowsDev{};
-    const int64_t split_floats = cuda_ops::AttentionSplitScratchFloats(q.shape[0], heads, d);
+    const bool split_keys = q.shape[0] <= kGraphMaxRows || !prefill_attention_per_row_;
+    const int64_t split_floats = split_keys ? cuda_ops::AttentionSplitScratchFloats(q.shape[0], heads, d) : 0;
     Tensor split = split_floats > 0 ? Temp(DType::kF32, {split_floats}) : Tensor{};
     cuda_ops::Attention(F(q), q.shape[0], heads, d, start, F(ring), ring.shape[0], F(new_kv), window,
                         paged, num_entries, ratio,
@@ -747,24 +763,30 @@ class CudaBackend final : public Backend {
     const int64_t n = x.shape[0], k = RowWidth(idx);
     Use();
     FusedMoe* fused = FusedFor(experts, limit, static_cast<int>(k));
-    if (fused && n <= kExl3MoeMaxRows) {
+    if (fused && (n <= kExl3MoeMaxRows || !prefill_moe_per_expert_)) {
+      // Steps of more rows (prefill chunks) run the single-launch kernel on slices of kExl3MoeMaxRows rows:
+      // no routing on the host and no per-expert launches, at the price of reading an expert once per
+      // slice that uses it. Each row's result does not depend on its slice.
       const int64_t D = RowWidth(x);
       Tensor xh = Temp(DType::kF16, {n, D});
       cuda_ops::ToHalfPadded(F(x), n, D, D, static_cast<uint16_t*>(xh.data), D, 0, ctx_->stream);
       Tensor y = Temp(DType::kF32, {n, D});
-      Exl3MoeForward(fused->layer->layer(), static_cast<const uint16_t*>(xh.data), I32(idx), F(weight),
-                     static_cast<int>(n), F(y), *fused->workspace, ctx_->stream);
+      for (int64_t r0 = 0; r0 < n; r0 += kExl3MoeMaxRows) {
+        const int64_t m = std::min<int64_t>(kExl3MoeMaxRows, n - r0);
+        Exl3MoeForward(fused->layer->layer(), static_cast<const uint16_t*>(xh.data) + r0 * D, I32(idx) + r0 * k,
+                       F(weight) + r0 * k, static_cast<int>(m), F(y) + r0 * D, *fused->workspace, ctx_->stream);
+        ++g_fused_moe;
+      }
       cuda_ops::Add(F(y), n * D, F(*out), ctx_->stream);
       Launched("MoeExperts (fused)");
-      ++g_fused_moe;
+      if (n > kExl3MoeMaxRows && !logged_many_rows_) {
+        std::fprintf(stderr, "[cuda] routed experts: steps of more than %d rows (prefill chunks) run the fused kernel "
+                             "on slices of %d rows\n", kExl3MoeMaxRows, kExl3MoeMaxRows);
+        logged_many_rows_ = true;
+      }
       return;
     }
     ++g_per_expert_moe;
-    if (fused && !logged_many_rows_) {
-      std::fprintf(stderr, "[cuda] routed experts: steps of more than %d rows (prefill chunks) run per expert\n",
-                   kExl3MoeMaxRows);
-      logged_many_rows_ = true;
-    }
     // Per expert: the routing leaves the device once (a sync), rows are grouped on the host.
     std::vector<int32_t> ix(n * k);
     std::vector<float> wt(n * k);
@@ -1217,12 +1239,95 @@ class CudaBackend final : public Backend {
     Launched("EXL3 linear");
   }
 
-  // GroupedLinear of one row when every group's part is its whole block range (the usual case: group
-  // widths are multiples of 128): one fp16 conversion of the row, then one GEMV per group writing its
-  // columns of `out` directly. False (nothing done) when the parts do not allow it.
-  // A grouped EXL3 linear of m <= 16 rows as one conversion, a GEMV per group and (m > 1) one scatter back
-  // into rows, instead of a conversion, GEMV and column copy per group. False when a group's slice is not
-  // a whole EXL3 linear (the caller then runs them group by group).
+  // One batched GEMV launch on the main stream, counted (CudaGemvBatchCounts) and announced once.
+  void LaunchGemvBatch(const Exl3GemvJob* jobs, int count, int m) {
+    Exl3GemvBatch(jobs, count, m, Exl3Out::kF32, MainGemvWorkspace(), ctx_->stream);
+    Launched("EXL3 GEMV batch");
+    if (count > 1) {
+      ++g_gemv_batches;
+      g_gemv_batched_linears += count;
+      if (!logged_gemv_batch_) {
+        std::fprintf(stderr, "[cuda] EXL3 linears of one layer share launches (batched GEMV, up to %d per launch)\n",
+                     kExl3GemvMaxBatch);
+        logged_gemv_batch_ = true;
+      }
+    }
+  }
+
+  // Runs the EXL3 jobs of at most 16 rows whose slice is a whole linear written straight into its output
+  // as batched GEMVs: one fp16 conversion per distinct input, one launch per set of up to
+  // kExl3GemvMaxBatch linears of the same K, codebook, k and rows. Returns the jobs it left (other
+  // linears, and a job with no partner to share a launch with), in their order.
+  std::vector<LinearJob> BatchedExl3Gemvs(const std::vector<LinearJob>& jobs) {
+    struct Taken {
+      const LinearJob* job;
+      const Exl3DeviceLinear* lin;
+    };
+    std::vector<Taken> taken;
+    std::vector<LinearJob> rest;
+    for (const LinearJob& j : jobs) {
+      const int64_t m = j.x->shape[0];
+      const Exl3DeviceLinear* lin = nullptr;
+      if (j.w->is_exl3() && m >= 1 && m <= kExl3GemvMaxRows && RowWidth(*j.x) == j.w->in &&
+          reinterpret_cast<uintptr_t>(j.out->data) % 16 == 0) {
+        auto& e = *static_cast<CudaExl3Linear*>(j.w->exl3.get());
+        const Exl3Part& part = PartFor(e, e.slice.out_begin, e.slice.out_end);
+        const Exl3DeviceLinear& l = part.buffers->linear();
+        if (part.x_col0 == 0 && part.kin == l.k && l.k == j.w->in && part.y_col0 == 0 && part.nout == l.n &&
+            l.n == j.w->out && !part.bias.data)
+          lin = &l;
+      }
+      if (lin) {
+        taken.push_back({&j, lin});
+      } else {
+        rest.push_back(j);
+      }
+    }
+    // Sets that share a launch: same K, codebook, k and rows, at most kExl3GemvMaxBatch each.
+    std::vector<std::vector<const Taken*>> sets;
+    for (const Taken& t : taken) {
+      std::vector<const Taken*>* home = nullptr;
+      for (auto& set : sets)
+        if (set.size() < static_cast<size_t>(kExl3GemvMaxBatch) && Exl3GemvBatchable(*set[0]->lin, *t.lin) &&
+            set[0]->job->x->shape[0] == t.job->x->shape[0]) {
+          home = &set;
+          break;
+        }
+      if (home) {
+        home->push_back(&t);
+      } else {
+        sets.push_back({&t});
+      }
+    }
+    if (sets.size() == taken.size()) return jobs;  // no two linears to put in one launch
+    const ProfileScope ps = Profile("LinearBatch (batched EXL3 GEMV)");
+    Use();
+    std::vector<std::pair<const float*, Tensor>> halves;  // one fp16 copy per distinct input
+    const auto half_of = [&](const Tensor& x) -> const uint16_t* {
+      for (const auto& [src, h] : halves)
+        if (src == F(x)) return static_cast<const uint16_t*>(h.data);
+      const int64_t m = x.shape[0], k = RowWidth(x);
+      Tensor h = Temp(DType::kF16, {m, k});
+      cuda_ops::ToHalfPadded(F(x), m, k, k, static_cast<uint16_t*>(h.data), k, 0, ctx_->stream);
+      halves.emplace_back(F(x), h);
+      return static_cast<const uint16_t*>(h.data);
+    };
+    for (const auto& set : sets) {
+      if (set.size() == 1) {  // nothing to share: the ordinary path (its own profile entry)
+        rest.push_back(*set[0]->job);
+        continue;
+      }
+      Exl3GemvJob batch[kExl3GemvMaxBatch];
+      for (size_t i = 0; i < set.size(); ++i)
+        batch[i] = {set[i]->lin, half_of(*set[i]->job->x), F(*set[i]->job->out)};
+      LaunchGemvBatch(batch, static_cast<int>(set.size()), static_cast<int>(set[0]->job->x->shape[0]));
+    }
+    return rest;
+  }
+
+  // A grouped EXL3 linear of m <= 16 rows as one group-major fp16 conversion, one batched GEMV launch over
+  // the groups and (m > 1) one scatter back into rows. False when a group's slice is not a whole EXL3
+  // linear (the caller then runs them group by group).
   bool GroupedExl3Rows(const Tensor& x, const LinearWeight& w, int groups, Tensor* out) {
     auto& e = *static_cast<CudaExl3Linear*>(w.exl3.get());
     const int64_t out_g = w.out / groups, m = x.shape[0];
@@ -1241,14 +1346,16 @@ class CudaBackend final : public Backend {
     Tensor xh = Temp(DType::kF16, {m, groups * w.in});
     cuda_ops::GroupMajorToHalf(F(x), m, groups, w.in, static_cast<uint16_t*>(xh.data), ctx_->stream);
     Tensor yg = m == 1 ? *out : Temp(DType::kF32, {m, w.out});
-    const auto gemv = [&](int g, cudaStream_t stream, Exl3GemvWorkspace& ws) {
-      Exl3Gemv(parts[g]->buffers->linear(), static_cast<const uint16_t*>(xh.data) + g * m * w.in, static_cast<int>(m),
-               F(yg) + g * m * out_g, Exl3Out::kF32, ws, stream);
-    };
-    if (ConcurrencyAllowed()) {
-      Concurrently(groups, gemv);
-    } else {
-      for (int g = 0; g < groups; ++g) gemv(g, ctx_->stream, MainGemvWorkspace());
+    // The groups in batched launches of up to kExl3GemvMaxBatch linears (V4-Flash: 8 groups, one launch).
+    for (int g0 = 0; g0 < groups; g0 += kExl3GemvMaxBatch) {
+      const int count = std::min(groups - g0, kExl3GemvMaxBatch);
+      Exl3GemvJob batch[kExl3GemvMaxBatch];
+      for (int i = 0; i < count; ++i) {
+        const int g = g0 + i;
+        batch[i] = {&parts[g]->buffers->linear(), static_cast<const uint16_t*>(xh.data) + g * m * w.in,
+                    F(yg) + g * m * out_g};
+      }
+      LaunchGemvBatch(batch, count, static_cast<int>(m));
     }
     if (m > 1) cuda_ops::RowMajorFromGroups(F(yg), m, groups, out_g, F(*out), ctx_->stream);
     Launched("GroupedLinear (EXL3, grouped rows)");
@@ -1365,6 +1472,8 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Exl3GemmWorkspace> gemm_ws_;
   int64_t gemm_ws_k_ = 0, gemm_ws_n_ = 0, gemm_ws_weights_ = 0;
   bool logged_many_rows_ = false;
+  bool logged_gemv_batch_ = false;
+  bool prefill_moe_per_expert_ = false, prefill_attention_per_row_ = false;
   std::set<std::string> logged_fallback_;  // ops whose per-sequence fallback was logged  // the per-expert path for large steps was logged
   bool logged_serial_linears_ = false;  // concurrent linears requested but run in order was logged
   std::mutex cache_mu_, moe_mu_;
@@ -1397,6 +1506,7 @@ CudaGraphCounts CudaGraphCallCounts() {
 }
 
 CudaMoePathCounts CudaMoePathCallCounts() { return {g_fused_moe.load(), g_per_expert_moe.load()}; }
+CudaGemvBatchCounts CudaGemvBatchCallCounts() { return {g_gemv_batches.load(), g_gemv_batched_linears.load()}; }
 int64_t CudaPerSequenceFallbacks() { return g_per_sequence_fallbacks.load(); }
 
 }  // namespace dsmesh

@@ -50,6 +50,13 @@ struct CudaMoePathCounts {
   int64_t per_expert_launches = 0;
 };
 CudaMoePathCounts CudaMoePathCallCounts();
+// Batched EXL3 GEMV launches (Backend::LinearBatch and GroupedLinear of up to 16 rows: several linears in
+// one launch) and the linears they ran, in this process.
+struct CudaGemvBatchCounts {
+  int64_t launches = 0;
+  int64_t linears = 0;
+};
+CudaGemvBatchCounts CudaGemvBatchCallCounts();
 // Steps of several sequences whose attention or indexer ran one sequence at a time (Backend::AttentionBatch /
 // IndexerTopKBatch past what one launch holds), in this process.
 int64_t CudaPerSequenceFallbacks();

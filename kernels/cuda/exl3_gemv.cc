@@ -81,13 +81,36 @@ void CheckExl3LinearCall(const Exl3DeviceLinear& w, const void* x, const void* y
                              ", current device is " + std::to_string(dev));
 }
 
+bool Exl3GemvBatchable(const Exl3DeviceLinear& a, const Exl3DeviceLinear& b) {
+  return a.K == b.K && a.codebook == b.codebook && a.k == b.k;
+}
+
 void Exl3Gemv(const Exl3DeviceLinear& w, const uint16_t* x, int m, void* y, Exl3Out out, Exl3GemvWorkspace& ws,
               cudaStream_t stream) {
-  const std::string who = "EXL3 GEMV '" + w.name + "'";
-  CheckExl3LinearShape(w, who);
+  const Exl3GemvJob job{&w, x, y};
+  Exl3GemvBatch(&job, 1, m, out, ws, stream);
+}
+
+void Exl3GemvBatch(const Exl3GemvJob* jobs, int count, int m, Exl3Out out, Exl3GemvWorkspace& ws,
+                   cudaStream_t stream) {
+  if (count < 1 || count > kExl3GemvMaxBatch)
+    throw std::runtime_error("EXL3 GEMV batch of " + std::to_string(count) + " linears (takes 1.." +
+                             std::to_string(kExl3GemvMaxBatch) + ")");
+  const Exl3DeviceLinear& w0 = *jobs[0].w;
+  std::string who = "EXL3 GEMV '" + w0.name + "'";
+  if (count > 1) who += " (batch of " + std::to_string(count) + ")";
+  int64_t total_n = 0;
+  for (int j = 0; j < count; ++j) {
+    const Exl3DeviceLinear& w = *jobs[j].w;
+    const std::string name = "EXL3 GEMV '" + w.name + "'";
+    CheckExl3LinearShape(w, name);
+    CheckExl3LinearCall(w, jobs[j].x, jobs[j].y, ws.device_, name);
+    if (!Exl3GemvBatchable(w0, w))
+      throw std::runtime_error(who + ": '" + w.name + "' differs in K, codebook or k and cannot share the launch");
+    total_n += w.n;
+  }
   if (m < 1 || m > kExl3GemvMaxRows)
     throw std::runtime_error(who + ": m = " + std::to_string(m) + " rows (the GEMV takes 1..16)");
-  CheckExl3LinearCall(w, x, y, ws.device_, who);
   if (!ws.bound_) {
     ws.bound_ = true;
     ws.stream_ = stream;
@@ -95,33 +118,45 @@ void Exl3Gemv(const Exl3DeviceLinear& w, const uint16_t* x, int m, void* y, Exl3
     throw std::runtime_error(who + ": workspace is bound to another stream; use one Exl3GemvWorkspace per stream");
   }
 
-  exl3cuda::GemvParams p{};
-  p.x = x;
-  p.trellis = w.trellis;
-  p.suh = w.suh;
-  p.svh = w.svh;
-  p.y = y;
-  p.m = m;
-  p.k = static_cast<int>(w.k);
-  p.n = static_cast<int>(w.n);
-  p.splits = Exl3GemvSplits(w.k, w.n, m, ws.num_sms_, ws.ctas_per_sm_);
-  p.y_fp16 = out == Exl3Out::kF16;
-  p.one = 1;
-  if (p.splits > 1) {
-    const size_t need = static_cast<size_t>(p.splits) * m * w.n * sizeof(float);
+  const int splits = Exl3GemvSplits(w0.k, total_n, m, ws.num_sms_, ws.ctas_per_sm_);
+  if (splits > 1) {
+    const size_t need = static_cast<size_t>(splits) * m * total_n * sizeof(float);
     if (need > ws.partial_bytes_)
       throw std::runtime_error(who + ": needs " + std::to_string(need) + " bytes of split-K scratch, workspace has " +
                                std::to_string(ws.partial_bytes_));
-    if (w.n / 128 > ws.num_counters_) throw std::runtime_error(who + ": n too large for the workspace counters");
-    p.partial = ws.partial_;
-    p.counters = ws.counters_;
+    if (total_n / 128 > ws.num_counters_) throw std::runtime_error(who + ": n too large for the workspace counters");
   }
-  const int grid_x = static_cast<int>(w.n / 128);
+  exl3cuda::GemvBatch b{};
+  b.jobs = count;
+  int strips = 0;
+  size_t partial_offset = 0;
+  for (int j = 0; j < count; ++j) {
+    const Exl3DeviceLinear& w = *jobs[j].w;
+    exl3cuda::GemvParams& p = b.job[j];
+    p.x = jobs[j].x;
+    p.trellis = w.trellis;
+    p.suh = w.suh;
+    p.svh = w.svh;
+    p.y = jobs[j].y;
+    p.m = m;
+    p.k = static_cast<int>(w.k);
+    p.n = static_cast<int>(w.n);
+    p.splits = splits;
+    p.y_fp16 = out == Exl3Out::kF16;
+    p.one = 1;
+    if (splits > 1) {  // each job its own partials and arrival counters
+      p.partial = ws.partial_ + partial_offset;
+      p.counters = ws.counters_ + strips;
+      partial_offset += static_cast<size_t>(splits) * m * w.n;
+    }
+    b.strip_begin[j] = strips;
+    strips += static_cast<int>(w.n / 128);
+  }
   int err = 0;
-  switch (w.codebook) {
-    case 0: err = exl3cuda::LaunchGemv3Inst(w.K, p, grid_x, p.splits, stream); break;
-    case 1: err = exl3cuda::LaunchGemvMcg(w.K, p, grid_x, p.splits, stream); break;
-    default: err = exl3cuda::LaunchGemvMul1(w.K, p, grid_x, p.splits, stream); break;
+  switch (w0.codebook) {
+    case 0: err = exl3cuda::LaunchGemv3Inst(w0.K, b, strips, splits, stream); break;
+    case 1: err = exl3cuda::LaunchGemvMcg(w0.K, b, strips, splits, stream); break;
+    default: err = exl3cuda::LaunchGemvMul1(w0.K, b, strips, splits, stream); break;
   }
   CudaCheck(static_cast<cudaError_t>(err), who + " launch");
 }

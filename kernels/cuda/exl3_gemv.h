@@ -34,6 +34,8 @@ enum class Exl3Out { kF32, kF16 };
 // geomean on the H200, docs/cuda-kernels.md).
 constexpr int kExl3GemvCtasPerSm = 2;
 
+struct Exl3GemvJob;
+
 // Split-K scratch (partial sums and per-strip arrival counters). One per stream: a workspace is bound
 // to the first stream it is used on, and using it on another stream throws (two launches sharing the
 // counters at the same time would corrupt each other).
@@ -52,8 +54,7 @@ class Exl3GemvWorkspace {
   int num_sms() const { return num_sms_; }
 
  private:
-  friend void Exl3Gemv(const Exl3DeviceLinear&, const uint16_t*, int, void*, Exl3Out, Exl3GemvWorkspace&,
-                       cudaStream_t);
+  friend void Exl3GemvBatch(const Exl3GemvJob*, int, int, Exl3Out, Exl3GemvWorkspace&, cudaStream_t);
   float* partial_ = nullptr;
   size_t partial_bytes_ = 0;
   int* counters_ = nullptr;
@@ -83,6 +84,27 @@ void CheckExl3LinearCall(const Exl3DeviceLinear& w, const void* x, const void* y
 // std::runtime_error naming the linear on bad shapes, pointers, alignment or a launch error.
 void Exl3Gemv(const Exl3DeviceLinear& w, const uint16_t* x, int m, void* y, Exl3Out out, Exl3GemvWorkspace& ws,
               cudaStream_t stream);
+
+// One linear of a batched launch: y[m, w.n] = x[m, w.k] W.
+struct Exl3GemvJob {
+  const Exl3DeviceLinear* w = nullptr;
+  const uint16_t* x = nullptr;
+  void* y = nullptr;
+};
+
+// Most linears one batched launch takes.
+constexpr int kExl3GemvMaxBatch = 8;
+
+// Whether two linears can share a batched launch: same K, codebook and k (n may differ).
+bool Exl3GemvBatchable(const Exl3DeviceLinear& a, const Exl3DeviceLinear& b);
+
+// Exl3Gemv for `count` (1..kExl3GemvMaxBatch) linears of one K, codebook and k, m rows each, in one launch:
+// a layer's projections of the same input or the groups of a grouped projection pay one launch and one
+// split-K finish latency instead of one each. The k-split is chosen for all their strips together, so a
+// job's sums may be cut differently than in its own launch (fp32 rounding, same bound). Throws like
+// Exl3Gemv, and when the linears are not batchable.
+void Exl3GemvBatch(const Exl3GemvJob* jobs, int count, int m, Exl3Out out, Exl3GemvWorkspace& ws,
+                   cudaStream_t stream);
 
 // Ŵ, the rotated-basis weight (fp16 bit patterns, [k, n] row-major, device memory), bit-exact with
 // exllamav3's `reconstruct`. Uses the GEMV's own per-lane tile decode.

@@ -1,6 +1,6 @@
 // The dense EXL3 GEMV kernel: y[m, n] = x[m, k] W for m <= 16, both Hadamard transforms fused.
 //
-// Grid (n / 128, splits). CTA (strip, split) owns output columns [128 strip, 128 strip + 128) and input
+// Grid (strips of every job of the batch, splits). CTA (strip, split) of its job owns output columns [128 strip, 128 strip + 128) and input
 // channels of whole 128-blocks [kb0, kb1). It
 //   1. starts streaming its trellis tiles (cp.async ring),
 //   2. computes its slice of x' = Hk (x * suh) into shared memory (fp16, the MMA A operand),
@@ -35,13 +35,16 @@ __device__ __forceinline__ void StoreGemvRow(const GemvParams& p, int row, int s
 // kFew: the decode core's few-rows form (m <= 8, 3INST/MCG; UsesFewRowsLoop), one instantiation each so
 // that each kernel holds one main loop (both in one kernel cost m = 16 2-5%: register allocation).
 template <int K, int CB, bool kFew>
-__global__ void __launch_bounds__(kThreads, 3) Exl3GemvKernel(const GemvParams p) {
+__global__ void __launch_bounds__(kThreads, 3) Exl3GemvKernel(const __grid_constant__ GemvBatch b) {
   extern __shared__ __align__(16) uint8_t smem[];
+  int job = 0;  // uniform per CTA: at most kMaxJobs compares against the parameter bank
+  while (job + 1 < b.jobs && static_cast<int>(blockIdx.x) >= b.strip_begin[job + 1]) ++job;
+  const GemvParams& p = b.job[job];
   using Core = TileGemv<K, CB, 1>;
   uint8_t* ring = smem;
   __half* act = reinterpret_cast<__half*>(smem + RingBytes(K));
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int strip = blockIdx.x, split = blockIdx.y;
+  const int strip = blockIdx.x - b.strip_begin[job], split = blockIdx.y;
   const int nblk = p.k >> 7;
   const int kb0 = split * nblk / p.splits, kb1 = (split + 1) * nblk / p.splits;
   const int nb = kb1 - kb0;
@@ -198,18 +201,18 @@ __global__ void __launch_bounds__(kThreads) Exl3ReconstructKernel(const Reconstr
 
 // Launches the GEMV kernel of (K, CB) for p.m rows: the few-rows form when UsesFewRowsLoop.
 template <int CB>
-int LaunchGemvKernel(int K, const GemvParams& p, int grid_x, int grid_y, void* stream) {
+int LaunchGemvKernel(int K, const GemvBatch& b, int grid_x, int grid_y, void* stream) {
   return DispatchK(K, static_cast<int>(cudaErrorInvalidValue), [&](auto k) {
     constexpr int kK = decltype(k)::value;
     const dim3 grid(grid_x, grid_y);
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     if constexpr (HasFewRowsLoop(CB)) {
-      if (UsesFewRowsLoop(CB, p.m)) {
-        Exl3GemvKernel<kK, CB, true><<<grid, kThreads, GemvSmemBytes(kK), s>>>(p);
+      if (UsesFewRowsLoop(CB, b.job[0].m)) {
+        Exl3GemvKernel<kK, CB, true><<<grid, kThreads, GemvSmemBytes(kK), s>>>(b);
         return static_cast<int>(cudaGetLastError());
       }
     }
-    Exl3GemvKernel<kK, CB, false><<<grid, kThreads, GemvSmemBytes(kK), s>>>(p);
+    Exl3GemvKernel<kK, CB, false><<<grid, kThreads, GemvSmemBytes(kK), s>>>(b);
     return static_cast<int>(cudaGetLastError());
   });
 }
@@ -257,8 +260,8 @@ int LaunchReconstructKernel(int K, const ReconstructParams& p, void* stream) {
 
 // Instantiates K = 1..8 for one codebook and the entry points declared in exl3_gemv_params.h.
 #define DSMESH_EXL3_GEMV_CODEBOOK(CB, NAME)                                                              \
-  int LaunchGemv##NAME(int K, const GemvParams& p, int grid_x, int grid_y, void* stream) {              \
-    return LaunchGemvKernel<CB>(K, p, grid_x, grid_y, stream);                                          \
+  int LaunchGemv##NAME(int K, const GemvBatch& b, int grid_x, int grid_y, void* stream) {              \
+    return LaunchGemvKernel<CB>(K, b, grid_x, grid_y, stream);                                          \
   }                                                                                                     \
   int LaunchReconstruct##NAME(int K, const ReconstructParams& p, void* stream) {                        \
     return LaunchReconstructKernel<CB>(K, p, stream);                                                   \

@@ -19,6 +19,17 @@ struct GemvParams {
   uint32_t one;             // always 1; a runtime value so shifts by it compile to IMADs (exl3_device.cuh)
 };
 
+// One launch of the GEMV kernel over up to kMaxJobs linears of the same K, codebook, k, m and output type
+// (a layer's projections of one input, the groups of a grouped projection): job j owns the CTA columns
+// blockIdx.x in [strip_begin[j], strip_begin[j] + n_j / 128); every job is cut into the same `splits`.
+// A single linear is a batch of one. Passed as a __grid_constant__ kernel parameter: nothing is uploaded.
+struct GemvBatch {
+  static constexpr int kMaxJobs = 8;
+  GemvParams job[kMaxJobs];
+  int strip_begin[kMaxJobs];
+  int jobs;
+};
+
 // Pipeline depth per K: 28-40 KB of trellis per CTA (64 tiles per stage), so that three CTAs fit on
 // an SM with their activations (K >= 7 keeps only one stage in flight).
 constexpr int StagesForK(int K) {
@@ -38,9 +49,10 @@ constexpr int GemvSmemBytes(int K) { return RingBytes(K) + kGemvABytes; }
 
 // One function per codebook (separate translation units keep nvcc's parallelism and memory in check).
 // Returns the launch error, if any; prepare sets the kernels' dynamic shared memory limit once.
-int LaunchGemv3Inst(int K, const GemvParams& p, int grid_x, int grid_y, void* stream);
-int LaunchGemvMcg(int K, const GemvParams& p, int grid_x, int grid_y, void* stream);
-int LaunchGemvMul1(int K, const GemvParams& p, int grid_x, int grid_y, void* stream);
+// grid_x is the batch's total strips, grid_y its splits.
+int LaunchGemv3Inst(int K, const GemvBatch& b, int grid_x, int grid_y, void* stream);
+int LaunchGemvMcg(int K, const GemvBatch& b, int grid_x, int grid_y, void* stream);
+int LaunchGemvMul1(int K, const GemvBatch& b, int grid_x, int grid_y, void* stream);
 // Ŵ reconstruction (k x n fp16, row-major), optionally fused with the prefill GEMM's input transform
 // xh[m, k] = Hk(x * suh) (fp16), done by `m * k / 1024` extra CTAs in the same launch.
 struct ReconstructParams {

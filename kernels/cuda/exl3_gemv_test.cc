@@ -173,6 +173,73 @@ TEST(Exl3GemvTest, RandomShapesEveryKCodebookAndRowCount) {
     }
 }
 
+// A batched launch: linears of one K, codebook and k but different n (one with its own input, two sharing
+// one), each row within the fp64 bound and close to its own single launch; a second launch gives the same
+// bits; linears that differ in k are refused by name.
+TEST(Exl3GemvTest, BatchOfLinearsInOneLaunch) {
+  DSMESH_REQUIRE_GPU();
+  std::mt19937 rng(23);
+  Exl3GemvWorkspace ws;
+  for (int K : {2, 6})
+    for (int cb : {0, 1}) {
+      const int64_t k = 1024, ns[3] = {256, 1024, 128};
+      std::vector<Exl3Weight> w;
+      std::vector<DeviceExl3> d(3);
+      for (int j = 0; j < 3; ++j) {
+        w.push_back(testing::RandomExl3Weight(k, ns[j], K, static_cast<Exl3Codebook>(cb), rng));
+        testing::UploadExl3(w[j], d[j]);
+      }
+      for (int m : {1, 4, 9, 16}) {
+        const auto xa = testing::RandomFp16(static_cast<size_t>(m) * k, rng);
+        const auto xb = testing::RandomFp16(static_cast<size_t>(m) * k, rng);
+        DeviceBuffer<uint16_t> dxa(xa), dxb(xb);
+        std::vector<DeviceBuffer<float>> dy;
+        for (int j = 0; j < 3; ++j) {
+          dy.emplace_back(static_cast<size_t>(m) * ns[j]);
+          dy.back().PoisonNaN();
+        }
+        const Exl3GemvJob jobs[3] = {{&d[0].linear, dxa.get(), dy[0].get()},
+                                     {&d[1].linear, dxb.get(), dy[1].get()},
+                                     {&d[2].linear, dxb.get(), dy[2].get()}};
+        Exl3GemvBatch(jobs, 3, m, Exl3Out::kF32, ws, nullptr);
+        CudaCheck(cudaStreamSynchronize(nullptr), "sync");
+        for (int j = 0; j < 3; ++j) {
+          const std::vector<float> y = dy[j].Download();
+          ASSERT_TRUE(testing::AllFinite(y)) << "K" << K << " cb" << cb << " m=" << m << " job " << j;
+          const std::vector<float> alone = RunAndCheck(w[j], d[j], Exl3ReconstructFp16(w[j]), j == 0 ? xa : xb, m, ws,
+                                                       nullptr);
+          for (int r = 0; r < m; ++r) {
+            const std::vector<double> ref(alone.begin() + r * ns[j], alone.begin() + (r + 1) * ns[j]);
+            EXPECT_LE(testing::RelL2(y.data() + r * ns[j], ref.data(), ns[j]), 1e-5)
+                << "K" << K << " cb" << cb << " m=" << m << " job " << j << " row " << r << " vs its own launch";
+          }
+        }
+        std::vector<std::vector<float>> first;
+        for (int j = 0; j < 3; ++j) first.push_back(dy[j].Download());
+        Exl3GemvBatch(jobs, 3, m, Exl3Out::kF32, ws, nullptr);
+        CudaCheck(cudaStreamSynchronize(nullptr), "sync");
+        for (int j = 0; j < 3; ++j)
+          EXPECT_EQ(first[j], dy[j].Download()) << "K" << K << " cb" << cb << " m=" << m << " job " << j
+                                                << ": batch not bitwise reproducible";
+      }
+    }
+  std::mt19937 rng2(5);
+  const Exl3Weight a = testing::RandomExl3Weight(256, 128, 2, Exl3Codebook::kMcg, rng2);
+  const Exl3Weight b = testing::RandomExl3Weight(512, 128, 2, Exl3Codebook::kMcg, rng2);
+  DeviceExl3 da, db;
+  testing::UploadExl3(a, da);
+  testing::UploadExl3(b, db);
+  DeviceBuffer<uint16_t> x(std::vector<uint16_t>(512, 0));
+  DeviceBuffer<float> y(128);
+  const Exl3GemvJob mixed[2] = {{&da.linear, x.get(), y.get()}, {&db.linear, x.get(), y.get()}};
+  try {
+    Exl3GemvBatch(mixed, 2, 1, Exl3Out::kF32, ws, nullptr);
+    ADD_FAILURE() << "a batch mixing k = 256 and k = 512 was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot share the launch"), std::string::npos) << e.what();
+  }
+}
+
 // Many rows over 8 input blocks per CTA: the input transform runs on tensor cores (m >= 6 here; see
 // Exl3GemvKernel), below that on shuffles. One CTA per SM and one strip per SM make every CTA take
 // all 8 blocks of k = 1024 (no split-K).

@@ -89,7 +89,9 @@ void CopyRows(const void* src, int64_t src_row, void* dst, int64_t dst_row, int6
               cudaStream_t s);
 
 // ---- hyper-connections ----
-// mixes: scratch of n * (2 + hc) * hc floats (HcHead: n * hc).
+// mixes: scratch of HcPreScratchFloats(n, D, hc) floats (HcHead: n * hc); HcPre leaves the mixes in its first
+// n * (2 + hc) * hc.
+int64_t HcPreScratchFloats(int64_t n, int64_t D, int hc);
 void HcPre(const float* X, int64_t n, int64_t D, int hc, const float* fn, const float* base, const float* scale,
            int iters, float eps, float norm_eps, float* mixes, float* y, float* post, float* comb, cudaStream_t s);
 void HcExpand(const float* h, int64_t n, int64_t D, int hc, float* X, cudaStream_t s);
@@ -134,9 +136,9 @@ void IndexerTopKBatch(const float* q, const float* weights, const IndexerSeqDev*
 // Largest number of keys one query row may see (shared memory of the kernel).
 int64_t AttentionMaxKeys();
 // The ring holds ring_slots >= window rows (slot = position % ring_slots).
-// Steps of at most 16 rows with `split_scratch` (AttentionSplitScratchFloats floats) split each row's keys
-// over many blocks (decode and verification); larger steps, or a null scratch, take one block per
-// (row, head).
+// With `split_scratch` (AttentionSplitScratchFloats floats) each row's keys are split over many blocks,
+// 16 rows per launch (decode and verification in one, prefill chunks in slices); with a null scratch one
+// block per (row, head) takes them all.
 int64_t AttentionSplitScratchFloats(int64_t n, int64_t heads, int64_t d);
 void Attention(const float* q, int64_t n, int64_t heads, int64_t d, int64_t start, const float* ring,
                int64_t ring_slots, const float* new_kv, int window, PagedRowsDev entries, int64_t num_entries, int ratio,
@@ -147,6 +149,7 @@ void Attention(const float* q, int64_t n, int64_t heads, int64_t d, int64_t star
 // and AttentionBatchMaxSeqs() sequences, with split_scratch of AttentionSplitScratchFloats(n, ...).
 struct AttentionSeqDev {
   int64_t offset = 0, count = 0, start = 0;
+  int64_t first_row = 0;  // the sequence's row that row `offset` of the launch is (slices of a long step)
   const float* ring = nullptr;
   int64_t ring_slots = 0;
   PagedRowsDev entries;  // pool null: no compressed entries

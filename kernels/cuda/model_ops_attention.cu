@@ -393,7 +393,7 @@ constexpr int kSplitMaxSeqs = 8;
 struct AttnBatch {
   AttnKeys seq[kSplitMaxSeqs];
   int8_t row_seq[kSplitMaxRows];
-  int8_t row_local[kSplitMaxRows];
+  int32_t row_local[kSplitMaxRows];
 };
 
 // Partials of (row r, head h, range g): [max, sum, values[d]] at ((r * heads + h) * ranges + g) * (d + 2).
@@ -605,7 +605,7 @@ void IndexerTopKBatch(const float* q, const float* weights, const IndexerSeqDev*
 int64_t AttentionMaxKeys() { return kAttnMaxKeys; }
 
 int64_t AttentionSplitScratchFloats(int64_t n, int64_t heads, int64_t d) {
-  return n <= kSplitMaxRows ? n * heads * kSplitMaxRanges * (d + 2) : 0;
+  return (n < kSplitMaxRows ? n : kSplitMaxRows) * heads * kSplitMaxRanges * (d + 2);
 }
 
 void Attention(const float* q, int64_t n, int64_t heads, int64_t d, int64_t start, const float* ring,
@@ -625,16 +625,21 @@ void Attention(const float* q, int64_t n, int64_t heads, int64_t d, int64_t star
                                    static_cast<int>((kAttnFixedSmemFloats + kAttnMaxKeys) * sizeof(float))),
               "attention smem attribute");
   });
-  if (split_scratch && n <= kSplitMaxRows) {
-    AttentionSeqDev one;
-    one.count = n;
-    one.start = start;
-    one.ring = ring;
-    one.ring_slots = ring_slots;
-    one.entries = entries;
-    one.num_entries = num_entries;
-    AttentionBatch(q, n, heads, d, new_kv, window, ratio, topk, topk_cols, &one, 1, sinks, softmax_scale, out,
-                   split_scratch, s);
+  if (split_scratch) {
+    // Slices of kSplitMaxRows rows (prefill chunks take several): rows first_row.. of the sequence, whose
+    // keys (ring, new_kv, top-k lists) are addressed from the sequence's first row as before.
+    for (int64_t r0 = 0; r0 < n; r0 += kSplitMaxRows) {
+      AttentionSeqDev slice;
+      slice.count = n - r0 < kSplitMaxRows ? n - r0 : kSplitMaxRows;
+      slice.first_row = r0;
+      slice.start = start;
+      slice.ring = ring;
+      slice.ring_slots = ring_slots;
+      slice.entries = entries;
+      slice.num_entries = num_entries;
+      AttentionBatch(q + r0 * heads * d, slice.count, heads, d, new_kv, window, ratio, topk, topk_cols, &slice, 1,
+                     sinks, softmax_scale, out + r0 * heads * d, split_scratch, s);
+    }
     return;
   }
   AttnKeys keys{ring, new_kv, entries, topk, topk_cols, start, num_entries, d, ring_slots, window, ratio};
@@ -668,7 +673,7 @@ void AttentionBatch(const float* q, int64_t n, int64_t heads, int64_t d, const f
     for (int64_t r = 0; r < q_seq.count; ++r) {
       if (q_seq.offset + r >= n) throw std::runtime_error("cuda AttentionBatch: a sequence's rows pass the step's");
       batch.row_seq[q_seq.offset + r] = static_cast<int8_t>(i);
-      batch.row_local[q_seq.offset + r] = static_cast<int8_t>(r);
+      batch.row_local[q_seq.offset + r] = static_cast<int32_t>(q_seq.first_row + r);
     }
     rows += q_seq.count;
   }

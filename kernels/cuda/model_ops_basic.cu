@@ -42,6 +42,39 @@ __global__ void RmsNormKernel(const float* x, int64_t dim, const float* w, float
   for (int64_t k = threadIdx.x; k < dim; k += blockDim.x) o[k] = w ? w[k] * (xi[k] * r) : xi[k] * r;
 }
 
+// The same over float4: each thread keeps its (at most kRmsPer) float4 of the row in registers between
+// the sum and the scaling, so the row is read once; up to 1024 threads per row (a decode step's norms are
+// one row each: latency, not bandwidth, is what counts).
+constexpr int kRmsPer = 4;
+__global__ void RmsNormVec4Kernel(const float4* x, int64_t dim4, const float4* w, float eps, float inv_dim,
+                                  float4* out) {
+  const float4* xi = x + blockIdx.x * dim4;
+  float4* o = out + blockIdx.x * dim4;
+  float4 v[kRmsPer];
+  float ss = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kRmsPer; ++i) {
+    const int64_t k = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
+    if (k < dim4) {
+      v[i] = xi[k];
+      ss += v[i].x * v[i].x + v[i].y * v[i].y + v[i].z * v[i].z + v[i].w * v[i].w;
+    }
+  }
+  const float r = 1.0f / sqrtf(BlockSum(ss) * inv_dim + eps);
+#pragma unroll
+  for (int i = 0; i < kRmsPer; ++i) {
+    const int64_t k = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
+    if (k < dim4) {
+      float4 y = make_float4(v[i].x * r, v[i].y * r, v[i].z * r, v[i].w * r);
+      if (w) {
+        const float4 g = w[k];
+        y = make_float4(g.x * y.x, g.y * y.y, g.z * y.z, g.w * y.w);
+      }
+      o[k] = y;
+    }
+  }
+}
+
 __global__ void AddKernel(const float* a, int64_t n, float* acc) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
     acc[i] += a[i];
@@ -153,26 +186,37 @@ __global__ void HcMixesKernel(const float* X, int64_t w, const float* fn, int K,
   if (threadIdx.x == 0) mixes[r * K + k] = (1.0f / sqrtf(ss / static_cast<float>(w) + norm_eps)) * dot;
 }
 
-// From a row's mixes: pre (sigmoid + eps), post (2 sigmoid), comb (softmax rows + eps, then Sinkhorn:
-// columns, then rows and columns iters-1 times), y = sum_i pre_i X_i. Thread i*hc + j owns comb[i][j];
-// every row and column sum is taken in the CPU op's order (j, resp. i, ascending) from shared memory.
-__global__ void HcPreFinishKernel(const float* X, int64_t D, int hc, const float* mixes_all, const float* base,
-                                  const float* scale, int iters, float eps, float* y, float* post, float* comb) {
-  __shared__ float pre[kMaxHc];
-  __shared__ float c[kMaxHc * kMaxHc];
+// HcPre's first half, the K = (2 + hc) hc mixes of a row as partial sums: block (r, k, p) takes the p-th
+// of `parts` equal ranges of the row (hc D values) and stores (sum of x^2, fn[k] . x) over it, each thread
+// adding its elements in index order. The apply kernel adds the parts in part order.
+__global__ void HcMixPartsKernel(const float* X, int64_t w, const float* fn, int K, int parts, float2* out) {
   const int64_t r = blockIdx.x;
-  const float* x = X + r * hc * D;
-  const float* mixes = mixes_all + r * (2 + hc) * hc;
-  const int t = threadIdx.x, cells = hc * hc;
-  const int i = t / (hc > 0 ? hc : 1), j = t % (hc > 0 ? hc : 1);
-  const bool owner = t < cells;
-  if (t < hc) {
-    pre[t] = Sigmoid(mixes[t] * scale[0] + base[t]) + eps;
-    post[r * hc + t] = 2.0f * Sigmoid(mixes[hc + t] * scale[1] + base[hc + t]);
+  const int k = blockIdx.y, part = blockIdx.z;
+  const int64_t len = w / parts, begin = part * len, end = part + 1 == parts ? w : begin + len;
+  const float* x = X + r * w;
+  const float* f = fn + k * w;
+  float ss = 0.0f, dot = 0.0f;
+#pragma unroll 8
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const float v = x[i];
+    ss += v * v;
+    dot += __ldg(f + i) * v;
   }
-  float v = 0.0f;
-  if (owner) c[t] = v = mixes[2 * hc + t] * scale[2] + base[2 * hc + t];
-  __syncthreads();
+  ss = BlockSum(ss);
+  dot = BlockSum(dot);
+  if (threadIdx.x == 0) out[(r * K + k) * parts + part] = make_float2(ss, dot);
+}
+
+// comb's softmax rows (+ eps) and Sinkhorn normalisation (columns, then rows and columns iters - 1 times)
+// on the cells c[hc x hc] in shared memory; thread t < hc * hc owns cell t and returns its value. Every
+// row and column sum is taken in the CPU op's order (j, resp. i, ascending). `sync` is the barrier of the
+// threads taking part (one warp when the cells fit in it, else the block).
+template <class Sync>
+__device__ float SinkhornCells(float* c, float v, int hc, int iters, float eps, Sync sync) {
+  const int t = threadIdx.x, i = t / hc, j = t % hc;
+  const bool owner = t < hc * hc;
+  if (owner) c[t] = v;
+  sync();
   if (owner) {  // softmax over the row, + eps
     float mx = -INFINITY;
     for (int jj = 0; jj < hc; ++jj) mx = fmaxf(mx, c[i * hc + jj]);
@@ -180,27 +224,70 @@ __global__ void HcPreFinishKernel(const float* X, int64_t D, int hc, const float
     for (int jj = 0; jj < hc; ++jj) sum += expf(c[i * hc + jj] - mx);
     v = expf(v - mx) / sum + eps;
   }
-  __syncthreads();
+  sync();
   if (owner) c[t] = v;
-  __syncthreads();
+  sync();
   for (int it = 0; it < (iters > 0 ? iters : 1); ++it) {
     if (it > 0) {  // rows, then columns again (the first pass normalises columns only)
       float sum = 0.0f;
       if (owner)
         for (int jj = 0; jj < hc; ++jj) sum += c[i * hc + jj];
-      __syncthreads();
+      sync();
       if (owner) c[t] = v = v / (sum + eps);
-      __syncthreads();
+      sync();
     }
     float sum = 0.0f;
     if (owner)
       for (int ii = 0; ii < hc; ++ii) sum += c[ii * hc + j];
-    __syncthreads();
+    sync();
     if (owner) c[t] = v = v / (sum + eps);
-    __syncthreads();
+    sync();
   }
-  if (owner) comb[r * cells + t] = v;
-  for (int64_t k = threadIdx.x; k < D; k += blockDim.x) {
+  return v;
+}
+
+// HcPre's second half. Grid (column blocks of D, rows). Every block adds its row's mix parts (part
+// order), takes pre = sigmoid + eps and writes its columns of y = sum_i pre_i X_i; block 0 of the row also
+// writes post (2 sigmoid), comb (SinkhornCells) and the mixes. Block 0's normalisation runs beside the
+// other blocks' y.
+__global__ void HcPreApplyKernel(const float* X, int64_t D, int hc, const float2* mix_parts, int parts,
+                                 float inv_w, float norm_eps, const float* base, const float* scale, int iters,
+                                 float eps, float* mixes_out, float* y, float* post, float* comb) {
+  __shared__ float mixes[(2 + kMaxHc) * kMaxHc];
+  __shared__ float pre[kMaxHc];
+  __shared__ float c[kMaxHc * kMaxHc];
+  const int64_t r = blockIdx.y;
+  const int K = (2 + hc) * hc, t = threadIdx.x;
+  const bool first = blockIdx.x == 0;
+  for (int k = t; k < (first ? K : hc); k += blockDim.x) {
+    const float2* q = mix_parts + (r * K + k) * parts;
+    float ss = 0.0f, dot = 0.0f;
+    for (int p = 0; p < parts; ++p) {
+      ss += q[p].x;
+      dot += q[p].y;
+    }
+    mixes[k] = (1.0f / sqrtf(ss * inv_w + norm_eps)) * dot;
+    if (first) mixes_out[r * K + k] = mixes[k];
+  }
+  __syncthreads();
+  if (t < hc) pre[t] = Sigmoid(mixes[t] * scale[0] + base[t]) + eps;
+  if (first) {
+    if (t < hc) post[r * hc + t] = 2.0f * Sigmoid(mixes[hc + t] * scale[1] + base[hc + t]);
+    const int cells = hc * hc;
+    const float v = t < cells ? mixes[2 * hc + t] * scale[2] + base[2 * hc + t] : 0.0f;
+    if (cells <= 32) {
+      if (t < 32) {
+        const float out = SinkhornCells(c, v, hc, iters, eps, [] { __syncwarp(); });
+        if (t < cells) comb[r * cells + t] = out;
+      }
+    } else {
+      const float out = SinkhornCells(c, v, hc, iters, eps, [] { __syncthreads(); });
+      if (t < cells) comb[r * cells + t] = out;
+    }
+  }
+  __syncthreads();
+  const float* x = X + r * hc * D;
+  for (int64_t k = blockIdx.x * (int64_t)blockDim.x + t; k < D; k += (int64_t)gridDim.x * blockDim.x) {
     float acc = 0.0f;
     for (int ii = 0; ii < hc; ++ii) acc += pre[ii] * x[ii * D + k];
     y[r * D + k] = acc;
@@ -258,7 +345,19 @@ void Embedding(const void* table, WType type, int64_t dim, const int32_t* tokens
 }
 
 void RmsNorm(const float* x, int64_t groups, int64_t dim, const float* weight, float eps, float* out, cudaStream_t s) {
-  if (groups > 0) RmsNormKernel<<<groups, dim >= 1024 ? 512 : 128, 0, s>>>(x, dim, weight, eps, out);
+  if (groups <= 0) return;
+  const int64_t dim4 = dim / 4;
+  const bool vec = dim % 4 == 0 && dim4 <= int64_t{kRmsPer} * 1024 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(out) % 16 == 0 && reinterpret_cast<uintptr_t>(weight) % 16 == 0;
+  if (vec) {
+    const int64_t per_thread = (dim4 + 1023) / 1024;  // 1..kRmsPer float4 per thread
+    const int64_t threads = ((dim4 + per_thread - 1) / per_thread + 31) / 32 * 32;
+    RmsNormVec4Kernel<<<groups, static_cast<unsigned>(threads), 0, s>>>(
+        reinterpret_cast<const float4*>(x), dim4, reinterpret_cast<const float4*>(weight), eps,
+        1.0f / static_cast<float>(dim), reinterpret_cast<float4*>(out));
+    return;
+  }
+  RmsNormKernel<<<groups, dim >= 1024 ? 512 : 128, 0, s>>>(x, dim, weight, eps, out);
 }
 
 void Add(const float* a, int64_t n, float* acc, cudaStream_t s) {
@@ -360,12 +459,23 @@ void CopyRows(const void* src, int64_t src_row, void* dst, int64_t dst_row, int6
                   rows * row_bytes, cudaMemcpyDeviceToDevice, s);
 }
 
+static int HcMixParts(int64_t w) { return static_cast<int>(w / 2048 < 1 ? 1 : (w / 2048 > 8 ? 8 : w / 2048)); }
+
+int64_t HcPreScratchFloats(int64_t n, int64_t D, int hc) {
+  const int64_t K = (2 + hc) * hc;
+  return (n * K + 1) / 2 * 2 + 2 * n * K * HcMixParts(hc * D);  // the parts (float2) start 8-byte aligned
+}
+
 void HcPre(const float* X, int64_t n, int64_t D, int hc, const float* fn, const float* base, const float* scale,
            int iters, float eps, float norm_eps, float* mixes, float* y, float* post, float* comb, cudaStream_t s) {
   if (n <= 0) return;
-  const int K = (2 + hc) * hc;
-  HcMixesKernel<<<dim3(static_cast<unsigned>(n), K), 512, 0, s>>>(X, hc * D, fn, K, norm_eps, mixes);
-  HcPreFinishKernel<<<n, kThreads, 0, s>>>(X, D, hc, mixes, base, scale, iters, eps, y, post, comb);
+  if (n > 65535) throw std::runtime_error("cuda HcPre: " + std::to_string(n) + " rows, at most 65535 per call");
+  const int K = (2 + hc) * hc, parts = HcMixParts(hc * D);
+  auto* mix_parts = reinterpret_cast<float2*>(mixes + (n * K + 1) / 2 * 2);
+  HcMixPartsKernel<<<dim3(static_cast<unsigned>(n), K, parts), kThreads, 0, s>>>(X, hc * D, fn, K, parts, mix_parts);
+  HcPreApplyKernel<<<dim3(Blocks(D), RowBlocks(n)), kThreads, 0, s>>>(X, D, hc, mix_parts, parts,
+                                                                       1.0f / static_cast<float>(hc * D), norm_eps,
+                                                                       base, scale, iters, eps, mixes, y, post, comb);
 }
 
 void HcExpand(const float* h, int64_t n, int64_t D, int hc, float* X, cudaStream_t s) {

@@ -5,6 +5,7 @@
 # OpenAI API (chat, streaming, a client disconnect) checked with curl. Logs go to $OUT (or /tmp/out).
 #   usage (repository root on the GPU machine): tests/gpu/run_gpu.sh [parts]
 #   parts: any of tests,sanitize,cli,serve,flash,flashbench,profile,specbench (default: all but the benches)
+#   env: GPU_TESTS (test binaries of the tests part), GTEST_FILTER (passed through to them)
 set -uo pipefail
 B=.bundle/gpu
 PARTS=${1:-tests,sanitize,cli,serve,flash}
@@ -28,7 +29,7 @@ GOLDEN=tests/golden/tiny_v4
 
 if [[ $PARTS == *tests* ]]; then
   step "GPU tests (DSMESH_REQUIRE_GPU_TESTS=1: a missing GPU fails)"
-  for t in cuda_backend_test gpu_forward_test; do
+  for t in ${GPU_TESTS:-exl3_gemv_test cuda_backend_test gpu_forward_test}; do
     timeout 400 "$B/bin/$t" 2>&1 | tee "$OUT/$t.log" | grep -E "^\[  |FAIL|Failure|rel L2|ms/step|Expected|which is|SKIPPED" | head -80
     check grep -q "^\[  PASSED  \]" "$OUT/$t.log"
     check test "$(grep -c '^\[  FAILED  \]' "$OUT/$t.log")" = 0
