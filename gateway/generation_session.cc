@@ -339,6 +339,8 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
     f.prompt_tokens = usage.prompt_tokens > 0 ? usage.prompt_tokens : static_cast<int>(job_.prompt_ids.size());
     f.generation_tokens = usage.completion_tokens;
     f.max_tokens_param = job_.options.max_tokens.value_or(0);
+    f.image_inputs = static_cast<int>(job_.images.size());
+    for (const PromptImage& im : job_.images) f.image_tokens += im.length();
     if (first_token_s_) {
       f.ttft_s = *first_token_s_ - job_.arrival_s;
       f.decode_s = last_token_s_ - *first_token_s_;

@@ -35,6 +35,8 @@ void ServingMetrics::ObserveInterTokenLatency(double seconds) { itl_.Observe(sec
 void ServingMetrics::ObserveFinished(const FinishedRequestFigures& f) {
   prompt_tokens_.Add(f.prompt_tokens);
   generation_tokens_.Add(f.generation_tokens);
+  image_inputs_.Add(f.image_inputs);
+  image_tokens_.Add(f.image_tokens);
   {
     std::lock_guard<std::mutex> lock(mu_);
     request_success_[f.finished_reason].Add(1);
@@ -142,6 +144,9 @@ std::string ServingMetrics::Render(const std::optional<StatsResponse>& stats, in
   }
   counter("vllm:prompt_tokens", "Number of prefill tokens processed.", prompt_tokens_.value());
   counter("vllm:generation_tokens", "Number of generation tokens processed.", generation_tokens_.value());
+  counter("dsmesh_image_inputs", "Number of images in prompts processed.", image_inputs_.value());
+  counter("dsmesh_image_tokens", "Number of prefill tokens of image blocks processed (part of vllm:prompt_tokens).",
+          image_tokens_.value());
   {
     std::lock_guard<std::mutex> lock(mu_);
     PromFamilyHeader("vllm:request_success_total", "counter", "Count of successfully processed requests.", &out);

@@ -2,7 +2,10 @@
 // (vllm/v1/metrics/loggers.py, summarized in shared/reference/serving-conventions.md section 2), so
 // vLLM's Grafana dashboard and the seat's bench scripts work unchanged. Per-request figures are
 // observed here as responses stream through; scheduler, KV and speculative figures come from the
-// coordinator's Stats RPC at scrape time. Names outside vLLM's set use the `dsmesh_` prefix.
+// coordinator's Stats RPC at scrape time. Names outside vLLM's set use the `dsmesh_` prefix: so do the
+// image counters (dsmesh_image_inputs_total, dsmesh_image_tokens_total), since vLLM counts no image inputs
+// (its only multimodal families, vllm:mm_cache_queries/hits, count its processor cache, which dsmesh does
+// not have); the image tokens are a part of vllm:prompt_tokens_total.
 #pragma once
 
 #include <map>
@@ -20,6 +23,8 @@ struct FinishedRequestFigures {
   int prompt_tokens = 0;
   int generation_tokens = 0;
   int max_tokens_param = 0;
+  int image_inputs = 0;  // pictures in the prompt
+  int image_tokens = 0;  // prompt tokens of their blocks (alignment pads, sentinels and image rows)
   std::optional<double> ttft_s;  // unset when no token was produced
   double e2e_s = 0;
   std::optional<double> queue_s;
@@ -44,7 +49,7 @@ class ServingMetrics {
   Labels Base() const { return {{"model_name", model_name_}, {"engine", "0"}}; }
 
   const std::string model_name_;
-  Counter prompt_tokens_, generation_tokens_;
+  Counter prompt_tokens_, generation_tokens_, image_inputs_, image_tokens_;
   mutable std::mutex mu_;  // guards the maps below
   std::map<std::string, Counter> request_success_;  // by finished_reason
   std::map<std::string, Counter> rejected_;         // by reason

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -30,6 +31,17 @@ class Phase {
  private:
   Backend& be_;
 };
+
+// Runs `ops` as the graph segment `key`, or directly in a step with image rows: where the image rows lie
+// changes the launches (embeddings placed over rows, bias_vl routing), and the key holds only shapes, so a
+// record of a text step of the same shapes must not replay for it.
+void SegmentUnlessImages(Backend& be, const Backend::SegmentKey& key, bool images, const std::function<void()>& ops) {
+  if (images) {
+    ops();
+  } else {
+    be.Segment(key, ops);
+  }
+}
 
 }  // namespace
 
@@ -89,6 +101,9 @@ void ModelImpl::ValidateImages(const SequenceStep& step, const std::string& wher
 
 void ModelImpl::PlaceImageEmbeddings(const std::vector<SeqRows>& seqs, Tensor* h) {
   Backend& be = *backend_;
+  // The given rows' scratch is released here, so that the step's later temporaries lie where a text
+  // step's do (graph segments recorded by text steps replay only at the offsets they were recorded at).
+  const size_t mark = be.ScratchMark();
   for (const SeqRows& s : seqs) {
     if (!s.images || s.images->empty()) continue;
     const StepImageRows& im = *s.images;
@@ -102,6 +117,7 @@ void ModelImpl::PlaceImageEmbeddings(const std::vector<SeqRows>& seqs, Tensor* h
       i = j;
     }
   }
+  be.ReleaseScratch(mark);
 }
 
 void ModelImpl::AllReduce(Tensor* t) {
@@ -381,7 +397,7 @@ void ModelImpl::RunBlock(const BlockWeights& b, const std::vector<SeqRows>& seqs
   });
   AllReduce(&a.attn_out);
 
-  be.Segment({kFfnSite, b.layer, N, 0}, [&] {
+  SegmentUnlessImages(be, {kFfnSite, b.layer, N, 0}, !image_rows.empty(), [&] {
     Phase phase(be, "hc post/pre + norms");
     be.HcPost(*X, a.attn_out, a.post, a.comb, hc, &a.X2);
     be.HcPre(a.X2, b.hc_ffn.fn, b.hc_ffn.base, b.hc_ffn.scale, hc, c.hc_sinkhorn_iters, hc_eps, eps, &a.y, &a.post,
@@ -492,7 +508,7 @@ std::vector<SequenceOutput> ModelImpl::Forward(const std::vector<SequenceStep>& 
   be.BeginStep(Backend::StepMetadata{tokens.data(), positions.data(), N, tables.data(), static_cast<int64_t>(tables.size())});
   Tensor X = be.Scratch(DType::kF32, {N, hc * D});
   Tensor h = be.Scratch(DType::kF32, {N, D});
-  be.Segment({kEmbedSite, -1, N, 0}, [&] {
+  SegmentUnlessImages(be, {kEmbedSite, -1, N, 0}, !image_rows.empty(), [&] {
     Phase phase(be, "embedding");
     be.Embedding(weights_.embed, tokens.data(), N, &h);
     if (!image_rows.empty()) PlaceImageEmbeddings(seqs, &h);

@@ -735,13 +735,96 @@ class CudaBackend final : public Backend {
     Launched("UpdateRing");
   }
 
+  // ---- image steps and the vision tower (model_ops_vision.cu) ----
+  void SpanWindowAttention(const Tensor& q, int64_t heads, int64_t d, int64_t start, const Tensor& ring,
+                           const Tensor& new_kv, int window, const int64_t* visible_from, const int64_t* visible_to,
+                           const PagedRows* entries, int64_t num_entries, int ratio, const Tensor* topk,
+                           const Tensor& sinks, float softmax_scale, Tensor* out) override {
+    const ProfileScope ps = Profile("SpanWindowAttention");
+    const int64_t n = q.shape[0];
+    Require(RowWidth(q) == heads * d && RowWidth(*out) == heads * d && new_kv.shape[0] == n && RowWidth(new_kv) == d,
+            "SpanWindowAttention", "shape");
+    Require(ring.shape[0] >= window, "SpanWindowAttention", "ring has fewer slots than the window");
+    Require(!entries || num_entries <= entries->capacity(), "SpanWindowAttention",
+            "more entries than the block table holds");
+    Require(visible_from && visible_to, "SpanWindowAttention", "bounds missing");
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t t = start + r;
+      Require(visible_from[r] >= std::max<int64_t>(0, std::min<int64_t>(t - window + 1, start)) &&
+                  visible_from[r] <= t && visible_to[r] >= t && visible_to[r] < start + n,
+              "SpanWindowAttention", "bounds of row " + std::to_string(r) + " outside what the step holds");
+    }
+    Use();
+    Tensor table;
+    const cuda_ops::PagedRowsDev paged = entries ? Paged(*entries, num_entries, d, &table) : cuda_ops::PagedRowsDev{};
+    const Tensor from = Staged(visible_from, n), to = Staged(visible_to, n);
+    cuda_ops::SpanWindowAttention(F(q), n, heads, d, start, F(ring), ring.shape[0], F(new_kv),
+                                  static_cast<const int64_t*>(from.data), static_cast<const int64_t*>(to.data), paged,
+                                  num_entries, ratio, topk ? I32(*topk) : nullptr, topk ? RowWidth(*topk) : 0,
+                                  F(sinks), softmax_scale, F(*out), ctx_->stream);
+    Launched("SpanWindowAttention");
+  }
+
+  bool supports_image_rows() const override { return true; }
+
+  void RotateHalf(Tensor* x, int64_t heads, int64_t head_dim, const Tensor& angles) override {
+    const ProfileScope ps = Profile("RotateHalf");
+    const int64_t n = x->shape[0];
+    Require(RowWidth(*x) == heads * head_dim && head_dim % 2 == 0 && angles.dtype == DType::kF32 &&
+                angles.numel() == n * (head_dim / 2),
+            "RotateHalf", "shape");
+    Use();
+    cuda_ops::RotateHalf(F(*x), n, heads, head_dim, F(angles), ctx_->stream);
+    Launched("RotateHalf");
+  }
+
+  void SpanAttention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t heads, int64_t d, const int64_t* spans,
+                     int64_t num_spans, float softmax_scale, Tensor* out) override {
+    const ProfileScope ps = Profile("SpanAttention");
+    const int64_t n = q.shape[0];
+    Require(RowWidth(q) == heads * d && RowWidth(k) == heads * d && RowWidth(v) == heads * d &&
+                RowWidth(*out) == heads * d && k.shape[0] == n && v.shape[0] == n && out->shape[0] == n,
+            "SpanAttention", "shape");
+    Require(d <= cuda_ops::SpanAttentionMaxHeadDim(), "SpanAttention",
+            "head_dim " + std::to_string(d) + " above " + std::to_string(cuda_ops::SpanAttentionMaxHeadDim()));
+    Require(spans && num_spans >= 0 && spans[0] == 0 && spans[num_spans] == n && n < INT32_MAX, "SpanAttention",
+            "spans must run from 0 to the row count");
+    for (int64_t s = 0; s < num_spans; ++s) Require(spans[s] <= spans[s + 1], "SpanAttention", "spans out of order");
+    Use();
+    const std::vector<int32_t> tiles = cuda_ops::SpanAttentionTiles(spans, num_spans);
+    if (tiles.empty()) return;
+    const Tensor dev = Staged(tiles.data(), static_cast<int64_t>(tiles.size()));
+    cuda_ops::SpanAttention(F(q), F(k), F(v), heads, d, I32(dev), static_cast<int64_t>(tiles.size() / 4), softmax_scale,
+                            F(*out), ctx_->stream);
+    Launched("SpanAttention");
+  }
+
+  void Gelu(Tensor* x) override {
+    const ProfileScope ps = Profile("Gelu");
+    Require(x->dtype == DType::kF32, "Gelu", "f32 only");
+    Use();
+    cuda_ops::Gelu(F(*x), x->numel(), ctx_->stream);
+    Launched("Gelu");
+  }
+
+  void Unfold2D(const Tensor& x, int64_t h, int64_t w, int r, Tensor* out) override {
+    const ProfileScope ps = Profile("Unfold2D");
+    const int64_t C = RowWidth(x);
+    Require(h > 0 && w > 0 && r > 0 && x.shape[0] == h * w, "Unfold2D", "x must hold h*w rows");
+    Require(out->shape[0] == ((h + r - 1) / r) * ((w + r - 1) / r) && RowWidth(*out) == C * r * r, "Unfold2D",
+            "output shape");
+    Use();
+    cuda_ops::Unfold2D(F(x), h, w, C, r, F(*out), ctx_->stream);
+    Launched("Unfold2D");
+  }
+
   // ---- MoE ----
   void MoeRoute(const Tensor& logits, const int32_t* tokens, const RouterParams& p, Tensor* idx,
                 Tensor* weight) override {
     const ProfileScope ps = Profile("MoeRoute");
     const int64_t n = logits.shape[0], E = RowWidth(logits);
     Require(RowWidth(*idx) == p.top_k && RowWidth(*weight) == p.top_k, "MoeRoute", "output shape");
-    if (p.image_rows) throw std::runtime_error("MoeRoute with image rows (bias_vl) is not implemented on " + name());
+    Require(!p.image_rows || (p.bias_vl && p.bias_vl->numel() == E), "MoeRoute", "image rows without bias_vl [E]");
     Tensor toks;
     const int32_t* table = nullptr;
     const int32_t* dev_tokens = nullptr;
@@ -754,6 +837,20 @@ class CudaBackend final : public Backend {
     cuda_ops::MoeRoute(F(logits), n, E, dev_tokens, table,
                        !p.hash && p.bias && p.bias->data ? F(*p.bias) : nullptr, p.top_k, p.normalize, p.routed_scale,
                        static_cast<int32_t*>(idx->data), F(*weight), ctx_->stream);
+    // Image rows (hash layers too) are routed again, each run of consecutive ones in one launch:
+    // top_k(score + bias_vl), weights from the unbiased scores.
+    for (int64_t r0 = 0; p.image_rows && r0 < n;) {
+      if (!p.image_rows[r0]) {
+        ++r0;
+        continue;
+      }
+      int64_t r1 = r0 + 1;
+      while (r1 < n && p.image_rows[r1]) ++r1;
+      cuda_ops::MoeRoute(F(logits) + r0 * E, r1 - r0, E, nullptr, nullptr, F(*p.bias_vl), p.top_k, p.normalize,
+                         p.routed_scale, static_cast<int32_t*>(idx->data) + r0 * p.top_k, F(*weight) + r0 * p.top_k,
+                         ctx_->stream);
+      r0 = r1;
+    }
     Launched("MoeRoute");
   }
 

@@ -1025,5 +1025,231 @@ TEST_F(CudaBackendTest, SampleRowsCutsAtTheirBoundariesAndDrawsAcrossPositions) 
   ExpectSameSamples(cpu_->SampleRows(logits.c, spec), gpu().SampleRows(logits.g, spec), spec, "peaked row");
 }
 
+// ---- image steps (docs/vision.md): span window attention and bias_vl routing ----
+
+// Rows inside a span [first, last] (step rows) see max(0, min(t - window + 1, IMAGE_START)) .. IMAGE_END,
+// the others their causal window (the bounds model/forward.cc gives).
+void SpanBounds(int64_t n, int64_t start, int window, const std::vector<std::pair<int64_t, int64_t>>& spans,
+                std::vector<int64_t>* from, std::vector<int64_t>* to) {
+  from->resize(n);
+  to->resize(n);
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t t = start + r;
+    (*from)[r] = std::max<int64_t>(0, t - window + 1);
+    (*to)[r] = t;
+  }
+  for (const auto& [first, last] : spans)
+    for (int64_t r = first; r <= last; ++r) {
+      const int64_t t = start + r;
+      (*from)[r] = std::max<int64_t>(0, std::min<int64_t>(t - window + 1, start + first));
+      (*to)[r] = start + last;
+    }
+}
+
+TEST_F(CudaBackendTest, SpanWindowAttention) {
+  DSMESH_REQUIRE_GPU();
+  struct Case {
+    const char* what;
+    int64_t n, start;
+    int window, ratio;
+    int64_t num_entries;
+    int topk_cols;  // 0 = all visible entries
+    std::vector<std::pair<int64_t, int64_t>> spans;
+  };
+  const int64_t heads = 4;
+  for (int64_t d : {64, 512}) {
+    const float softmax_scale = 1.0f / std::sqrt(static_cast<float>(d));
+    for (const Case& k : {Case{"sliding, span from 0 longer than the window", 50, 0, 16, 0, 0, 0, {{3, 40}}},
+                          Case{"sliding, span reaching into the ring", 30, 37, 16, 0, 0, 0, {{0, 20}}},
+                          Case{"sliding, two spans and text rows", 40, 100, 16, 0, 0, 0, {{2, 9}, {15, 33}}},
+                          Case{"all compressed entries", 24, 37, 16, 4, 15, 0, {{4, 20}}},
+                          Case{"topk with -1 and future entries", 24, 37, 16, 4, 15, 8, {{4, 20}}},
+                          Case{"long context, topk", 20, 20100, 128, 4, 5025, 64, {{1, 18}}}}) {
+      const std::string what = std::string("SpanWindowAttention d=") + std::to_string(d) + " " + k.what;
+      Pair q = Rand({k.n, heads * d}), ring = Rand({k.window + 3, d}), new_kv = Rand({k.n, d}), sinks = Rand({heads});
+      Pair entries = Rand({std::max<int64_t>(k.num_entries, 1), d});
+      Pair topk = Ints({k.n, std::max(k.topk_cols, 1)}, -1, static_cast<int>(k.num_entries) + 2);
+      std::vector<int64_t> from, to;
+      SpanBounds(k.n, k.start, k.window, k.spans, &from, &to);
+      const bool comp = k.ratio > 0;
+      const PagedRows flat = ContiguousRows(entries.c);
+      for (DType storage : {DType::kF32, DType::kBF16, DType::kU8}) {
+        if (!comp && storage != DType::kF32) continue;
+        auto paged = Paged(entries.c, 16, storage, storage == DType::kF32 ? 0 : 16);
+        const PagedRows* ce = comp ? (storage == DType::kF32 ? &flat : &paged->c) : nullptr;
+        Pair out = Zeros(DType::kF32, {k.n, heads * d});
+        cpu_->SpanWindowAttention(q.c, heads, d, k.start, ring.c, new_kv.c, k.window, from.data(), to.data(), ce,
+                                  k.num_entries, k.ratio, k.topk_cols ? &topk.c : nullptr, sinks.c, softmax_scale,
+                                  &out.c);
+        gpu().SpanWindowAttention(q.g, heads, d, k.start, ring.g, new_kv.g, k.window, from.data(), to.data(),
+                                  comp ? &paged->g : nullptr, k.num_entries, k.ratio, k.topk_cols ? &topk.g : nullptr,
+                                  sinks.g, softmax_scale, &out.g);
+        ExpectClose(out, kF32Tol, what + " " + DTypeName(storage) + " entries");
+      }
+      // Causal bounds give Attention's result (another kernel: to f32 rounding).
+      std::vector<int64_t> cfrom, cto;
+      SpanBounds(k.n, k.start, k.window, {}, &cfrom, &cto);
+      auto paged = Paged(entries.c, 16);
+      Pair span_out = Zeros(DType::kF32, {k.n, heads * d}), attn_out = Zeros(DType::kF32, {k.n, heads * d});
+      gpu().SpanWindowAttention(q.g, heads, d, k.start, ring.g, new_kv.g, k.window, cfrom.data(), cto.data(),
+                                comp ? &paged->g : nullptr, k.num_entries, k.ratio, k.topk_cols ? &topk.g : nullptr,
+                                sinks.g, softmax_scale, &span_out.g);
+      gpu().Attention(q.g, heads, d, k.start, ring.g, new_kv.g, k.window, comp ? &paged->g : nullptr, k.num_entries,
+                      k.ratio, k.topk_cols ? &topk.g : nullptr, sinks.g, softmax_scale, &attn_out.g);
+      Pair same{Tensor(), span_out.g};
+      const std::vector<uint8_t> ab = GpuBytes(attn_out.g);
+      same.c = AllocateTensor(DType::kF32, {k.n, heads * d});
+      std::memcpy(same.c.data, ab.data(), ab.size());
+      ExpectClose(same, kF32Tol, what + ": causal bounds vs Attention");
+    }
+  }
+  // Bounds past the step or further back than the ring holds are refused, as on the CPU.
+  const int64_t d = 64, n = 6, start = 40;
+  const int window = 8;
+  Pair q = Rand({n, heads * d}), ring = Rand({window, d}), new_kv = Rand({n, d}), sinks = Rand({heads});
+  Pair out = Zeros(DType::kF32, {n, heads * d});
+  std::vector<int64_t> from, to;
+  SpanBounds(n, start, window, {{0, n - 1}}, &from, &to);
+  to[n - 1] = start + n;
+  EXPECT_THROW(gpu().SpanWindowAttention(q.g, heads, d, start, ring.g, new_kv.g, window, from.data(), to.data(), nullptr,
+                                         0, 0, nullptr, sinks.g, 0.1f, &out.g),
+               std::runtime_error);
+  SpanBounds(n, start, window, {{0, n - 1}}, &from, &to);
+  from[0] = start - window;
+  EXPECT_THROW(gpu().SpanWindowAttention(q.g, heads, d, start, ring.g, new_kv.g, window, from.data(), to.data(), nullptr,
+                                         0, 0, nullptr, sinks.g, 0.1f, &out.g),
+               std::runtime_error);
+}
+
+// Image rows take top_k(score + bias_vl) on hash and routed layers alike; text rows keep tid2eid or the
+// text bias. Logits are redrawn until the top k+1 of the bias that applies to the row are 1e-4 apart, so
+// that ulps of sqrt/log1p/exp between the backends cannot decide the ranking.
+TEST_F(CudaBackendTest, MoeRouteImageRows) {
+  DSMESH_REQUIRE_GPU();
+  const int64_t n = 11, E = 64, vocab = 100;
+  const int k = 6;
+  const std::vector<int32_t> tokens = {0, 99, 5, 5, 42, 17, 63, 1, 98, 7, 8};
+  // Two runs of image rows (2..5 and 8..9) and a last image row alone (10).
+  const std::vector<uint8_t> image = {0, 0, 1, 1, 1, 1, 0, 0, 1, 1, 1};
+  Tensor tid2eid = AllocateTensor(DType::kI32, {vocab, k});
+  std::uniform_int_distribution<int> ed(0, E - 1);
+  FillHost(&tid2eid, [&] { return static_cast<float>(ed(rng_)); });
+  Pair bias = Rand({E}, 0.1f), bias_vl = Rand({E}, 0.5f);
+  Tensor lh = AllocateTensor(DType::kF32, {n, E});
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  for (bool hash : {true, false}) {
+    for (int64_t r = 0; r < n; ++r) {
+      const float* b = image[r] ? bias_vl.c.as<float>() : (hash ? nullptr : bias.c.as<float>());
+      for (bool ok = false; !ok;) {
+        std::vector<double> s(E);
+        for (int64_t e = 0; e < E; ++e) {
+          lh.as<float>()[r * E + e] = nd(rng_);
+          s[e] = std::sqrt(std::log1p(std::exp(static_cast<double>(lh.as<float>()[r * E + e])))) + (b ? b[e] : 0.0);
+        }
+        std::sort(s.rbegin(), s.rend());
+        ok = true;
+        for (int i = 0; i < k && b; ++i) ok &= s[i] - s[i + 1] > 1e-4;
+      }
+    }
+    for (bool normalize : {true, false}) {
+      Pair logits = Both(lh), idx = Zeros(DType::kI32, {n, k}), wt = Zeros(DType::kF32, {n, k});
+      RouterParams p;
+      p.top_k = k;
+      p.hash = hash;
+      p.normalize = normalize;
+      p.routed_scale = 1.5f;
+      p.image_rows = image.data();
+      p.tid2eid = hash ? &tid2eid : nullptr;
+      p.bias = hash ? nullptr : &bias.c;
+      p.bias_vl = &bias_vl.c;
+      cpu_->MoeRoute(logits.c, tokens.data(), p, &idx.c, &wt.c);
+      p.bias = hash ? nullptr : &bias.g;
+      p.bias_vl = &bias_vl.g;
+      gpu().MoeRoute(logits.g, tokens.data(), p, &idx.g, &wt.g);
+      const std::string what = std::string("MoeRoute image rows, ") + (hash ? "hash" : "routed") + " layer" +
+                               (normalize ? ", normalized" : "");
+      ExpectSame(idx, what + " ids");
+      ExpectClose(wt, kF32Tol, what + " weights");
+      // The image rows did not take the text choice (the bias_vl route is the one compared above).
+      std::vector<int32_t> got(n * k);
+      gpu().ToHost(idx.g, got.data());
+      for (int64_t r = 0; r < n; ++r)
+        if (image[r] && hash)
+          EXPECT_FALSE(std::equal(got.begin() + r * k, got.begin() + (r + 1) * k,
+                                  tid2eid.as<int32_t>() + static_cast<int64_t>(tokens[r]) * k))
+              << what << ": image row " << r << " took tid2eid";
+    }
+  }
+  // Image rows without bias_vl are refused.
+  Pair logits = Both(lh), idx = Zeros(DType::kI32, {n, k}), wt = Zeros(DType::kF32, {n, k});
+  RouterParams p;
+  p.top_k = k;
+  p.image_rows = image.data();
+  EXPECT_THROW(gpu().MoeRoute(logits.g, tokens.data(), p, &idx.g, &wt.g), std::runtime_error);
+}
+
+// ---- the vision tower's ops (kernels/cpu/vision_ops.cc) ----
+
+TEST_F(CudaBackendTest, RotateHalf) {
+  DSMESH_REQUIRE_GPU();
+  for (auto [n, heads, head_dim] : {std::tuple<int64_t, int64_t, int64_t>{7, 4, 16}, {61, 16, 64}, {3, 2, 128}}) {
+    Pair x = Rand({n, heads * head_dim});
+    // Angles as a ViT's: row and column positions up to 40 times frequencies down to 1e-4.
+    Tensor ah = AllocateTensor(DType::kF32, {n, head_dim / 2});
+    std::uniform_real_distribution<float> ud(0.0f, 40.0f);
+    FillHost(&ah, [&] { return ud(rng_); });
+    Pair angles = Both(ah);
+    cpu_->RotateHalf(&x.c, heads, head_dim, angles.c);
+    gpu().RotateHalf(&x.g, heads, head_dim, angles.g);
+    ExpectClose(x, kF32Tol, "RotateHalf head_dim " + std::to_string(head_dim));
+  }
+  Pair x = Rand({4, 2 * 16}), angles = Rand({3, 8});
+  EXPECT_THROW(gpu().RotateHalf(&x.g, 2, 16, angles.g), std::runtime_error);  // angles for 3 rows of 4
+}
+
+TEST_F(CudaBackendTest, SpanAttention) {
+  DSMESH_REQUIRE_GPU();
+  // Spans of 7, 1, 12 and 75 rows (more than one pass of keys and several tiles), an empty one among them.
+  const std::vector<int64_t> spans = {0, 7, 8, 8, 20, 95};
+  const int64_t n = spans.back(), num_spans = static_cast<int64_t>(spans.size()) - 1;
+  for (auto [heads, d] : {std::pair<int64_t, int64_t>{4, 16}, {16, 64}, {2, 128}, {3, 40}}) {
+    Pair q = Rand({n, heads * d}), k = Rand({n, heads * d}), v = Rand({n, heads * d});
+    Pair out = Zeros(DType::kF32, {n, heads * d});
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    cpu_->SpanAttention(q.c, k.c, v.c, heads, d, spans.data(), num_spans, scale, &out.c);
+    gpu().SpanAttention(q.g, k.g, v.g, heads, d, spans.data(), num_spans, scale, &out.g);
+    ExpectClose(out, kF32Tol, "SpanAttention heads " + std::to_string(heads) + " d " + std::to_string(d));
+    // A one-row span returns its own value.
+    std::vector<float> got(out.g.numel());
+    gpu().ToHost(out.g, got.data());
+    for (int64_t c = 0; c < heads * d; ++c)
+      ASSERT_FLOAT_EQ(got[7 * heads * d + c], v.c.as<float>()[7 * heads * d + c]) << "one-row span, column " << c;
+  }
+  Pair q = Rand({4, 256}), out = Zeros(DType::kF32, {4, 256});
+  const std::vector<int64_t> one = {0, 4};
+  EXPECT_THROW(gpu().SpanAttention(q.g, q.g, q.g, 1, 256, one.data(), 1, 0.1f, &out.g), std::runtime_error);
+  const std::vector<int64_t> short_spans = {0, 3};
+  EXPECT_THROW(gpu().SpanAttention(q.g, q.g, q.g, 2, 128, short_spans.data(), 1, 0.1f, &out.g), std::runtime_error);
+}
+
+TEST_F(CudaBackendTest, GeluAndUnfold2D) {
+  DSMESH_REQUIRE_GPU();
+  Pair x = Rand({37, 129}, 3.0f);
+  cpu_->Gelu(&x.c);
+  gpu().Gelu(&x.g);
+  ExpectClose(x, kF32Tol, "Gelu");
+  // r 1..3 on grids that r does and does not divide: a pure copy with zeros, identical bytes.
+  for (auto [h, w, r] : {std::tuple<int64_t, int64_t, int>{5, 7, 3}, {6, 3, 3}, {2, 4, 3}, {4, 6, 2}, {3, 5, 1}}) {
+    const int64_t C = 24, blocks = ((h + r - 1) / r) * ((w + r - 1) / r);
+    Pair in = Rand({h * w, C}), out = Zeros(DType::kF32, {blocks, C * r * r});
+    gpu().Zero(&out.g);
+    cpu_->Unfold2D(in.c, h, w, r, &out.c);
+    gpu().Unfold2D(in.g, h, w, r, &out.g);
+    ExpectSame(out, "Unfold2D " + std::to_string(h) + "x" + std::to_string(w) + " r " + std::to_string(r));
+  }
+  Pair in = Rand({10, 4}), out = Zeros(DType::kF32, {4, 36});
+  EXPECT_THROW(gpu().Unfold2D(in.g, 3, 4, 3, &out.g), std::runtime_error);  // 10 rows are not a 3x4 grid
+}
+
 }  // namespace
 }  // namespace dsmesh

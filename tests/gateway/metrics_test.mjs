@@ -7,7 +7,7 @@ import fs from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
-import { assert, assertEq, loadOpenAI, metricsText, metricValue, runCases, startMesh, track } from './harness.mjs';
+import { assert, assertEq, loadOpenAI, metricsText, metricValue, runCases, ROOT, startMesh, track, V4_TOKENIZER_DIR } from './harness.mjs';
 
 const OpenAI = await loadOpenAI();
 const MODEL = 'dsmesh-test';
@@ -24,6 +24,7 @@ const REQUIRED = {
   'vllm:spec_decode_num_drafts_total': 'counter', 'vllm:spec_decode_num_draft_tokens_total': 'counter',
   'vllm:spec_decode_num_accepted_tokens_total': 'counter', 'vllm:spec_decode_num_accepted_tokens_per_pos_total': 'counter',
   'dsmesh_worker_step_time_seconds_total': 'counter', 'dsmesh_worker_collective_time_seconds_total': 'counter',
+  'dsmesh_image_inputs_total': 'counter', 'dsmesh_image_tokens_total': 'counter',
 };
 // vLLM loggers.py bounds, as prometheus_client writes them.
 const TTFT_LE = ['0.001', '0.005', '0.01', '0.02', '0.04', '0.06', '0.08', '0.1', '0.25', '0.5', '0.75', '1.0', '2.5', '5.0',
@@ -50,20 +51,68 @@ async function traffic(mesh, n) {
   return { prompt, completion };
 }
 
+// `promtool check metrics` on an exposition: it must parse, and lint nothing but the colon of vLLM's names.
+function promtoolCheck(text) {
+  const r = spawnSync('promtool', ['check', 'metrics'], { input: text, encoding: 'utf8' });
+  if (r.error) throw new Error(`promtool not runnable: ${r.error.message} (Debian package prometheus)`);
+  // promtool exits 1 on a parse error and 3 on lint findings. vLLM's own names carry a colon, which
+  // the linter flags (colons are meant for recording rules); compatibility requires them, so that one
+  // finding is allowed for vllm:* names and nothing else is.
+  const out = `${r.stdout}${r.stderr}`;
+  assert(r.status === 0 || r.status === 3, `promtool exit status ${r.status}; output:\n${out}`);
+  const problems = out.split('\n').filter((l) => l.trim() && !/^vllm:\S+ metric names should not contain ':'$/.test(l));
+  assertEq(problems, [], 'promtool findings other than the vllm: colon lint');
+  return out;
+}
+
+const file = (n) => fs.readFileSync(path.join(ROOT, 'common/image/testdata', n));
+const dataUrl = (mime, bytes) => `data:${mime};base64,${Buffer.from(bytes).toString('base64')}`;
+// The ids of the image blocks (alignment pads, IMAGE_START, IMAGE, IMAGE_NEWLINE, IMAGE_END: 129257..129261).
+const isImageBlockId = (id) => id >= 129257 && id <= 129261;
+
 const cases = [
   ['exposition passes promtool check metrics', async ({ mesh }) => {
     await traffic(mesh, 2);
-    const text = await metricsText(mesh.base);
-    const r = spawnSync('promtool', ['check', 'metrics'], { input: text, encoding: 'utf8' });
-    if (r.error) throw new Error(`promtool not runnable: ${r.error.message} (Debian package prometheus)`);
-    // promtool exits 1 on a parse error and 3 on lint findings. vLLM's own names carry a colon, which
-    // the linter flags (colons are meant for recording rules); compatibility requires them, so that one
-    // finding is allowed for vllm:* names and nothing else is.
-    const out = `${r.stdout}${r.stderr}`;
-    assert(r.status === 0 || r.status === 3, `promtool exit status ${r.status}; output:\n${out}`);
-    const problems = out.split('\n').filter((l) => l.trim() && !/^vllm:\S+ metric names should not contain ':'$/.test(l));
-    assertEq(problems, [], 'promtool findings other than the vllm: colon lint');
+    const out = promtoolCheck(await metricsText(mesh.base));
     assert(out.includes('vllm:time_to_first_token_seconds'), 'promtool saw the histograms (parsed the exposition)');
+  }],
+
+  ['image inputs and image tokens (a model with a vision tower)', async ({ mesh }) => {
+    // The text-only model's gateway refuses pictures: nothing counted.
+    const c = new OpenAI({ baseURL: mesh.url, apiKey: 'x', maxRetries: 0 });
+    const png = dataUrl('image/png', file('rgb.png')), jpg = dataUrl('image/jpeg', file('rgb.jpg'));
+    const messages = [{ role: 'user', content: [{ type: 'image_url', image_url: { url: png } },
+      { type: 'text', text: 'and' }, { type: 'image_url', image_url: { url: jpg } }] }];
+    const refused = await c.chat.completions.create({ model: MODEL, max_tokens: 3, messages }).then(() => null, (e) => e);
+    assertEq(refused?.status, 400, 'a text model refuses pictures');
+    const text = await metricsText(mesh.base);
+    assertEq(metricValue(text, `dsmesh_image_inputs_total{${LABELS}}`), 0, 'no image counted on a refusal');
+
+    const vision = await startMesh({ tokensPerStep: 3, modelConfig: { vision_n_layers: 2 }, tokenizerDir: V4_TOKENIZER_DIR });
+    try {
+      const v = new OpenAI({ baseURL: vision.url, apiKey: 'x', maxRetries: 0 });
+      const before = await metricsText(vision.base);
+      const r = await v.chat.completions.create({ model: MODEL, max_tokens: 3, temperature: 0, messages });
+      const t = await (await fetch(`${vision.base}/tokenize`, { method: 'POST', headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ model: MODEL, messages }) })).json();
+      const blockTokens = t.tokens.filter(isImageBlockId).length;
+      assert(blockTokens > 10 && blockTokens < r.usage.prompt_tokens, `${blockTokens} block tokens of ${r.usage.prompt_tokens}`);
+      const after = await metricsText(vision.base);
+      const d = (name) => metricValue(after, name) - (metricValue(before, name) ?? 0);
+      assertEq(d(`dsmesh_image_inputs_total{${LABELS}}`), 2, 'two pictures');
+      assertEq(d(`dsmesh_image_tokens_total{${LABELS}}`), blockTokens, 'their blocks\' tokens, as /tokenize shows them');
+      assertEq(d(`vllm:prompt_tokens_total{${LABELS}}`), r.usage.prompt_tokens, 'prompt tokens (blocks included)');
+      // A text request adds to neither.
+      await traffic(vision, 1);
+      const later = await metricsText(vision.base);
+      assertEq(metricValue(later, `dsmesh_image_inputs_total{${LABELS}}`), metricValue(after, `dsmesh_image_inputs_total{${LABELS}}`),
+        'a text request counts no image');
+      assertEq(metricValue(later, `dsmesh_image_tokens_total{${LABELS}}`), metricValue(after, `dsmesh_image_tokens_total{${LABELS}}`),
+        'a text request counts no image tokens');
+      promtoolCheck(later);
+    } finally {
+      await vision.stop();
+    }
   }],
 
   ['vLLM names, types, labels and buckets', async ({ mesh }) => {
