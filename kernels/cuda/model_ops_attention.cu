@@ -100,9 +100,17 @@ __global__ void __launch_bounds__(kIndexerThreads) IndexerScoresKernel(const flo
   float s = 0.0f;
   for (int64_t h = warp; h < heads; h += warps) {
     const float* qh = qs + h * dim;
-    float dot = 0.0f;
-    for (int c = 0; c < dd; ++c) dot += qh[c] * k[c];
-    s += weights[r * heads + h] * fmaxf(0.0f, dot);
+    // Four interleaved partial sums (a quarter of the dependent FMA chain), added in a fixed order.
+    float dot0 = 0.0f, dot1 = 0.0f, dot2 = 0.0f, dot3 = 0.0f;
+    const int d4 = dd & ~3;
+    for (int c = 0; c < d4; c += 4) {
+      dot0 += qh[c] * k[c];
+      dot1 += qh[c + 1] * k[c + 1];
+      dot2 += qh[c + 2] * k[c + 2];
+      dot3 += qh[c + 3] * k[c + 3];
+    }
+    for (int c = d4; c < dd; ++c) dot0 += qh[c] * k[c];
+    s += weights[r * heads + h] * fmaxf(0.0f, (dot0 + dot1) + (dot2 + dot3));
   }
   part[warp][lane] = s;
   __syncthreads();
@@ -454,9 +462,17 @@ __global__ void __launch_bounds__(kSplitThreads) AttentionSplitKernel(const floa
       if (k) {
         const float* qh = qs + warp * d;
         const float* kr = ks + j * ld;
-        float dot = 0.0f;
-        for (int c = 0; c < static_cast<int>(d); ++c) dot += qh[c] * kr[c];
-        s = dot * softmax_scale;
+        // Four interleaved partial sums (the dependent FMA chain is a quarter as long), added in a fixed order.
+        float dot0 = 0.0f, dot1 = 0.0f, dot2 = 0.0f, dot3 = 0.0f;
+        const int d4 = static_cast<int>(d) & ~3;
+        for (int c = 0; c < d4; c += 4) {
+          dot0 += qh[c] * kr[c];
+          dot1 += qh[c + 1] * kr[c + 1];
+          dot2 += qh[c + 2] * kr[c + 2];
+          dot3 += qh[c + 3] * kr[c + 3];
+        }
+        for (int c = d4; c < static_cast<int>(d); ++c) dot0 += qh[c] * kr[c];
+        s = ((dot0 + dot1) + (dot2 + dot3)) * softmax_scale;
       }
       const float m_new = fmaxf(run_max, WarpMax(s));
       const float p = s == -INFINITY ? 0.0f : expf(s - m_new);
@@ -491,22 +507,61 @@ __global__ void __launch_bounds__(kSplitThreads) AttentionSplitKernel(const floa
 }
 
 // out[r, h] = sum_g e^(m_g - M) values_g / (sum_g e^(m_g - M) sum_g + e^(sink_h - M)), M the largest max.
-__global__ void AttentionCombineKernel(const float* partial, int64_t heads, int64_t d, int64_t ranges,
-                                       const float* sinks, float* out) {
+// One block per (row, head). The ranges' maxima and sums are read once, in parallel, into shared memory;
+// each thread then sums its kCombineChannels channels over the ranges with every load independent of the
+// others (a range without keys contributes nothing: its values are never used), adding in range order.
+constexpr int kCombineThreads = 128, kCombineChannels = 4, kCombineMaxRanges = 64;
+static_assert(kSplitMaxRanges <= kCombineMaxRanges, "the combine keeps every range's weight in shared memory");
+__global__ void __launch_bounds__(kCombineThreads) AttentionCombineKernel(const float* partial, int64_t heads,
+                                                                          int64_t d, int64_t ranges,
+                                                                          const float* sinks, float* out) {
+  __shared__ float wgt[kCombineMaxRanges];  // e^(m_g - M), 0 for a range without keys
+  __shared__ float denom_s;
   const int64_t r = blockIdx.x / heads, h = blockIdx.x % heads;
   const float* p = partial + (r * heads + h) * ranges * (d + 2);
-  float mx = sinks[h];
-  for (int64_t g = 0; g < ranges; ++g) mx = fmaxf(mx, p[g * (d + 2)]);
-  float denom = expf(sinks[h] - mx);
-  for (int64_t g = 0; g < ranges; ++g)
-    if (p[g * (d + 2)] != -INFINITY) denom += expf(p[g * (d + 2)] - mx) * p[g * (d + 2) + 1];
-  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
-    float acc = 0.0f;
-    for (int64_t g = 0; g < ranges; ++g) {
-      const float m = p[g * (d + 2)];
-      if (m != -INFINITY) acc += expf(m - mx) * p[g * (d + 2) + 2 + c];
+  const int t = threadIdx.x;
+  if (t < 32) {
+    float mx = sinks[h];
+    for (int64_t g = t; g < ranges; g += 32) mx = fmaxf(mx, p[g * (d + 2)]);
+    mx = WarpMax(mx);
+    float denom = expf(sinks[h] - mx);
+    for (int64_t g0 = 0; g0 < ranges; g0 += 32) {  // weights in parallel, the sum in range order (lane 0)
+      const int64_t g = g0 + t;
+      float m = -INFINITY, sum = 0.0f;
+      if (g < ranges) {
+        m = p[g * (d + 2)];
+        sum = p[g * (d + 2) + 1];
+      }
+      const float w = m == -INFINITY ? 0.0f : expf(m - mx);
+      if (g < ranges) wgt[g] = w;
+      const int64_t here = ranges - g0 < 32 ? ranges - g0 : 32;
+      for (int64_t i = 0; i < here; ++i) {
+        const float wi = __shfl_sync(0xffffffffu, w, static_cast<int>(i));
+        const float si = __shfl_sync(0xffffffffu, sum, static_cast<int>(i));
+        if (wi != 0.0f) denom += wi * si;
+      }
     }
-    out[(r * heads + h) * d + c] = acc / denom;
+    if (t == 0) denom_s = denom;
+  }
+  __syncthreads();
+  for (int64_t c0 = t; c0 < d; c0 += kCombineThreads * kCombineChannels) {
+    float acc[kCombineChannels] = {};
+#pragma unroll 4
+    for (int64_t g = 0; g < ranges; ++g) {
+      const float w = wgt[g];
+      if (w == 0.0f) continue;
+      const float* v = p + g * (d + 2) + 2;
+#pragma unroll
+      for (int i = 0; i < kCombineChannels; ++i) {
+        const int64_t c = c0 + i * kCombineThreads;
+        if (c < d) acc[i] += w * v[c];
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kCombineChannels; ++i) {
+      const int64_t c = c0 + i * kCombineThreads;
+      if (c < d) out[(r * heads + h) * d + c] = acc[i] / denom_s;
+    }
   }
 }
 
@@ -696,8 +751,8 @@ void AttentionBatch(const float* q, int64_t n, int64_t heads, int64_t d, const f
   const size_t split_smem = static_cast<size_t>(kSplitKeys * (d + 1) + hg * d + hg * (kSplitKeys + 1)) * sizeof(float);
   AttentionSplitKernel<<<dim3(static_cast<unsigned>(n * (heads / hg)), static_cast<unsigned>(ranges < 1 ? 1 : ranges)),
                          kSplitThreads, split_smem, s>>>(q, heads, hg, batch, softmax_scale, split_scratch);
-  AttentionCombineKernel<<<static_cast<unsigned>(n * heads), 128, 0, s>>>(split_scratch, heads, d,
-                                                                         ranges < 1 ? 1 : ranges, sinks, out);
+  AttentionCombineKernel<<<static_cast<unsigned>(n * heads), kCombineThreads, 0, s>>>(
+      split_scratch, heads, d, ranges < 1 ? 1 : ranges, sinks, out);
 }
 
 void UpdateRing(const float* new_kv, int64_t n, int64_t d, int64_t start, int64_t ring_slots, float* ring,

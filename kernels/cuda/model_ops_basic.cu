@@ -262,7 +262,8 @@ __global__ void HcPreApplyKernel(const float* X, int64_t D, int hc, const float2
   for (int k = t; k < (first ? K : hc); k += blockDim.x) {
     const float2* q = mix_parts + (r * K + k) * parts;
     float ss = 0.0f, dot = 0.0f;
-    for (int p = 0; p < parts; ++p) {
+#pragma unroll 8
+    for (int p = 0; p < parts; ++p) {  // the loads are independent: all in flight at once
       ss += q[p].x;
       dot += q[p].y;
     }
