@@ -18,6 +18,7 @@
 //     (a CUDA graph) and replay it. The CPU backend runs everything directly.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -384,6 +385,19 @@ class Backend {
     throw std::runtime_error(std::string(op) + " is not implemented on " + name());
   }
 };
+
+// Checks SpanWindowAttention's bounds (the rule in its comment above) for rows 0..n-1 of a step starting at
+// `start`; throws std::runtime_error naming `who` and the first row outside them.
+inline void CheckSpanWindowBounds(const char* who, int64_t n, int64_t start, int window, const int64_t* visible_from,
+                                  const int64_t* visible_to) {
+  if (!visible_from || !visible_to) throw std::runtime_error(std::string(who) + ": bounds missing");
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t t = start + r, earliest = std::max<int64_t>(0, std::min<int64_t>(t - window + 1, start));
+    if (visible_from[r] < earliest || visible_from[r] > t || visible_to[r] < t || visible_to[r] >= start + n)
+      throw std::runtime_error(std::string(who) + ": bounds of row " + std::to_string(r) +
+                               " outside what the step holds");
+  }
+}
 
 // A row range [begin, begin+count) of a row-major tensor (no copy; pointer arithmetic is valid for host
 // and device pointers alike).

@@ -160,24 +160,6 @@ std::string TinyVisionDir() {
   return dir;
 }
 
-// The image rows of tokens [from, to) of the prompt, re-indexed to that step.
-StepImageRows Slice(const StepImageRows& all, int64_t from, int64_t to) {
-  StepImageRows out;
-  std::vector<int64_t> picked;
-  for (size_t i = 0; i < all.rows.size(); ++i)
-    if (all.rows[i] >= from && all.rows[i] < to) picked.push_back(static_cast<int64_t>(i));
-  if (picked.empty()) return out;
-  const int64_t D = all.embeddings.shape[1];
-  out.embeddings = AllocateTensor(DType::kF32, {static_cast<int64_t>(picked.size()), D});
-  for (size_t k = 0; k < picked.size(); ++k) {
-    out.rows.push_back(all.rows[picked[k]] - from);
-    std::copy_n(all.embeddings.as<float>() + picked[k] * D, D, out.embeddings.as<float>() + k * D);
-  }
-  for (const StepImageRows::Span& s : all.spans)
-    if (s.first >= from && s.last < to) out.spans.push_back({s.first - from, s.last - from});
-  return out;
-}
-
 std::vector<float> Logits(Model& model, SequenceState* st, const std::vector<int32_t>& tokens,
                           const StepImageRows& images) {
   SequenceStep step{st, tokens, true};
@@ -205,7 +187,7 @@ TEST(GpuVision, ImageRowsMatchTorchReferenceAndCpu) {
     auto gs = gpu->NewState(), cs = cpu->NewState();
     const std::vector<int32_t> head(f.tokens.begin(), f.tokens.begin() + cut), tail(f.tokens.begin() + cut, f.tokens.end());
     ExpectRowsClose(Logits(*gpu, gs.get(), head, {}), f.logits, 0, V, "GPU text prefix vs torch");
-    const StepImageRows rest = Slice(f.images, cut, T);
+    const StepImageRows rest = testing_util::SliceImageRows(f.images, cut, T);
     const std::vector<float> g = Logits(*gpu, gs.get(), tail, rest);
     ExpectRowsClose(g, f.logits, cut, V, "GPU image step after a prefix vs torch");
     Logits(*cpu, cs.get(), head, {});

@@ -62,24 +62,6 @@ std::unique_ptr<Model> TinyVisionModel() {
   return LoadModel(dir, ShardSpec{}, MakeCpuBackend());
 }
 
-// The image rows of tokens [from, to) of the prompt, re-indexed to that step.
-StepImageRows Slice(const StepImageRows& all, int64_t from, int64_t to) {
-  StepImageRows out;
-  std::vector<int64_t> picked;
-  for (size_t i = 0; i < all.rows.size(); ++i)
-    if (all.rows[i] >= from && all.rows[i] < to) picked.push_back(static_cast<int64_t>(i));
-  if (picked.empty()) return out;
-  const int64_t D = all.embeddings.shape[1];
-  out.embeddings = AllocateTensor(DType::kF32, {static_cast<int64_t>(picked.size()), D});
-  for (size_t k = 0; k < picked.size(); ++k) {
-    out.rows.push_back(all.rows[picked[k]] - from);
-    std::copy_n(all.embeddings.as<float>() + picked[k] * D, D, out.embeddings.as<float>() + k * D);
-  }
-  for (const StepImageRows::Span& s : all.spans)
-    if (s.first >= from && s.last < to) out.spans.push_back({s.first - from, s.last - from});
-  return out;
-}
-
 void ExpectMatches(const std::vector<float>& got, const std::vector<float>& want, int64_t first_row, int64_t V,
                    const std::string& what) {
   const int64_t rows = static_cast<int64_t>(got.size()) / V;
@@ -115,7 +97,7 @@ TEST(ImageRowsTest, TextPrefixThenImageStepMatchesReference) {
   SequenceStep first{st.get(), std::vector<int32_t>(f.tokens.begin(), f.tokens.begin() + cut), true};
   ExpectMatches(ToFloatVector(model->Forward({first})[0].logits), f.logits, 0, V, "text prefix");
   SequenceStep second{st.get(), std::vector<int32_t>(f.tokens.begin() + cut, f.tokens.end()), true};
-  second.images = Slice(f.images, cut, T);
+  second.images = testing_util::SliceImageRows(f.images, cut, T);
   ExpectMatches(ToFloatVector(model->Forward({second})[0].logits), f.logits, cut, V, "image step");
 }
 
@@ -153,7 +135,7 @@ TEST(ImageRowsTest, BadImageRowsAreRefusedBeforeAnythingMoves) {
   const int64_t span_end = f.images.spans[0].last;
 
   SequenceStep cut{st.get(), std::vector<int32_t>(f.tokens.begin(), f.tokens.begin() + span_end), false};
-  cut.images = Slice(f.images, 0, span_end);
+  cut.images = testing_util::SliceImageRows(f.images, 0, span_end);
   cut.images.spans = {{f.images.spans[0].first, span_end}};  // a span past the step's last token
   ExpectRefused(*model, cut, "image spans must be ascending, disjoint and inside the step");
 

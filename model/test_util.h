@@ -172,5 +172,23 @@ inline RowErrors RowErrorsOf(const std::vector<std::vector<float>>& got, const s
   return out;
 }
 
+// The image rows of tokens [from, to) of the prompt, re-indexed to that step.
+inline StepImageRows SliceImageRows(const StepImageRows& all, int64_t from, int64_t to) {
+  StepImageRows out;
+  std::vector<int64_t> picked;
+  for (size_t i = 0; i < all.rows.size(); ++i)
+    if (all.rows[i] >= from && all.rows[i] < to) picked.push_back(static_cast<int64_t>(i));
+  if (picked.empty()) return out;
+  const int64_t D = all.embeddings.shape[1];
+  out.embeddings = AllocateTensor(DType::kF32, {static_cast<int64_t>(picked.size()), D});
+  for (size_t k = 0; k < picked.size(); ++k) {
+    out.rows.push_back(all.rows[picked[k]] - from);
+    std::copy_n(all.embeddings.as<float>() + picked[k] * D, D, out.embeddings.as<float>() + k * D);
+  }
+  for (const StepImageRows::Span& s : all.spans)
+    if (s.first >= from && s.last < to) out.spans.push_back({s.first - from, s.last - from});
+  return out;
+}
+
 }  // namespace testing_util
 }  // namespace dsmesh

@@ -410,13 +410,7 @@ class CpuBackend final : public Backend {
                            const PagedRows* entries, int64_t num_entries, int ratio, const Tensor* topk,
                            const Tensor& sinks, float softmax_scale, Tensor* out) override {
     const int64_t n = q.shape[0];
-    Require(visible_from && visible_to, "SpanWindowAttention", "bounds missing");
-    for (int64_t r = 0; r < n; ++r) {
-      const int64_t t = start + r;
-      Require(visible_from[r] >= std::max<int64_t>(0, std::min<int64_t>(t - window + 1, start)) &&
-                  visible_from[r] <= t && visible_to[r] >= t && visible_to[r] < start + n,
-              "SpanWindowAttention", "bounds of row " + std::to_string(r) + " outside what the step holds");
-    }
+    CheckSpanWindowBounds("cpu backend SpanWindowAttention", n, start, window, visible_from, visible_to);
     WindowAttention(q, heads, d, start, ring, new_kv, window, visible_from, visible_to, entries, num_entries, ratio,
                     topk, sinks, softmax_scale, out);
   }

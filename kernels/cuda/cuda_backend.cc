@@ -747,13 +747,7 @@ class CudaBackend final : public Backend {
     Require(ring.shape[0] >= window, "SpanWindowAttention", "ring has fewer slots than the window");
     Require(!entries || num_entries <= entries->capacity(), "SpanWindowAttention",
             "more entries than the block table holds");
-    Require(visible_from && visible_to, "SpanWindowAttention", "bounds missing");
-    for (int64_t r = 0; r < n; ++r) {
-      const int64_t t = start + r;
-      Require(visible_from[r] >= std::max<int64_t>(0, std::min<int64_t>(t - window + 1, start)) &&
-                  visible_from[r] <= t && visible_to[r] >= t && visible_to[r] < start + n,
-              "SpanWindowAttention", "bounds of row " + std::to_string(r) + " outside what the step holds");
-    }
+    CheckSpanWindowBounds("cuda backend SpanWindowAttention", n, start, window, visible_from, visible_to);
     Use();
     Tensor table;
     const cuda_ops::PagedRowsDev paged = entries ? Paged(*entries, num_entries, d, &table) : cuda_ops::PagedRowsDev{};
