@@ -3,7 +3,7 @@
 // copy bandwidth), the decode-op floor (integer ops per weight x weights / measured integer throughput),
 // exllamav3's time on an H200 from anchors-h200.json, and the speed-up over it.
 //
-//   dsmesh-kernel-bench [--anchors FILE] [--only dense|moe|gemm] [--replays N]
+//   dsmesh-kernel-bench [--anchors FILE] [--only dense|moe|gemm|batch] [--replays N]
 //                       [--gemv-ctas-per-sm 2,4,...] [--moe-items-per-sm 3,6,...]   (k-split sweeps)
 //                       [--filter 'K2 wq_b']   (only cases whose label contains the text)
 //                       [--warm-weights]       (dense: one L2-resident weight copy; diagnostic)
@@ -13,6 +13,11 @@
 // Weights are random valid trellises (MCG codebook, like the anchors), rotated over enough copies that
 // the weights read by one graph replay exceed the L2 several times; MoE cases use 256 experts and a
 // different random routing for every call in the graph.
+//
+// batch cases (not in the default run: --only batch) time V4-Flash's sets of EXL3 linears that a decode
+// step runs together (the attention inputs of x, the two projections of q_a, the shared expert's w1/w3,
+// wo_a's 8 groups; K6 as the seat pack's dense linears) as separate GEMV launches and as one batched
+// launch (Exl3GemvBatch), side by side, beside the set's byte floor.
 //
 // gemm cases (prefill, m = 32..512 on the anchor table's six dense shapes, K 2/3/6) print our time
 // (decode + input transform, cuBLAS fp16, output transform), the decode launch alone, and cuBLAS bf16
@@ -269,6 +274,78 @@ void RunDense(const nlohmann::json& anchors, double bw, double intops, int repla
     cudaFree(svh);
     cudaFree(x);
     cudaFree(y);
+  }
+}
+
+// V4-Flash's linears that share a batched launch in a decode step: (k, n of each job).
+struct BatchSet {
+  const char* label;
+  int64_t k;
+  std::vector<int64_t> n;
+};
+const BatchSet kBatchSets[] = {
+    {"x: wq_a wkv cmp.wkv cmp.wgate idx.wkv idx.wgate", 4096, {1024, 512, 1024, 1024, 256, 256}},
+    {"q_a: wq_b idx.wq_b", 1024, {32768, 8192}},
+    {"shared expert w1 w3", 4096, {2048, 2048}},
+    {"wo_a 8 groups", 4096, {1024, 1024, 1024, 1024, 1024, 1024, 1024, 1024}},
+};
+
+void RunBatch(double bw, int replays, cudaStream_t s) {
+  constexpr int K = 6;
+  Exl3GemvWorkspace ws(256u << 20);
+  std::mt19937 rng(2);
+  std::printf("%-6s %-48s %4s %11s %11s %8s %9s\n", "kind", "set (K6)", "m", "separate_us", "batched_us", "ratio",
+              "byte_fl");
+  for (const BatchSet& set : kBatchSets) {
+    for (int m : {1, 4, 16}) {
+      const std::string label = std::string(set.label) + " m" + std::to_string(m);
+      if (!g_filter.empty() && label.find(g_filter) == std::string::npos) continue;
+      const int jobs = static_cast<int>(set.n.size());
+      size_t bytes = 0;  // one copy of the set's weights
+      int64_t n_max = 0;
+      for (int64_t n : set.n) {
+        bytes += size_t(set.k) * n * K / 8;
+        n_max = std::max(n_max, n);
+      }
+      const int copies = static_cast<int>(std::clamp<size_t>((size_t(256) << 20) / bytes + 1, 2, 512));
+      uint8_t* tr = DeviceAlloc<uint8_t>(bytes * copies);
+      CudaCheck(static_cast<cudaError_t>(bench::FillRandom(tr, int64_t(bytes * copies / 4), 4321, s)), "fill");
+      uint16_t* suh = UploadHalves(std::vector<uint16_t>(set.k, 0x3C00));
+      uint16_t* svh = UploadHalves(std::vector<uint16_t>(n_max, 0x3C00));
+      uint16_t* x = UploadHalves(RandomHalves(size_t(m) * set.k, rng, 1.0f));
+      std::vector<uint16_t*> y(jobs);
+      for (int j = 0; j < jobs; ++j) y[j] = DeviceAlloc<uint16_t>(size_t(m) * set.n[j]);
+      CudaCheck(cudaStreamSynchronize(s), "sync");
+      // Call c uses copy c % copies of every job's weights (cold in L2), jobs laid out one after another.
+      const auto linears = [&](int c) {
+        std::vector<Exl3DeviceLinear> l(jobs);
+        size_t offset = bytes * (c % copies);
+        for (int j = 0; j < jobs; ++j) {
+          l[j] = RotatedLinear(set.k, set.n[j], K, tr + offset, 0, 1, 0, suh, svh, "batch job " + std::to_string(j));
+          offset += size_t(set.k) * set.n[j] * K / 8;
+        }
+        return l;
+      };
+      const int calls = std::max(20, copies);
+      const double separate = TimeCapturedCalls(calls, replays, s, [&](int c) {
+        const std::vector<Exl3DeviceLinear> l = linears(c);
+        for (int j = 0; j < jobs; ++j) Exl3Gemv(l[j], x, m, y[j], Exl3Out::kF16, ws, s);
+      });
+      const double batched = TimeCapturedCalls(calls, replays, s, [&](int c) {
+        const std::vector<Exl3DeviceLinear> l = linears(c);
+        std::vector<Exl3GemvJob> b(jobs);
+        for (int j = 0; j < jobs; ++j) b[j] = {&l[j], x, y[j]};
+        Exl3GemvBatch(b.data(), jobs, m, Exl3Out::kF16, ws, s);
+      });
+      std::printf("%-6s %-48s %4d %11.2f %11.2f %7.2fx %9.2f\n", "batch", set.label, m, separate, batched,
+                  separate / batched, bytes / bw * 1e6);
+      std::fflush(stdout);
+      cudaFree(tr);
+      cudaFree(suh);
+      cudaFree(svh);
+      cudaFree(x);
+      for (uint16_t* p : y) cudaFree(p);
+    }
   }
 }
 
@@ -533,10 +610,10 @@ int Main(int argc, char** argv) {
     else if (a == "--warm-weights") g_warm_weights = true;
     else if (a == "--moe-items-per-sm") items_per_sm = ParseIntList(a.substr(2), value(), "integer item count");
     else if (a == "--gemv-ctas-per-sm") ctas_per_sm = ParseIntList(a.substr(2), value(), "integer CTA count");
-    else throw UsageError("unknown flag " + a + " (usage: [--anchors FILE] [--only dense|moe|gemm] [--replays N] [--gemv-ctas-per-sm LIST] [--moe-items-per-sm LIST] [--filter TEXT] [--warm-weights])");
+    else throw UsageError("unknown flag " + a + " (usage: [--anchors FILE] [--only dense|moe|gemm|batch] [--replays N] [--gemv-ctas-per-sm LIST] [--moe-items-per-sm LIST] [--filter TEXT] [--warm-weights])");
   }
-  if (!only.empty() && only != "dense" && only != "moe" && only != "gemm")
-    throw UsageError("--only: \"" + only + "\" is not one of dense, moe, gemm");
+  if (!only.empty() && only != "dense" && only != "moe" && only != "gemm" && only != "batch")
+    throw UsageError("--only: \"" + only + "\" is not one of dense, moe, gemm, batch");
   RequireCudaDevice(0, "the benchmark");
   if (anchors_path.empty()) anchors_path = RepoFile("kernels/cuda/testdata/anchors-h200.json");
   std::ifstream in(anchors_path);
@@ -570,6 +647,7 @@ int Main(int argc, char** argv) {
     RunSweep("moe", "DSMESH_EXL3_MOE_ITEMS_PER_SM", items_per_sm, moe,
              [&](std::vector<Row>& rows) { RunMoe(anchors, bw, intops, replays, s, rows); });
   if (only.empty() || only == "gemm") RunGemm(anchors, replays, s, gemm);
+  if (only == "batch") RunBatch(bw, replays, s);
   Summary("dense", dense);
   Summary("moe", moe);
   GemmSummary(gemm);
