@@ -456,7 +456,8 @@ Tensor ModelImpl::HeadLogits(const Tensor& Xs, const HcWeights& hc_head, const T
   return out;
 }
 
-void ModelImpl::RecordMtpInput(const Tensor& X, const std::vector<SeqRows>& seqs, const std::vector<int32_t>& tokens) {
+void ModelImpl::RecordMtpInput(const Tensor& X, const Tensor& h, const std::vector<SeqRows>& seqs,
+                               const std::vector<int32_t>& tokens) {
   for (const SeqRows& s : seqs) {
     MtpState& m = s.state->mtp;
     if (!m.enabled()) continue;
@@ -464,6 +465,26 @@ void ModelImpl::RecordMtpInput(const Tensor& X, const std::vector<SeqRows>& seqs
     const int64_t from = std::max(s.start, end - slots);
     RingPut(*backend_, X, s.offset + (from - s.start), from, end - from, &m.hidden);
     for (int64_t p = from; p < end; ++p) m.tokens[p % slots] = tokens[s.offset + (p - s.start)];
+    if (m.is_image.empty()) continue;  // a text model keeps no image rows
+    for (int64_t p = from; p < end; ++p) m.is_image[p % slots] = 0;
+    if (s.images) RecordMtpImageRows(h, s, from, &m);
+  }
+}
+
+void ModelImpl::RecordMtpImageRows(const Tensor& h, const SeqRows& s, int64_t from, MtpState* m) {
+  const std::vector<int64_t>& rows = s.images->rows;
+  const int64_t slots = m->image.shape[0];
+  // One ring copy per run of consecutive kept image rows (an image block is one run).
+  for (size_t i = 0; i < rows.size();) {
+    if (s.start + rows[i] < from) {  // older than the history keeps
+      ++i;
+      continue;
+    }
+    size_t j = i + 1;
+    while (j < rows.size() && rows[j] == rows[j - 1] + 1) ++j;
+    RingPut(*backend_, h, s.offset + rows[i], s.start + rows[i], static_cast<int64_t>(j - i), &m->image);
+    for (size_t q = i; q < j; ++q) m->is_image[(s.start + rows[q]) % slots] = 1;
+    i = j;
   }
 }
 
@@ -516,7 +537,7 @@ std::vector<SequenceOutput> ModelImpl::Forward(const std::vector<SequenceStep>& 
   });
   for (const BlockWeights& b : weights_.layers) RunBlock(b, seqs, positions, tokens, &X, image_rows);
   for (const SeqRows& s : seqs) s.state->length += s.count;
-  RecordMtpInput(X, seqs, tokens);
+  RecordMtpInput(X, h, seqs, tokens);
 
   // Rows that need logits.
   std::vector<int64_t> rows;

@@ -79,8 +79,10 @@ KvLayout ComputeKvLayout(const ModelConfig& c, KvCacheDtype dtype, bool with_mtp
     // The target rows (+ token) reach back one window per MTP block; blocks 1.. keep their inputs too
     // (model/state_pool.cc).
     const int64_t row = 4LL * c.hc_mult * c.hidden_size;
+    // A vision model keeps per history row also its image embedding (f32) and an image flag (one byte).
+    const int64_t image = c.vision.enabled() ? 4LL * c.hidden_size + 1 : 0;
     if (spare > 0)
-      mtp.history_bytes = (row + 4) * (static_cast<int64_t>(n) * c.sliding_window + spare) +
+      mtp.history_bytes = (row + 4 + image) * (static_cast<int64_t>(n) * c.sliding_window + spare) +
                           row * (n - 1) * (c.sliding_window + spare);
   }
   for (KvLayerKind* kind : {&sliding, &csa, &hca, &mtp})

@@ -35,7 +35,8 @@ struct KvLayerKind {
   double bytes_per_token = 0;  // compressed entries + indexer keys, per token of context, all layers of the kind
   int64_t window_bytes = 0;    // the rings of all layers of the kind (fixed per sequence)
   int64_t partial_bytes = 0;   // the compressors' open windows (fixed per sequence)
-  int64_t history_bytes = 0;   // mtp: the f32 residual rows (+ token) it drafts from (a window per MTP block)
+  int64_t history_bytes = 0;   // mtp: the f32 residual rows (+ token; vision: + image row and flag) it drafts
+                               // from (a window per MTP block)
 };
 
 struct KvLayout {

@@ -93,6 +93,11 @@ std::unique_ptr<SequenceState> ModelImpl::NewState(int k, int slot) const {
     d->mtp.hidden = pool.MtpHidden(d->slot, history);
     backend_->Zero(&d->mtp.hidden);
     d->mtp.tokens.assign(history, 0);
+    if (c.vision.enabled()) {  // image rows' embeddings for the MTP input (model/mtp.cc)
+      d->mtp.is_image.assign(history, 0);
+      d->mtp.image = pool.MtpImage(d->slot, history);
+      backend_->Zero(&d->mtp.image);
+    }
     for (int j = 1; j < n_mtp; ++j) {
       d->mtp.chain.push_back(pool.MtpChain(d->slot, j, c.sliding_window + k));
       backend_->Zero(&d->mtp.chain.back());

@@ -82,11 +82,24 @@ class ModelImpl {
   Tensor HeadLogits(const Tensor& Xs, const HcWeights& hc_head, const Tensor& norm, int64_t step_rows);
   // The head's logits of this rank's vocabulary rows, left in backend scratch [R, head.out].
   Tensor HeadLocalLogits(const Tensor& Xs, const HcWeights& hc_head, const Tensor& norm, int64_t step_rows);
-  // Keeps the step's last-block residual rows and tokens of MTP-enabled sequences for Draft.
-  void RecordMtpInput(const Tensor& X, const std::vector<SeqRows>& seqs, const std::vector<int32_t>& tokens);
-  // The MTP block's input rows: h_proj(hnorm(X) per stream) + e_proj(enorm(embed(token))) on every stream.
+  // Keeps the step's last-block residual rows and tokens of MTP-enabled sequences for Draft; with a vision
+  // model also which positions were image rows and their input embeddings, taken from h [N, D] (the step's
+  // embedding rows with the image embeddings placed).
+  void RecordMtpInput(const Tensor& X, const Tensor& h, const std::vector<SeqRows>& seqs,
+                      const std::vector<int32_t>& tokens);
+  // RecordMtpInput's image part for one sequence: its image rows at positions >= from into m's image ring.
+  void RecordMtpImageRows(const Tensor& h, const SeqRows& s, int64_t from, MtpState* m);
+  // An MTP input row whose embedding is a kept image row: row `row` of the rows being built takes the image
+  // embedding recorded for position `position` (MtpState::image) instead of the token's table row.
+  struct MtpImageInput {
+    int64_t row;
+    const Tensor* ring;
+    int64_t position;
+  };
+  // The MTP block's input rows: h_proj(hnorm(X) per stream) + e_proj(enorm(e)) on every stream, where e is
+  // embed(token), or the recorded image embedding for the rows in `images`.
   Tensor MtpInput(const MtpWeights& m, const Tensor& X, const std::vector<int32_t>& tokens,
-                  const std::vector<int64_t>& positions);
+                  const std::vector<int64_t>& positions, const std::vector<MtpImageInput>& images = {});
   void AllReduce(Tensor* t);
 
   ModelConfig config_;

@@ -1,9 +1,11 @@
 // The MTP block (dsv4-model.md section 5.1; DeepSeek's reference MTPBlock) and greedy drafting (5.2),
 // written against the Backend interface like the main forward. The block's row for position t is
 // (X_t, token t+1): X0 = h_proj(hnorm(X_t)) on each residual stream + e_proj(enorm(embed(token t+1))) on
-// every stream (the embedding row is zeroed at position 0, as vLLM does), then one sliding-window block
-// with its own window ring and MoE, then its own hc head and norm and the shared lm_head. Each draft is
-// the argmax of its logits or what the request's `choose` picks (sampled drafts).
+// every stream (the embedding row is zeroed at position 0, as vLLM does; where token t+1 was an image row,
+// the image embedding the target was fed there stands in for embed(token t+1), as vLLM feeds its drafter
+// the target's merged input embeddings: docs/vision.md), then one sliding-window block with its own
+// window ring and MoE, then its own hc head and norm and the shared lm_head. Each draft is the argmax of
+// its logits or what the request's `choose` picks (sampled drafts).
 #include <algorithm>
 #include <set>
 #include <stdexcept>
@@ -15,7 +17,7 @@
 namespace dsmesh {
 
 Tensor ModelImpl::MtpInput(const MtpWeights& m, const Tensor& X, const std::vector<int32_t>& tokens,
-                           const std::vector<int64_t>& positions) {
+                           const std::vector<int64_t>& positions, const std::vector<MtpImageInput>& images) {
   Backend& be = *backend_;
   const ModelConfig& c = config_;
   const int hc = c.hc_mult;
@@ -23,6 +25,8 @@ Tensor ModelImpl::MtpInput(const MtpWeights& m, const Tensor& X, const std::vect
   const float eps = static_cast<float>(c.rms_norm_eps);
   Tensor e = be.Alloc(DType::kF32, {N, D});
   be.Embedding(weights_.embed, tokens.data(), N, &e);
+  // An image row's input is its image embedding, as in the target's embedding rows (PlaceImageEmbeddings).
+  for (const MtpImageInput& im : images) RingGet(be, *im.ring, im.position, 1, &e, im.row);
   for (int64_t r = 0; r < N; ++r)
     if (positions[r] == 0) {
       Tensor row = RowView(e, r, 1);
@@ -95,15 +99,20 @@ std::vector<DraftResult> ModelImpl::Draft(const std::vector<DraftRequest>& batch
     std::vector<SeqRows>& seqs = rows[j];
     std::vector<int64_t> positions;
     std::vector<int32_t> tokens;
+    std::vector<MtpImageInput> images;  // rows fed a kept image row instead of a token embedding
     for (const Work& w : work) {
       const int64_t lo = w.last + 1 - (n - j) * window;
       // A row already consumed is recomputed when it is the last one (same inputs, same ring row).
       const int64_t t0 = std::max<int64_t>(std::min(std::max(w.st->mtp.length, lo), w.last), 0);
       seqs.push_back({w.st, static_cast<int64_t>(positions.size()), w.last - t0 + 1, t0});
       const int64_t slots = w.st->mtp.hidden.shape[0];
+      const MtpState& ms = w.st->mtp;
       for (int64_t t = t0; t <= w.last; ++t) {
+        const bool stored = t + 1 < w.st->length;  // else token t+1 is the request's next_token
+        if (stored && !ms.is_image.empty() && ms.is_image[(t + 1) % slots])
+          images.push_back({static_cast<int64_t>(positions.size()), &ms.image, t + 1});
         positions.push_back(t);
-        tokens.push_back(t + 1 == w.st->length ? batch[w.entry].next_token : w.st->mtp.tokens[(t + 1) % slots]);
+        tokens.push_back(stored ? ms.tokens[(t + 1) % slots] : batch[w.entry].next_token);
       }
     }
     Tensor X = be.Alloc(DType::kF32, {static_cast<int64_t>(positions.size()), hc * D});
@@ -127,7 +136,7 @@ std::vector<DraftResult> ModelImpl::Draft(const std::vector<DraftRequest>& batch
       if (from <= work[k].last)
         be.CopyRows(outs[j - 1], p.offset + (from - 1 - p.start), &X, s.offset + (from - s.start), work[k].last - from + 1);
     }
-    outs[j] = MtpInput(m, X, tokens, positions);
+    outs[j] = MtpInput(m, X, tokens, positions, images);
     RunBlock(m.block, seqs, positions, tokens, &outs[j]);
     if (j + 1 < n)  // block j+1's input history: this block's output for t, at position t+1
       for (const SeqRows& s : seqs) {

@@ -164,9 +164,14 @@ std::unique_ptr<SequenceState> SequenceState::CopyInto(int slot, std::vector<int
   }
   d->mtp.length = from.mtp.length;
   d->mtp.tokens = from.mtp.tokens;
+  d->mtp.is_image = from.mtp.is_image;
   if (from.mtp.enabled()) {
     d->mtp.hidden = pool.MtpHidden(slot, static_cast<int>(from.mtp.hidden.shape[0]));
     CopyTensor(be, from.mtp.hidden, &d->mtp.hidden);
+  }
+  if (from.mtp.image.data) {
+    d->mtp.image = pool.MtpImage(slot, static_cast<int>(from.mtp.image.shape[0]));
+    CopyTensor(be, from.mtp.image, &d->mtp.image);
   }
   for (size_t j = 0; j < from.mtp.chain.size(); ++j) {
     d->mtp.chain.push_back(pool.MtpChain(slot, static_cast<int>(j) + 1, static_cast<int>(from.mtp.chain[j].shape[0])));
@@ -199,6 +204,7 @@ size_t SequenceState::MemoryBytes() const {
     for (const CompressorState* c : {&l.compressor, &l.indexer}) total += Bytes(c->pending_kv) + Bytes(c->pending_score);
   }
   total += Bytes(data_->mtp.hidden) + data_->mtp.tokens.size() * sizeof(int32_t);
+  total += Bytes(data_->mtp.image) + data_->mtp.is_image.size() * sizeof(uint8_t);
   for (const Tensor& t : data_->mtp.chain) total += Bytes(t);
   if (data_->pool) total += data_->blocks.size() * static_cast<size_t>(data_->pool->block_bytes());
   return total;

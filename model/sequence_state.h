@@ -47,13 +47,18 @@ struct LayerState {
   CompressorState indexer;      // CSA only
 };
 
-// The MTP block's input history. Its row for position t is (target residual X_t, token t+1); the block
-// has consumed positions < length (its window ring, in SequenceStateData::layers, holds them).
+// The MTP block's input history. Its row for position t is (target residual X_t, token t+1), where an
+// image row's token stands for its image embedding (the target's input row there); the block has consumed
+// positions < length (its window ring, in SequenceStateData::layers, holds them).
 struct MtpState {
   int64_t length = 0;
   Tensor hidden;                // ring [n * sliding_window + spare, hc*D]: the target's last-block residual
                                 // (n MTP blocks; block j's exact window needs j windows more history)
   std::vector<int32_t> tokens;  // host ring of the same slots: the token fed at each position
+  std::vector<uint8_t> is_image;  // vision models: host ring of the same slots, 1 where that position was an
+                                  // image row (empty for a text model)
+  Tensor image;                 // vision models: ring of the same slots [.., D], the image embedding of each
+                                // position flagged in is_image (other slots hold stale rows, never read)
   std::vector<Tensor> chain;    // MTP block j >= 1 (chain[j-1]): ring [sliding_window + spare, hc*D] whose
                                 // slot for position t holds block j-1's output for position t-1
   bool enabled() const { return hidden.data != nullptr; }

@@ -97,6 +97,11 @@ StatePool::StatePool(const ModelConfig& c, bool has_mtp, const StatePoolOptions&
     mtp_width_ = static_cast<int64_t>(c.hc_mult) * c.hidden_size;
     slot_bytes_ += (mtp_rows_ + (c.num_mtp_layers - 1) * mtp_chain_rows_) * mtp_width_ * sizeof(float);
     mtp_layers_ = c.num_mtp_layers;
+    // A vision model's history also keeps the image embedding of each row that was an image row.
+    if (c.vision.enabled()) {
+      mtp_image_width_ = c.hidden_size;
+      slot_bytes_ += mtp_rows_ * mtp_image_width_ * static_cast<int64_t>(sizeof(float));
+    }
   }
 
   // Without a budget: the slots and 1 GiB of blocks (at least 64).
@@ -128,6 +133,7 @@ StatePool::StatePool(const ModelConfig& c, bool has_mtp, const StatePoolOptions&
                                            : Tensor{});
   }
   if (mtp) mtp_hidden_ = PoolTensor(backend, {n_slots * mtp_rows_, mtp_width_});
+  if (mtp_image_width_ > 0) mtp_image_ = PoolTensor(backend, {n_slots * mtp_rows_, mtp_image_width_});
   if (mtp && mtp_layers_ > 1) mtp_chain_ = PoolTensor(backend, {n_slots * (mtp_layers_ - 1) * mtp_chain_rows_, mtp_width_});
 
   block_refs_.assign(static_cast<size_t>(num_blocks_), 0);
@@ -159,6 +165,8 @@ Tensor StatePool::Pending(int layer, bool indexer, bool score, int slot, int row
 }
 
 Tensor StatePool::MtpHidden(int slot, int rows) const { return RowView(mtp_hidden_, slot * mtp_rows_, rows); }
+
+Tensor StatePool::MtpImage(int slot, int rows) const { return RowView(mtp_image_, slot * mtp_rows_, rows); }
 
 Tensor StatePool::MtpChain(int slot, int block, int rows) const {
   return RowView(mtp_chain_, (static_cast<int64_t>(slot) * (mtp_layers_ - 1) + block - 1) * mtp_chain_rows_, rows);

@@ -5,7 +5,8 @@
 //     Block b is the same row range in every layer's tensor (one block id covers all layers, as vLLM's
 //     block tables do), so one table per sequence addresses everything.
 //   - slots: the fixed part of one state (per layer the sliding-window ring and the compressors' open
-//     windows, the MTP block's ring and input history), sized for the pool's largest number of
+//     windows, the MTP block's ring and input history, with a vision model also the image embeddings of
+//     that history), sized for the pool's largest number of
 //     speculative rows. A state takes one slot for its whole life.
 // Either the pool hands out blocks and slots itself (in-process use: the CLI, tests) or the coordinator's
 // block manager does and the worker passes each state the table it was planned with (external mode); the
@@ -70,6 +71,8 @@ class StatePool {
   Tensor Pending(int layer, bool indexer, bool score, int slot, int rows) const;
   Tensor MtpHidden(int slot, int rows) const;
   int64_t mtp_history_rows() const { return mtp_rows_; }
+  // Vision models: the image embeddings of the same history rows [rows, hidden_size] (model/mtp.cc).
+  Tensor MtpImage(int slot, int rows) const;
   // MTP block `block` >= 1's input history (block block-1's outputs, one position on).
   Tensor MtpChain(int slot, int block, int rows) const;
   int64_t mtp_chain_rows() const { return mtp_chain_rows_; }
@@ -96,8 +99,9 @@ class StatePool {
   std::vector<Tensor> entries_, index_keys_;              // per layer (empty for window-only layers)
   std::vector<Tensor> rings_, pending_kv_, pending_score_, index_kv_, index_score_;  // per layer, all slots
   Tensor mtp_hidden_;                                     // all slots
+  Tensor mtp_image_;                                      // all slots (vision models)
   Tensor mtp_chain_;                                      // all slots, MTP blocks 1..n-1
-  int64_t mtp_rows_ = 0, mtp_width_ = 0, mtp_chain_rows_ = 0;
+  int64_t mtp_rows_ = 0, mtp_width_ = 0, mtp_chain_rows_ = 0, mtp_image_width_ = 0;
   int mtp_layers_ = 0;
   std::vector<int32_t> free_blocks_;
   std::vector<int> block_refs_;
