@@ -26,6 +26,8 @@ class ModelImpl {
   const ShardSpec& shard() const { return shard_; }
   Backend& backend() const { return *backend_; }
   const ModelWeights& weights() const { return weights_; }
+  // The collectives among this model's tensor-parallel ranks (the vision tower's sums run over them).
+  Communicator& comm() const { return *comm_; }
 
   std::unique_ptr<SequenceState> NewState(int speculative_tokens, int slot) const;
   StatePool& state_pool() const;  // the default pool on first use

@@ -9,6 +9,29 @@ namespace {
 
 int64_t RowWidth(const Tensor& t) { return t.shape.empty() || t.shape[0] == 0 ? 0 : t.numel() / t.shape[0]; }
 
+// Throws unless `comm` spans the `world` ranks a part of the tower is split over (any comm, or none, for 1).
+void CheckSplit(const Communicator* comm, int world, const char* part) {
+  if (world == 1) return;
+  const int have = comm ? comm->world() : 1;
+  if (have != world)
+    throw std::runtime_error(std::string("vision tower: the ") + part + " is split over " + std::to_string(world) +
+                             " ranks but the communicator spans " + std::to_string(have));
+}
+
+// In-place sum of t over the ranks of a split of `world` ranks (nothing for 1). As ModelImpl::AllReduce:
+// device tensors with a host communicator (Gloo) go through a host copy.
+void SumOverRanks(Backend& be, Communicator* comm, int world, Tensor* t) {
+  if (world == 1) return;
+  if (be.host_memory() == !comm->device_buffers()) {
+    comm->AllReduceSum(static_cast<float*>(t->data), static_cast<size_t>(t->numel()));
+    return;
+  }
+  std::vector<float> host(static_cast<size_t>(t->numel()));
+  be.ToHost(*t, host.data());
+  comm->AllReduceSum(host.data(), host.size());
+  be.FromHost(host.data(), t);
+}
+
 }  // namespace
 
 int64_t AlignerRows(const VitGrid& g, int r) {
@@ -36,8 +59,11 @@ std::vector<float> VisionRopeAngles(const VitGrid& g, int head_dim, double theta
 }
 
 Tensor RunVit(Backend& be, const VisionConfig& c, const VisionWeights& w, const Tensor& patches,
-              const std::vector<VitGrid>& grids) {
-  const int64_t dim = c.dim, heads = c.n_heads, hd = c.head_dim();
+              const std::vector<VitGrid>& grids, Communicator* comm) {
+  CheckSplit(comm, w.tower_world, "ViT");
+  // This rank's heads: all of them when the tower is whole (local_heads is 0 in hand-built weights).
+  const int64_t dim = c.dim, heads = w.tower_world > 1 ? w.local_heads : c.n_heads, hd = c.head_dim();
+  const int64_t local = heads * hd;
   std::vector<int64_t> spans = {0};
   std::vector<float> angles;
   for (const VitGrid& g : grids) {
@@ -55,8 +81,10 @@ Tensor RunVit(Backend& be, const VisionConfig& c, const VisionWeights& w, const 
 
   Tensor x = be.Alloc(DType::kF32, {n, dim});
   be.Linear(patches, w.patch_embed, &x);
-  Tensor h = be.Alloc(DType::kF32, {n, dim}), q = be.Alloc(DType::kF32, {n, dim}), k = be.Alloc(DType::kF32, {n, dim}),
-         v = be.Alloc(DType::kF32, {n, dim}), attn = be.Alloc(DType::kF32, {n, dim});
+  Tensor h = be.Alloc(DType::kF32, {n, dim}), q = be.Alloc(DType::kF32, {n, local}),
+         k = be.Alloc(DType::kF32, {n, local}), v = be.Alloc(DType::kF32, {n, local}),
+         attn = be.Alloc(DType::kF32, {n, local});
+  Tensor mlp_out = w.tower_world > 1 ? be.Alloc(DType::kF32, {n, dim}) : Tensor{};  // sharded MLP's share
   const float eps = static_cast<float>(c.norm_eps);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   for (const VisionBlockWeights& b : w.blocks) {
@@ -65,19 +93,31 @@ Tensor RunVit(Backend& be, const VisionConfig& c, const VisionWeights& w, const 
     be.RotateHalf(&q, heads, hd, rope);
     be.RotateHalf(&k, heads, hd, rope);
     be.SpanAttention(q, k, v, heads, hd, spans.data(), static_cast<int64_t>(grids.size()), scale, &attn);
+    // wo over this rank's heads: a partial sum (bias on one rank) until summed over the ranks.
     be.Linear(attn, b.wo, &h);
+    SumOverRanks(be, comm, w.tower_world, &h);
     be.Add(h, &x);
     be.RmsNorm(x, dim, &b.norm2, eps, &h);
-    // SwiGLU without clamp (limit 0), accumulated into the residual: x += w2(silu(w1 h) * w3 h).
-    be.SharedExpert(h, b.mlp, 0.0f, &x);
+    // SwiGLU without clamp (limit 0): x += w2(silu(w1 h) * w3 h). Whole, SharedExpert accumulates into the
+    // residual; sharded, each rank accumulates its columns' share into the zeroed mlp_out, and the shares
+    // are summed over the ranks before they join the residual.
+    if (w.tower_world == 1) {
+      be.SharedExpert(h, b.mlp, 0.0f, &x);
+      continue;
+    }
+    be.Zero(&mlp_out);
+    be.SharedExpert(h, b.mlp, 0.0f, &mlp_out);
+    SumOverRanks(be, comm, w.tower_world, &mlp_out);
+    be.Add(mlp_out, &x);
   }
   be.RmsNorm(x, dim, &w.norm, eps, &x);
   return x;
 }
 
 Tensor RunVisionTower(Backend& be, const VisionConfig& c, const VisionWeights& w, const Tensor& patches,
-                      const std::vector<VitGrid>& grids) {
-  const Tensor x = RunVit(be, c, w, patches, grids);
+                      const std::vector<VitGrid>& grids, Communicator* comm) {
+  CheckSplit(comm, w.aligner_world, "aligner");
+  const Tensor x = RunVit(be, c, w, patches, grids, comm);
   const int r = c.downsample_ratio;
   int64_t rows = 0;
   for (const VitGrid& g : grids) rows += AlignerRows(g, r);
@@ -90,11 +130,13 @@ Tensor RunVisionTower(Backend& be, const VisionConfig& c, const VisionWeights& w
     in_row += n;
     out_row += m;
   }
+  // w1 gives this rank's hidden columns (all of them when whole), w2 their share of every output.
   Tensor hidden = be.Alloc(DType::kF32, {rows, w.aligner_w1.out});
   be.Linear(merged, w.aligner_w1, &hidden);
   be.Gelu(&hidden);
   Tensor out = be.Alloc(DType::kF32, {rows, w.aligner_w2.out});
   be.Linear(hidden, w.aligner_w2, &out);
+  SumOverRanks(be, comm, w.aligner_world, &out);
   return out;
 }
 

@@ -15,12 +15,19 @@
 //   aligner: r x r blocks of the image's grid (zero-padded to multiples of r), features channel-major
 //   (c*r*r + dy*r + dx) -> Linear(dim r^2 -> hidden) + bias -> exact GELU -> Linear(hidden -> hidden) + bias.
 //
+// Tensor parallelism (docs/vision.md): with weights loaded as a shard (VisionWeights::tower_world > 1) each
+// rank runs its heads (wq/wk/wv column-parallel, wo row-parallel) and its SwiGLU columns (w1/w3
+// column-parallel, w2 row-parallel), and the two row-parallel outputs of each block are summed over the
+// ranks before they join the residual; the aligner likewise (w1 column-parallel, w2 row-parallel + sum).
+// Every rank then holds the whole output.
+//
 // Where each fact comes from: docs/vision.md (vLLM's vllm/models/deepseek_v4/common/vision.py).
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "common/communicator.h"
 #include "common/tensor.h"
 #include "kernels/backend.h"
 #include "model/vision_config.h"
@@ -43,12 +50,14 @@ std::vector<float> VisionRopeAngles(const VitGrid& grid, int head_dim, double th
 // Runs the ViT over every image and the aligner over each image's grid. patches [sum h*w, 3*p*p] f32 in
 // backend memory, the images' patches one after another (PreprocessedImage::patches). Returns
 // [sum AlignerRows, hidden] f32 in backend memory: per image, its aligner grid row-major (the order before
-// ImageBlock::perm places the rows in the prompt).
+// ImageBlock::perm places the rows in the prompt). `comm` sums the row-parallel partials of sharded
+// weights (every rank of the split calls this with the same patches); it may be null when the weights are
+// whole. Throws std::runtime_error when the weights are sharded over another world than comm's.
 Tensor RunVisionTower(Backend& backend, const VisionConfig& config, const VisionWeights& weights,
-                      const Tensor& patches, const std::vector<VitGrid>& grids);
+                      const Tensor& patches, const std::vector<VitGrid>& grids, Communicator* comm = nullptr);
 
 // The ViT alone (what the aligner reads): [sum h*w, dim]. Exposed for tests.
 Tensor RunVit(Backend& backend, const VisionConfig& config, const VisionWeights& weights, const Tensor& patches,
-              const std::vector<VitGrid>& grids);
+              const std::vector<VitGrid>& grids, Communicator* comm = nullptr);
 
 }  // namespace dsmesh

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/safetensors.h"
@@ -20,6 +21,8 @@ namespace dsmesh {
 namespace {
 
 using testing_util::RelL2;
+using testing_util::ThreadCommunicator;
+using testing_util::ThreadGroup;
 
 class VisionTowerTest : public ::testing::Test {
  protected:
@@ -101,6 +104,105 @@ TEST_F(VisionTowerTest, ImagesDoNotSeeEachOther) {
 TEST_F(VisionTowerTest, PatchesThatDoNotMatchTheGridsAreRefused) {
   const Tensor patches = golden_->Get("patches");
   EXPECT_THROW(RunVisionTower(*be_, config_.vision, weights_, patches, {grids_[0]}), std::runtime_error);
+}
+
+// One rank's outputs of a tensor-parallel run of the tower (MakeVisionShardLayout's split of `world`).
+struct RankRun {
+  VisionWeights weights;
+  Tensor vit, out;
+  std::string error;
+};
+
+// Loads rank r's shard on each of `world` threads (a CPU backend each, ThreadCommunicator between them) and
+// runs the ViT and the whole tower on the same patches.
+std::vector<RankRun> RunSharded(const Checkpoint& ckpt, const ModelConfig& config, const Tensor& patches,
+                                const std::vector<VitGrid>& grids, int world) {
+  ThreadGroup group(world);
+  std::vector<RankRun> runs(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        ThreadCommunicator comm(&group, r, world);
+        auto be = MakeCpuBackend(1);
+        runs[r].weights = LoadVisionWeights(ckpt, config, MakeVisionShardLayout(config, ShardSpec{r, world}), *be);
+        runs[r].vit = RunVit(*be, config.vision, runs[r].weights, patches, grids, &comm);
+        runs[r].out = RunVisionTower(*be, config.vision, runs[r].weights, patches, grids, &comm);
+      } catch (const std::exception& e) {
+        runs[r].error = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return runs;
+}
+
+TEST_F(VisionTowerTest, TensorParallelMatchesSingleRankAndTheTorchReference) {
+  const Tensor patches = golden_->Get("patches");
+  const Tensor want_vit = golden_->Get("vit_out"), want = golden_->Get("aligner_out");
+  const Tensor single_vit = RunVit(*be_, config_.vision, weights_, patches, grids_);
+  const Tensor single = RunVisionTower(*be_, config_.vision, weights_, patches, grids_);
+  const int64_t dim = config_.vision.dim, hidden = config_.hidden_size;
+  for (int world : {2, 4}) {
+    const std::vector<RankRun> runs = RunSharded(ckpt_, config_, patches, grids_, world);
+    for (int r = 0; r < world; ++r) {
+      const RankRun& run = runs[r];
+      ASSERT_EQ(run.error, "") << "world " << world << " rank " << r;
+      // The rank holds its heads' q/k/v rows and wo columns, its SwiGLU and aligner columns, and the
+      // row-parallel biases only on rank 0.
+      EXPECT_EQ(run.weights.tower_world, world);
+      EXPECT_EQ(run.weights.aligner_world, world);
+      EXPECT_EQ(run.weights.local_heads, config_.vision.n_heads / world);
+      const VisionBlockWeights& b = run.weights.blocks[0];
+      EXPECT_EQ(b.wq.out, dim / world);
+      EXPECT_EQ(b.wv.bias.numel(), dim / world);
+      EXPECT_EQ(b.wo.in, dim / world);
+      EXPECT_EQ(b.wo.out, dim);
+      EXPECT_EQ(b.wo.bias.data != nullptr, r == 0);
+      if (r == 0) EXPECT_EQ(b.wo.bias.numel(), dim);
+      EXPECT_EQ(b.mlp.w1.out, config_.vision.inter_dim / world);
+      EXPECT_EQ(b.mlp.w2.in, config_.vision.inter_dim / world);
+      EXPECT_EQ(run.weights.aligner_w1.out, hidden / world);
+      EXPECT_EQ(run.weights.aligner_w2.in, hidden / world);
+      EXPECT_EQ(run.weights.aligner_w2.bias.data != nullptr, r == 0);
+      EXPECT_LT(run.weights.bytes, weights_.bytes);
+
+      ASSERT_EQ(run.out.shape, single.shape);
+      const double vs_single_vit = RelL2(run.vit.as<float>(), single_vit.as<float>(), single_vit.numel());
+      const double vs_single = RelL2(run.out.as<float>(), single.as<float>(), single.numel());
+      const double vs_torch = RelL2(run.out.as<float>(), want.as<float>(), want.numel());
+      const double vit_vs_torch = RelL2(run.vit.as<float>(), want_vit.as<float>(), want_vit.numel());
+      std::printf("world %d rank %d: %zu of %zu tower bytes; vs TP1: ViT rel L2 %.3g, aligner %.3g; vs torch: "
+                  "ViT %.3g, aligner %.3g\n",
+                  world, r, run.weights.bytes, weights_.bytes, vs_single_vit, vs_single, vit_vs_torch, vs_torch);
+      EXPECT_LE(vs_single_vit, 1e-6);
+      EXPECT_LE(vs_single, 1e-6);
+      EXPECT_LE(vit_vs_torch, 1e-4);
+      EXPECT_LE(vs_torch, 1e-4);
+    }
+  }
+}
+
+TEST_F(VisionTowerTest, AWorldTheHeadsDoNotDivideByReplicatesTheTower) {
+  // 4 heads and hidden 128 over 3 ranks: the ViT and the aligner stay whole on every rank.
+  const Tensor patches = golden_->Get("patches");
+  const Tensor single = RunVisionTower(*be_, config_.vision, weights_, patches, grids_);
+  const std::vector<RankRun> runs = RunSharded(ckpt_, config_, patches, grids_, 3);
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_EQ(runs[r].error, "") << "rank " << r;
+    EXPECT_EQ(runs[r].weights.tower_world, 1);
+    EXPECT_EQ(runs[r].weights.aligner_world, 1);
+    EXPECT_EQ(runs[r].weights.local_heads, config_.vision.n_heads);
+    EXPECT_EQ(runs[r].weights.bytes, weights_.bytes);
+    EXPECT_EQ(runs[r].weights.blocks[0].wo.bias.numel(), config_.vision.dim);
+    ASSERT_EQ(runs[r].out.shape, single.shape);
+    EXPECT_EQ(RelL2(runs[r].out.as<float>(), single.as<float>(), single.numel()), 0.0) << "rank " << r;
+  }
+}
+
+TEST_F(VisionTowerTest, ShardedWeightsNeedTheirWorld) {
+  // A rank's shard of a 2-way split run without its peers is refused, not silently summed over one rank.
+  const VisionWeights half = LoadVisionWeights(ckpt_, config_, MakeVisionShardLayout(config_, ShardSpec{0, 2}), *be_);
+  EXPECT_THROW(RunVisionTower(*be_, config_.vision, half, golden_->Get("patches"), grids_), std::runtime_error);
 }
 
 TEST(VisionRopeAnglesTest, RowAnglesThenColumnAngles) {

@@ -282,36 +282,79 @@ class WeightLoader {
   }
 
   // The ViT, the aligner and the sentinel embeddings (names as vLLM's vl_model.py / vision.py load them
-  // from the checkpoint: vision.*, aligner.*, image_*), every size from the vision_* config keys.
+  // from the checkpoint: vision.*, aligner.*, image_*), every size from the vision_* config keys; the
+  // blocks and the aligner as this rank's shard of them (ShardLayout's vision_* and aligner_* fields).
   VisionWeights Vision() {
     const VisionConfig& v = c_.vision;
-    const int64_t dim = v.dim, I = v.inter_dim, H = c_.hidden_size;
+    const int64_t dim = v.dim, H = c_.hidden_size;
     const int64_t patch_in = 3LL * v.patch_size * v.patch_size;
     const int64_t merged = dim * v.downsample_ratio * v.downsample_ratio;
+    const size_t bytes_before = bytes_;
     VisionWeights w;
+    w.tower_world = l_.vision_world;
+    w.local_heads = v.n_heads / l_.vision_world;
+    w.aligner_world = l_.aligner_world;
+    LogVisionFallback();
     w.patch_embed = BiasedLinear("vision.patch_embed.proj", dim, patch_in);
-    for (int i = 0; i < v.n_layers; ++i) {
-      const std::string p = "vision.blocks." + std::to_string(i) + ".";
-      VisionBlockWeights b;
-      b.norm1 = F32(p + "norm1.weight", {dim});
-      b.norm2 = F32(p + "norm2.weight", {dim});
-      b.wq = BiasedLinear(p + "attn.wqkv", 3 * dim, dim, 0, dim);
-      b.wk = BiasedLinear(p + "attn.wqkv", 3 * dim, dim, dim, 2 * dim);
-      b.wv = BiasedLinear(p + "attn.wqkv", 3 * dim, dim, 2 * dim, 3 * dim);
-      b.wo = BiasedLinear(p + "attn.wo", dim, dim);
-      b.mlp.w1 = Linear(p + "mlp.w1", 2 * I, dim, 0, I);
-      b.mlp.w3 = Linear(p + "mlp.w1", 2 * I, dim, I, 2 * I);
-      b.mlp.w2 = Linear(p + "mlp.w2", dim, I);
-      w.blocks.push_back(std::move(b));
-    }
+    for (int i = 0; i < v.n_layers; ++i) w.blocks.push_back(VisionBlock("vision.blocks." + std::to_string(i) + "."));
     w.norm = F32("vision.norm.weight", {dim});
-    w.aligner_w1 = BiasedLinear("aligner.w1", H, merged);
-    w.aligner_w2 = BiasedLinear("aligner.w2", H, H);
+    // Aligner: w1 column-parallel (the rank's hidden rows and their bias), w2 row-parallel (the matching
+    // input columns, bias on the split's rank 0); GELU between them is elementwise.
+    const int64_t a0 = l_.aligner_rank * (H / l_.aligner_world), a1 = a0 + H / l_.aligner_world;
+    w.aligner_w1 = BiasedLinear("aligner.w1", H, merged, a0, a1);
+    w.aligner_w2 = RowParallelBiasedLinear("aligner.w2", H, H, a0, a1, l_.aligner_rank == 0);
     w.image_start = F32("image_start", {H});
     w.image_pad = F32("image_pad", {H});
     w.image_newline = F32("image_newline", {H});
     w.image_end = F32("image_end", {H});
+    w.bytes = bytes_ - bytes_before;
     return w;
+  }
+
+  // Says on stderr which part of the tower stays whole on every rank of a tensor-parallel world because
+  // its sizes do not divide by the world (the language model's rule: even splits only).
+  void LogVisionFallback() const {
+    const VisionConfig& v = c_.vision;
+    if (l_.world > 1 && l_.vision_world == 1 && l_.rank == 0)
+      std::fprintf(stderr,
+                   "[load] vision tower: vision_n_heads %d or vision_inter_dim %d does not divide by the "
+                   "tensor-parallel world %d; the ViT blocks are replicated on every rank\n",
+                   v.n_heads, v.inter_dim, l_.world);
+    if (l_.world > 1 && l_.aligner_world == 1 && l_.rank == 0)
+      std::fprintf(stderr,
+                   "[load] vision aligner: hidden_size %lld does not divide by the tensor-parallel world %d; "
+                   "the aligner is replicated on every rank\n",
+                   static_cast<long long>(c_.hidden_size), l_.world);
+  }
+
+  // One ViT block's shard: heads [h0, h1) of wqkv's q, k and v thirds and of wo's input columns, SwiGLU
+  // columns [i0, i1) of the fused mlp.w1's gate and up halves and of mlp.w2's input columns.
+  VisionBlockWeights VisionBlock(const std::string& p) {
+    const VisionConfig& v = c_.vision;
+    const int64_t dim = v.dim, I = v.inter_dim, hd = v.head_dim();
+    const int64_t lh = v.n_heads / l_.vision_world, li = I / l_.vision_world;
+    const int64_t q0 = l_.vision_rank * lh * hd, q1 = q0 + lh * hd;
+    const int64_t i0 = l_.vision_rank * li, i1 = i0 + li;
+    VisionBlockWeights b;
+    b.norm1 = F32(p + "norm1.weight", {dim});
+    b.norm2 = F32(p + "norm2.weight", {dim});
+    b.wq = BiasedLinear(p + "attn.wqkv", 3 * dim, dim, q0, q1);
+    b.wk = BiasedLinear(p + "attn.wqkv", 3 * dim, dim, dim + q0, dim + q1);
+    b.wv = BiasedLinear(p + "attn.wqkv", 3 * dim, dim, 2 * dim + q0, 2 * dim + q1);
+    b.wo = RowParallelBiasedLinear(p + "attn.wo", dim, dim, q0, q1, l_.vision_rank == 0);
+    b.mlp.w1 = Linear(p + "mlp.w1", 2 * I, dim, i0, i1);
+    b.mlp.w3 = Linear(p + "mlp.w1", 2 * I, dim, I + i0, I + i1);
+    b.mlp.w2 = Linear(p + "mlp.w2", dim, I, 0, dim, i0, i1);
+    return b;
+  }
+
+  // A row-parallel linear with a bias `<prefix>.bias` [out]: input columns [c0, c1), every output row, and
+  // the bias only where `with_bias` (one rank of the split), so that the sum over ranks adds it once.
+  LinearWeight RowParallelBiasedLinear(const std::string& prefix, int64_t out, int64_t in, int64_t c0, int64_t c1,
+                                       bool with_bias) {
+    LinearWeight lw = Linear(prefix, out, in, 0, out, c0, c1);
+    if (with_bias && !lw.is_exl3()) lw.bias = F32(prefix + ".bias", {out});
+    return lw;
   }
 
   HcWeights Hc(const std::string& p, int rows) {
@@ -444,18 +487,31 @@ class WeightLoader {
 
 }  // namespace
 
-ShardLayout MakeShardLayout(const ModelConfig& c, const ShardSpec& s) {
+ShardLayout MakeVisionShardLayout(const ModelConfig& c, const ShardSpec& s) {
   if (s.world < 1 || s.rank < 0 || s.rank >= s.world)
     throw std::runtime_error("invalid shard: rank " + std::to_string(s.rank) + " of world " + std::to_string(s.world));
+  ShardLayout l;
+  l.rank = s.rank;
+  l.world = s.world;
+  if (c.vision.n_heads % s.world == 0 && c.vision.inter_dim % s.world == 0) {
+    l.vision_world = s.world;
+    l.vision_rank = s.rank;
+  }
+  if (c.hidden_size % s.world == 0) {
+    l.aligner_world = s.world;
+    l.aligner_rank = s.rank;
+  }
+  return l;
+}
+
+ShardLayout MakeShardLayout(const ModelConfig& c, const ShardSpec& s) {
+  ShardLayout l = MakeVisionShardLayout(c, s);
   if (c.o_groups % s.world != 0)
     throw std::runtime_error(c.source + ": o_groups " + std::to_string(c.o_groups) +
                              " is not divisible by the tensor-parallel world " + std::to_string(s.world));
   if (c.moe_intermediate_size % s.world != 0)
     throw std::runtime_error(c.source + ": moe_intermediate_size " + std::to_string(c.moe_intermediate_size) +
                              " is not divisible by the tensor-parallel world " + std::to_string(s.world));
-  ShardLayout l;
-  l.rank = s.rank;
-  l.world = s.world;
   l.local_groups = c.o_groups / s.world;
   l.local_heads = c.num_heads / s.world;
   l.first_head = s.rank * l.local_heads;
@@ -528,13 +584,30 @@ ModelWeights LoadAll(WeightLoader& ld, const Checkpoint& ckpt, const ModelConfig
 
 }  // namespace
 
+namespace {
+
+// "; vision tower 0.5 MiB on this rank (ViT heads 2 of 4, split over 2 ranks; aligner split over 2 ranks)",
+// or "" for a text-only model.
+std::string DescribeVision(const VisionWeights& v) {
+  if (v.blocks.empty()) return "";
+  char buf[200];
+  const int heads = v.local_heads * v.tower_world;
+  std::snprintf(buf, sizeof buf, "; vision tower %.1f MiB on this rank (ViT heads %d of %d, %s; aligner %s)",
+                v.bytes / 1048576.0, v.local_heads, heads,
+                v.tower_world > 1 ? ("split over " + std::to_string(v.tower_world) + " ranks").c_str() : "replicated",
+                v.aligner_world > 1 ? ("split over " + std::to_string(v.aligner_world) + " ranks").c_str() : "replicated");
+  return buf;
+}
+
+}  // namespace
+
 std::string DescribeWeights(const ModelWeights& w) {
   char buf[160];
   std::snprintf(buf, sizeof buf, ", %d EXL3 + %d dense linears, %.1f MiB on this rank", w.exl3_linears, w.dense_linears,
                 w.bytes / 1048576.0);
   return "embedding " + w.embed_storage + ", head " +
          (w.head_bits > 0 ? "EXL3 K" + std::to_string(w.head_bits) : std::string("dense ") + DTypeName(w.head.dense.dtype)) +
-         buf;
+         buf + DescribeVision(w.vision);
 }
 
 ModelWeights LoadWeights(const Checkpoint& ckpt, const ModelConfig& c, const ShardLayout& l, Backend& be) {
@@ -543,9 +616,12 @@ ModelWeights LoadWeights(const Checkpoint& ckpt, const ModelConfig& c, const Sha
 }
 
 VisionWeights LoadVisionWeights(const Checkpoint& ckpt, const ModelConfig& c, Backend& be) {
+  return LoadVisionWeights(ckpt, c, ShardLayout{}, be);  // world 1: the whole tower
+}
+
+VisionWeights LoadVisionWeights(const Checkpoint& ckpt, const ModelConfig& c, const ShardLayout& l, Backend& be) {
   if (!c.vision.enabled()) throw std::runtime_error(c.source + ": vision_n_layers is 0 (no vision tower)");
-  const ShardLayout whole;  // the tower is replicated: no slicing
-  WeightLoader ld(ckpt, c, whole, be);
+  WeightLoader ld(ckpt, c, l, be);
   return ld.Vision();
 }
 

@@ -67,22 +67,32 @@ struct MtpWeights {
   BlockWeights block;
 };
 
-// DeepSeek-V4-Flash-Vision's ViT block (tensors `vision.blocks.N.*`; vLLM's common/vision.py names).
+// DeepSeek-V4-Flash-Vision's ViT block (tensors `vision.blocks.N.*`; vLLM's common/vision.py names), this
+// rank's shard of it: with the tower split over `tower_world` ranks (VisionWeights), rank r holds heads
+// [r*lh, (r+1)*lh) (lh = n_heads / tower_world) and SwiGLU columns [r*li, (r+1)*li) (li = inter_dim / world).
 struct VisionBlockWeights {
   Tensor norm1, norm2;      // f32 [dim]
-  LinearWeight wq, wk, wv;  // rows [0, dim), [dim, 2dim), [2dim, 3dim) of the fused attn.wqkv [3dim, dim] + bias
-  LinearWeight wo;          // attn.wo [dim, dim] + bias
-  ExpertWeights mlp;        // SwiGLU, no biases: w1/w3 = gate/up rows of the fused mlp.w1 [2I, dim], w2 = mlp.w2
+  LinearWeight wq, wk, wv;  // the rank's heads' rows of the fused attn.wqkv [3dim, dim] + bias: q rows
+                            // [h0*hd, h1*hd), k rows dim + those, v rows 2dim + those (column-parallel)
+  LinearWeight wo;          // attn.wo [dim, dim]: the rank's heads' input columns (row-parallel); its bias
+                            // only on rank 0 of the split, so the all-reduced sum adds it once
+  ExpertWeights mlp;        // SwiGLU, no biases: w1/w3 = the rank's gate/up rows of the fused mlp.w1 [2I, dim],
+                            // w2 = the matching input columns of mlp.w2 [dim, I] (row-parallel)
 };
 
-// The vision tower (ViT + aligner) and the learned embeddings of the image block's sentinel tokens.
-// Replicated on every tensor-parallel rank.
+// The vision tower (ViT + aligner) and the learned embeddings of the image block's sentinel tokens: this
+// rank's shard of the ViT blocks and of the aligner (column-parallel first linear, row-parallel second),
+// the rest (patch_embed, norms, sentinels) replicated. A world of 1 means that part is whole on every rank.
 struct VisionWeights {
   LinearWeight patch_embed;                 // vision.patch_embed.proj [dim, 3*p*p] + bias
   std::vector<VisionBlockWeights> blocks;
   Tensor norm;                              // vision.norm f32 [dim]
   LinearWeight aligner_w1, aligner_w2;      // [hidden, dim*r*r] + bias, [hidden, hidden] + bias
   Tensor image_start, image_pad, image_newline, image_end;  // f32 [hidden]
+  int tower_world = 1;    // ranks the ViT blocks are split over (1: replicated)
+  int local_heads = 0;    // ViT heads held by this rank (n_heads / tower_world)
+  int aligner_world = 1;  // ranks the aligner is split over (1: replicated)
+  size_t bytes = 0;       // tower, aligner and sentinel bytes held by this rank
 };
 
 struct ModelWeights {
@@ -101,7 +111,9 @@ struct ModelWeights {
   int exl3_linears = 0, dense_linears = 0;
 };
 
-// One line: "embedding F8_E4M3 + ... , head EXL3 K6, 243 EXL3 + 10 dense linears, 12.3 MiB on this rank".
+// One line: "embedding F8_E4M3 + ... , head EXL3 K6, 243 EXL3 + 10 dense linears, 12.3 MiB on this rank",
+// and for a vision model how its tower is split: "; vision tower 0.5 MiB on this rank (ViT heads 2 of 4,
+// split over 2 ranks; aligner split over 2 ranks)".
 std::string DescribeWeights(const ModelWeights& w);
 
 // Tensor-parallel layout derived from the config and the shard.
@@ -109,15 +121,24 @@ struct ShardLayout {
   int rank = 0, world = 1;
   int local_groups = 0, local_heads = 0, first_head = 0;
   int64_t local_inter = 0;  // moe_intermediate_size / world
+  // The vision tower's split (docs/vision.md): the ViT blocks over `world` ranks when vision_n_heads and
+  // vision_inter_dim both divide by it, else replicated (vision_world 1); the aligner when hidden_size does.
+  int vision_world = 1, vision_rank = 0;
+  int aligner_world = 1, aligner_rank = 0;
 };
 ShardLayout MakeShardLayout(const ModelConfig& config, const ShardSpec& shard);
+// Only rank, world and the vision tower's split (no language-model divisibility checks): for tests and
+// tools that load the tower alone.
+ShardLayout MakeVisionShardLayout(const ModelConfig& config, const ShardSpec& shard);
 
 ModelWeights LoadWeights(const Checkpoint& ckpt, const ModelConfig& config, const ShardLayout& layout,
                          Backend& backend);
 
 // Only the vision tower and sentinel embeddings (config.vision.n_layers > 0), for tests and tools that
-// run the tower without the language model.
+// run the tower without the language model: whole, or the shard of `layout` (MakeShardLayout).
 VisionWeights LoadVisionWeights(const Checkpoint& ckpt, const ModelConfig& config, Backend& backend);
+VisionWeights LoadVisionWeights(const Checkpoint& ckpt, const ModelConfig& config, const ShardLayout& layout,
+                                Backend& backend);
 
 struct SyntheticSpec;  // model/synthetic.h
 // The same weights built from a seed (model/synthetic.h), printing progress per layer on stderr.

@@ -44,7 +44,9 @@ StepImageRows ImageRowsForChunk(Model& model, const SequencePlan& plan) {
   }
   Tensor patches = be.Alloc(DType::kF32, {patch_rows, width});
   be.FromHost(host.data(), &patches);
-  const Tensor rows = RunVisionTower(be, config.vision, model.impl().weights().vision, patches, grids);
+  // Every rank runs this for the same plan, so the sharded tower's collectives line up across the ranks.
+  const Tensor rows = RunVisionTower(be, config.vision, model.impl().weights().vision, patches, grids,
+                                     &model.impl().comm());
   Tensor aligner = AllocateTensor(DType::kF32, rows.shape);
   be.ToHost(rows, aligner.data);
   for (const ImageSpan& span : chunk.images)
