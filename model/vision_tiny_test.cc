@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <thread>
 
 #include "common/safetensors.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -66,6 +67,74 @@ TEST(VisionTinyTest, PictureThroughTowerAndPrompt) {
   EXPECT_LE(prompt.images[0].length, config.vision.max_n_token);
   std::printf("500x300 image: vit grid %dx%d, aligner grid %dx%d, block of %lld tokens\n", pre.grid.vit_h,
               pre.grid.vit_w, pre.grid.llm_h, pre.grid.llm_w, static_cast<long long>(prompt.images[0].length));
+}
+
+// The tower of a model loaded at world 2 (LoadModel's shard: half the ViT heads, SwiGLU and aligner columns
+// per rank) run through the model's communicator, as worker/plan_images does: every rank gets the world-1
+// rows while holding under 60% of the world-1 tower bytes (patch embedding, norms and sentinels stay whole),
+// and the load line says how the tower is split.
+TEST(VisionTinyTest, TowerOfAModelLoadedAtWorldTwo) {
+  const std::string dir = testing_util::TempDir("tiny_vision_tp");
+  TinyModelSpec spec;
+  spec.vocab_size = 1024;
+  spec.vision = true;
+  WriteTinyModel(dir, 5, spec);
+  RgbImage img;
+  img.width = 120;
+  img.height = 80;
+  for (int y = 0; y < img.height; ++y)
+    for (int x = 0; x < img.width; ++x)
+      for (int c = 0; c < 3; ++c) img.pixels.push_back(static_cast<uint8_t>((x * (c + 3) + y * 7) % 256));
+  // The model's tower rows of the picture, as host floats; `description` gets the load line.
+  auto rows_of = [&](Model& model, std::string* description) {
+    const ModelConfig& config = model.config();
+    Backend& be = model.impl().backend();
+    const PreprocessedImage pre = PreprocessImage(img, config.vision);
+    const int64_t n = static_cast<int64_t>(pre.grid.vit_h) * pre.grid.vit_w;
+    Tensor patches = be.Alloc(DType::kF32, {n, 3LL * config.vision.patch_size * config.vision.patch_size});
+    be.FromHost(pre.patches.data(), &patches);
+    const Tensor rows = RunVisionTower(be, config.vision, model.impl().weights().vision, patches,
+                                       {{pre.grid.vit_h, pre.grid.vit_w}}, &model.impl().comm());
+    std::vector<float> host(static_cast<size_t>(rows.numel()));
+    be.ToHost(rows, host.data());
+    *description = model.WeightsDescription();
+    return host;
+  };
+  std::string single_description;
+  auto single_model = LoadModel(dir, ShardSpec{}, MakeCpuBackend(1));
+  const std::vector<float> single = rows_of(*single_model, &single_description);
+  const size_t single_bytes = single_model->impl().weights().vision.bytes;
+  EXPECT_NE(single_description.find("ViT heads 4 of 4, replicated; aligner replicated"), std::string::npos)
+      << single_description;
+
+  testing_util::ThreadGroup group(2);
+  std::vector<std::vector<float>> got(2);
+  std::vector<std::string> descriptions(2), errors(2);
+  std::vector<size_t> bytes(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        testing_util::ThreadCommunicator comm(&group, r, 2);
+        auto m = LoadModel(dir, ShardSpec{r, 2}, MakeCpuBackend(1), &comm);
+        got[r] = rows_of(*m, &descriptions[r]);
+        bytes[r] = m->impl().weights().vision.bytes;
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(errors[r], "") << "rank " << r;
+    ASSERT_EQ(got[r].size(), single.size());
+    const double err = testing_util::RelL2(got[r].data(), single.data(), single.size());
+    std::printf("rank %d of 2: tower rows vs world 1 rel L2 %.3g; %s\n", r, err, descriptions[r].c_str());
+    EXPECT_LE(err, 1e-6) << "rank " << r;
+    EXPECT_NE(descriptions[r].find("ViT heads 2 of 4, split over 2 ranks; aligner split over 2 ranks"),
+              std::string::npos)
+        << descriptions[r];
+    EXPECT_LT(bytes[r], single_bytes * 6 / 10) << "rank " << r;
+  }
 }
 
 // The worker's part: the picture's tower rows and sentinel vectors as the step's image rows, through the
