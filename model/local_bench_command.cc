@@ -146,7 +146,9 @@ int RunLocalBench(const std::vector<std::string>& args) {
     const StatePool& probe = model->state_pool();
     // (the warm-up step, the timed steps, and with --profile the two profiled passes)
     const int64_t all_steps = 1 + (profile ? 3 : 1) * static_cast<int64_t>(steps);
-    const int64_t max_ctx = *std::max_element(contexts.begin(), contexts.end()) + all_steps * rows;
+    // (with --profile also two profiled 512-token prefill chunks after the steps)
+    const int64_t max_ctx =
+        *std::max_element(contexts.begin(), contexts.end()) + all_steps * rows + (profile ? 1024 : 0);
     const int max_streams = *std::max_element(streams.begin(), streams.end());
     const int64_t blocks = (max_ctx + probe.block_tokens() - 1) / probe.block_tokens();
     StatePoolOptions po;
@@ -240,6 +242,23 @@ int RunLocalBench(const std::vector<std::string>& args) {
         const OpProfile alone = model->backend().TakeOpProfile();
         model->backend().SetOpProfiling(OpProfiling::kOff);
         row["profile"] = PrintProfile(prof, alone);
+        if (ns == streams.front()) {
+          // One 512-token prefill chunk of stream 0 at this context, timed the same two ways.
+          auto chunk = [&](int k) {
+            std::vector<int32_t> t;
+            for (int i = 0; i < 512; ++i) t.push_back(TokenAt(ctx + 100000 * (k + 1) + i, c.vocab_size));
+            model->Forward({{st[0].get(), t, false}});
+          };
+          std::printf("  one 512-token prefill chunk of stream 0 after its context (ms per chunk):\n");
+          model->backend().SetOpProfiling(OpProfiling::kTimeline);
+          chunk(0);
+          const OpProfile chunk_prof = model->backend().TakeOpProfile();
+          model->backend().SetOpProfiling(OpProfiling::kDeviceOnly);
+          chunk(1);
+          const OpProfile chunk_alone = model->backend().TakeOpProfile();
+          model->backend().SetOpProfiling(OpProfiling::kOff);
+          row["prefill_chunk_profile"] = PrintProfile(chunk_prof, chunk_alone);
+        }
       }
       out.push_back(row);
     }

@@ -158,7 +158,9 @@ TEST_F(VisionTowerTest, TensorParallelMatchesSingleRankAndTheTorchReference) {
       EXPECT_EQ(b.wo.in, dim / world);
       EXPECT_EQ(b.wo.out, dim);
       EXPECT_EQ(b.wo.bias.data != nullptr, r == 0);
-      if (r == 0) EXPECT_EQ(b.wo.bias.numel(), dim);
+      if (r == 0) {
+        EXPECT_EQ(b.wo.bias.numel(), dim);
+      }
       EXPECT_EQ(b.mlp.w1.out, config_.vision.inter_dim / world);
       EXPECT_EQ(b.mlp.w2.in, config_.vision.inter_dim / world);
       EXPECT_EQ(run.weights.aligner_w1.out, hidden / world);
