@@ -36,6 +36,7 @@
 #include "common/half.h"
 #include "common/safetensors.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/dense_gemm.h"
 #include "kernels/cuda/exl3_device_weights.h"
 #include "kernels/cuda/exl3_gemm.h"
 #include "kernels/cuda/exl3_gemv.h"
@@ -175,13 +176,16 @@ class CudaBackend final : public Backend {
     CudaCheck(cudaMallocHost(&step_pinned_, kStepBufferRows * (sizeof(int32_t) + sizeof(int64_t))),
               "cudaMallocHost for step metadata");
     CudaCheck(cudaEventCreateWithFlags(&step_uploaded_, cudaEventDisableTiming), "cudaEventCreate");
-    // A/B knobs for prefill chunks (more rows than a decode bucket): the older per-expert MoE path and the
-    // one-block-per-(row, head) attention kernel instead of the sliced single-launch kernels.
+    // A/B knobs for prefill chunks (more rows than a decode bucket): the older MoE paths (per expert with
+    // the routing on the host, or the single-launch kernel on slices of rows) instead of slices of pairs
+    // sorted by expert, and the one-block-per-(row, head) attention kernel instead of the sliced split one.
     prefill_moe_per_expert_ = EnvIs("DSMESH_CUDA_PREFILL_MOE", "per-expert");
+    prefill_moe_row_slices_ = EnvIs("DSMESH_CUDA_PREFILL_MOE", "row-slices");
     prefill_attention_per_row_ = EnvIs("DSMESH_CUDA_PREFILL_ATTENTION", "per-row");
-    if (prefill_moe_per_expert_ || prefill_attention_per_row_)
-      std::fprintf(stderr, "[cuda] prefill chunks:%s%s (environment)\n",
+    if (prefill_moe_per_expert_ || prefill_moe_row_slices_ || prefill_attention_per_row_)
+      std::fprintf(stderr, "[cuda] prefill chunks:%s%s%s (environment)\n",
                    prefill_moe_per_expert_ ? " routed experts per expert" : "",
+                   prefill_moe_row_slices_ ? " routed experts on slices of rows" : "",
                    prefill_attention_per_row_ ? " attention one block per (row, head)" : "");
   }
 
@@ -521,6 +525,9 @@ class CudaBackend final : public Backend {
       }
       const size_t es = DTypeSize(w.dense.dtype);
       const void* wg = static_cast<const char*>(w.dense.data) + static_cast<size_t>(g) * out_g * w.in * es;
+      if (m > kGraphMaxRows && dense_gemm_.Run(F(x) + g * w.in, groups * w.in, m, wg, WTypeOf(w.dense.dtype, w.name),
+                                               out_g, w.in, F(*out) + g * out_g, w.out, ctx_->stream))
+        continue;
       cuda_ops::DenseLinear(F(x) + g * w.in, groups * w.in, m, wg, WTypeOf(w.dense.dtype, w.name), w.in, out_g, w.in,
                             nullptr, F(*out) + g * out_g, w.out, ctx_->stream);
       Launched("GroupedLinear");
@@ -854,6 +861,11 @@ class CudaBackend final : public Backend {
     const int64_t n = x.shape[0], k = RowWidth(idx);
     Use();
     FusedMoe* fused = FusedFor(experts, limit, static_cast<int>(k));
+    if (fused && n > kExl3MoeMaxRows && !prefill_moe_per_expert_ && !prefill_moe_row_slices_ &&
+        n * k <= cuda_ops::MoeSortMaxPairs()) {
+      MoeExpertsSortedPairs(x, idx, weight, *fused, out);
+      return;
+    }
     if (fused && (n <= kExl3MoeMaxRows || !prefill_moe_per_expert_)) {
       // Steps of more rows (prefill chunks) run the single-launch kernel on slices of kExl3MoeMaxRows rows:
       // no routing on the host and no per-expert launches, at the price of reading an expert once per
@@ -948,6 +960,7 @@ class CudaBackend final : public Backend {
   struct FusedMoe {
     std::unique_ptr<Exl3DeviceMoeLayer> layer;
     std::unique_ptr<Exl3MoeWorkspace> workspace;
+    std::unique_ptr<Exl3MoeWorkspace> pair_workspace;  // top-1 launches of MoeExpertsSortedPairs, made at first use
     int topk = 0;
   };
 
@@ -972,8 +985,14 @@ class CudaBackend final : public Backend {
       Exl3Apply(PartFor(e, e.slice.out_begin, e.slice.out_end), F(x), w.in, m, F(*out), w.out, false, stream, ws);
       return;
     }
-    cuda_ops::DenseLinear(F(x), w.in, m, w.dense.data, WTypeOf(w.dense.dtype, w.name), w.in, w.out, w.in,
-                          w.bias.data ? F(w.bias) : nullptr, F(*out), w.out, stream);
+    const cuda_ops::WType type = WTypeOf(w.dense.dtype, w.name);
+    if (m > kGraphMaxRows && !w.bias.data && dense_gemm_.Run(F(x), w.in, m, w.dense.data, type, w.out, w.in, F(*out),
+                                                             w.out, stream)) {
+      Launched("Linear (cuBLAS)");
+      return;
+    }
+    cuda_ops::DenseLinear(F(x), w.in, m, w.dense.data, type, w.in, w.out, w.in, w.bias.data ? F(w.bias) : nullptr,
+                          F(*out), w.out, stream);
     Launched("Linear");
   }
 
@@ -1511,6 +1530,44 @@ class CudaBackend final : public Backend {
     return raw;
   }
 
+  // Routed experts of a prefill chunk (model_ops_moe.cu): the n x k (row, slot) pairs sorted by expert on
+  // the device, the single-launch kernel on consecutive slices of kExl3MoeMaxRows pairs (each pair a row
+  // with one slot, so a slice holds ~2-3 experts and each expert is read by about one slice), the pairs'
+  // outputs (routing weight applied) summed back into their rows in slot order. No host sync.
+  void MoeExpertsSortedPairs(const Tensor& x, const Tensor& idx, const Tensor& weight, FusedMoe& fused, Tensor* out) {
+    const int64_t n = x.shape[0], k = RowWidth(idx), D = RowWidth(x), P = n * k;
+    const Exl3MoeLayer& layer = fused.layer->layer();
+    if (!fused.pair_workspace)
+      fused.pair_workspace = std::make_unique<Exl3MoeWorkspace>(kExl3MoeMaxRows, 1, layer.hidden, layer.inter);
+    Tensor ids = Temp(DType::kI32, {P}), w = Temp(DType::kF32, {P}), src = Temp(DType::kI32, {P}),
+           pos = Temp(DType::kI32, {P});
+    int32_t* ids_p = static_cast<int32_t*>(ids.data);
+    cuda_ops::SortPairsByExpert(I32(idx), F(weight), n, static_cast<int>(k), layer.num_experts, ids_p, F(w),
+                                static_cast<int32_t*>(src.data), static_cast<int32_t*>(pos.data), ctx_->stream);
+    Tensor xh = Temp(DType::kF16, {P, D});
+    uint16_t* xh_p = static_cast<uint16_t*>(xh.data);
+    cuda_ops::GatherRowsToHalf(F(x), D, I32(src), P, xh_p, ctx_->stream);
+    Tensor y = Temp(DType::kF32, {P, D});
+    // A slice of sorted pairs hits about slice / (pairs per expert) + 1 experts; the launch shape is tuned
+    // for that many (Exl3MoeForward's expected_experts).
+    const int64_t per_expert = std::max<int64_t>(1, P / layer.num_experts);
+    const int expected = static_cast<int>(std::min<int64_t>(kExl3MoeMaxRows, (kExl3MoeMaxRows + per_expert - 1) / per_expert + 1));
+    for (int64_t p0 = 0; p0 < P; p0 += kExl3MoeMaxRows) {
+      const int m = static_cast<int>(std::min<int64_t>(kExl3MoeMaxRows, P - p0));
+      Exl3MoeForward(layer, xh_p + p0 * D, ids_p + p0, F(w) + p0, m, F(y) + p0 * D, *fused.pair_workspace,
+                     ctx_->stream, expected);
+      ++g_fused_moe;
+    }
+    cuda_ops::AddPairsToRows(F(y), I32(pos), n, static_cast<int>(k), D, F(*out), ctx_->stream);
+    Launched("MoeExperts (sorted pairs)");
+    if (!logged_sorted_pairs_) {
+      std::fprintf(stderr, "[cuda] routed experts: steps of more than %d rows (prefill chunks) run the fused kernel on "
+                           "slices of %d (row, expert) pairs sorted by expert\n", static_cast<int>(kExl3MoeMaxRows),
+                   static_cast<int>(kExl3MoeMaxRows));
+      logged_sorted_pairs_ = true;
+    }
+  }
+
   void RunExpert(const Tensor& x, const std::vector<int32_t>& rows, const std::vector<float>& wts,
                  const ExpertWeights& e, float limit, Tensor* out) {
     const int64_t m = rows.size(), D = RowWidth(x), I = e.w1.out;
@@ -1564,7 +1621,9 @@ class CudaBackend final : public Backend {
   int64_t gemm_ws_k_ = 0, gemm_ws_n_ = 0, gemm_ws_weights_ = 0;
   bool logged_many_rows_ = false;
   bool logged_gemv_batch_ = false;
-  bool prefill_moe_per_expert_ = false, prefill_attention_per_row_ = false;
+  bool prefill_moe_per_expert_ = false, prefill_moe_row_slices_ = false, prefill_attention_per_row_ = false;
+  bool logged_sorted_pairs_ = false;
+  DenseGemm dense_gemm_;  // cuBLAS for dense linears of more than kGraphMaxRows rows
   std::set<std::string> logged_fallback_;  // ops whose per-sequence fallback was logged  // the per-expert path for large steps was logged
   bool logged_serial_linears_ = false;  // concurrent linears requested but run in order was logged
   std::mutex cache_mu_, moe_mu_;

@@ -803,8 +803,9 @@ TEST_F(CudaBackendTest, Exl3ExpertsMcgFusedAndPerExpert) {
   const int64_t D = 256, I = 256;
   const float limit = 10.0f;
   const ExpertSet ex = Exl3Experts(E, D, I, 2, Exl3Codebook::kMcg);
-  // The single-launch kernel on slices of at most 24 rows (n = 30: two launches; n = 53: three).
-  for (int64_t n : {1, 5, 24, 30, 53}) {
+  // The single-launch kernel: steps of at most 24 rows in one launch; more rows (prefill chunks) as
+  // (row, slot) pairs sorted by expert, one launch per 24 pairs (n = 30: 180 pairs, 8 launches).
+  for (int64_t n : {1, 5, 24, 30, 53, 300}) {
     auto [idx, wt] = Routing(n, k, E);
     Pair x = Rand({n, D}, 0.5f, true), out = Rand({n, D}), before = Copy(out);
     const CudaMoePathCounts c0 = CudaMoePathCallCounts();
@@ -812,8 +813,25 @@ TEST_F(CudaBackendTest, Exl3ExpertsMcgFusedAndPerExpert) {
     gpu().MoeExperts(x.g, idx.g, wt.g, ex.g, limit, &out.g);
     ExpectClose(out, kExl3Tol, "MoeExperts EXL3 MCG n=" + std::to_string(n), &before);
     const CudaMoePathCounts c1 = CudaMoePathCallCounts();
-    EXPECT_EQ(c1.fused_launches, c0.fused_launches + (n + 23) / 24) << "n=" << n << ": one fused launch per 24 rows";
+    const int64_t launches = n <= 24 ? 1 : (n * k + 23) / 24;
+    EXPECT_EQ(c1.fused_launches, c0.fused_launches + launches) << "n=" << n;
     EXPECT_EQ(c1.per_expert_launches, c0.per_expert_launches);
+  }
+  // Every row routed to the same k experts (each expert's 40 pairs span two slices), in shuffled slot
+  // orders: the pairs of one expert meet across launches and each row still sums its slots in order.
+  {
+    const int64_t n = 40;
+    Tensor ids = AllocateTensor(DType::kI32, {n, k}), w = AllocateTensor(DType::kF32, {n, k});
+    for (int64_t r = 0; r < n; ++r)
+      for (int j = 0; j < k; ++j) {
+        ids.as<int32_t>()[r * k + j] = static_cast<int32_t>((j + r) % k) * 2;
+        w.as<float>()[r * k + j] = 0.1f + 0.05f * j + 0.001f * r;
+      }
+    const Pair idx = Both(ids), wt = Both(w);
+    Pair x = Rand({n, D}, 0.5f, true), out = Rand({n, D}), before = Copy(out);
+    cpu_->MoeExperts(x.c, idx.c, wt.c, ex.c, limit, &out.c);
+    gpu().MoeExperts(x.g, idx.g, wt.g, ex.g, limit, &out.g);
+    ExpectClose(out, kExl3Tol, "MoeExperts EXL3 MCG, 40 rows on the same 6 experts", &before);
   }
   // The shared expert through the EXL3 linears: GEMV (m <= 16) and GEMM (m > 16).
   for (int64_t n : {1, 5, 20}) {
@@ -1173,11 +1191,12 @@ TEST_F(CudaBackendTest, MoeRouteImageRows) {
       // The image rows did not take the text choice (the bias_vl route is the one compared above).
       std::vector<int32_t> got(n * k);
       gpu().ToHost(idx.g, got.data());
-      for (int64_t r = 0; r < n; ++r)
-        if (image[r] && hash)
-          EXPECT_FALSE(std::equal(got.begin() + r * k, got.begin() + (r + 1) * k,
-                                  tid2eid.as<int32_t>() + static_cast<int64_t>(tokens[r]) * k))
-              << what << ": image row " << r << " took tid2eid";
+      for (int64_t r = 0; r < n; ++r) {
+        if (!image[r] || !hash) continue;
+        EXPECT_FALSE(std::equal(got.begin() + r * k, got.begin() + (r + 1) * k,
+                                tid2eid.as<int32_t>() + static_cast<int64_t>(tokens[r]) * k))
+            << what << ": image row " << r << " took tid2eid";
+      }
     }
   }
   // Image rows without bias_vl are refused.

@@ -91,7 +91,7 @@ class Exl3MoeWorkspace {
 
  private:
   friend void Exl3MoeForward(const Exl3MoeLayer&, const uint16_t*, const int32_t*, const float*, int, float*,
-                             Exl3MoeWorkspace&, cudaStream_t);
+                             Exl3MoeWorkspace&, cudaStream_t, int);
   int max_rows_, topk_, hidden_, inter_, max_splits_, items_per_sm_ = kExl3MoeItemsPerSm;
   int down_wide_ = -1;     // DSMESH_EXL3_MOE_DOWN_WIDE (-1: Exl3MoeWideDownItems)
   int forced_splits_ = 0;  // DSMESH_EXL3_MOE_SPLITS (0: Exl3MoeSplits)
@@ -114,8 +114,11 @@ inline bool Exl3MoeSupports(const Exl3MoeLayer& layer, int m, int topk) {
 // y[m, d] (fp32, overwritten) = sum_k weights[r, k] * expert_{ids[r, k]}(x[r]).
 // x: fp16 [m, d]; ids: int32 [m, topk]; weights: fp32 [m, topk]; all device pointers.
 // topk is the workspace's. Throws (strict) when the shape is unsupported or the launch fails.
+// The launch shape (k-split, down item width, fused finish) is tuned for the number of distinct experts
+// the m x topk slots hit, which the host cannot see: by default it assumes they are all distinct (decode
+// rows); `expected_experts` > 0 says how many to expect instead (slices of pairs sorted by expert hit few).
 void Exl3MoeForward(const Exl3MoeLayer& layer, const uint16_t* x, const int32_t* ids, const float* weights, int m,
-                    float* y, Exl3MoeWorkspace& ws, cudaStream_t stream);
+                    float* y, Exl3MoeWorkspace& ws, cudaStream_t stream, int expected_experts = 0);
 
 // Number of k-splits of the gate/up projections for m rows (exposed for tests and the benchmark).
 int Exl3MoeSplits(int m, int topk, int num_experts, int hidden, int inter, int num_sms,

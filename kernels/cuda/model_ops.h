@@ -50,6 +50,9 @@ void Spin(int64_t ns, cudaStream_t s);
 // Weight/table element types the dense kernels read (the order of the template instantiations).
 enum class WType { kF32, kBF16, kF16 };
 
+// out[i] = float(w[i]) for i < count (bf16/fp16/fp32 weights).
+void WidenToF32(const void* w, WType type, int64_t count, float* out, cudaStream_t s);
+
 // ---- elementwise and normalisation ----
 void Embedding(const void* table, WType type, int64_t dim, const int32_t* tokens, int64_t n, float* out,
                cudaStream_t s);
@@ -75,6 +78,19 @@ void GatherRows(const float* src, const int32_t* rows, int64_t n, int64_t width,
 // dst[rows[i], :] += w[i] * src[i, :]  (rows of one call are distinct)
 void ScatterAddRows(const float* src, const int32_t* rows, const float* w, int64_t n, int64_t width, float* dst,
                     cudaStream_t s);
+// ---- routed experts of a prefill chunk as pairs sorted by expert (model_ops_moe.cu) ----
+// The P = n * k (row, slot) pairs of ids/weights [n, k], stably grouped by expert id: sorted_ids,
+// sorted_w, src_row [P] (ids outside [0, num_experts) last, as -1), pos [P] the sorted place of pair
+// r * k + j. P <= MoeSortMaxPairs(), num_experts <= kMoeSortMaxExperts.
+constexpr int kMoeSortMaxExperts = 256;
+constexpr int kMoeSortMaxPairs = 32768;
+int64_t MoeSortMaxPairs();
+void SortPairsByExpert(const int32_t* ids, const float* weights, int64_t n, int k, int num_experts,
+                       int32_t* sorted_ids, float* sorted_w, int32_t* src_row, int32_t* pos, cudaStream_t s);
+// xh[p, :] = fp16(x[src_row[p], :]) for p < P (width % 4 == 0).
+void GatherRowsToHalf(const float* x, int64_t width, const int32_t* src_row, int64_t P, uint16_t* xh, cudaStream_t s);
+// out[r, :] += y[pos[r k], :] + ... + y[pos[r k + k - 1], :], the slots summed in order (width % 4 == 0).
+void AddPairsToRows(const float* y, const int32_t* pos, int64_t n, int k, int64_t width, float* out, cudaStream_t s);
 // g = silu(min(g, limit)) * clamp(u, -limit, limit) (no clamp for limit <= 0), in place in g.
 void SwiGlu(float* g, const float* u, int64_t n, float limit, cudaStream_t s);
 // dst rows [dst_row, +rows) = src rows [src_row, +rows), row_bytes each (overlapping ranges allowed).

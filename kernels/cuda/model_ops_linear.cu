@@ -222,6 +222,24 @@ __global__ void MoeRouteKernel(const float* logits, int64_t E, const int32_t* to
 
 }  // namespace
 
+namespace {
+template <class T>
+__global__ void WidenKernel(const T* w, int64_t count, float* out) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x)
+    out[i] = Load(w, i);
+}
+}  // namespace
+
+void WidenToF32(const void* w, WType type, int64_t count, float* out, cudaStream_t s) {
+  if (count <= 0) return;
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>((count + 255) / 256, 65535));
+  switch (type) {
+    case WType::kF32: WidenKernel<<<grid, 256, 0, s>>>(static_cast<const float*>(w), count, out); break;
+    case WType::kBF16: WidenKernel<<<grid, 256, 0, s>>>(static_cast<const __nv_bfloat16*>(w), count, out); break;
+    case WType::kF16: WidenKernel<<<grid, 256, 0, s>>>(static_cast<const __half*>(w), count, out); break;
+  }
+}
+
 void DenseLinear(const float* x, int64_t ldx, int64_t m, const void* w, WType type, int64_t ldw, int64_t n,
                  int64_t k, const float* bias, float* out, int64_t ldo, cudaStream_t s) {
   if (m <= 0 || n <= 0) return;
