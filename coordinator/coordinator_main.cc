@@ -43,6 +43,7 @@
 #include "common/systemd_notify.h"
 #include "coordinator/engine.h"
 #include "coordinator/services.h"
+#include "model/v4_flash_config.h"
 
 namespace dsmesh {
 namespace {
@@ -53,14 +54,31 @@ struct ModelFacts {
   int64_t max_position_embeddings = 0;
 };
 
-ModelFacts ReadModelFacts(const std::string& dir) {
-  const std::string path = dir + "/config.json";
-  std::ifstream f(path);
-  if (!f) throw std::runtime_error(path + ": cannot open (is --model a model directory?)");
+// --model DIR reads DIR/config.json; a synthetic source (`synthetic:v4-flash[:...]` or `synthetic:DIR[:...]`,
+// model/synthetic.h: weights made by the workers from a seed) has DeepSeek-V4-Flash's config or DIR's.
+ModelFacts ReadModelFacts(const std::string& source) {
+  constexpr const char kSynthetic[] = "synthetic:";
+  std::string path;
   nlohmann::json j;
   try {
-    f >> j;
-  } catch (const std::exception& e) {
+    if (source.rfind(kSynthetic, 0) == 0) {
+      const std::string rest = source.substr(sizeof(kSynthetic) - 1);
+      const std::string base = rest.substr(0, rest.find(':'));
+      if (base == "v4-flash") {
+        path = source;
+        j = nlohmann::json::parse(kV4FlashConfigJson);
+      } else {
+        path = base + "/config.json";
+      }
+    } else {
+      path = source + "/config.json";
+    }
+    if (j.is_null()) {
+      std::ifstream f(path);
+      if (!f) throw std::runtime_error(path + ": cannot open (is --model a model directory?)");
+      f >> j;
+    }
+  } catch (const nlohmann::json::exception& e) {
     throw std::runtime_error(path + ": invalid JSON: " + e.what());
   }
   ModelFacts m;

@@ -10,6 +10,7 @@
 //   `dsmesh generate` (model/commands.cc hands those flags over here); same output as the single-process path.
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -211,14 +212,26 @@ MeshTarget Connect(const Flags& f) {
     const int world = static_cast<int>(f.GetInt("world", 1));
     if (world < 1) throw UsageError("--world must be >= 1");
     const std::string model = f.Require("model");
-    if (!IsFile(model + "/config.json")) throw std::runtime_error(model + "/config.json: not found");
+    // A synthetic source (model/synthetic.h) has no directory: the workers build its weights.
+    if (model.rfind("synthetic:", 0) != 0 && !IsFile(model + "/config.json"))
+      throw std::runtime_error(model + "/config.json: not found");
     t.local = std::make_unique<LocalMesh>(OptionsFromFlags(f, model, world));
     t.local->Start();
     t.client = std::make_unique<MeshClient>(t.local->coordinator_address(), t.local->credentials());
   } else {
     t.client = std::make_unique<MeshClient>(f.Get("coordinator"), MeshCredentialsFromFlags(f));
   }
-  t.client->WaitReady(std::chrono::seconds(f.GetInt("ready-timeout-s", 300)));
+  std::function<std::string()> gone;
+  if (t.local)  // a child that exits before the mesh is ready (bad model, no GPU) ends the wait with its name
+    gone = [&t] {
+      int status = 0;
+      const std::string name = t.local->PollExited(&status);
+      if (name.empty()) return std::string();
+      const std::string log = t.local->log_path(name);
+      return name + " exited with status " + std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1) +
+             (log.empty() ? std::string(" (its error is above)") : "; its log: " + log);
+    };
+  t.client->WaitReady(std::chrono::seconds(f.GetInt("ready-timeout-s", 300)), gone);
   return t;
 }
 

@@ -150,10 +150,14 @@ StatsResponse MeshClient::Stats(std::chrono::milliseconds timeout) {
   return *s;
 }
 
-void MeshClient::WaitReady(std::chrono::milliseconds timeout) {
+void MeshClient::WaitReady(std::chrono::milliseconds timeout, const std::function<std::string()>& gone) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::string last = "no answer";
   while (std::chrono::steady_clock::now() < deadline) {
+    if (gone) {
+      const std::string why = gone();
+      if (!why.empty()) throw std::runtime_error("the mesh at " + address_ + " cannot become ready: " + why);
+    }
     try {
       StatsResponse s = Stats();
       if (s.ready()) return;

@@ -56,8 +56,10 @@ class MeshClient {
   // Stats throws std::runtime_error instead.
   std::optional<StatsResponse> TryStats(std::chrono::milliseconds timeout, std::string* error = nullptr);
   StatsResponse Stats(std::chrono::milliseconds timeout = std::chrono::seconds(5));
-  // Polls Stats until the mesh is ready; throws with the last not_ready_reason on timeout.
-  void WaitReady(std::chrono::milliseconds timeout);
+  // Polls Stats until the mesh is ready; throws with the last not_ready_reason on timeout. `gone`, when
+  // given, is asked between polls and returns why the mesh can no longer become ready (a child process of
+  // a local mesh exited), or "": then WaitReady throws that at once instead of waiting out the timeout.
+  void WaitReady(std::chrono::milliseconds timeout, const std::function<std::string()>& gone = nullptr);
 
   Generate::Stub& stub() { return *stub_; }
   const std::string& address() const { return address_; }

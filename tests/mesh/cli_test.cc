@@ -74,6 +74,30 @@ TEST(MeshCli, LogitsAndGenerateOnAMeshMatchTheSingleProcessPath) {
   EXPECT_NE(single.find("{\"tokens\": ["), std::string::npos) << single;
 }
 
+// A synthetic model (weights built by each worker from a seed, model/synthetic.h) on a mesh of two worker
+// processes: `generate` equals the single-process path on the same source, and `bench --world 2` runs on
+// it (the coordinator takes the model's facts from the source, not from a directory).
+TEST(MeshCli, SyntheticModelOnAMeshOfTwoWorkers) {
+  const std::string source = "synthetic:" + TinyModelDir() + ":seed=7";
+  int rc = 0;
+  const std::string tokens = "5,17,9,300,41,7";
+  const std::string single = Capture(Dsmesh() + " generate --model " + source + " --tokens " + tokens +
+                                         " --max-new-tokens 5 --ignore-eos 2>/dev/null", &rc);
+  ASSERT_EQ(rc, 0);
+  const std::string mesh = Capture(Dsmesh() + " generate --model " + source + " --world 2 --kv-memory 64M --tokens " +
+                                       tokens + " --max-new-tokens 5 --ignore-eos 2>/dev/null", &rc);
+  ASSERT_EQ(rc, 0);
+  EXPECT_EQ(mesh, single);
+  const std::string out = Capture(Dsmesh() + " bench --world 2 --kv-memory 64M --model " + source +
+                                      " --streams 1,2 --prompt-tokens 24 --max-tokens 4 2>/dev/null", &rc);
+  std::printf("%s", out.c_str());
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("streams 2: 8 tokens"), std::string::npos) << out;
+  EXPECT_NE(out.find("world 2"), std::string::npos) << out;
+  Capture(Dsmesh() + " bench --world 2 --model synthetic:/no/such/dir --max-tokens 1 2>&1", &rc);
+  EXPECT_NE(rc, 0);
+}
+
 TEST(MeshCli, BenchLongPromptPlusChatPrintsFairAndOffSideBySide) {
   int rc = 0;
   const std::string out = Capture(Dsmesh() + " bench --scenario long-prompt-plus-chat --world 1 --model " +
