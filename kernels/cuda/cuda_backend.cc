@@ -182,16 +182,19 @@ class CudaBackend final : public Backend {
     // block per (row, head) (`per-row`) instead of the tensor-core kernel.
     prefill_moe_per_expert_ = EnvIs("DSMESH_CUDA_PREFILL_MOE", "per-expert");
     prefill_moe_row_slices_ = EnvIs("DSMESH_CUDA_PREFILL_MOE", "row-slices");
-    prefill_attention_ = EnvIs("DSMESH_CUDA_PREFILL_ATTENTION", "per-row") ? PrefillAttention::kPerRow
-                         : EnvIs("DSMESH_CUDA_PREFILL_ATTENTION", "split") ? PrefillAttention::kSplit
-                                                                           : PrefillAttention::kMma;
+    // `mma-fp16` keeps the tensor-core kernel but rounds its operands to fp16 once (a third of the mma).
+    prefill_attention_ = EnvIs("DSMESH_CUDA_PREFILL_ATTENTION", "per-row")    ? PrefillAttention::kPerRow
+                         : EnvIs("DSMESH_CUDA_PREFILL_ATTENTION", "split")    ? PrefillAttention::kSplit
+                         : EnvIs("DSMESH_CUDA_PREFILL_ATTENTION", "mma-fp16") ? PrefillAttention::kMmaFp16
+                                                                              : PrefillAttention::kMma;
     if (prefill_moe_per_expert_ || prefill_moe_row_slices_ || prefill_attention_ != PrefillAttention::kMma)
       std::fprintf(stderr, "[cuda] prefill chunks:%s%s%s (environment)\n",
                    prefill_moe_per_expert_ ? " routed experts per expert" : "",
                    prefill_moe_row_slices_ ? " routed experts on slices of rows" : "",
-                   prefill_attention_ == PrefillAttention::kPerRow ? " attention one block per (row, head)"
-                   : prefill_attention_ == PrefillAttention::kSplit ? " attention split over keys (16-row slices)"
-                                                                     : "");
+                   prefill_attention_ == PrefillAttention::kPerRow    ? " attention one block per (row, head)"
+                   : prefill_attention_ == PrefillAttention::kSplit   ? " attention split over keys (16-row slices)"
+                   : prefill_attention_ == PrefillAttention::kMmaFp16 ? " attention on tensor cores with fp16 operands"
+                                                                      : "");
   }
 
   ~CudaBackend() override {
@@ -680,22 +683,26 @@ class CudaBackend final : public Backend {
     // Prefill chunks (more rows than a decode bucket) take the tensor-core kernel unless the knob or the
     // head_dim / device says otherwise; decode steps the split kernel.
     const bool prefill = q.shape[0] > kGraphMaxRows;
-    const bool mma = prefill && prefill_attention_ == PrefillAttention::kMma && cuda_ops::AttentionPrefillSupported(d);
+    const bool fp16 = prefill_attention_ == PrefillAttention::kMmaFp16;
+    const bool mma = prefill && (fp16 || prefill_attention_ == PrefillAttention::kMma) &&
+                     cuda_ops::AttentionPrefillSupported(d, fp16);
     if (prefill && !logged_prefill_attention_) {
+      const char* path = mma && fp16 ? "tensor cores, fp16 operands, fp32 accumulation"
+                         : mma       ? "tensor cores, fp16 high + low operand parts (3 mma per product), fp32 "
+                                       "accumulation"
+                         : prefill_attention_ == PrefillAttention::kPerRow ? "one block per (row, head), f32"
+                         : prefill_attention_ == PrefillAttention::kSplit  ? "split over keys in 16-row slices, f32"
+                                                                           : "split over keys in 16-row slices, f32 "
+                                                                             "(no tensor-core kernel for this "
+                                                                             "head_dim on this device)";
       std::fprintf(stderr, "[cuda] prefill attention (steps of more than %d rows): %s (head_dim %lld)\n",
-                   static_cast<int>(kGraphMaxRows),
-                   mma ? "tensor cores, fp16 inputs and fp32 accumulation"
-                   : prefill_attention_ == PrefillAttention::kPerRow ? "one block per (row, head), f32"
-                   : prefill_attention_ == PrefillAttention::kSplit ? "split over keys in 16-row slices, f32"
-                                                                    : "split over keys in 16-row slices, f32 (no "
-                                                                      "tensor-core kernel for this head_dim/device)",
-                   static_cast<long long>(d));
+                   static_cast<int>(kGraphMaxRows), path, static_cast<long long>(d));
       logged_prefill_attention_ = true;
     }
     if (mma) {
       cuda_ops::AttentionPrefill(F(q), q.shape[0], heads, d, start, F(ring), ring.shape[0], F(new_kv), window, paged,
                                  num_entries, ratio, topk ? I32(*topk) : nullptr, topk ? RowWidth(*topk) : 0, F(sinks),
-                                 softmax_scale, F(*out), ctx_->stream);
+                                 softmax_scale, fp16, F(*out), ctx_->stream);
       Launched("Attention");
       return;
     }
@@ -1649,7 +1656,7 @@ class CudaBackend final : public Backend {
   bool logged_many_rows_ = false;
   bool logged_gemv_batch_ = false;
   bool prefill_moe_per_expert_ = false, prefill_moe_row_slices_ = false;
-  enum class PrefillAttention { kMma, kSplit, kPerRow };
+  enum class PrefillAttention { kMma, kMmaFp16, kSplit, kPerRow };
   PrefillAttention prefill_attention_ = PrefillAttention::kMma;  // DSMESH_CUDA_PREFILL_ATTENTION
   bool logged_prefill_attention_ = false;
   bool logged_sorted_pairs_ = false;

@@ -38,10 +38,11 @@ namespace fs = std::filesystem;
 
 constexpr double kF32Tol = 1e-5;   // rel L2 of f32 ops (summation order, expf/sinf ulps)
 constexpr double kExl3Tol = 2e-3;  // rel L2 of EXL3 linears (fp16 activations on the GPU)
-// rel L2 of prefill attention on tensor cores (steps of more than 16 rows): q, keys and probabilities
-// rounded to fp16 (relative error 2^-11 each), fp32 sums; ~3e-4 expected at unit-variance inputs
-// (printed per case by PrefillAttentionOnTensorCores).
-constexpr double kPrefillAttnTol = 2e-3;
+// rel L2 of prefill attention on tensor cores with fp16 operands (DSMESH_CUDA_PREFILL_ATTENTION=mma-fp16):
+// q, keys and probabilities rounded to fp16 (relative error 2^-11 each), fp32 sums; ~4e-4 expected at
+// unit-variance inputs (printed per case by PrefillAttentionOnTensorCores). The default high + low parts
+// are held to kF32Tol.
+constexpr double kPrefillAttnFp16Tol = 2e-3;
 
 // One tensor on both backends: c in CPU (host) memory, g in CUDA memory, same values.
 struct Pair {
@@ -558,8 +559,8 @@ TEST_F(CudaBackendTest, Attention) {
                         Case{"topk n=1", 1, 300, 128, 128, 3, 4},
                         Case{"prefill (tensor cores), all entries", 40, 90, 16, 4, 32, 0},
                         Case{"prefill (tensor cores), topk, ring wraps", 37, 203, 16, 4, 60, 8}}) {
-    // Steps of more than 16 rows take the fp16 tensor-core kernel (PrefillAttentionOnTensorCores).
-    const double tol = k.n > 16 ? kPrefillAttnTol : kF32Tol;
+    // Steps of more than 16 rows take the tensor-core kernel (PrefillAttentionOnTensorCores).
+    const double tol = kF32Tol;
     // Rings of window + 3 slots (speculative rollback) as well as window slots.
     Pair q = Rand({k.n, heads * d}), ring = Rand({k.window + (k.start % 2 ? 3 : 0), d}), new_kv = Rand({k.n, d}), sinks = Rand({heads});
     Pair entries = Rand({std::max<int64_t>(k.num_entries, 1), d});
@@ -591,10 +592,11 @@ TEST_F(CudaBackendTest, Attention) {
 // Prefill attention (steps of more than 16 rows) on tensor cores against the CPU op, at the model's shapes
 // (64 heads x 512, window 128, 4K context: top-k 512 of ratio-4 entries, all ratio-128 entries) and small
 // ones (heads that fill part of a 64-head block, or two blocks), entries stored f32, bf16 and fp8, top-k
-// lists with -1 padding and not-yet-visible entries. The knob's older f32 paths
-// (DSMESH_CUDA_PREFILL_ATTENTION=split, per-row) run the same cases at the f32 tolerance. A step split in
-// two chunks gives every row bitwise the result it has in the whole step (a row's sums depend on its
-// own keys only).
+// lists with -1 padding and not-yet-visible entries. Every path of the knob DSMESH_CUDA_PREFILL_ATTENTION
+// runs the same cases: the default tensor-core kernel (fp16 high + low operand parts) and the older f32
+// kernels (split, per-row) at the f32 tolerance, fp16 operands (mma-fp16) at kPrefillAttnFp16Tol. On the
+// tensor cores a step split in two chunks gives every row bitwise the result it has in the whole step (a
+// row's sums depend on its own keys only).
 TEST_F(CudaBackendTest, PrefillAttentionOnTensorCores) {
   DSMESH_REQUIRE_GPU();
   // A backend made with the knob set to `value` (it reads DSMESH_CUDA_PREFILL_ATTENTION when made).
@@ -613,7 +615,8 @@ TEST_F(CudaBackendTest, PrefillAttentionOnTensorCores) {
     std::shared_ptr<Backend> be;
     double tol;
   };
-  const std::vector<Mode> modes = {{"tensor cores", with_knob("mma"), kPrefillAttnTol},
+  const std::vector<Mode> modes = {{"mma", with_knob("mma"), kF32Tol},
+                                   {"mma-fp16", with_knob("mma-fp16"), kPrefillAttnFp16Tol},
                                    {"split", with_knob("split"), kF32Tol},
                                    {"per-row", with_knob("per-row"), kF32Tol}};
   struct Case {
@@ -639,9 +642,9 @@ TEST_F(CudaBackendTest, PrefillAttentionOnTensorCores) {
       {"full ratio 128 all entries bf16", 64, 512, 512, 3584, 128, 128, 0, DType::kBF16, 0},
   };
   for (const Case& k : cases) {
-    std::printf("%s: tensor-core kernel %s for head_dim %lld on this device\n", k.what,
-                cuda_ops::AttentionPrefillSupported(k.d) ? "available" : "NOT available (split path)",
-                static_cast<long long>(k.d));
+    std::printf("%s: tensor-core kernel for head_dim %lld on this device: %s, fp16 operands: %s\n", k.what,
+                static_cast<long long>(k.d), cuda_ops::AttentionPrefillSupported(k.d, false) ? "yes" : "NO (split path)",
+                cuda_ops::AttentionPrefillSupported(k.d, true) ? "yes" : "NO (split path)");
     const float softmax_scale = 1.0f / std::sqrt(static_cast<float>(k.d));
     const int64_t hd = k.heads * k.d, num_entries = k.ratio > 0 ? (k.start + k.n) / k.ratio : 0;
     const int64_t ring_slots = k.window + (k.start % 2 ? 3 : 0);
@@ -678,7 +681,7 @@ TEST_F(CudaBackendTest, PrefillAttentionOnTensorCores) {
       }
       std::printf("  %-12s rel L2 vs CPU %.3g\n", m.name, std::sqrt(num / std::max(den, 1e-300)));
       ExpectClose(out, m.tol, what + " " + m.name);
-      if (k.chunk <= 0 || m.tol != kPrefillAttnTol) continue;
+      if (k.chunk <= 0 || std::strncmp(m.name, "mma", 3) != 0) continue;
       // The same rows as two steps: the second one's ring holds the first one's rows.
       Tensor ring2 = AllocateTensor(DType::kF32, ring.c.shape);
       std::memcpy(ring2.data, ring.c.data, ring.c.nbytes());

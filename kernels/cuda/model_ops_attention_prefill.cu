@@ -21,16 +21,22 @@ namespace dsmesh::cuda_ops {
 namespace {
 
 constexpr int kPfHeads = 64;  // heads per block: four m16 tiles
-constexpr int kPfKeys = 64;   // keys per tile
 constexpr int kPfWarps = 16;  // warp w: head tile w % 4, quarter w / 4 (of the tile's keys while scoring, of d after)
 constexpr int kPfThreads = kPfWarps * 32;
-constexpr int kPfPad = 8;                // halves after each q / key row: the 8 rows of an ldmatrix hit distinct banks
-constexpr int kPfScoreLd = kPfKeys + 4;  // floats per score row
+constexpr int kPfPad = 8;  // halves after each q / key row: the 8 rows of an ldmatrix hit distinct banks
 
-template <int D>
+// Keys per tile: 64, or 32 where the split operands of head_dim 512 would not fit shared memory.
+template <int D, bool kSplit>
+constexpr int PrefillTileKeys() {
+  return kSplit && D > 256 ? 32 : 64;
+}
+
+// q rows and key rows (each twice when split: high and low fp16 parts), the tile's scores, its key pointers.
+template <int D, bool kSplit>
 constexpr size_t PrefillSmemBytes() {
-  return static_cast<size_t>(kPfHeads + kPfKeys) * (D + kPfPad) * sizeof(__half) +
-         static_cast<size_t>(kPfHeads) * kPfScoreLd * sizeof(float) + kPfKeys * sizeof(const void*);
+  constexpr int kt = PrefillTileKeys<D, kSplit>();
+  return static_cast<size_t>(kPfHeads + kt) * (D + kPfPad) * sizeof(__half) * (kSplit ? 2 : 1) +
+         static_cast<size_t>(kPfHeads) * (kt + 4) * sizeof(float) + kt * sizeof(const void*);
 }
 
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
@@ -49,6 +55,16 @@ __device__ __forceinline__ void LdMatrixX4Trans(const void* p, uint32_t (&r)[4])
                : "r"(SmemAddr(p)));
 }
 
+// B fragments of `tiles` n8 tiles (1: x2 into b[0..1], 2: x4) of rows read as they are.
+template <int tiles>
+__device__ __forceinline__ void LdMatrix(const void* p, uint32_t (&r)[4]) {
+  if constexpr (tiles == 2) {
+    LdMatrixX4(p, r);
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(SmemAddr(p)));
+  }
+}
+
 // c += a b for one m16n8k16 tile: a row-major fp16, b column-major fp16, c fp32.
 __device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm(
@@ -57,59 +73,81 @@ __device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint3
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Two floats as fp16 (round to nearest), `lo` in the low half.
-__device__ __forceinline__ uint32_t PackHalf2(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
+// Two floats as fp16 (round to nearest), `x` in the low half.
+__device__ __forceinline__ uint32_t PackHalf2(float x, float y) {
+  const __half2 h = __floats2half2_rn(x, y);
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-// One warp writes a stored key row as D fp16 values into shared memory (a null row as zeros, so that an
-// absent key adds 0 * 0 to the values). f32 rows go as float4 loads when `vec4`.
-template <int D>
-__device__ __forceinline__ void StageKey(const void* row, RowKind kind, int nope, bool vec4, int lane, __half* dst) {
+// What the fp16 rounding of x and y left over (x - fp16(x), as fp16): high + low parts carry ~22 bits.
+__device__ __forceinline__ uint32_t PackHalf2Rest(float x, float y) {
+  const __half2 h = __floats2half2_rn(x, y);
+  return PackHalf2(x - __low2float(h), y - __high2float(h));
+}
+
+// Values c .. c + 3 of a row into shared memory as fp16: high parts at hi, the rests at lo when kSplit.
+template <bool kSplit>
+__device__ __forceinline__ void Put4(float4 v, __half* hi, __half* lo) {
+  *reinterpret_cast<uint2*>(hi) = make_uint2(PackHalf2(v.x, v.y), PackHalf2(v.z, v.w));
+  if constexpr (kSplit) *reinterpret_cast<uint2*>(lo) = make_uint2(PackHalf2Rest(v.x, v.y), PackHalf2Rest(v.z, v.w));
+}
+
+// One warp writes a stored key row as D fp16 values (and their rests) into shared memory; a null row as
+// zeros, so that an absent key adds 0 * 0 to the values. f32 rows go as float4 loads when `vec4`.
+template <int D, bool kSplit>
+__device__ __forceinline__ void StageKey(const void* row, RowKind kind, int nope, bool vec4, int lane, __half* hi,
+                                         __half* lo) {
   if (!row) {
-    for (int c = 8 * lane; c < D; c += 8 * 32) *reinterpret_cast<uint4*>(dst + c) = make_uint4(0, 0, 0, 0);
+    for (int c = 4 * lane; c < D; c += 4 * 32) Put4<kSplit>(make_float4(0.0f, 0.0f, 0.0f, 0.0f), hi + c, lo + c);
     return;
   }
   if (kind == RowKind::kF32 && vec4) {
     const float4* src = static_cast<const float4*>(row);
 #pragma unroll
-    for (int c4 = lane; c4 < D / 4; c4 += 32) {
-      const float4 v = __ldg(src + c4);
-      *reinterpret_cast<uint2*>(dst + 4 * c4) = make_uint2(PackHalf2(v.x, v.y), PackHalf2(v.z, v.w));
-    }
+    for (int c4 = lane; c4 < D / 4; c4 += 32) Put4<kSplit>(__ldg(src + c4), hi + 4 * c4, lo + 4 * c4);
     return;
   }
   const float scale = kind == RowKind::kFp8 ? Fp8RowScale(static_cast<const uint8_t*>(row), nope) : 0.0f;
-  for (int c = 2 * lane; c < D; c += 2 * 32)
-    *reinterpret_cast<uint32_t*>(dst + c) =
-        PackHalf2(StoredRowValue(row, kind, nope, scale, c), StoredRowValue(row, kind, nope, scale, c + 1));
+  for (int c = 4 * lane; c < D; c += 4 * 32) {
+    const float4 v = make_float4(StoredRowValue(row, kind, nope, scale, c), StoredRowValue(row, kind, nope, scale, c + 1),
+                                 StoredRowValue(row, kind, nope, scale, c + 2),
+                                 StoredRowValue(row, kind, nope, scale, c + 3));
+    Put4<kSplit>(v, hi + c, lo + c);
+  }
 }
 
-// Block (row r, heads h0 .. h0 + 63). Per tile of 64 keys: the key rows go to shared memory as fp16; warp
-// (head tile mt, quarter qt) scores its 16 heads against keys 16 qt .. 16 qt + 15 into shared memory;
-// then every warp reads its 16 heads' scores of the whole tile, updates their running max and sum (the
-// four warps of a head tile compute the same values in the same order) and adds P . K over the tile to
-// its 16 heads x d/4 values (dims qt d/4 ..), held in registers in the mma accumulator layout. Heads past
-// `heads` are zero rows whose results are dropped.
-template <int D>
+// Block (row r, heads h0 .. h0 + 63). Per tile of kt keys: the key rows go to shared memory as fp16; warp
+// (head tile mt, quarter qt) scores its 16 heads against keys qt kt/4 .. (qt + 1) kt/4 - 1 into shared
+// memory; then every warp reads its 16 heads' scores of the whole tile, updates their running max and
+// sum (the four warps of a head tile compute the same values in the same order) and adds P . K over the
+// tile to its 16 heads x d/4 values (dims qt d/4 ..), held in registers in the mma accumulator layout.
+// Heads past `heads` are zero rows whose results are dropped.
+// kSplit: every operand x is fp16(x) + fp16(x - fp16(x)) and each product a.b is taken as
+// hi.hi + lo.hi + hi.lo (three mma; lo.lo is below f32 rounding), which leaves the result within f32
+// rounding of the CPU's; without it one mma of the fp16 roundings (relative error ~2^-11 per operand).
+template <int D, bool kSplit>
 __global__ void __launch_bounds__(kPfThreads, 1)
     AttentionPrefillKernel(const float* q, int64_t heads, AttnKeys keys, const float* sinks, float softmax_scale,
                            float* out) {
   static_assert(D % 64 == 0, "each warp's quarter of d is whole pairs of n8 tiles");
-  constexpr int ld = D + kPfPad;
-  constexpr int kDimTiles = D / 4 / 8;  // n8 tiles of the warp's values
+  constexpr int kt = PrefillTileKeys<D, kSplit>();
+  constexpr int ld = D + kPfPad, sld = kt + 4;  // halves per q / key row, floats per score row
+  constexpr int kDimTiles = D / 4 / 8;          // n8 tiles of the warp's values
+  constexpr int kKeyTiles = kt / 4 / 8;         // n8 tiles of the warp's scores (1 or 2)
+  constexpr int kSteps = kt / 16;               // k16 steps of P . K
+  constexpr int kParts = kSplit ? 2 : 1;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  __half* qs = reinterpret_cast<__half*>(smem_raw);                             // [kPfHeads][ld]
-  __half* ks = qs + kPfHeads * ld;                                              // [kPfKeys][ld]
-  float* ss = reinterpret_cast<float*>(ks + kPfKeys * ld);                      // [kPfHeads][kPfScoreLd]
-  const void** kp = reinterpret_cast<const void**>(ss + kPfHeads * kPfScoreLd);  // [kPfKeys] (null: absent)
+  __half* qs = reinterpret_cast<__half*>(smem_raw);                       // [kParts][kPfHeads][ld]
+  __half* ks = qs + kParts * kPfHeads * ld;                               // [kParts][kt][ld]
+  float* ss = reinterpret_cast<float*>(ks + kParts * kt * ld);            // [kPfHeads][sld]
+  const void** kp = reinterpret_cast<const void**>(ss + kPfHeads * sld);  // [kt] (null: absent)
+  constexpr int q_lo = kPfHeads * ld, k_lo = kt * ld;                     // offsets of the low parts
 
   const int64_t r = blockIdx.x, h0 = static_cast<int64_t>(blockIdx.y) * kPfHeads;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int mt = warp % 4, qt = warp / 4, g = lane / 4, t = lane % 4;
 
-  // q rows of the block's heads as fp16 (zeros past `heads`).
+  // q rows of the block's heads (zeros past `heads`).
   const bool q_vec4 = (reinterpret_cast<uintptr_t>(q) & 15) == 0;
   for (int i = tid; i < kPfHeads * D / 4; i += kPfThreads) {
     const int hh = i / (D / 4), c = 4 * (i % (D / 4));
@@ -118,7 +156,7 @@ __global__ void __launch_bounds__(kPfThreads, 1)
       const float* src = q + ((r * heads + h0 + hh) * D + c);
       v = q_vec4 ? *reinterpret_cast<const float4*>(src) : make_float4(src[0], src[1], src[2], src[3]);
     }
-    *reinterpret_cast<uint2*>(qs + hh * ld + c) = make_uint2(PackHalf2(v.x, v.y), PackHalf2(v.z, v.w));
+    Put4<kSplit>(v, qs + hh * ld + c, qs + q_lo + hh * ld + c);
   }
 
   // This lane's two heads (rows g and g + 8 of the warp's head tile): running max (from the sink), sum
@@ -134,38 +172,47 @@ __global__ void __launch_bounds__(kPfThreads, 1)
   const bool vec4 = AllRowsAligned(keys);
   const int nope = keys.entries.nope;
   // ldmatrix addresses (see the m16n8k16 fragment layouts): A of the scores from q rows (head tile mt),
-  // B of the scores from key rows 16 qt .. (k = dims), B of the values from key rows read transposed.
+  // B of the scores from key rows qt kt/4 .. (k = dims), B of the values from key rows read transposed.
   const __half* qa = qs + (16 * mt + lane % 16) * ld + (lane / 16) * 8;
-  const __half* kb = ks + (16 * qt + lane % 8 + (lane / 16) * 8) * ld + ((lane / 8) % 2) * 8;
+  const __half* kb = ks + (qt * (kt / 4) + lane % 8 + (kKeyTiles == 2 ? (lane / 16) * 8 : 0)) * ld + ((lane / 8) % 2) * 8;
   const __half* vb = ks + (lane % 8 + ((lane / 8) % 2) * 8) * ld + qt * (D / 4) + (lane / 16) * 8;
-  float* s_mine = ss + (16 * mt + g) * kPfScoreLd;  // row g of the head tile; row g + 8 is 8 rows on
+  float* s_mine = ss + (16 * mt + g) * sld;  // row g of the head tile; row g + 8 is 8 rows on
 
-  for (int64_t k0 = 0; k0 < span.nkeys; k0 += kPfKeys) {
+  for (int64_t k0 = 0; k0 < span.nkeys; k0 += kt) {
     __syncthreads();  // the previous tile's readers of kp, ks and ss are done (and qs is written)
-    if (tid < kPfKeys)
-      kp[tid] = k0 + tid < span.nkeys ? keys.Key(r, span.lo, span.nwin, span.visible, k0 + tid) : nullptr;
+    if (tid < kt) kp[tid] = k0 + tid < span.nkeys ? keys.Key(r, span.lo, span.nwin, span.visible, k0 + tid) : nullptr;
     __syncthreads();
-    for (int j = warp; j < kPfKeys; j += kPfWarps)
-      StageKey<D>(kp[j], keys.KindOf(span.nwin, k0 + j), nope, vec4, lane, ks + j * ld);
+    for (int j = warp; j < kt; j += kPfWarps)
+      StageKey<D, kSplit>(kp[j], keys.KindOf(span.nwin, k0 + j), nope, vec4, lane, ks + j * ld, ks + k_lo + j * ld);
     __syncthreads();
 
-    // Scores of 16 heads x 16 keys, scaled; absent keys -inf.
+    // Scores of 16 heads x kt/4 keys, scaled; absent keys -inf.
     {
-      float acc[2][4] = {};
-#pragma unroll 8
+      float acc[kKeyTiles][4] = {};
+#pragma unroll 4
       for (int c = 0; c < D; c += 16) {
         uint32_t a[4], b[4];
         LdMatrixX4(qa + c, a);
-        LdMatrixX4(kb + c, b);
-        Mma(acc[0], a, b[0], b[1]);
-        Mma(acc[1], a, b[2], b[3]);
+        LdMatrix<kKeyTiles>(kb + c, b);
+#pragma unroll
+        for (int nt = 0; nt < kKeyTiles; ++nt) Mma(acc[nt], a, b[2 * nt], b[2 * nt + 1]);
+        if constexpr (kSplit) {
+          uint32_t a_lo[4], b_lo[4];
+          LdMatrixX4(qa + q_lo + c, a_lo);
+          LdMatrix<kKeyTiles>(kb + k_lo + c, b_lo);
+#pragma unroll
+          for (int nt = 0; nt < kKeyTiles; ++nt) {
+            Mma(acc[nt], a_lo, b[2 * nt], b[2 * nt + 1]);
+            Mma(acc[nt], a, b_lo[2 * nt], b_lo[2 * nt + 1]);
+          }
+        }
       }
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        const int col = 16 * qt + 8 * nt + 2 * t;
+      for (int nt = 0; nt < kKeyTiles; ++nt) {
+        const int col = qt * (kt / 4) + 8 * nt + 2 * t;
         const bool p0 = kp[col] != nullptr, p1 = kp[col + 1] != nullptr;
         float* s0 = s_mine + col;
-        float* s1 = s0 + 8 * kPfScoreLd;
+        float* s1 = s0 + 8 * sld;
         s0[0] = p0 ? acc[nt][0] * softmax_scale : -INFINITY;
         s0[1] = p1 ? acc[nt][1] * softmax_scale : -INFINITY;
         s1[0] = p0 ? acc[nt][2] * softmax_scale : -INFINITY;
@@ -176,12 +223,12 @@ __global__ void __launch_bounds__(kPfThreads, 1)
 
     // Online softmax over the tile: this lane's scores of rows g and g + 8 are, for key step kk, keys
     // 16 kk + 2t + {0, 1} and 16 kk + 8 + 2t + {0, 1}: the A fragment of P for that step.
-    float p[2][16];
+    float p[2][4 * kSteps];
 #pragma unroll
-    for (int kk = 0; kk < kPfKeys / 16; ++kk)
+    for (int kk = 0; kk < kSteps; ++kk)
 #pragma unroll
       for (int row = 0; row < 2; ++row) {
-        const float* s = s_mine + row * 8 * kPfScoreLd + 16 * kk + 2 * t;
+        const float* s = s_mine + row * 8 * sld + 16 * kk + 2 * t;
         p[row][4 * kk] = s[0];
         p[row][4 * kk + 1] = s[1];
         p[row][4 * kk + 2] = s[8];
@@ -192,26 +239,34 @@ __global__ void __launch_bounds__(kPfThreads, 1)
     for (int row = 0; row < 2; ++row) {
       float mx = m_run[row];
 #pragma unroll
-      for (int i = 0; i < 16; ++i) mx = fmaxf(mx, p[row][i]);
+      for (int i = 0; i < 4 * kSteps; ++i) mx = fmaxf(mx, p[row][i]);
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       float sum = 0.0f;
 #pragma unroll
-      for (int i = 0; i < 16; ++i) sum += (p[row][i] = expf(p[row][i] - mx));  // -inf -> 0
+      for (int i = 0; i < 4 * kSteps; ++i) sum += (p[row][i] = expf(p[row][i] - mx));  // -inf -> 0
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       alpha[row] = expf(m_run[row] - mx);
       l_run[row] = l_run[row] * alpha[row] + sum;
       m_run[row] = mx;
     }
-    // The A fragments of P (fp16; the sums above keep the f32 probabilities).
-    uint32_t pa[kPfKeys / 16][4];
+    // The A fragments of P (fp16 high parts and rests; the sums above keep the f32 probabilities).
+    uint32_t pa[kSteps][4], pa_lo[kSplit ? kSteps : 1][4];
 #pragma unroll
-    for (int kk = 0; kk < kPfKeys / 16; ++kk) {
-      pa[kk][0] = PackHalf2(p[0][4 * kk], p[0][4 * kk + 1]);
-      pa[kk][1] = PackHalf2(p[1][4 * kk], p[1][4 * kk + 1]);
-      pa[kk][2] = PackHalf2(p[0][4 * kk + 2], p[0][4 * kk + 3]);
-      pa[kk][3] = PackHalf2(p[1][4 * kk + 2], p[1][4 * kk + 3]);
+    for (int kk = 0; kk < kSteps; ++kk) {
+      const float* p0 = &p[0][4 * kk];
+      const float* p1 = &p[1][4 * kk];
+      pa[kk][0] = PackHalf2(p0[0], p0[1]);
+      pa[kk][1] = PackHalf2(p1[0], p1[1]);
+      pa[kk][2] = PackHalf2(p0[2], p0[3]);
+      pa[kk][3] = PackHalf2(p1[2], p1[3]);
+      if constexpr (kSplit) {
+        pa_lo[kk][0] = PackHalf2Rest(p0[0], p0[1]);
+        pa_lo[kk][1] = PackHalf2Rest(p1[0], p1[1]);
+        pa_lo[kk][2] = PackHalf2Rest(p0[2], p0[3]);
+        pa_lo[kk][3] = PackHalf2Rest(p1[2], p1[3]);
+      }
     }
 #pragma unroll
     for (int i = 0; i < kDimTiles; ++i) {
@@ -221,9 +276,9 @@ __global__ void __launch_bounds__(kPfThreads, 1)
       o[i][3] *= alpha[1];
     }
 
-    // Values: O[16 heads x d/4] += P[16 x 64 keys] . K[64 keys x d/4].
+    // Values: O[16 heads x d/4] += P[16 x kt keys] . K[kt keys x d/4], one k16 step at a time.
 #pragma unroll
-    for (int kk = 0; kk < kPfKeys / 16; ++kk) {
+    for (int kk = 0; kk < kSteps; ++kk) {
       const __half* v = vb + 16 * kk * ld;
 #pragma unroll
       for (int i = 0; i < kDimTiles; i += 2) {
@@ -231,6 +286,14 @@ __global__ void __launch_bounds__(kPfThreads, 1)
         LdMatrixX4Trans(v + 8 * i, b);
         Mma(o[i], pa[kk], b[0], b[1]);
         Mma(o[i + 1], pa[kk], b[2], b[3]);
+        if constexpr (kSplit) {
+          uint32_t b_lo[4];
+          LdMatrixX4Trans(v + k_lo + 8 * i, b_lo);
+          Mma(o[i], pa_lo[kk], b[0], b[1]);
+          Mma(o[i + 1], pa_lo[kk], b[2], b[3]);
+          Mma(o[i], pa[kk], b_lo[0], b_lo[1]);
+          Mma(o[i + 1], pa[kk], b_lo[2], b_lo[3]);
+        }
       }
     }
   }
@@ -249,33 +312,48 @@ __global__ void __launch_bounds__(kPfThreads, 1)
   }
 }
 
-template <int D>
+template <int D, bool kSplit>
 void LaunchPrefill(const float* q, int64_t n, int64_t heads, const AttnKeys& keys, const float* sinks,
                    float softmax_scale, float* out, cudaStream_t s) {
   static PerDeviceOnce once;
   once.Run([](int) {
-    CudaCheck(cudaFuncSetAttribute(AttentionPrefillKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   static_cast<int>(PrefillSmemBytes<D>())),
+    CudaCheck(cudaFuncSetAttribute(AttentionPrefillKernel<D, kSplit>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>(PrefillSmemBytes<D, kSplit>())),
               "prefill attention smem attribute");
   });
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>((heads + kPfHeads - 1) / kPfHeads));
-  AttentionPrefillKernel<D><<<grid, kPfThreads, PrefillSmemBytes<D>(), s>>>(q, heads, keys, sinks, softmax_scale, out);
+  AttentionPrefillKernel<D, kSplit><<<grid, kPfThreads, PrefillSmemBytes<D, kSplit>(), s>>>(q, heads, keys, sinks,
+                                                                                          softmax_scale, out);
 }
 
+template <bool kSplit>
 size_t PrefillSmemFor(int64_t d) {
   switch (d) {
-    case 64: return PrefillSmemBytes<64>();
-    case 128: return PrefillSmemBytes<128>();
-    case 256: return PrefillSmemBytes<256>();
-    case 512: return PrefillSmemBytes<512>();
+    case 64: return PrefillSmemBytes<64, kSplit>();
+    case 128: return PrefillSmemBytes<128, kSplit>();
+    case 256: return PrefillSmemBytes<256, kSplit>();
+    case 512: return PrefillSmemBytes<512, kSplit>();
     default: return 0;
+  }
+}
+
+template <bool kSplit>
+void LaunchPrefillFor(const float* q, int64_t n, int64_t heads, const AttnKeys& keys, const float* sinks,
+                      float softmax_scale, float* out, cudaStream_t s) {
+  switch (keys.d) {
+    case 64: return LaunchPrefill<64, kSplit>(q, n, heads, keys, sinks, softmax_scale, out, s);
+    case 128: return LaunchPrefill<128, kSplit>(q, n, heads, keys, sinks, softmax_scale, out, s);
+    case 256: return LaunchPrefill<256, kSplit>(q, n, heads, keys, sinks, softmax_scale, out, s);
+    case 512: return LaunchPrefill<512, kSplit>(q, n, heads, keys, sinks, softmax_scale, out, s);
+    default:
+      throw std::runtime_error("cuda AttentionPrefill: head_dim " + std::to_string(keys.d) + " (64, 128, 256 or 512)");
   }
 }
 
 }  // namespace
 
-bool AttentionPrefillSupported(int64_t d) {
-  const size_t smem = PrefillSmemFor(d);
+bool AttentionPrefillSupported(int64_t d, bool fp16) {
+  const size_t smem = fp16 ? PrefillSmemFor<false>(d) : PrefillSmemFor<true>(d);
   if (smem == 0) return false;
   int dev = 0, optin = 0;
   CudaCheck(cudaGetDevice(&dev), "cudaGetDevice");
@@ -287,16 +365,11 @@ bool AttentionPrefillSupported(int64_t d) {
 void AttentionPrefill(const float* q, int64_t n, int64_t heads, int64_t d, int64_t start, const float* ring,
                       int64_t ring_slots, const float* new_kv, int window, PagedRowsDev entries, int64_t num_entries,
                       int ratio, const int32_t* topk, int64_t topk_cols, const float* sinks, float softmax_scale,
-                      float* out, cudaStream_t s) {
+                      bool fp16, float* out, cudaStream_t s) {
   if (n <= 0) return;
   const AttnKeys keys{ring, new_kv, entries, topk, topk_cols, start, num_entries, d, ring_slots, window, ratio};
-  switch (d) {
-    case 64: return LaunchPrefill<64>(q, n, heads, keys, sinks, softmax_scale, out, s);
-    case 128: return LaunchPrefill<128>(q, n, heads, keys, sinks, softmax_scale, out, s);
-    case 256: return LaunchPrefill<256>(q, n, heads, keys, sinks, softmax_scale, out, s);
-    case 512: return LaunchPrefill<512>(q, n, heads, keys, sinks, softmax_scale, out, s);
-    default: throw std::runtime_error("cuda AttentionPrefill: head_dim " + std::to_string(d) + " (64, 128, 256 or 512)");
-  }
+  if (fp16) LaunchPrefillFor<false>(q, n, heads, keys, sinks, softmax_scale, out, s);
+  else LaunchPrefillFor<true>(q, n, heads, keys, sinks, softmax_scale, out, s);
 }
 
 }  // namespace dsmesh::cuda_ops
