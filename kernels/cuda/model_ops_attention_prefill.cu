@@ -1,11 +1,12 @@
 // Attention of prefill chunks on tensor cores (model_ops.h AttentionPrefill; the CPU twin is
 // CpuBackend::Attention in kernels/cpu/cpu_backend.cc). The keys are shared by all heads of a query row
 // (multi-query attention, value = key), so one block takes one row and 64 heads: the scores of a tile of
-// 64 keys are Q[64 heads x d] . K^T[d x 64 keys] and the values added are P[64 x 64] . K[64 x d], both
-// mma.m16n8k16 with fp16 inputs (q, keys and probabilities rounded to fp16) and fp32 accumulation. An
-// online softmax runs over the row's key tiles, its running max starting at the head's sink (whose
-// exp(sink - max) is the denominator's first term). A row's result depends on its own keys only, summed
-// in the same order whatever chunk the row is in; no atomics.
+// kt keys are Q[64 heads x d] . K^T[d x kt] and the values added are P[64 x kt] . K[kt x d], both as
+// mma.m16n8k16 (fp16 operands, fp32 accumulation). By default each operand goes in as two fp16 parts
+// (high + low, three mma per product: f32-level results); with `fp16` as one rounding. An online softmax
+// runs over the row's key tiles, its running max starting at the head's sink (whose exp(sink - max) is
+// the denominator's first term). A row's result depends on its own keys only, summed in the same order
+// whatever chunk the row is in; no atomics.
 #include <cuda_fp16.h>
 
 #include <cstdint>
