@@ -178,15 +178,23 @@ class CudaBackend final : public Backend {
     CudaCheck(cudaEventCreateWithFlags(&step_uploaded_, cudaEventDisableTiming), "cudaEventCreate");
     // A/B knobs for prefill chunks (more rows than a decode bucket): the older MoE paths (per expert with
     // the routing on the host, or the single-launch kernel on slices of rows) instead of slices of pairs
-    // sorted by expert, and the one-block-per-(row, head) attention kernel instead of the sliced split one.
+    // sorted by expert; attention split over keys in slices of 16 rows (`split`, the decode kernel) or one
+    // block per (row, head) (`per-row`) instead of the tensor-core kernel.
     prefill_moe_per_expert_ = EnvIs("DSMESH_CUDA_PREFILL_MOE", "per-expert");
     prefill_moe_row_slices_ = EnvIs("DSMESH_CUDA_PREFILL_MOE", "row-slices");
-    prefill_attention_per_row_ = EnvIs("DSMESH_CUDA_PREFILL_ATTENTION", "per-row");
-    if (prefill_moe_per_expert_ || prefill_moe_row_slices_ || prefill_attention_per_row_)
+    // `mma-fp16` keeps the tensor-core kernel but rounds its operands to fp16 once (a third of the mma).
+    prefill_attention_ = EnvIs("DSMESH_CUDA_PREFILL_ATTENTION", "per-row")    ? PrefillAttention::kPerRow
+                         : EnvIs("DSMESH_CUDA_PREFILL_ATTENTION", "split")    ? PrefillAttention::kSplit
+                         : EnvIs("DSMESH_CUDA_PREFILL_ATTENTION", "mma-fp16") ? PrefillAttention::kMmaFp16
+                                                                              : PrefillAttention::kMma;
+    if (prefill_moe_per_expert_ || prefill_moe_row_slices_ || prefill_attention_ != PrefillAttention::kMma)
       std::fprintf(stderr, "[cuda] prefill chunks:%s%s%s (environment)\n",
                    prefill_moe_per_expert_ ? " routed experts per expert" : "",
                    prefill_moe_row_slices_ ? " routed experts on slices of rows" : "",
-                   prefill_attention_per_row_ ? " attention one block per (row, head)" : "");
+                   prefill_attention_ == PrefillAttention::kPerRow    ? " attention one block per (row, head)"
+                   : prefill_attention_ == PrefillAttention::kSplit   ? " attention split over keys (16-row slices)"
+                   : prefill_attention_ == PrefillAttention::kMmaFp16 ? " attention on tensor cores with fp16 operands"
+                                                                      : "");
   }
 
   ~CudaBackend() override {
@@ -672,7 +680,33 @@ class CudaBackend final : public Backend {
     Use();
     Tensor table;
     const cuda_ops::PagedRowsDev paged = entries ? Paged(*entries, num_entries, d, &table) : cuda_ops::PagedRowsDev{};
-    const bool split_keys = q.shape[0] <= kGraphMaxRows || !prefill_attention_per_row_;
+    // Prefill chunks (more rows than a decode bucket) take the tensor-core kernel unless the knob or the
+    // head_dim / device says otherwise; decode steps the split kernel.
+    const bool prefill = q.shape[0] > kGraphMaxRows;
+    const bool fp16 = prefill_attention_ == PrefillAttention::kMmaFp16;
+    const bool mma = prefill && (fp16 || prefill_attention_ == PrefillAttention::kMma) &&
+                     cuda_ops::AttentionPrefillSupported(d, fp16);
+    if (prefill && !logged_prefill_attention_) {
+      const char* path = mma && fp16 ? "tensor cores, fp16 operands, fp32 accumulation"
+                         : mma       ? "tensor cores, fp16 high + low operand parts (3 mma per product), fp32 "
+                                       "accumulation"
+                         : prefill_attention_ == PrefillAttention::kPerRow ? "one block per (row, head), f32"
+                         : prefill_attention_ == PrefillAttention::kSplit  ? "split over keys in 16-row slices, f32"
+                                                                           : "split over keys in 16-row slices, f32 "
+                                                                             "(no tensor-core kernel for this "
+                                                                             "head_dim on this device)";
+      std::fprintf(stderr, "[cuda] prefill attention (steps of more than %d rows): %s (head_dim %lld)\n",
+                   static_cast<int>(kGraphMaxRows), path, static_cast<long long>(d));
+      logged_prefill_attention_ = true;
+    }
+    if (mma) {
+      cuda_ops::AttentionPrefill(F(q), q.shape[0], heads, d, start, F(ring), ring.shape[0], F(new_kv), window, paged,
+                                 num_entries, ratio, topk ? I32(*topk) : nullptr, topk ? RowWidth(*topk) : 0, F(sinks),
+                                 softmax_scale, fp16, F(*out), ctx_->stream);
+      Launched("Attention");
+      return;
+    }
+    const bool split_keys = !prefill || prefill_attention_ != PrefillAttention::kPerRow;
     const int64_t split_floats = split_keys ? cuda_ops::AttentionSplitScratchFloats(q.shape[0], heads, d) : 0;
     Tensor split = split_floats > 0 ? Temp(DType::kF32, {split_floats}) : Tensor{};
     cuda_ops::Attention(F(q), q.shape[0], heads, d, start, F(ring), ring.shape[0], F(new_kv), window,
@@ -1621,7 +1655,10 @@ class CudaBackend final : public Backend {
   int64_t gemm_ws_k_ = 0, gemm_ws_n_ = 0, gemm_ws_weights_ = 0;
   bool logged_many_rows_ = false;
   bool logged_gemv_batch_ = false;
-  bool prefill_moe_per_expert_ = false, prefill_moe_row_slices_ = false, prefill_attention_per_row_ = false;
+  bool prefill_moe_per_expert_ = false, prefill_moe_row_slices_ = false;
+  enum class PrefillAttention { kMma, kMmaFp16, kSplit, kPerRow };
+  PrefillAttention prefill_attention_ = PrefillAttention::kMma;  // DSMESH_CUDA_PREFILL_ATTENTION
+  bool logged_prefill_attention_ = false;
   bool logged_sorted_pairs_ = false;
   DenseGemm dense_gemm_;  // cuBLAS for dense linears of more than kGraphMaxRows rows
   std::set<std::string> logged_fallback_;  // ops whose per-sequence fallback was logged  // the per-expert path for large steps was logged

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -25,6 +27,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/gpu_test_util.h"
+#include "kernels/cuda/model_ops.h"
 #include "kernels/exl3/exl3_linear.h"
 #include "kernels/kv_rows.h"
 
@@ -35,6 +38,11 @@ namespace fs = std::filesystem;
 
 constexpr double kF32Tol = 1e-5;   // rel L2 of f32 ops (summation order, expf/sinf ulps)
 constexpr double kExl3Tol = 2e-3;  // rel L2 of EXL3 linears (fp16 activations on the GPU)
+// rel L2 of prefill attention on tensor cores with fp16 operands (DSMESH_CUDA_PREFILL_ATTENTION=mma-fp16):
+// q, keys and probabilities rounded to fp16 (relative error 2^-11 each), fp32 sums; ~4e-4 expected at
+// unit-variance inputs (printed per case by PrefillAttentionOnTensorCores). The default high + low parts
+// are held to kF32Tol.
+constexpr double kPrefillAttnFp16Tol = 2e-3;
 
 // One tensor on both backends: c in CPU (host) memory, g in CUDA memory, same values.
 struct Pair {
@@ -549,8 +557,10 @@ TEST_F(CudaBackendTest, Attention) {
                         Case{"all compressed entries, long", 3, 20100, 128, 4, 5025, 0},
                         Case{"topk with -1 and future entries", 7, 37, 16, 4, 12, 8},
                         Case{"topk n=1", 1, 300, 128, 128, 3, 4},
-                        Case{"prefill slices of 16 rows, all entries", 40, 90, 16, 4, 32, 0},
-                        Case{"prefill slices of 16 rows, topk, ring wraps", 37, 203, 16, 4, 60, 8}}) {
+                        Case{"prefill (tensor cores), all entries", 40, 90, 16, 4, 32, 0},
+                        Case{"prefill (tensor cores), topk, ring wraps", 37, 203, 16, 4, 60, 8}}) {
+    // Steps of more than 16 rows take the tensor-core kernel (PrefillAttentionOnTensorCores).
+    const double tol = kF32Tol;
     // Rings of window + 3 slots (speculative rollback) as well as window slots.
     Pair q = Rand({k.n, heads * d}), ring = Rand({k.window + (k.start % 2 ? 3 : 0), d}), new_kv = Rand({k.n, d}), sinks = Rand({heads});
     Pair entries = Rand({std::max<int64_t>(k.num_entries, 1), d});
@@ -564,7 +574,7 @@ TEST_F(CudaBackendTest, Attention) {
                     k.ratio, k.topk_cols ? &topk.c : nullptr, sinks.c, softmax_scale, &out.c);
     gpu().Attention(q.g, heads, d, k.start, ring.g, new_kv.g, k.window, comp ? &paged->g : nullptr, k.num_entries,
                     k.ratio, k.topk_cols ? &topk.g : nullptr, sinks.g, softmax_scale, &out.g);
-    ExpectClose(out, kF32Tol, std::string("Attention ") + k.what);
+    ExpectClose(out, tol, std::string("Attention ") + k.what);
     if (!comp) continue;
     // Entries stored as bf16 and fp8 with 16 rope dims (--kv-cache-dtype), the same stored rows on both.
     for (DType storage : {DType::kBF16, DType::kU8}) {
@@ -574,7 +584,122 @@ TEST_F(CudaBackendTest, Attention) {
                       k.topk_cols ? &topk.c : nullptr, sinks.c, softmax_scale, &sout.c);
       gpu().Attention(q.g, heads, d, k.start, ring.g, new_kv.g, k.window, &stored->g, k.num_entries, k.ratio,
                       k.topk_cols ? &topk.g : nullptr, sinks.g, softmax_scale, &sout.g);
-      ExpectClose(sout, kF32Tol, std::string("Attention ") + k.what + " " + DTypeName(storage) + " entries");
+      ExpectClose(sout, tol, std::string("Attention ") + k.what + " " + DTypeName(storage) + " entries");
+    }
+  }
+}
+
+// Prefill attention (steps of more than 16 rows) on tensor cores against the CPU op, at the model's shapes
+// (64 heads x 512, window 128, 4K context: top-k 512 of ratio-4 entries, all ratio-128 entries) and small
+// ones (heads that fill part of a 64-head block, or two blocks), entries stored f32, bf16 and fp8, top-k
+// lists with -1 padding and not-yet-visible entries. Every path of the knob DSMESH_CUDA_PREFILL_ATTENTION
+// runs the same cases: the default tensor-core kernel (fp16 high + low operand parts) and the older f32
+// kernels (split, per-row) at the f32 tolerance, fp16 operands (mma-fp16) at kPrefillAttnFp16Tol. On the
+// tensor cores a step split in two chunks gives every row bitwise the result it has in the whole step (a
+// row's sums depend on its own keys only).
+TEST_F(CudaBackendTest, PrefillAttentionOnTensorCores) {
+  DSMESH_REQUIRE_GPU();
+  // A backend made with the knob set to `value` (it reads DSMESH_CUDA_PREFILL_ATTENTION when made).
+  auto with_knob = [](const char* value) {
+    const char* name = "DSMESH_CUDA_PREFILL_ATTENTION";
+    const char* old = std::getenv(name);
+    const std::string saved = old ? old : "";
+    setenv(name, value, 1);
+    std::shared_ptr<Backend> be = MakeCudaBackend(0);
+    if (old) setenv(name, saved.c_str(), 1);
+    else unsetenv(name);
+    return be;
+  };
+  struct Mode {
+    const char* name;
+    std::shared_ptr<Backend> be;
+    double tol;
+  };
+  const std::vector<Mode> modes = {{"mma", with_knob("mma"), kF32Tol},
+                                   {"mma-fp16", with_knob("mma-fp16"), kPrefillAttnFp16Tol},
+                                   {"split", with_knob("split"), kF32Tol},
+                                   {"per-row", with_knob("per-row"), kF32Tol}};
+  struct Case {
+    const char* what;
+    int64_t heads, d, n, start;
+    int window, ratio, topk_cols;
+    DType storage;
+    int64_t chunk;  // > 0: also run rows [0, chunk) and [chunk, n) as two steps
+  };
+  const std::vector<Case> cases = {
+      {"small sliding from 0", 4, 64, 24, 0, 16, 0, 0, DType::kF32, 0},
+      {"small sliding ring wraps", 4, 64, 100, 237, 16, 0, 0, DType::kF32, 40},
+      {"small ratio 4 top-k", 4, 64, 100, 237, 16, 4, 16, DType::kF32, 40},
+      {"small ratio 4 top-k bf16", 4, 64, 100, 237, 16, 4, 16, DType::kBF16, 0},
+      {"small ratio 4 top-k fp8", 4, 64, 100, 237, 16, 4, 16, DType::kU8, 0},
+      {"small ratio 128 all entries", 4, 64, 512, 3584, 16, 128, 0, DType::kF32, 0},
+      {"small ratio 128 all entries fp8", 8, 64, 512, 3584, 16, 128, 0, DType::kU8, 200},
+      {"72 heads x 128 ratio 4 top-k", 72, 128, 24, 50, 16, 4, 8, DType::kBF16, 0},
+      {"full sliding", 64, 512, 100, 1000, 128, 0, 0, DType::kF32, 0},
+      {"full ratio 4 top-k 512 from 0", 64, 512, 24, 0, 128, 4, 512, DType::kF32, 0},
+      {"full ratio 4 top-k 512", 64, 512, 512, 3584, 128, 4, 512, DType::kF32, 200},
+      {"full ratio 4 top-k 512 fp8", 64, 512, 512, 3584, 128, 4, 512, DType::kU8, 0},
+      {"full ratio 128 all entries bf16", 64, 512, 512, 3584, 128, 128, 0, DType::kBF16, 0},
+  };
+  for (const Case& k : cases) {
+    std::printf("%s: tensor-core kernel for head_dim %lld on this device: %s, fp16 operands: %s\n", k.what,
+                static_cast<long long>(k.d), cuda_ops::AttentionPrefillSupported(k.d, false) ? "yes" : "NO (split path)",
+                cuda_ops::AttentionPrefillSupported(k.d, true) ? "yes" : "NO (split path)");
+    const float softmax_scale = 1.0f / std::sqrt(static_cast<float>(k.d));
+    const int64_t hd = k.heads * k.d, num_entries = k.ratio > 0 ? (k.start + k.n) / k.ratio : 0;
+    const int64_t ring_slots = k.window + (k.start % 2 ? 3 : 0);
+    Pair q = Rand({k.n, hd}), ring = Rand({ring_slots, k.d}), new_kv = Rand({k.n, k.d}), sinks = Rand({k.heads});
+    // Top-k lists of entries -1 .. num_entries + 1 (absent and not yet visible ones included), the last
+    // quarter of every other row padded with -1.
+    Tensor topk_host = AllocateTensor(DType::kI32, {k.n, std::max(k.topk_cols, 1)});
+    std::uniform_int_distribution<int> pick(-1, static_cast<int>(num_entries) + 1);
+    for (int64_t r = 0; r < k.n; ++r)
+      for (int c = 0; c < k.topk_cols; ++c)
+        topk_host.as<int32_t>()[r * k.topk_cols + c] = r % 2 && c >= k.topk_cols * 3 / 4 ? -1 : pick(rng_);
+    Pair topk = Both(topk_host);
+    const Tensor entry_rows = HostRand(DType::kF32, {std::max<int64_t>(num_entries, 1), k.d});
+    auto stored = Paged(entry_rows, 16, k.storage, k.storage == DType::kU8 ? k.d / 8 : 0);
+    const bool comp = k.ratio > 0;
+    const Tensor* tc = k.topk_cols ? &topk.c : nullptr;
+    const Tensor* tg = k.topk_cols ? &topk.g : nullptr;
+    Tensor ref = AllocateTensor(DType::kF32, {k.n, hd});
+    cpu_->Attention(q.c, k.heads, k.d, k.start, ring.c, new_kv.c, k.window, comp ? &stored->c : nullptr, num_entries,
+                    k.ratio, tc, sinks.c, softmax_scale, &ref);
+    const std::string what = std::string(k.what) + " (" + std::to_string(k.n) + " rows, " +
+                             std::to_string(k.heads) + " heads x " + std::to_string(k.d) + ")";
+    for (const Mode& m : modes) {
+      Pair out{ref, m.be->Upload(AllocateTensor(DType::kF32, {k.n, hd}))};
+      m.be->Attention(q.g, k.heads, k.d, k.start, ring.g, new_kv.g, k.window, comp ? &stored->g : nullptr,
+                      num_entries, k.ratio, tg, sinks.g, softmax_scale, &out.g);
+      std::vector<float> got(k.n * hd);
+      m.be->ToHost(out.g, got.data());  // also waits for the mode's stream
+      double num = 0, den = 0;
+      for (int64_t i = 0; i < k.n * hd; ++i) {
+        const double e = static_cast<double>(got[i]) - ref.as<float>()[i];
+        num += e * e;
+        den += static_cast<double>(ref.as<float>()[i]) * ref.as<float>()[i];
+      }
+      std::printf("  %-12s rel L2 vs CPU %.3g\n", m.name, std::sqrt(num / std::max(den, 1e-300)));
+      ExpectClose(out, m.tol, what + " " + m.name);
+      if (k.chunk <= 0 || std::strncmp(m.name, "mma", 3) != 0) continue;
+      // The same rows as two steps: the second one's ring holds the first one's rows.
+      Tensor ring2 = AllocateTensor(DType::kF32, ring.c.shape);
+      std::memcpy(ring2.data, ring.c.data, ring.c.nbytes());
+      cpu_->UpdateRing(RowView(new_kv.c, 0, k.chunk), k.start, k.window, &ring2);
+      const Tensor ring2_g = m.be->Upload(ring2);
+      Tensor parts = m.be->Upload(AllocateTensor(DType::kF32, {k.n, hd}));
+      for (int part = 0; part < 2; ++part) {
+        const int64_t r0 = part ? k.chunk : 0, rows = part ? k.n - k.chunk : k.chunk;
+        Tensor ov = RowView(parts, r0, rows), tv;
+        if (tg) tv = RowView(*tg, r0, rows);
+        m.be->Attention(RowView(q.g, r0, rows), k.heads, k.d, k.start + r0, part ? ring2_g : ring.g,
+                        RowView(new_kv.g, r0, rows), k.window, comp ? &stored->g : nullptr, num_entries, k.ratio,
+                        tg ? &tv : nullptr, sinks.g, softmax_scale, &ov);
+      }
+      std::vector<float> got_parts(k.n * hd);
+      m.be->ToHost(parts, got_parts.data());
+      EXPECT_EQ(0, std::memcmp(got.data(), got_parts.data(), got.size() * sizeof(float)))
+          << what << ": rows differ between the whole step and chunks of " << k.chunk;
     }
   }
 }

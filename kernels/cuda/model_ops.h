@@ -161,6 +161,17 @@ void Attention(const float* q, int64_t n, int64_t heads, int64_t d, int64_t star
                int64_t ring_slots, const float* new_kv, int window, PagedRowsDev entries, int64_t num_entries, int ratio,
                const int32_t* topk, int64_t topk_cols, const float* sinks, float softmax_scale, float* out,
                float* split_scratch, cudaStream_t s);
+// Attention on tensor cores for prefill chunks (model_ops_attention_prefill.cu): Attention's arguments and
+// result. q, keys and probabilities go to the mma as fp16 high + low parts (three mma per product; within
+// f32 rounding of the CPU op), or with `fp16` as one fp16 rounding (one mma; ~4e-4 relative L2 from the
+// f32 op at unit-variance inputs). head_dim 64, 128, 256 or 512, where the device has the shared memory
+// for it (AttentionPrefillSupported; head_dim 512 needs ~150 KB (fp16) or ~205 KB per block: sm_90 has
+// it, sm_120 does not).
+bool AttentionPrefillSupported(int64_t d, bool fp16);
+void AttentionPrefill(const float* q, int64_t n, int64_t heads, int64_t d, int64_t start, const float* ring,
+                      int64_t ring_slots, const float* new_kv, int window, PagedRowsDev entries, int64_t num_entries,
+                      int ratio, const int32_t* topk, int64_t topk_cols, const float* sinks, float softmax_scale,
+                      bool fp16, float* out, cudaStream_t s);
 // Several sequences of one step in one launch (Backend::AttentionBatch): sequence i owns rows
 // offset .. offset + count - 1 of q, new_kv, topk and out. Steps of at most AttentionBatchMaxRows() rows
 // and AttentionBatchMaxSeqs() sequences, with split_scratch of AttentionSplitScratchFloats(n, ...).
