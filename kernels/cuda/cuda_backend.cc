@@ -533,9 +533,13 @@ class CudaBackend final : public Backend {
       }
       const size_t es = DTypeSize(w.dense.dtype);
       const void* wg = static_cast<const char*>(w.dense.data) + static_cast<size_t>(g) * out_g * w.in * es;
-      if (m > kGraphMaxRows && dense_gemm_.Run(F(x) + g * w.in, groups * w.in, m, wg, WTypeOf(w.dense.dtype, w.name),
-                                               out_g, w.in, F(*out) + g * out_g, w.out, ctx_->stream))
+      const cuda_ops::WType type = WTypeOf(w.dense.dtype, w.name);
+      if (m > kGraphMaxRows && DenseGemm::Takes(type, out_g, w.in)) {
+        const Tensor wf = Temp(DType::kF32, {out_g, w.in});
+        dense_gemm_.Run(F(x) + g * w.in, groups * w.in, m, wg, type, out_g, w.in, F(wf), F(*out) + g * out_g, w.out,
+                        ctx_->stream);
         continue;
+      }
       cuda_ops::DenseLinear(F(x) + g * w.in, groups * w.in, m, wg, WTypeOf(w.dense.dtype, w.name), w.in, out_g, w.in,
                             nullptr, F(*out) + g * out_g, w.out, ctx_->stream);
       Launched("GroupedLinear");
@@ -994,7 +998,6 @@ class CudaBackend final : public Backend {
   struct FusedMoe {
     std::unique_ptr<Exl3DeviceMoeLayer> layer;
     std::unique_ptr<Exl3MoeWorkspace> workspace;
-    std::unique_ptr<Exl3MoeWorkspace> pair_workspace;  // top-1 launches of MoeExpertsSortedPairs, made at first use
     int topk = 0;
   };
 
@@ -1020,8 +1023,9 @@ class CudaBackend final : public Backend {
       return;
     }
     const cuda_ops::WType type = WTypeOf(w.dense.dtype, w.name);
-    if (m > kGraphMaxRows && !w.bias.data && dense_gemm_.Run(F(x), w.in, m, w.dense.data, type, w.out, w.in, F(*out),
-                                                             w.out, stream)) {
+    if (m > kGraphMaxRows && !w.bias.data && DenseGemm::Takes(type, w.out, w.in)) {
+      const Tensor wf = Temp(DType::kF32, {w.out, w.in});
+      dense_gemm_.Run(F(x), w.in, m, w.dense.data, type, w.out, w.in, F(wf), F(*out), w.out, stream);
       Launched("Linear (cuBLAS)");
       return;
     }
@@ -1565,39 +1569,38 @@ class CudaBackend final : public Backend {
   }
 
   // Routed experts of a prefill chunk (model_ops_moe.cu): the n x k (row, slot) pairs sorted by expert on
-  // the device, the single-launch kernel on consecutive slices of kExl3MoeMaxRows pairs (each pair a row
-  // with one slot, so a slice holds ~2-3 experts and each expert is read by about one slice), the pairs'
-  // outputs (routing weight applied) summed back into their rows in slot order. No host sync.
+  // the device, all of them in one launch of the routed-expert kernel (Exl3MoeForwardSorted: each expert
+  // decoded once per 16 of its pairs), the pairs' outputs (routing weight applied) summed back into their
+  // rows in slot order. No host sync. The workspace is shared by the layers (same stream) and grows with
+  // the largest chunk (outside any capture: prefill chunks run eagerly).
   void MoeExpertsSortedPairs(const Tensor& x, const Tensor& idx, const Tensor& weight, FusedMoe& fused, Tensor* out) {
     const int64_t n = x.shape[0], k = RowWidth(idx), D = RowWidth(x), P = n * k;
     const Exl3MoeLayer& layer = fused.layer->layer();
-    if (!fused.pair_workspace)
-      fused.pair_workspace = std::make_unique<Exl3MoeWorkspace>(kExl3MoeMaxRows, 1, layer.hidden, layer.inter);
+    if (!sorted_ws_ || sorted_ws_->max_rows() < P || sorted_ws_hidden_ != layer.hidden ||
+        sorted_ws_inter_ != layer.inter) {
+      sorted_ws_.reset();
+      sorted_ws_ = Exl3MoeWorkspace::ForSortedPairs(static_cast<int>(P), layer.hidden, layer.inter);
+      sorted_ws_hidden_ = layer.hidden;
+      sorted_ws_inter_ = layer.inter;
+    }
     Tensor ids = Temp(DType::kI32, {P}), w = Temp(DType::kF32, {P}), src = Temp(DType::kI32, {P}),
            pos = Temp(DType::kI32, {P});
     int32_t* ids_p = static_cast<int32_t*>(ids.data);
     cuda_ops::SortPairsByExpert(I32(idx), F(weight), n, static_cast<int>(k), layer.num_experts, ids_p, F(w),
                                 static_cast<int32_t*>(src.data), static_cast<int32_t*>(pos.data), ctx_->stream);
     Tensor xh = Temp(DType::kF16, {P, D});
-    uint16_t* xh_p = static_cast<uint16_t*>(xh.data);
-    cuda_ops::GatherRowsToHalf(F(x), D, I32(src), P, xh_p, ctx_->stream);
+    cuda_ops::GatherRowsToHalf(F(x), D, I32(src), P, static_cast<uint16_t*>(xh.data), ctx_->stream);
     Tensor y = Temp(DType::kF32, {P, D});
-    // A slice of sorted pairs hits about slice / (pairs per expert) + 1 experts; the launch shape is tuned
-    // for that many (Exl3MoeForward's expected_experts).
-    const int64_t per_expert = std::max<int64_t>(1, P / layer.num_experts);
-    const int expected = static_cast<int>(std::min<int64_t>(kExl3MoeMaxRows, (kExl3MoeMaxRows + per_expert - 1) / per_expert + 1));
-    for (int64_t p0 = 0; p0 < P; p0 += kExl3MoeMaxRows) {
-      const int m = static_cast<int>(std::min<int64_t>(kExl3MoeMaxRows, P - p0));
-      Exl3MoeForward(layer, xh_p + p0 * D, ids_p + p0, F(w) + p0, m, F(y) + p0 * D, *fused.pair_workspace,
-                     ctx_->stream, expected);
-      ++g_fused_moe;
-    }
-    cuda_ops::AddPairsToRows(F(y), I32(pos), n, static_cast<int>(k), D, F(*out), ctx_->stream);
+    // About min(experts, pairs) distinct experts: the launch shape is tuned for that many.
+    const int expected = static_cast<int>(std::min<int64_t>(layer.num_experts, P));
+    Exl3MoeForwardSorted(layer, static_cast<const uint16_t*>(xh.data), ids_p, F(w), static_cast<int>(P), F(y),
+                         *sorted_ws_, ctx_->stream, expected);
+    ++g_fused_moe;
+    cuda_ops::AddPairsToRows(F(y), I32(pos), ids_p, n, static_cast<int>(k), D, F(*out), ctx_->stream);
     Launched("MoeExperts (sorted pairs)");
     if (!logged_sorted_pairs_) {
-      std::fprintf(stderr, "[cuda] routed experts: steps of more than %d rows (prefill chunks) run the fused kernel on "
-                           "slices of %d (row, expert) pairs sorted by expert\n", static_cast<int>(kExl3MoeMaxRows),
-                   static_cast<int>(kExl3MoeMaxRows));
+      std::fprintf(stderr, "[cuda] routed experts: steps of more than %d rows (prefill chunks) run the fused kernel "
+                           "once over their (row, expert) pairs sorted by expert\n", static_cast<int>(kExl3MoeMaxRows));
       logged_sorted_pairs_ = true;
     }
   }
@@ -1660,6 +1663,8 @@ class CudaBackend final : public Backend {
   PrefillAttention prefill_attention_ = PrefillAttention::kMma;  // DSMESH_CUDA_PREFILL_ATTENTION
   bool logged_prefill_attention_ = false;
   bool logged_sorted_pairs_ = false;
+  std::unique_ptr<Exl3MoeWorkspace> sorted_ws_;  // MoeExpertsSortedPairs' (grown to the largest chunk)
+  int sorted_ws_hidden_ = 0, sorted_ws_inter_ = 0;
   DenseGemm dense_gemm_;  // cuBLAS for dense linears of more than kGraphMaxRows rows
   std::set<std::string> logged_fallback_;  // ops whose per-sequence fallback was logged  // the per-expert path for large steps was logged
   bool logged_serial_linears_ = false;  // concurrent linears requested but run in order was logged

@@ -21,26 +21,13 @@ void CublasCheck(cublasStatus_t s, const std::string& what) {
 }  // namespace
 
 DenseGemm::~DenseGemm() {
-  for (auto& [w, f] : copies_) cudaFree(f);
   if (handle_) cublasDestroy(static_cast<cublasHandle_t>(handle_));
   cudaFree(scratch_);
 }
 
-const float* DenseGemm::Widened(const void* w, cuda_ops::WType type, int64_t count, cudaStream_t stream) {
-  auto it = copies_.find(w);
-  if (it != copies_.end()) return it->second;
-  float* f = nullptr;
-  CudaCheck(cudaMalloc(&f, count * sizeof(float)), "DenseGemm fp32 weight copy");
-  cuda_ops::WidenToF32(w, type, count, f, stream);
-  CudaCheck(cudaStreamSynchronize(stream), "DenseGemm fp32 weight copy");
-  copies_[w] = f;
-  copied_bytes_ += count * static_cast<int64_t>(sizeof(float));
-  return f;
-}
-
 bool DenseGemm::Run(const float* x, int64_t ldx, int64_t m, const void* w, cuda_ops::WType type, int64_t n, int64_t k,
-                    float* out, int64_t ldo, cudaStream_t stream) {
-  if (type == cuda_ops::WType::kF32 || n * k > kMaxWeightElements || m <= 0) return false;
+                    float* w_scratch, float* out, int64_t ldo, cudaStream_t stream) {
+  if (!Takes(type, n, k) || m <= 0) return false;
   std::lock_guard<std::mutex> lock(mu_);
   if (!handle_) {
     cublasHandle_t h = nullptr;
@@ -48,16 +35,17 @@ bool DenseGemm::Run(const float* x, int64_t ldx, int64_t m, const void* w, cuda_
     handle_ = h;
     CudaCheck(cudaMalloc(&scratch_, kCublasScratchBytes), "DenseGemm cuBLAS scratch");
     CublasCheck(cublasSetWorkspace(h, scratch_, kCublasScratchBytes), "DenseGemm cublasSetWorkspace");
-    std::fprintf(stderr, "[cuda] dense linears of more than 16 rows with bf16/fp16 weights: cuBLAS SGEMM on fp32 "
-                         "weight copies\n");
+    std::fprintf(stderr, "[cuda] dense linears of more than 16 rows with bf16/fp16 weights: cuBLAS SGEMM on the "
+                         "weights widened to fp32\n");
   }
-  const float* wf = Widened(w, type, n * k, stream);
+  cuda_ops::WidenToF32(w, type, n * k, w_scratch, stream);
   auto h = static_cast<cublasHandle_t>(handle_);
   CublasCheck(cublasSetStream(h, stream), "DenseGemm cublasSetStream");
   // Column-major view: out^T [n x m] = (W as col-major [k x n])^T x^T [k x m].
   const float one = 1.0f, zero = 0.0f;
   CublasCheck(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k),
-                          &one, wf, static_cast<int>(k), x, static_cast<int>(ldx), &zero, out, static_cast<int>(ldo)),
+                          &one, w_scratch, static_cast<int>(k), x, static_cast<int>(ldx), &zero, out,
+                          static_cast<int>(ldo)),
               "DenseGemm cublasSgemm");
   ++calls_;
   return true;

@@ -80,8 +80,17 @@ bool Exl3MoeFusedFinish(int m, int topk, int num_experts, int hidden, int grid) 
 }
 
 Exl3MoeWorkspace::Exl3MoeWorkspace(int max_rows, int topk, int hidden, int inter)
-    : max_rows_(max_rows), topk_(topk), hidden_(hidden), inter_(inter) {
-  if (max_rows < 1 || max_rows > kExl3MoeMaxRows)
+    : Exl3MoeWorkspace(max_rows, topk, hidden, inter, false) {}
+
+std::unique_ptr<Exl3MoeWorkspace> Exl3MoeWorkspace::ForSortedPairs(int max_pairs, int hidden, int inter) {
+  return std::unique_ptr<Exl3MoeWorkspace>(new Exl3MoeWorkspace(max_pairs, 1, hidden, inter, true));
+}
+
+Exl3MoeWorkspace::Exl3MoeWorkspace(int max_rows, int topk, int hidden, int inter, bool sorted_pairs)
+    : max_rows_(max_rows), topk_(topk), hidden_(hidden), inter_(inter), sorted_pairs_(sorted_pairs) {
+  if (sorted_pairs && (max_rows < 1 || topk != 1))
+    throw std::runtime_error("Exl3MoeWorkspace: sorted pairs need max_rows >= 1 and top-k 1");
+  if (!sorted_pairs && (max_rows < 1 || max_rows > kExl3MoeMaxRows))
     throw std::runtime_error("Exl3MoeWorkspace: max_rows " + std::to_string(max_rows) + " (must be 1..24)");
   if (topk < 1 || topk > exl3cuda::kMoeMaxTopK)
     throw std::runtime_error("Exl3MoeWorkspace: top-k " + std::to_string(topk) + " (must be 1..8)");
@@ -98,17 +107,19 @@ Exl3MoeWorkspace::Exl3MoeWorkspace(int max_rows, int topk, int hidden, int inter
   fused_finish_ = EnvInt("DSMESH_EXL3_MOE_FUSED_FINISH", -1, 1, fused_finish_);
   forced_splits_ = std::min(EnvInt("DSMESH_EXL3_MOE_SPLITS", 0, exl3cuda::kMoeMaxHiddenBlocks, 0), hidden / 128);
   max_splits_ = std::max(1, forced_splits_);
-  for (int m = 1; m <= max_rows; ++m)
+  for (int m = 1; m <= (sorted_pairs ? 0 : max_rows); ++m)
     max_splits_ = std::max({max_splits_,
                             Exl3MoeSplits(m, topk, exl3cuda::kMoeMaxExperts, hidden, inter, num_sms_, items_per_sm_),
                             Exl3MoeFusedSplits(m, topk, exl3cuda::kMoeMaxExperts, hidden, inter, num_sms_,
                                                items_per_sm_)});
+  if (sorted_pairs) max_splits_ = kExl3MoeSortedMaxSplits;
   const size_t pairs = static_cast<size_t>(max_rows) * topk;
   CudaCheck(cudaMalloc(&control_, sizeof(exl3cuda::MoeControl)), "Exl3MoeWorkspace control");
   CudaCheck(cudaMemset(control_, 0, sizeof(exl3cuda::MoeControl)), "Exl3MoeWorkspace control");
   CudaCheck(cudaMalloc(&part_gu_, pairs * max_splits_ * 2 * inter * sizeof(float)), "Exl3MoeWorkspace partials");
   CudaCheck(cudaMalloc(&act_, pairs * inter * sizeof(uint16_t)), "Exl3MoeWorkspace activations");
-  CudaCheck(cudaMalloc(&down_out_, pairs * hidden * sizeof(float)), "Exl3MoeWorkspace outputs");
+  // (Sorted launches write y directly: no per-pair outputs.)
+  if (!sorted_pairs) CudaCheck(cudaMalloc(&down_out_, pairs * hidden * sizeof(float)), "Exl3MoeWorkspace outputs");
   CudaCheck(cudaDeviceSynchronize(), "Exl3MoeWorkspace init");
 }
 
@@ -145,11 +156,30 @@ std::string Exl3MoeUnsupportedReason(const Exl3MoeLayer& l, int m, int topk) {
   return "";
 }
 
+// The launch behind Exl3MoeForward and Exl3MoeForwardSorted (a friend of the workspace).
+void LaunchExl3Moe(const Exl3MoeLayer& l, const uint16_t* x, const int32_t* ids, const float* weights, int m,
+                   float* y, Exl3MoeWorkspace& ws, cudaStream_t stream, int expected_experts, bool sorted);
+
 void Exl3MoeForward(const Exl3MoeLayer& l, const uint16_t* x, const int32_t* ids, const float* weights, int m,
                     float* y, Exl3MoeWorkspace& ws, cudaStream_t stream, int expected_experts) {
+  LaunchExl3Moe(l, x, ids, weights, m, y, ws, stream, expected_experts, false);
+}
+
+void Exl3MoeForwardSorted(const Exl3MoeLayer& l, const uint16_t* x, const int32_t* ids, const float* weights,
+                          int pairs, float* y, Exl3MoeWorkspace& ws, cudaStream_t stream, int expected_experts) {
+  LaunchExl3Moe(l, x, ids, weights, pairs, y, ws, stream, expected_experts, true);
+}
+
+void LaunchExl3Moe(const Exl3MoeLayer& l, const uint16_t* x, const int32_t* ids, const float* weights, int m,
+                   float* y, Exl3MoeWorkspace& ws, cudaStream_t stream, int expected_experts, bool sorted) {
   const std::string who = "routed-expert kernel, layer '" + l.name + "'";
-  std::string why = Exl3MoeUnsupportedReason(l, m, ws.topk_);
-  if (why.empty() && (m > ws.max_rows_ || l.hidden != ws.hidden_ || l.inter != ws.inter_))
+  // A sorted launch takes any number of rows (checked against the workspace below): the layer is checked
+  // as for one row.
+  std::string why = Exl3MoeUnsupportedReason(l, sorted ? 1 : m, ws.topk_);
+  if (why.empty() && sorted != ws.sorted_pairs_)
+    why = sorted ? "the workspace is not one for sorted pairs (Exl3MoeWorkspace::ForSortedPairs)"
+                 : "the workspace is one for sorted pairs";
+  if (why.empty() && (m < 1 || m > ws.max_rows_ || l.hidden != ws.hidden_ || l.inter != ws.inter_))
     why = "workspace made for max_rows " + std::to_string(ws.max_rows_) + ", hidden " + std::to_string(ws.hidden_) +
           ", intermediate " + std::to_string(ws.inter_);
   if (why.empty() && (!x || !ids || !weights || !y)) why = "null input/output pointer";
@@ -193,6 +223,7 @@ void Exl3MoeForward(const Exl3MoeLayer& l, const uint16_t* x, const int32_t* ids
   p.inter = l.inter;
   p.swiglu_limit = l.swiglu_limit;
   p.one = 1;
+  p.sorted = sorted ? 1 : 0;
   const int per_sm = dev < 64 ? g_blocks_per_sm[dev][l.K] : 0;
   if (per_sm < 1) throw std::runtime_error(who + ": kernel does not fit on an SM");
   const int grid = per_sm * ws.num_sms_;

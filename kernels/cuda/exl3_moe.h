@@ -17,6 +17,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 namespace dsmesh {
@@ -81,6 +82,10 @@ class Exl3MoeWorkspace {
   // clamped to hidden / 128: split sweeps) overrides the k-split; DSMESH_EXL3_MOE_FUSED_FINISH (-1 =
   // Exl3MoeFusedFinish, the default; 0 = never, 1 = always) forces where the gate/up sums are finished.
   Exl3MoeWorkspace(int max_rows, int topk, int hidden, int inter);
+  // For Exl3MoeForwardSorted: up to max_pairs sorted pairs (any number; scratch ~ 8 I bytes per pair and
+  // k-split), k-splits capped at kExl3MoeSortedMaxSplits.
+  static std::unique_ptr<Exl3MoeWorkspace> ForSortedPairs(int max_pairs, int hidden, int inter);
+  int max_rows() const { return max_rows_; }
   ~Exl3MoeWorkspace();
   Exl3MoeWorkspace(const Exl3MoeWorkspace&) = delete;
   Exl3MoeWorkspace& operator=(const Exl3MoeWorkspace&) = delete;
@@ -90,9 +95,11 @@ class Exl3MoeWorkspace {
   bool TakeBadIdFlag();
 
  private:
-  friend void Exl3MoeForward(const Exl3MoeLayer&, const uint16_t*, const int32_t*, const float*, int, float*,
-                             Exl3MoeWorkspace&, cudaStream_t, int);
+  friend void LaunchExl3Moe(const Exl3MoeLayer&, const uint16_t*, const int32_t*, const float*, int, float*,
+                            Exl3MoeWorkspace&, cudaStream_t, int, bool);
+  Exl3MoeWorkspace(int max_rows, int topk, int hidden, int inter, bool sorted_pairs);
   int max_rows_, topk_, hidden_, inter_, max_splits_, items_per_sm_ = kExl3MoeItemsPerSm;
+  bool sorted_pairs_ = false;
   int down_wide_ = -1;     // DSMESH_EXL3_MOE_DOWN_WIDE (-1: Exl3MoeWideDownItems)
   int forced_splits_ = 0;  // DSMESH_EXL3_MOE_SPLITS (0: Exl3MoeSplits)
   int fused_finish_ = -1;  // DSMESH_EXL3_MOE_FUSED_FINISH (-1: Exl3MoeFusedFinish)
@@ -119,6 +126,16 @@ inline bool Exl3MoeSupports(const Exl3MoeLayer& layer, int m, int topk) {
 // rows); `expected_experts` > 0 says how many to expect instead (slices of pairs sorted by expert hit few).
 void Exl3MoeForward(const Exl3MoeLayer& layer, const uint16_t* x, const int32_t* ids, const float* weights, int m,
                     float* y, Exl3MoeWorkspace& ws, cudaStream_t stream, int expected_experts = 0);
+
+// Routed experts of many rows (prefill chunks) in one launch, as (row, expert) pairs sorted by expert:
+// y[r, :] = weights[r] * expert_{ids[r]}(x[r]) for r < pairs, where ids ascend (each expert's pairs
+// contiguous) and ids out of range come last (their y rows are left as they were; the launch flags them
+// like Exl3MoeForward). Each expert's weights are decoded once per 16 of its pairs. x fp16 [pairs, d], y
+// fp32 [pairs, d]; ws from Exl3MoeWorkspace::ForSortedPairs with max_pairs >= pairs. `expected_experts`
+// as in Exl3MoeForward (0: every pair its own expert).
+void Exl3MoeForwardSorted(const Exl3MoeLayer& layer, const uint16_t* x, const int32_t* ids, const float* weights,
+                          int pairs, float* y, Exl3MoeWorkspace& ws, cudaStream_t stream, int expected_experts = 0);
+constexpr int kExl3MoeSortedMaxSplits = 2;
 
 // Number of k-splits of the gate/up projections for m rows (exposed for tests and the benchmark).
 int Exl3MoeSplits(int m, int topk, int num_experts, int hidden, int inter, int num_sms,

@@ -38,7 +38,7 @@ int MoeSmemBytes(int K) { return RingBytes(K) + kMoeActBytes; }
 namespace {
 
 struct MoePlan {
-  uint32_t mask[kMoeMaxExperts];       // rows routed to expert e (bit r)
+  uint32_t mask[kMoeMaxExperts];       // rows routed to expert e (bit r); sorted launches: their count
   int pair_base[kMoeMaxExperts];       // first pair index of expert e
   int group_expert[kMoeMaxExperts];    // expert id of group g, ascending
   int warp_has[kThreads / 32], warp_cnt[kThreads / 32];
@@ -74,6 +74,16 @@ __device__ int ArriveAndCount(int* counter, MoePlan& plan) {
   return old;
 }
 
+// Rows routed to expert e, and the row of its j-th pair. A sorted launch (p.sorted: one slot per row,
+// rows ordered by expert id) has each expert's rows contiguous from its pair base, and the pair of row r
+// is r itself.
+__device__ __forceinline__ int RowsOf(const MoeParams& p, const MoePlan& plan, int e) {
+  return p.sorted ? static_cast<int>(plan.mask[e]) : __popc(plan.mask[e]);
+}
+__device__ __forceinline__ int RowOf(const MoeParams& p, uint32_t mask, int pair_base, int j) {
+  return p.sorted ? pair_base + j : __fns(mask, 0, j + 1);
+}
+
 // Returns the number of active experts (groups); every thread computes the same value.
 __device__ int BuildPlan(const MoeParams& p, MoePlan& plan) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -82,15 +92,18 @@ __device__ int BuildPlan(const MoeParams& p, MoePlan& plan) {
   for (int i = tid; i < p.m * p.topk; i += kThreads) {
     const int e = p.ids[i];
     if (e >= 0 && e < p.num_experts) {
-      atomicOr(&plan.mask[e], 1u << (i / p.topk));
+      if (p.sorted) {
+        atomicAdd(&plan.mask[e], 1u);
+      } else {
+        atomicOr(&plan.mask[e], 1u << (i / p.topk));
+      }
     } else {
       p.control->error = 1;
     }
   }
   __syncthreads();
   // Exclusive scans over experts (one per thread) of "has rows" and "row count".
-  const uint32_t mask = plan.mask[tid];
-  const int has = mask != 0, cnt = __popc(mask);
+  const int cnt = RowsOf(p, plan, tid), has = cnt != 0;
   int incl_has = has, incl_cnt = cnt;
 #pragma unroll
   for (int off = 1; off < 32; off <<= 1) {
@@ -224,7 +237,7 @@ __device__ void GateUpItem(const MoeParams& p, MoePlan& plan, int t, uint8_t* ri
   const int g = t / (NB * S), rem = t - g * NB * S, b = rem / S, s = rem - b * S;
   const int e = plan.group_expert[g];
   const uint32_t mask = plan.mask[e];
-  const int R = __popc(mask), pb = plan.pair_base[e];
+  const int R = RowsOf(p, plan, e), pb = plan.pair_base[e];
   const int kb0 = s * nblk_d / S, kb1 = (s + 1) * nblk_d / S;
   const int64_t tiles_i = p.inter >> 4;
   const uint8_t* gt = reinterpret_cast<const uint8_t*>(p.gate_trellis[e]);
@@ -257,7 +270,7 @@ __device__ void GateUpItem(const MoeParams& p, MoePlan& plan, int t, uint8_t* ri
       __half* au = act + Rs * astride;
       InputHadamardTasks(warp, kThreads / 32, Rs * nbc * 2, lane, [&](int task) {
         const int which = task & 1, rr = task >> 1, i = rr / nbc, bb = rr - i * nbc;
-        const int row = __fns(mask, 0, slab0 + i + 1);
+        const int row = RowOf(p, mask, pb, slab0 + i);
         const int64_t kofs = (int64_t)(c0 + bb) * 128 + lane * 4;
         return InputTask{x + (int64_t)row * p.d + kofs, (which ? usuh : gsuh) + kofs,
                          (which ? au : ag) + i * astride + bb * 128 + lane * 4};
@@ -382,7 +395,7 @@ __device__ void DownItem(const MoeParams& p, MoePlan& plan, int num_groups, int 
     s_dsvh[warp - (kThreads / 32 - WN)][lane] = *reinterpret_cast<const uint2*>(
         reinterpret_cast<const __half*>(p.down_svh[e]) + (c + warp - (kThreads / 32 - WN)) * 128 + lane * 4);
   if (!kFused) WaitFor(&p.control->ready[g], NB);
-  const int R = __popc(plan.mask[e]), pb = plan.pair_base[e];
+  const int R = RowsOf(p, plan, e), pb = plan.pair_base[e];
   const int64_t tiles_d = p.d >> 4;
   const uint8_t* dt = reinterpret_cast<const uint8_t*>(p.down_trellis[e]);
 
@@ -435,10 +448,18 @@ __device__ void DownItem(const MoeParams& p, MoePlan& plan, int num_groups, int 
         float v[4] = {o.x, o.y, o.z, o.w};
         OutputHadamard128(v, reinterpret_cast<const __half*>(&s_dsvh[w][lane]), lane);
         const int64_t pair = pb + slab0 + i;
-        *reinterpret_cast<float4*>(p.down_out + pair * p.d + (c + w) * 128 + lane * 4) = make_float4(v[0], v[1], v[2], v[3]);
+        if (p.sorted) {  // pair == row, one slot: the row's output is its only term
+          const float wt = p.weights[pair];
+          *reinterpret_cast<float4*>(p.y + pair * p.d + (c + w) * 128 + lane * 4) =
+              make_float4(wt * v[0], wt * v[1], wt * v[2], wt * v[3]);
+        } else {
+          *reinterpret_cast<float4*>(p.down_out + pair * p.d + (c + w) * 128 + lane * 4) =
+              make_float4(v[0], v[1], v[2], v[3]);
+        }
       }
     __syncthreads();
   }
+  if (p.sorted) return;  // no gather: rows of ids out of range keep y as it was (the caller skips them)
 #pragma unroll
   for (int w = 0; w < WN; ++w)
     if (ArriveAndCount(&p.control->col_done[c + w], plan) == num_groups - 1) GatherColumn(p, plan, c + w);
@@ -455,7 +476,7 @@ __global__ void __launch_bounds__(kThreads, 2) Exl3MoeKernel(const MoeParams p) 
   const int U = BuildPlan(p, plan), NB = p.inter >> 7, NC = p.d >> 7;
   // Without any valid expert (U = 0) there are no down items to finish the columns: NC plain gather
   // items write the zero outputs instead.
-  const int T1 = U * NB * p.splits, T2 = U * (NC / WND), T = T1 + T2 + (U == 0 ? NC : 0);
+  const int T1 = U * NB * p.splits, T2 = U * (NC / WND), T = T1 + T2 + (U == 0 && !p.sorted ? NC : 0);
   for (;;) {
     if (threadIdx.x == 0) plan.ticket = atomicAdd(&p.control->ticket, 1);
     __syncthreads();

@@ -50,6 +50,8 @@ struct MoeParams {
   int splits;               // gate/up k-splits of d (whole 128-blocks)
   int down_wn;              // 128-column blocks per down item: 1, or 2 when there are items enough
   int fused_finish;         // 1: the down items finish the gate/up sums themselves (few experts)
+  int sorted;               // 1: topk 1, rows sorted by expert id (ids out of range last), any m: the down
+                            // items write y[r] = weights[r] * expert(x[r]) themselves, rows of bad ids untouched
   float swiglu_limit;       // <= 0: no clamp
   uint32_t one;             // always 1 (see GemvParams::one)
 };

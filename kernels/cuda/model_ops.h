@@ -89,8 +89,10 @@ void SortPairsByExpert(const int32_t* ids, const float* weights, int64_t n, int 
                        int32_t* sorted_ids, float* sorted_w, int32_t* src_row, int32_t* pos, cudaStream_t s);
 // xh[p, :] = fp16(x[src_row[p], :]) for p < P (width % 4 == 0).
 void GatherRowsToHalf(const float* x, int64_t width, const int32_t* src_row, int64_t P, uint16_t* xh, cudaStream_t s);
-// out[r, :] += y[pos[r k], :] + ... + y[pos[r k + k - 1], :], the slots summed in order (width % 4 == 0).
-void AddPairsToRows(const float* y, const int32_t* pos, int64_t n, int k, int64_t width, float* out, cudaStream_t s);
+// out[r, :] += y[pos[r k], :] + ... + y[pos[r k + k - 1], :], the slots summed in order, skipping pairs
+// whose sorted id is -1 (width % 4 == 0).
+void AddPairsToRows(const float* y, const int32_t* pos, const int32_t* sorted_ids, int64_t n, int k, int64_t width,
+                    float* out, cudaStream_t s);
 // g = silu(min(g, limit)) * clamp(u, -limit, limit) (no clamp for limit <= 0), in place in g.
 void SwiGlu(float* g, const float* u, int64_t n, float limit, cudaStream_t s);
 // dst rows [dst_row, +rows) = src rows [src_row, +rows), row_bytes each (overlapping ranges allowed).

@@ -1,8 +1,8 @@
 // Routed experts of a prefill chunk as (row, expert) pairs grouped by expert: the routing sorted on the
 // device, the pairs' inputs gathered in that order, and their outputs summed back into the rows. The
-// single-launch MoE kernel (exl3_moe.h) then runs on consecutive slices of sorted pairs, so each slice
-// holds few experts and each expert's weights are read by about one slice, where slices of whole rows
-// (24 rows x 6 slots hit ~110 experts) read most experts again in every slice.
+// routed-expert kernel (exl3_moe.h, Exl3MoeForwardSorted) then runs all pairs in one launch, decoding
+// each expert's weights once per 16 of its pairs, where slices of 24 whole rows (24 x 6 slots hit ~110
+// experts) decode most experts again in every slice.
 // CPU twin: CpuBackend::MoeExperts (the same sums, each pair's expert output scaled by its routing weight).
 #include <cuda_fp16.h>
 
@@ -74,14 +74,18 @@ __global__ void GatherRowsToHalfKernel(const float* x, int64_t width, const int3
   }
 }
 
-// out[r, :] += sum over slots j = 0..k-1, in that order, of y[pos[r * k + j], :].
-__global__ void AddPairsToRowsKernel(const float* y, const int32_t* pos, int64_t n, int k, int64_t width, float* out) {
+// out[r, :] += sum over slots j = 0..k-1, in that order, of y[pos[r * k + j], :] (pairs whose sorted id is
+// -1, routed out of range, add nothing).
+__global__ void AddPairsToRowsKernel(const float* y, const int32_t* pos, const int32_t* sorted_ids, int64_t n, int k,
+                                     int64_t width, float* out) {
   const int64_t quads = width / 4;
   for (int64_t r = blockIdx.y; r < n; r += gridDim.y)
     for (int64_t q = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; q < quads; q += (int64_t)gridDim.x * blockDim.x) {
       float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
       for (int j = 0; j < k; ++j) {
-        const float4 v = reinterpret_cast<const float4*>(y + pos[r * k + j] * width)[q];
+        const int64_t p = pos[r * k + j];
+        if (sorted_ids[p] < 0) continue;
+        const float4 v = reinterpret_cast<const float4*>(y + p * width)[q];
         s.x += v.x;
         s.y += v.y;
         s.z += v.z;
@@ -129,11 +133,12 @@ void GatherRowsToHalf(const float* x, int64_t width, const int32_t* src_row, int
   GatherRowsToHalfKernel<<<dim3(bx, GridRows(P)), 256, 0, s>>>(x, width, src_row, P, xh);
 }
 
-void AddPairsToRows(const float* y, const int32_t* pos, int64_t n, int k, int64_t width, float* out, cudaStream_t s) {
+void AddPairsToRows(const float* y, const int32_t* pos, const int32_t* sorted_ids, int64_t n, int k, int64_t width,
+                    float* out, cudaStream_t s) {
   if (n <= 0) return;
   const int64_t quads = width / 4;
   const unsigned bx = static_cast<unsigned>((quads + 255) / 256);
-  AddPairsToRowsKernel<<<dim3(bx, GridRows(n)), 256, 0, s>>>(y, pos, n, k, width, out);
+  AddPairsToRowsKernel<<<dim3(bx, GridRows(n)), 256, 0, s>>>(y, pos, sorted_ids, n, k, width, out);
 }
 
 }  // namespace dsmesh::cuda_ops
