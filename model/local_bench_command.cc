@@ -231,6 +231,7 @@ int RunLocalBench(const std::vector<std::string>& args) {
         row["prefill_tok_per_s"] = ctx / prefill.seconds;
         row["prefill_first_chunk_tok_per_s"] = prefill.first_chunk_tok_s;
         row["prefill_last_chunk_tok_per_s"] = prefill.last_chunk_tok_s;
+        std::fflush(stdout);  // a run cut off later (a device call's time limit) keeps this line
       }
       if (profile) {
         // The same steps again, eager, every op timed by device events: where the step's time goes.
