@@ -136,8 +136,25 @@ class Worker {
     args.SetMaxReceiveMessageSize(-1);
     args.SetMaxSendMessageSize(-1);
     auto channel = MeshChannel(coordinator_, args, credentials_);
-    if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(30)))
-      throw std::runtime_error("cannot reach the coordinator at " + coordinator_ + " within 30 s");
+    // Waits in short slices: SIGTERM/SIGINT are blocked in this process (sigwait takes them once the session
+    // runs), so a stop asked for while the coordinator is not up yet is seen here, not after 30 s.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    for (;;) {
+      if (channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::milliseconds(200))) break;
+      sigset_t stop;
+      sigemptyset(&stop);
+      sigaddset(&stop, SIGTERM);
+      sigaddset(&stop, SIGINT);
+      const timespec now{0, 0};
+      const int sig = sigtimedwait(&stop, nullptr, &now);
+      if (sig > 0) {
+        std::fprintf(stderr, "[worker %d] signal %d before the coordinator at %s answered: exiting\n", rank_, sig,
+                     coordinator_.c_str());
+        return 0;
+      }
+      if (std::chrono::steady_clock::now() >= deadline)
+        throw std::runtime_error("cannot reach the coordinator at " + coordinator_ + " within 30 s");
+    }
     stub_ = WorkerControl::NewStub(channel);
     stream_ = stub_->Session(&ctx_);
 
