@@ -43,6 +43,7 @@
 #include "common/systemd_notify.h"
 #include "coordinator/engine.h"
 #include "coordinator/services.h"
+#include "model/synthetic_source.h"
 #include "model/v4_flash_config.h"
 
 namespace dsmesh {
@@ -54,24 +55,20 @@ struct ModelFacts {
   int64_t max_position_embeddings = 0;
 };
 
-// --model DIR reads DIR/config.json; a synthetic source (`synthetic:v4-flash[:...]` or `synthetic:DIR[:...]`,
-// model/synthetic.h: weights made by the workers from a seed) has DeepSeek-V4-Flash's config or DIR's.
+// --model DIR reads DIR/config.json; a synthetic source (model/synthetic_source.h: weights made by the
+// workers from a seed) has DeepSeek-V4-Flash's config or its base directory's.
 ModelFacts ReadModelFacts(const std::string& source) {
-  constexpr const char kSynthetic[] = "synthetic:";
-  std::string path;
+  std::string path = source + "/config.json";
   nlohmann::json j;
   try {
-    if (source.rfind(kSynthetic, 0) == 0) {
-      const std::string rest = source.substr(sizeof(kSynthetic) - 1);
-      const std::string base = rest.substr(0, rest.find(':'));
-      if (base == "v4-flash") {
+    if (IsSyntheticSource(source)) {
+      const SyntheticSpec spec = ParseSyntheticSource(source);
+      if (spec.base == "v4-flash") {
         path = source;
         j = nlohmann::json::parse(kV4FlashConfigJson);
       } else {
-        path = base + "/config.json";
+        path = spec.base + "/config.json";
       }
-    } else {
-      path = source + "/config.json";
     }
     if (j.is_null()) {
       std::ifstream f(path);

@@ -30,6 +30,7 @@
 #include "common/repo_file.h"
 #include "common/safetensors.h"
 #include "coordinator/local_mesh.h"
+#include "model/synthetic_source.h"
 #include "common/mesh/mesh_client.h"
 #include "common/mesh/mesh_credentials.h"
 #include "coordinator/supervisor.h"
@@ -213,7 +214,7 @@ MeshTarget Connect(const Flags& f) {
     if (world < 1) throw UsageError("--world must be >= 1");
     const std::string model = f.Require("model");
     // A synthetic source (model/synthetic.h) has no directory: the workers build its weights.
-    if (model.rfind("synthetic:", 0) != 0 && !IsFile(model + "/config.json"))
+    if (!IsSyntheticSource(model) && !IsFile(model + "/config.json"))
       throw std::runtime_error(model + "/config.json: not found");
     t.local = std::make_unique<LocalMesh>(OptionsFromFlags(f, model, world));
     t.local->Start();

@@ -10,22 +10,11 @@
 #include <cstdint>
 #include <string>
 
-#include "kernels/exl3/quant_plan.h"
 #include "model/config.h"
+#include "model/synthetic_source.h"
 
 namespace dsmesh {
 
-struct SyntheticSpec {
-  std::string base;     // "v4-flash" or a directory with config.json
-  uint64_t seed = 0;
-  Exl3BitsSpec bits;    // experts / dense / per-layer bits
-};
-
-constexpr const char* kSyntheticPrefix = "synthetic:";
-inline bool IsSyntheticSource(const std::string& source) { return source.rfind(kSyntheticPrefix, 0) == 0; }
-
-// Throws std::invalid_argument naming the bad item.
-SyntheticSpec ParseSyntheticSource(const std::string& source);
 ModelConfig SyntheticConfig(const SyntheticSpec& spec);
 
 // A tensor's own seed: the spec's seed mixed with the tensor's name (FNV-1a, stable across builds).

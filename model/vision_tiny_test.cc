@@ -21,6 +21,37 @@
 namespace dsmesh {
 namespace {
 
+// A width x height picture whose channel c at (x, y) is (x (c + a) + y b + shift) mod 256.
+RgbImage Gradient(int width, int height, int a, int b, int shift = 0) {
+  RgbImage img;
+  img.width = width;
+  img.height = height;
+  for (int y = 0; y < height; ++y)
+    for (int x = 0; x < width; ++x)
+      for (int c = 0; c < 3; ++c) img.pixels.push_back(static_cast<uint8_t>((x * (c + a) + y * b + shift) % 256));
+  return img;
+}
+
+// `make-tiny --vision` at a vocabulary of 1024 in a new directory `name`; *spec gets its spec.
+std::string WriteTinyVisionModel(const std::string& name, TinyModelSpec* spec) {
+  const std::string dir = testing_util::TempDir(name);
+  spec->vocab_size = 1024;
+  spec->vision = true;
+  WriteTinyModel(dir, 5, *spec);
+  return dir;
+}
+
+// The tower's rows of `img` on `be` (the real preprocessing, patches uploaded, RunVisionTower); *pre gets
+// the preprocessed picture.
+Tensor TowerRows(Backend& be, const VisionConfig& config, const VisionWeights& weights, const RgbImage& img,
+                 PreprocessedImage* pre, Communicator* comm = nullptr) {
+  *pre = PreprocessImage(img, config);
+  const int64_t n = static_cast<int64_t>(pre->grid.vit_h) * pre->grid.vit_w;
+  Tensor patches = be.Alloc(DType::kF32, {n, 3LL * config.patch_size * config.patch_size});
+  be.FromHost(pre->patches.data(), &patches);
+  return RunVisionTower(be, config, weights, patches, {{pre->grid.vit_h, pre->grid.vit_w}}, comm);
+}
+
 TEST(VisionTinyTest, PictureThroughTowerAndPrompt) {
   const std::string text_dir = testing_util::TempDir("tiny_text"), dir = testing_util::TempDir("tiny_vision");
   TinyModelSpec spec;
@@ -44,17 +75,8 @@ TEST(VisionTinyTest, PictureThroughTowerAndPrompt) {
   ASSERT_EQ(w.vision.blocks.size(), static_cast<size_t>(spec.vision_n_layers));
 
   // A 500 x 300 gradient: scaled up to min_pixels by the size rule, then patches of 14.
-  RgbImage img;
-  img.width = 500;
-  img.height = 300;
-  for (int y = 0; y < img.height; ++y)
-    for (int x = 0; x < img.width; ++x)
-      for (int c = 0; c < 3; ++c) img.pixels.push_back(static_cast<uint8_t>((x * (c + 1) + y * 3) % 256));
-  const PreprocessedImage pre = PreprocessImage(img, config.vision);
-  const int64_t n = static_cast<int64_t>(pre.grid.vit_h) * pre.grid.vit_w;
-  Tensor patches = be->Alloc(DType::kF32, {n, 3LL * config.vision.patch_size * config.vision.patch_size});
-  be->FromHost(pre.patches.data(), &patches);
-  const Tensor out = RunVisionTower(*be, config.vision, w.vision, patches, {{pre.grid.vit_h, pre.grid.vit_w}});
+  PreprocessedImage pre;
+  const Tensor out = TowerRows(*be, config.vision, w.vision, Gradient(500, 300, 1, 3), &pre);
   ASSERT_EQ(out.shape[0], static_cast<int64_t>(pre.grid.llm_h) * pre.grid.llm_w);
   ASSERT_EQ(out.shape[1], config.hidden_size);
   for (int64_t i = 0; i < out.numel(); ++i) ASSERT_TRUE(std::isfinite(out.as<float>()[i]));
@@ -74,27 +96,15 @@ TEST(VisionTinyTest, PictureThroughTowerAndPrompt) {
 // rows while holding under 60% of the world-1 tower bytes (patch embedding, norms and sentinels stay whole),
 // and the load line says how the tower is split.
 TEST(VisionTinyTest, TowerOfAModelLoadedAtWorldTwo) {
-  const std::string dir = testing_util::TempDir("tiny_vision_tp");
   TinyModelSpec spec;
-  spec.vocab_size = 1024;
-  spec.vision = true;
-  WriteTinyModel(dir, 5, spec);
-  RgbImage img;
-  img.width = 120;
-  img.height = 80;
-  for (int y = 0; y < img.height; ++y)
-    for (int x = 0; x < img.width; ++x)
-      for (int c = 0; c < 3; ++c) img.pixels.push_back(static_cast<uint8_t>((x * (c + 3) + y * 7) % 256));
+  const std::string dir = WriteTinyVisionModel("tiny_vision_tp", &spec);
+  const RgbImage img = Gradient(120, 80, 3, 7);
   // The model's tower rows of the picture, as host floats; `description` gets the load line.
   auto rows_of = [&](Model& model, std::string* description) {
-    const ModelConfig& config = model.config();
     Backend& be = model.impl().backend();
-    const PreprocessedImage pre = PreprocessImage(img, config.vision);
-    const int64_t n = static_cast<int64_t>(pre.grid.vit_h) * pre.grid.vit_w;
-    Tensor patches = be.Alloc(DType::kF32, {n, 3LL * config.vision.patch_size * config.vision.patch_size});
-    be.FromHost(pre.patches.data(), &patches);
-    const Tensor rows = RunVisionTower(be, config.vision, model.impl().weights().vision, patches,
-                                       {{pre.grid.vit_h, pre.grid.vit_w}}, &model.impl().comm());
+    PreprocessedImage pre;
+    const Tensor rows =
+        TowerRows(be, model.config().vision, model.impl().weights().vision, img, &pre, &model.impl().comm());
     std::vector<float> host(static_cast<size_t>(rows.numel()));
     be.ToHost(rows, host.data());
     *description = model.WeightsDescription();
@@ -141,28 +151,16 @@ TEST(VisionTinyTest, TowerOfAModelLoadedAtWorldTwo) {
 // language model (bias_vl routing, span attention); a different picture changes the answer, a chunk that
 // would cut the image is refused, and ImageSafeChunkEnd moves a chunk end out of the block.
 TEST(VisionTinyTest, PictureThroughTheLanguageModel) {
-  const std::string dir = testing_util::TempDir("tiny_vision_lm");
   TinyModelSpec spec;
-  spec.vocab_size = 1024;
-  spec.vision = true;
-  WriteTinyModel(dir, 5, spec);
+  const std::string dir = WriteTinyVisionModel("tiny_vision_lm", &spec);
   auto model = LoadModel(dir, ShardSpec{}, MakeCpuBackend());
   const ModelConfig& config = model->config();
   Backend& be = model->impl().backend();
   const VisionWeights& vw = model->impl().weights().vision;
 
   auto answer = [&](int shift) {
-    RgbImage img;
-    img.width = 90;
-    img.height = 60;
-    for (int y = 0; y < img.height; ++y)
-      for (int x = 0; x < img.width; ++x)
-        for (int c = 0; c < 3; ++c) img.pixels.push_back(static_cast<uint8_t>((x * (c + 2) + y * 5 + shift) % 256));
-    const PreprocessedImage pre = PreprocessImage(img, config.vision);
-    const int64_t n = static_cast<int64_t>(pre.grid.vit_h) * pre.grid.vit_w;
-    Tensor patches = be.Alloc(DType::kF32, {n, 3LL * config.vision.patch_size * config.vision.patch_size});
-    be.FromHost(pre.patches.data(), &patches);
-    const Tensor rows = RunVisionTower(be, config.vision, vw, patches, {{pre.grid.vit_h, pre.grid.vit_w}});
+    PreprocessedImage pre;
+    const Tensor rows = TowerRows(be, config.vision, vw, Gradient(90, 60, 2, 5, shift), &pre);
     Tensor host = AllocateTensor(DType::kF32, rows.shape);
     be.ToHost(rows, host.data);
     const int32_t placeholder = 7;

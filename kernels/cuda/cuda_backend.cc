@@ -540,8 +540,8 @@ class CudaBackend final : public Backend {
                         ctx_->stream);
         continue;
       }
-      cuda_ops::DenseLinear(F(x) + g * w.in, groups * w.in, m, wg, WTypeOf(w.dense.dtype, w.name), w.in, out_g, w.in,
-                            nullptr, F(*out) + g * out_g, w.out, ctx_->stream);
+      cuda_ops::DenseLinear(F(x) + g * w.in, groups * w.in, m, wg, type, w.in, out_g, w.in, nullptr,
+                            F(*out) + g * out_g, w.out, ctx_->stream);
       Launched("GroupedLinear");
     }
   }
@@ -900,14 +900,14 @@ class CudaBackend final : public Backend {
     Use();
     FusedMoe* fused = FusedFor(experts, limit, static_cast<int>(k));
     if (fused && n > kExl3MoeMaxRows && !prefill_moe_per_expert_ && !prefill_moe_row_slices_ &&
-        n * k <= cuda_ops::MoeSortMaxPairs()) {
+        n * k <= cuda_ops::kMoeSortMaxPairs) {
       MoeExpertsSortedPairs(x, idx, weight, *fused, out);
       return;
     }
     if (fused && (n <= kExl3MoeMaxRows || !prefill_moe_per_expert_)) {
-      // Steps of more rows (prefill chunks) run the single-launch kernel on slices of kExl3MoeMaxRows rows:
-      // no routing on the host and no per-expert launches, at the price of reading an expert once per
-      // slice that uses it. Each row's result does not depend on its slice.
+      // Steps of more rows reach this only with DSMESH_CUDA_PREFILL_MOE=row-slices or more pairs than the
+      // device sort takes (kMoeSortMaxPairs): the single-launch kernel on slices of kExl3MoeMaxRows rows,
+      // reading an expert once per slice that uses it. Each row's result does not depend on its slice.
       const int64_t D = RowWidth(x);
       Tensor xh = Temp(DType::kF16, {n, D});
       cuda_ops::ToHalfPadded(F(x), n, D, D, static_cast<uint16_t*>(xh.data), D, 0, ctx_->stream);
@@ -1576,12 +1576,10 @@ class CudaBackend final : public Backend {
   void MoeExpertsSortedPairs(const Tensor& x, const Tensor& idx, const Tensor& weight, FusedMoe& fused, Tensor* out) {
     const int64_t n = x.shape[0], k = RowWidth(idx), D = RowWidth(x), P = n * k;
     const Exl3MoeLayer& layer = fused.layer->layer();
-    if (!sorted_ws_ || sorted_ws_->max_rows() < P || sorted_ws_hidden_ != layer.hidden ||
-        sorted_ws_inter_ != layer.inter) {
+    if (!sorted_ws_ || sorted_ws_->max_rows() < P || sorted_ws_->hidden() != layer.hidden ||
+        sorted_ws_->inter() != layer.inter) {
       sorted_ws_.reset();
       sorted_ws_ = Exl3MoeWorkspace::ForSortedPairs(static_cast<int>(P), layer.hidden, layer.inter);
-      sorted_ws_hidden_ = layer.hidden;
-      sorted_ws_inter_ = layer.inter;
     }
     Tensor ids = Temp(DType::kI32, {P}), w = Temp(DType::kF32, {P}), src = Temp(DType::kI32, {P}),
            pos = Temp(DType::kI32, {P});
@@ -1591,10 +1589,8 @@ class CudaBackend final : public Backend {
     Tensor xh = Temp(DType::kF16, {P, D});
     cuda_ops::GatherRowsToHalf(F(x), D, I32(src), P, static_cast<uint16_t*>(xh.data), ctx_->stream);
     Tensor y = Temp(DType::kF32, {P, D});
-    // About min(experts, pairs) distinct experts: the launch shape is tuned for that many.
-    const int expected = static_cast<int>(std::min<int64_t>(layer.num_experts, P));
     Exl3MoeForwardSorted(layer, static_cast<const uint16_t*>(xh.data), ids_p, F(w), static_cast<int>(P), F(y),
-                         *sorted_ws_, ctx_->stream, expected);
+                         *sorted_ws_, ctx_->stream);
     ++g_fused_moe;
     cuda_ops::AddPairsToRows(F(y), I32(pos), ids_p, n, static_cast<int>(k), D, F(*out), ctx_->stream);
     Launched("MoeExperts (sorted pairs)");
@@ -1664,7 +1660,6 @@ class CudaBackend final : public Backend {
   bool logged_prefill_attention_ = false;
   bool logged_sorted_pairs_ = false;
   std::unique_ptr<Exl3MoeWorkspace> sorted_ws_;  // MoeExpertsSortedPairs' (grown to the largest chunk)
-  int sorted_ws_hidden_ = 0, sorted_ws_inter_ = 0;
   DenseGemm dense_gemm_;  // cuBLAS for dense linears of more than kGraphMaxRows rows
   std::set<std::string> logged_fallback_;  // ops whose per-sequence fallback was logged  // the per-expert path for large steps was logged
   bool logged_serial_linears_ = false;  // concurrent linears requested but run in order was logged

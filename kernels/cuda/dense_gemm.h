@@ -38,13 +38,10 @@ class DenseGemm {
   bool Run(const float* x, int64_t ldx, int64_t m, const void* w, cuda_ops::WType type, int64_t n, int64_t k,
            float* w_scratch, float* out, int64_t ldo, cudaStream_t stream);
 
-  int64_t calls() const { return calls_; }
-
  private:
   std::mutex mu_;
   void* handle_ = nullptr;  // cublasHandle_t
   void* scratch_ = nullptr;
-  int64_t calls_ = 0;
 };
 
 }  // namespace dsmesh

@@ -158,20 +158,20 @@ std::string Exl3MoeUnsupportedReason(const Exl3MoeLayer& l, int m, int topk) {
 
 // The launch behind Exl3MoeForward and Exl3MoeForwardSorted (a friend of the workspace).
 void LaunchExl3Moe(const Exl3MoeLayer& l, const uint16_t* x, const int32_t* ids, const float* weights, int m,
-                   float* y, Exl3MoeWorkspace& ws, cudaStream_t stream, int expected_experts, bool sorted);
+                   float* y, Exl3MoeWorkspace& ws, cudaStream_t stream, bool sorted);
 
 void Exl3MoeForward(const Exl3MoeLayer& l, const uint16_t* x, const int32_t* ids, const float* weights, int m,
-                    float* y, Exl3MoeWorkspace& ws, cudaStream_t stream, int expected_experts) {
-  LaunchExl3Moe(l, x, ids, weights, m, y, ws, stream, expected_experts, false);
+                    float* y, Exl3MoeWorkspace& ws, cudaStream_t stream) {
+  LaunchExl3Moe(l, x, ids, weights, m, y, ws, stream, false);
 }
 
 void Exl3MoeForwardSorted(const Exl3MoeLayer& l, const uint16_t* x, const int32_t* ids, const float* weights,
-                          int pairs, float* y, Exl3MoeWorkspace& ws, cudaStream_t stream, int expected_experts) {
-  LaunchExl3Moe(l, x, ids, weights, pairs, y, ws, stream, expected_experts, true);
+                          int pairs, float* y, Exl3MoeWorkspace& ws, cudaStream_t stream) {
+  LaunchExl3Moe(l, x, ids, weights, pairs, y, ws, stream, true);
 }
 
 void LaunchExl3Moe(const Exl3MoeLayer& l, const uint16_t* x, const int32_t* ids, const float* weights, int m,
-                   float* y, Exl3MoeWorkspace& ws, cudaStream_t stream, int expected_experts, bool sorted) {
+                   float* y, Exl3MoeWorkspace& ws, cudaStream_t stream, bool sorted) {
   const std::string who = "routed-expert kernel, layer '" + l.name + "'";
   // A sorted launch takes any number of rows (checked against the workspace below): the layer is checked
   // as for one row.
@@ -227,19 +227,17 @@ void LaunchExl3Moe(const Exl3MoeLayer& l, const uint16_t* x, const int32_t* ids,
   const int per_sm = dev < 64 ? g_blocks_per_sm[dev][l.K] : 0;
   if (per_sm < 1) throw std::runtime_error(who + ": kernel does not fit on an SM");
   const int grid = per_sm * ws.num_sms_;
-  // The tuning rules see only the number of distinct experts (m x topk when all differ): tm x tk.
-  const int tm = expected_experts > 0 ? std::min(expected_experts, m * ws.topk_) : m;
-  const int tk = expected_experts > 0 ? 1 : ws.topk_;
-  p.fused_finish = ws.fused_finish_ >= 0 ? ws.fused_finish_ : Exl3MoeFusedFinish(tm, tk, l.num_experts, l.hidden, grid);
+  p.fused_finish = ws.fused_finish_ >= 0 ? ws.fused_finish_
+                                         : Exl3MoeFusedFinish(m, ws.topk_, l.num_experts, l.hidden, grid);
   if (ws.forced_splits_ > 0) {
     p.splits = ws.forced_splits_;
   } else if (p.fused_finish) {
-    p.splits = Exl3MoeFusedSplits(tm, tk, l.num_experts, l.hidden, l.inter, ws.num_sms_, ws.items_per_sm_);
+    p.splits = Exl3MoeFusedSplits(m, ws.topk_, l.num_experts, l.hidden, l.inter, ws.num_sms_, ws.items_per_sm_);
   } else {
-    p.splits = Exl3MoeSplits(tm, tk, l.num_experts, l.hidden, l.inter, ws.num_sms_, ws.items_per_sm_);
+    p.splits = Exl3MoeSplits(m, ws.topk_, l.num_experts, l.hidden, l.inter, ws.num_sms_, ws.items_per_sm_);
   }
   if (p.splits > ws.max_splits_) p.splits = ws.max_splits_;  // workspace sized for its max
-  bool wide = Exl3MoeWideDownItems(tm, tk, l.num_experts, l.hidden, l.inter, grid);
+  bool wide = Exl3MoeWideDownItems(m, ws.topk_, l.num_experts, l.hidden, l.inter, grid);
   if (ws.down_wide_ >= 0) {  // forced by DSMESH_EXL3_MOE_DOWN_WIDE
     wide = ws.down_wide_ == 1;
     if (wide && (l.hidden / 128) % 2)

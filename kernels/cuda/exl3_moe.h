@@ -86,6 +86,8 @@ class Exl3MoeWorkspace {
   // k-split), k-splits capped at kExl3MoeSortedMaxSplits.
   static std::unique_ptr<Exl3MoeWorkspace> ForSortedPairs(int max_pairs, int hidden, int inter);
   int max_rows() const { return max_rows_; }
+  int hidden() const { return hidden_; }
+  int inter() const { return inter_; }
   ~Exl3MoeWorkspace();
   Exl3MoeWorkspace(const Exl3MoeWorkspace&) = delete;
   Exl3MoeWorkspace& operator=(const Exl3MoeWorkspace&) = delete;
@@ -96,7 +98,7 @@ class Exl3MoeWorkspace {
 
  private:
   friend void LaunchExl3Moe(const Exl3MoeLayer&, const uint16_t*, const int32_t*, const float*, int, float*,
-                            Exl3MoeWorkspace&, cudaStream_t, int, bool);
+                            Exl3MoeWorkspace&, cudaStream_t, bool);
   Exl3MoeWorkspace(int max_rows, int topk, int hidden, int inter, bool sorted_pairs);
   int max_rows_, topk_, hidden_, inter_, max_splits_, items_per_sm_ = kExl3MoeItemsPerSm;
   bool sorted_pairs_ = false;
@@ -121,20 +123,17 @@ inline bool Exl3MoeSupports(const Exl3MoeLayer& layer, int m, int topk) {
 // y[m, d] (fp32, overwritten) = sum_k weights[r, k] * expert_{ids[r, k]}(x[r]).
 // x: fp16 [m, d]; ids: int32 [m, topk]; weights: fp32 [m, topk]; all device pointers.
 // topk is the workspace's. Throws (strict) when the shape is unsupported or the launch fails.
-// The launch shape (k-split, down item width, fused finish) is tuned for the number of distinct experts
-// the m x topk slots hit, which the host cannot see: by default it assumes they are all distinct (decode
-// rows); `expected_experts` > 0 says how many to expect instead (slices of pairs sorted by expert hit few).
 void Exl3MoeForward(const Exl3MoeLayer& layer, const uint16_t* x, const int32_t* ids, const float* weights, int m,
-                    float* y, Exl3MoeWorkspace& ws, cudaStream_t stream, int expected_experts = 0);
+                    float* y, Exl3MoeWorkspace& ws, cudaStream_t stream);
 
 // Routed experts of many rows (prefill chunks) in one launch, as (row, expert) pairs sorted by expert:
 // y[r, :] = weights[r] * expert_{ids[r]}(x[r]) for r < pairs, where ids ascend (each expert's pairs
 // contiguous) and ids out of range come last (their y rows are left as they were; the launch flags them
 // like Exl3MoeForward). Each expert's weights are decoded once per 16 of its pairs. x fp16 [pairs, d], y
-// fp32 [pairs, d]; ws from Exl3MoeWorkspace::ForSortedPairs with max_pairs >= pairs. `expected_experts`
-// as in Exl3MoeForward (0: every pair its own expert).
+// fp32 [pairs, d]; ws from Exl3MoeWorkspace::ForSortedPairs with max_pairs >= pairs. The launch shape is
+// tuned, as for any launch, for min(experts, pairs) distinct experts.
 void Exl3MoeForwardSorted(const Exl3MoeLayer& layer, const uint16_t* x, const int32_t* ids, const float* weights,
-                          int pairs, float* y, Exl3MoeWorkspace& ws, cudaStream_t stream, int expected_experts = 0);
+                          int pairs, float* y, Exl3MoeWorkspace& ws, cudaStream_t stream);
 constexpr int kExl3MoeSortedMaxSplits = 2;
 
 // Number of k-splits of the gate/up projections for m rows (exposed for tests and the benchmark).

@@ -81,10 +81,9 @@ void ScatterAddRows(const float* src, const int32_t* rows, const float* w, int64
 // ---- routed experts of a prefill chunk as pairs sorted by expert (model_ops_moe.cu) ----
 // The P = n * k (row, slot) pairs of ids/weights [n, k], stably grouped by expert id: sorted_ids,
 // sorted_w, src_row [P] (ids outside [0, num_experts) last, as -1), pos [P] the sorted place of pair
-// r * k + j. P <= MoeSortMaxPairs(), num_experts <= kMoeSortMaxExperts.
+// r * k + j. P <= kMoeSortMaxPairs, num_experts <= kMoeSortMaxExperts.
 constexpr int kMoeSortMaxExperts = 256;
 constexpr int kMoeSortMaxPairs = 32768;
-int64_t MoeSortMaxPairs();
 void SortPairsByExpert(const int32_t* ids, const float* weights, int64_t n, int k, int num_experts,
                        int32_t* sorted_ids, float* sorted_w, int32_t* src_row, int32_t* pos, cudaStream_t s);
 // xh[p, :] = fp16(x[src_row[p], :]) for p < P (width % 4 == 0).

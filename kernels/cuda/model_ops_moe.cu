@@ -105,8 +105,6 @@ unsigned GridRows(int64_t rows) { return static_cast<unsigned>(rows < 65535 ? ro
 
 }  // namespace
 
-int64_t MoeSortMaxPairs() { return kMoeSortMaxPairs; }
-
 void SortPairsByExpert(const int32_t* ids, const float* weights, int64_t n, int k, int num_experts,
                        int32_t* sorted_ids, float* sorted_w, int32_t* src_row, int32_t* pos, cudaStream_t s) {
   const int64_t P = n * k;
