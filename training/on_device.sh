@@ -17,7 +17,7 @@ case "$stage" in
   train)
     rm -rf "$run" "$corpus" && mkdir -p "$run" "$corpus" "$OUT/run"
     tar xJf "${2:?corpus tar}" -C "$corpus"
-    python3 training/train.py --corpus "$corpus" --out "$run" --minutes "${3:?minutes}" --seed 20 --chat-frac 0.25 \
+    python3 training/train.py --corpus "$corpus" --out "$run" --minutes "${3:?minutes}" --seed 20 --chat-frac 0.3 \
       2>&1 | tee "$run/train.log"
     cp "$run"/* "$OUT/run/"
     ;;

@@ -203,25 +203,40 @@ def wordnet_and_chat(src, rng, common):
         qs = rng.sample(QUESTIONS, 2 if split == "train" else 1)
         for qi, q in enumerate(qs):
             an = "an" if pos0[0] in "aeiou" else "a"
-            answer = f"'{w0[0].upper() + w0[1:]}' is {an} {pos0} meaning {d0}."
+            # The answer names the word exactly as the question wrote it (same quotes, same case, after a
+            # space), so it is the same tokens: answering starts with a copy the model can learn, where a
+            # capitalised 'Harbour' at the start of the answer is different tokens from ' 'harbour'.
+            quote = "'" if "'{w}'" in q else '"' if '"{w}"' in q else ""
+            named = f"{quote}{w0}{quote}"
+            answer = f"The word {named} is {an} {pos0} meaning {d0}."
             if len(senses) > 1 and senses[1][2] and qi == 0:
                 answer += f" It can also mean {senses[1][2]}."
             if ex0:
                 answer += f' For example: "{ex0[0]}".'
             think = None
             if rng.random() < 0.25:
-                think = f"The user asks what the {pos0} '{w0}' means. I will give its definition."
+                think = f"The user asks what the {pos0} {named} means. I will give its definition."
             chats[split].append((f"chat/{key}/{qi}", chat_turn(q.format(w=w0), answer, think)))
             if split == "test" and qi == 0:
                 content = [t for t in re.findall(r"[a-z]+", d0.lower()) if len(t) > 3]
                 chat_test.append({"word": w0, "question": q.format(w=w0), "definition": d0, "keywords": content})
     # A few conversational turns so greetings are not answered with a definition.
-    small = [("Hello", "Hello! How can I help you today?"), ("Hi", "Hi! What would you like to know?"),
-             ("Who are you?", "I am a small language model trained for the dsmesh demo. I can explain the meaning of English words."),
-             ("What can you do?", "I can tell you what English words mean. Ask me, for example: What does 'harbour' mean?"),
-             ("Thank you", "You are welcome!")]
-    for i in range(200):
-        q, a = small[i % len(small)]
+    # Enough of them (about 4 % of the chat turns, in many wordings) that the form is learned, not drowned.
+    greet_q = ["Hello", "Hi", "Hey", "Hello!", "Hi there", "Good morning", "Good evening", "hello", "hi",
+               "Hello, how are you?", "How are you?", "Hey there!"]
+    greet_a = ["Hello! How can I help you today?", "Hi! What would you like to know?",
+               "Hello! Ask me what an English word means.", "Hi! I can explain the meaning of English words."]
+    about_q = ["Who are you?", "What are you?", "What can you do?", "What is your name?", "Can you help me?",
+               "What do you know?"]
+    about_a = ["I am a small language model trained for the dsmesh demo. I can explain the meaning of English words.",
+               "I can tell you what English words mean. Ask me, for example: What does 'harbour' mean?"]
+    thanks_q = ["Thank you", "Thanks", "Thanks!", "thank you", "Great, thanks."]
+    thanks_a = ["You are welcome!", "You're welcome. Ask me about another word any time."]
+    small = [(q, a) for qs_, as_ in ((greet_q, greet_a), (about_q, about_a), (thanks_q, thanks_a))
+             for q in qs_ for a in as_]
+    srng = random.Random(7)  # its own generator: the shared one's later draws (document order) stay as they were
+    for i in range(1600):
+        q, a = small[srng.randrange(len(small))]
         chats["train"].append((f"chat/small/{i}", chat_turn(q, a, None if i % 4 else "A greeting or a question about me.")))
     return plain, chats, chat_test
 
