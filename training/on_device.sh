@@ -2,13 +2,16 @@
 # The GPU machine's part of making the default model (docs/trained-model.md), from the repository root there.
 #   training/on_device.sh train CORPUS_TAR_XZ MINUTES   trains into .data/run (kept on the machine) and copies
 #                                                       the export and logs to $OUT/run (what comes back)
+#   training/on_device.sh continue CORPUS INIT MINUTES  stage 2: continues from INIT (a tar.xz of an export,
+#                                                       e.g. stage 1's $OUT/run) with the copy-weighted loss;
+#                                                       into .data/run and $OUT/run
 #   training/on_device.sh pack                          from .data/run: the bf16 checkpoint, the shipped pack,
 #                                                       the bit-width packs and their held-out perplexities on
 #                                                       the GPU, the C++-vs-torch logits check; pack to $OUT/pack
 # `pack` needs a bundle from tests/gpu/make_bundle.sh in .bundle/gpu (carried) for `dsmesh`.
 set -euo pipefail
 OUT=${OUT:-/tmp/out}
-stage=${1:?usage: on_device.sh train CORPUS MINUTES | pack}
+stage=${1:?usage: on_device.sh train CORPUS MINUTES | continue CORPUS INIT MINUTES | pack}
 run=.data/run
 corpus=.data/corpus
 export PYTHONUNBUFFERED=1
@@ -19,6 +22,14 @@ case "$stage" in
     tar xJf "${2:?corpus tar}" -C "$corpus"
     python3 training/train.py --corpus "$corpus" --out "$run" --minutes "${3:?minutes}" --seed 20 --chat-frac 0.3 \
       2>&1 | tee "$run/train.log"
+    cp "$run"/* "$OUT/run/"
+    ;;
+  continue)
+    rm -rf "$run" "$corpus" .data/init && mkdir -p "$run" "$corpus" .data/init "$OUT/run"
+    tar xJf "${2:?corpus tar}" -C "$corpus"
+    tar xJf "${3:?init tar}" -C .data/init
+    python3 training/train.py --corpus "$corpus" --out "$run" --minutes "${4:?minutes}" --seed 21 --chat-frac 0.6 \
+      --init .data/init --copy-weight 5 --warmup 30 --lr 1.5e-3 2>&1 | tee "$run/train.log"
     cp "$run"/* "$OUT/run/"
     ;;
   pack)
@@ -50,5 +61,5 @@ case "$stage" in
     python3 training/compare_cpp.py --model .data/trained-bf16 --ids "$corpus/heldout_ids.json" --n 256 \
       --dsmesh "$DS" 2>&1 | tail -5 | tee -a "$log"
     ;;
-  *) echo "on_device.sh: unknown stage '$stage' (train or pack)" >&2; exit 2 ;;
+  *) echo "on_device.sh: unknown stage '$stage' (train, continue or pack)" >&2; exit 2 ;;
 esac

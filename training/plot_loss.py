@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Loss curves of the training runs: python3 training/plot_loss.py OUT.png RUN_LOSS.jsonl [...]"""
+"""Loss curves of the training runs: python3 training/plot_loss.py OUT.png RUN_LOSS.jsonl[@OFFSET_M] [...]
+A run that continues another (train.py --init) is drawn after it: @OFFSET_M shifts it by that many M tokens."""
 import json
 import sys
 
@@ -8,8 +9,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 fig, ax = plt.subplots(1, 2, figsize=(12, 4.5))
-for path in sys.argv[2:]:
+for arg in sys.argv[2:]:
+    path, _, off = arg.partition("@")
     rows = [json.loads(l) for l in open(path)]
+    for r in rows:
+        r["tokens"] += float(off or 0) * 1e6
     tag = path.split("/")[-1].replace("-loss.jsonl", "")
     ax[0].plot([r["tokens"] / 1e6 for r in rows], [r["loss"] for r in rows], label=f"{tag} train (batch)")
     ax[0].plot([r["tokens"] / 1e6 for r in rows], [r["mtp_loss"] for r in rows], ":", label=f"{tag} MTP (t+2)")

@@ -147,6 +147,54 @@ def export(model, seen, out_dir, limit=16_000_000):
     return len(shards)
 
 
+def load_export(model, run_dir, seen):
+    """Loads train.py's export (trained rows of embedding and head, every block tensor) into `model`."""
+    import glob
+    t = {}
+    for p in sorted(glob.glob(os.path.join(run_dir, "trained-*.safetensors"))):
+        t.update(st.load(p))
+    rows = t.pop("trained_rows").long()
+    if not torch.equal(rows, torch.as_tensor(seen, dtype=torch.long)):
+        sys.exit(f"{run_dir}: its trained rows differ from this corpus's seen.npy (another corpus?)")
+    with torch.no_grad():
+        for name in ("embed.weight", "head.weight"):
+            full = dict(model.named_parameters())[name]
+            full[rows] = t.pop(name).to(full.dtype)
+    missing = dsv4.load_ds(model, {k: v.float() if v.is_floating_point() else v for k, v in t.items()})
+    missing -= {"embed.weight", "head.weight"}
+    missing = {k for k in missing if not k.endswith("tid2eid")}
+    if missing:
+        sys.exit(f"{run_dir}: the export lacks {sorted(missing)[:5]}")
+
+
+# Chat token ids (the V4 tokenizer's specials).
+USER_ID, ASSIST_ID, EOS_ID = 128803, 128804, 1
+
+
+def copy_weights(x, weight):
+    """[B, S] loss weights for the targets x[:, 1:]: `weight` for a token of an assistant turn that also
+    occurs in the same turn's user text (the asked word, copied into the answer), 1 elsewhere. Teaches the
+    copy that a definition answer starts with, which a few million tokens of text alone do not."""
+    xs = x.cpu().numpy()
+    w = np.ones((xs.shape[0], xs.shape[1] - 1), dtype=np.float32)
+    for b in range(xs.shape[0]):
+        row = xs[b]
+        users = np.nonzero(row == USER_ID)[0]
+        for u in users:
+            rest = row[u + 1:]
+            a = np.nonzero(rest == ASSIST_ID)[0]
+            if not len(a):
+                break
+            a0 = u + 1 + a[0]
+            e = np.nonzero(row[a0 + 1:] == EOS_ID)[0]
+            a1 = a0 + 1 + e[0] if len(e) else len(row)
+            question = set(row[u + 1:a0].tolist())
+            for t in range(a0 + 1, a1):
+                if row[t] in question:
+                    w[b, t - 1] = weight  # target index t-1 predicts row[t]
+    return torch.from_numpy(w).to(x.device)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--corpus", required=True)
@@ -159,6 +207,10 @@ def main():
     ap.add_argument("--chat-frac", type=float, default=0.15, help="final fraction of the time in the chat stage")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--max-steps", type=int, default=0)
+    ap.add_argument("--init", default="", help="continue from an export of an earlier run (same corpus)")
+    ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--copy-weight", type=float, default=1.0,
+                    help="loss weight of answer tokens that copy a token of the same turn's question")
     ap.add_argument("--small", action="store_true", help="CPU smoke test: tiny batch")
     a = ap.parse_args()
     t_start = time.time()
@@ -181,6 +233,9 @@ def main():
     with torch.no_grad():
         model.embed.weight[unseen] = frozen_rows(unseen, args.dim)
         model.head.weight[unseen] = frozen_rows(unseen, args.dim)
+    if a.init:
+        load_export(model, a.init, seen)
+        log(f"initialised from {a.init}")
     mask = torch.zeros(args.vocab_size, 1)
     mask[torch.as_tensor(seen, dtype=torch.long)] = 1.0
     model = model.to(dev)
@@ -227,12 +282,18 @@ def main():
             break
         weights = w_chat if frac > 1 - a.chat_frac else w_pre
         x = train.batch(gen, weights, B, S)
-        lr = lr_at(frac, step, a.lr, 100)
+        lr = lr_at(frac, step, a.lr, a.warmup)
         for g in opt.param_groups:
             g["lr"] = lr
         with dt_ctx():
             logits, mlog, _ = model(x[:, :-1])
-            loss_main = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), x[:, 1:].reshape(-1))
+            if a.copy_weight != 1.0:
+                w = copy_weights(x, a.copy_weight)
+                ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), x[:, 1:].reshape(-1),
+                                     reduction="none")
+                loss_main = (ce * w.reshape(-1)).sum() / w.sum()
+            else:
+                loss_main = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), x[:, 1:].reshape(-1))
             loss_mtp = F.cross_entropy(mlog.reshape(-1, mlog.shape[-1]).float(), x[:, 2:].reshape(-1))
             loss_idx = indexer_kl(model)
             loss = loss_main + 0.3 * loss_mtp + 0.1 * loss_idx
