@@ -108,8 +108,10 @@ pid_t LocalMesh::Spawn(const std::string& name, const std::vector<std::string>& 
 std::vector<std::string> LocalMesh::WorkerArgv(int rank) const {
   std::vector<std::string> argv = {opt_.worker_bin, "--rank", std::to_string(rank), "--world", std::to_string(opt_.world),
                                    "--coordinator", coordinator_address(), "--model", opt_.model_dir, "--device",
-                                   opt_.device, "--kv-memory", opt_.kv_memory, "--threads",
-                                   std::to_string(opt_.threads_per_worker)};
+                                   opt_.device, "--threads", std::to_string(opt_.threads_per_worker)};
+  if (!opt_.kv_memory.empty()) argv.insert(argv.end(), {"--kv-memory", opt_.kv_memory});
+  if (!opt_.gpu_memory_utilization.empty())
+    argv.insert(argv.end(), {"--gpu-memory-utilization", opt_.gpu_memory_utilization});
   if (opt_.enforce_eager) argv.push_back("--enforce-eager");
   if (opt_.kv_cache_dtype != "auto") argv.insert(argv.end(), {"--kv-cache-dtype", opt_.kv_cache_dtype});
   return argv;

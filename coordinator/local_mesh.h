@@ -25,11 +25,12 @@ struct LocalMeshOptions {
   int world = 2;
   int coordinator_port = 0;     // 0: pick a free port
   int gateway_port = 8000;
-  std::string kv_memory = "256M";
+  std::string kv_memory = "256M";  // every worker's --kv-memory; empty: each sizes its own (GPU: the device's share)
+  std::string gpu_memory_utilization;  // every worker's --gpu-memory-utilization; empty: the worker's default (0.9)
   std::string device = "cpu";   // every worker's --device (cpu, cuda or cuda:N; several workers may share a GPU)
   int threads_per_worker = 1;
-  bool enforce_eager = false;
-  std::string kv_cache_dtype = "auto";  // --kv-cache-dtype for every worker   // workers run every step eagerly (no CUDA graphs), as vLLM's --enforce-eager
+  bool enforce_eager = false;   // workers run every step eagerly (no CUDA graphs), as vLLM's --enforce-eager
+  std::string kv_cache_dtype = "auto";  // --kv-cache-dtype for every worker
   std::vector<std::string> coordinator_args;  // extra flags, e.g. {"--max-num-seqs", "8"}
   std::vector<std::string> gateway_args;      // extra flags, e.g. {"--api-key", "k", "--max-queued", "64"}
   std::string log_dir;          // empty: children inherit stderr; else they append to LOG_DIR/NAME.log

@@ -112,8 +112,19 @@ LocalMeshOptions OptionsFromFlags(const Flags& f, const std::string& model, int 
   o.worker_bin = Sibling("worker", "dsmesh-worker");
   o.model_dir = model;
   o.world = world;
-  o.kv_memory = f.Get("kv-memory", "1G");
   o.device = f.Get("device", "cpu");
+  // One worker alone on a GPU sizes its KV pool from --gpu-memory-utilization (vLLM's default, 0.9 of the
+  // device) unless --kv-memory is given. Several workers sharing one device cannot each take a share of
+  // what the device has free while the others are still loading, so they keep an explicit budget.
+  const bool gpu = o.device.rfind("cuda", 0) == 0;
+  o.kv_memory = f.Has("kv-memory") ? f.Get("kv-memory") : (gpu && world == 1 ? "" : "1G");
+  if (f.Has("gpu-memory-utilization")) {
+    if (!gpu) throw UsageError("--gpu-memory-utilization applies to --device cuda workers");
+    if (f.Has("kv-memory")) throw UsageError("give --kv-memory or --gpu-memory-utilization, not both");
+    if (world > 1)
+      throw UsageError("--gpu-memory-utilization sizes one worker per GPU; with --world > 1 on one GPU give --kv-memory");
+    o.gpu_memory_utilization = f.Get("gpu-memory-utilization");
+  }
   o.enforce_eager = f.Has("enforce-eager");
   o.kv_cache_dtype = f.Get("kv-cache-dtype", "auto");
   // Default: the machine's cores shared out among the workers.
@@ -137,8 +148,8 @@ std::string MakeLogDir() {
 
 int RunUp(const std::vector<std::string>& args) {
   std::set<std::string> known = {"model", "world", "port", "coordinator-port", "kv-memory", "threads", "device",
-                                 "ready-timeout-s", "no-gateway", "served-model-name", "api-key", "api-key-file",
-                                 "log-dir", "enforce-eager", "kv-cache-dtype"};
+                                 "gpu-memory-utilization", "ready-timeout-s", "no-gateway", "served-model-name",
+                                 "api-key", "api-key-file", "log-dir", "enforce-eager", "kv-cache-dtype"};
   known.insert(kCoordinatorFlags.begin(), kCoordinatorFlags.end());
   known = WithMeshCredentialFlags(known);
   Flags f(args, known, {"no-gateway", "enforce-eager"});
@@ -240,7 +251,8 @@ MeshTarget Connect(const Flags& f) {
 
 const std::set<std::string> kMeshFlags = WithMeshCredentialFlags({"model", "tokens", "threads", "device", "world",
                                                                    "coordinator", "kv-memory", "coordinator-port",
-                                                                   "ready-timeout-s", "enforce-eager"});
+                                                                   "gpu-memory-utilization", "ready-timeout-s",
+                                                                   "enforce-eager"});
 
 namespace {
 
@@ -401,7 +413,8 @@ int RunBench(const std::vector<std::string>& args) {
 
 }  // namespace
 
-DSMESH_REGISTER_COMMAND(up, "up [--model DIR] [--world N] [--port 8000] [--kv-memory 1G] [--threads T] "
+DSMESH_REGISTER_COMMAND(up, "up [--model DIR] [--world N] [--port 8000] [--device cpu|cuda[:N]] "
+                            "[--kv-memory 1G | --gpu-memory-utilization 0.9] [--threads T] "
                             "[--max-num-seqs 4] [--max-batched-tokens 512] [--max-model-len L] "
                             "[--long-prefill-token-threshold 128] [--scheduling-policy fcfs|priority] "
                             "[--speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":3}'] [--no-gateway] "

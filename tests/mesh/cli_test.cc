@@ -98,6 +98,22 @@ TEST(MeshCli, SyntheticModelOnAMeshOfTwoWorkers) {
   EXPECT_NE(rc, 0);
 }
 
+// The KV budget flags of a local mesh: --gpu-memory-utilization only where one worker owns its GPU, and
+// never together with --kv-memory; each mistake is a usage message that names the flag, before any child
+// starts.
+TEST(MeshCli, UpRejectsKvBudgetFlagsThatCannotApply) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--gpu-memory-utilization 0.5", "applies to --device cuda"},
+      {"--device cuda --world 1 --kv-memory 1G --gpu-memory-utilization 0.5", "not both"},
+      {"--device cuda --world 2 --gpu-memory-utilization 0.5", "with --world > 1 on one GPU give --kv-memory"}};
+  for (const auto& [flags, message] : cases) {
+    int rc = 0;
+    const std::string out = Capture(Dsmesh() + " up --model " + TinyModelDir() + " " + flags + " 2>&1", &rc);
+    EXPECT_NE(rc, 0) << flags;
+    EXPECT_NE(out.find(message), std::string::npos) << flags << ": " << out;
+  }
+}
+
 TEST(MeshCli, BenchLongPromptPlusChatPrintsFairAndOffSideBySide) {
   int rc = 0;
   const std::string out = Capture(Dsmesh() + " bench --scenario long-prompt-plus-chat --world 1 --model " +
