@@ -1,5 +1,5 @@
 // The Communicator the model holds for its whole life. The mesh may be re-formed (a worker died and came
-// back), which builds a new Gloo/NCCL communicator; this wrapper forwards to the current one and
+// back), which builds a new Gloo/CUDA-IPC/NCCL communicator; this wrapper forwards to the current one and
 // measures the wall time spent inside collectives (the "collectives" part of the step time split).
 #pragma once
 
@@ -21,6 +21,7 @@ class MeshCommunicator final : public Communicator {
 
   int rank() const override { return rank_; }
   int world() const override { return world_; }
+  bool device_buffers() const override { return impl_ && impl_->device_buffers(); }
   void AllReduceSum(float* data, size_t n) override {
     Timed([&] { Impl().AllReduceSum(data, n); });
   }

@@ -36,6 +36,7 @@
 #include "model/kv_layout.h"
 #include "model/model.h"
 #include "proto/mesh.grpc.pb.h"
+#include "worker/cuda_ipc_communicator.h"
 #include "worker/gloo_communicator.h"
 #include "worker/grpc_store.h"
 #include "worker/mesh_communicator.h"
@@ -314,7 +315,7 @@ class Worker {
       comm_.Detach();
       if (executor_) executor_->Reset();
       GrpcStore store(stub_, form.store_prefix());
-      comm_.Attach(std::make_unique<GlooCommunicator>(rank_, world_, store, data_host_, collective_timeout_));
+      comm_.Attach(MakeCommunicator(store));
       if (!model_) {
         std::shared_ptr<Backend> backend =
             cuda_device_ >= 0 ? MakeCudaBackend(cuda_device_, CudaOptions()) : MakeCpuBackend(threads_);
@@ -328,11 +329,11 @@ class Worker {
         std::fprintf(stderr,
                      "[worker %d/%d] holds %d layers + %d MTP of %s, %.1f MiB of weights (shard %d/%d), KV budget "
                      "%.1f MiB (%lld bytes/token + %lld fixed bytes/sequence, ~%lld tokens); backend %s, "
-                     "communicator gloo/tcp at %s\n",
+                     "communicator %s\n",
                      rank_, world_, c.num_layers, c.num_mtp_layers, model_dir_.c_str(), model_->WeightBytes() / 1048576.0,
                      rank_, world_, kv_budget_ / 1048576.0, (long long)per_token,
                      (long long)model_->StateFixedBytes(), (long long)(kv_budget_ / std::max<int64_t>(per_token, 1)),
-                     model_->backend().name().c_str(), data_host_.c_str());
+                     model_->backend().name().c_str(), comm_description_.c_str());
       }
       const int spec = form.num_speculative_tokens();
       if (spec > 0 && !model_->has_mtp())
@@ -402,6 +403,27 @@ class Worker {
   int rank_, world_;
   // The GPU's KV budget without --kv-memory: what --gpu-memory-utilization of the device leaves after
   // everything already resident (this worker's weights, other processes on the same GPU).
+  // The data-plane communicator of this formation: CUDA IPC when every rank is a process on this one
+  // GPU (NCCL refuses that, and Gloo would stage every activation through the host), else Gloo over TCP.
+  // DSMESH_TP_COMM=gloo forces Gloo; =cuda-ipc fails loudly where it cannot be used. Every rank reads
+  // the same UUIDs from the store, so all reach the same choice.
+  std::unique_ptr<Communicator> MakeCommunicator(gloo::rendezvous::Store& store) {
+    const char* env = std::getenv("DSMESH_TP_COMM");
+    const std::string want = env ? env : "";
+    if (!want.empty() && want != "gloo" && want != "cuda-ipc")
+      throw std::runtime_error("DSMESH_TP_COMM=" + want + ": expected gloo or cuda-ipc");
+    if (want != "gloo" && world_ > 1) {
+      std::string why;
+      if (CudaIpcCommunicator::RanksShareOneDevice(store, "device_of_rank", rank_, world_, cuda_device_, &why)) {
+        comm_description_ = "cuda-ipc on device " + std::to_string(cuda_device_);
+        return std::make_unique<CudaIpcCommunicator>(rank_, world_, store, cuda_device_, collective_timeout_);
+      }
+      if (want == "cuda-ipc") throw std::runtime_error("DSMESH_TP_COMM=cuda-ipc cannot be used: " + why);
+    }
+    comm_description_ = "gloo/tcp at " + data_host_;
+    return std::make_unique<GlooCommunicator>(rank_, world_, store, data_host_, collective_timeout_);
+  }
+
   int64_t GpuKvBudget() const {
     size_t free_b = 0, total_b = 0;
     if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) throw std::runtime_error("cudaMemGetInfo failed");
@@ -430,6 +452,7 @@ class Worker {
   bool kv_budget_explicit_ = true;
   int threads_;
   std::chrono::milliseconds collective_timeout_;
+  std::string comm_description_;  // which communicator this formation uses, for the startup line
   int64_t kv_budget_ = 0;
   MeshCommunicator comm_;
   std::unique_ptr<Model> model_;

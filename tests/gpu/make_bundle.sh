@@ -9,7 +9,7 @@ TOOLS=${DSMESH_GPU_TOOLS:-$(cd .. && pwd)/shared/tools}
 [[ -x $TOOLS/gpu-bundle.sh ]] || { echo "make_bundle.sh: no $TOOLS/gpu-bundle.sh (set DSMESH_GPU_TOOLS)" >&2; exit 2; }
 bins=(cli/dsmesh worker/dsmesh-worker coordinator/dsmesh-coordinator gateway/dsmesh-gateway
       model/gpu_forward_test model/gpu_vision_test kernels/cuda/cuda_backend_test kernels/cuda/exl3_gemv_test
-      kernels/cuda/exl3_moe_test kernels/cuda/dsmesh-kernel-bench)
+      kernels/cuda/exl3_moe_test kernels/cuda/dsmesh-kernel-bench worker/cuda_ipc_communicator_test)
 echo "building ${bins[*]}" >&2
 targets=()
 for b in "${bins[@]}"; do targets+=("//${b%/*}:${b##*/}"); done
