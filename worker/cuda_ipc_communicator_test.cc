@@ -33,21 +33,21 @@ float Value(int rank, size_t i, int salt) {
   return std::sin(0.37f * static_cast<float>(i) + 1.3f * rank + 0.11f * salt) * (1.0f + rank);
 }
 
-// The host's rank-ordered fp32 sum: what every rank must get, bit for bit.
-std::vector<float> ExpectedSum(int world, size_t n, int salt) {
-  std::vector<float> s(n);
-  for (size_t i = 0; i < n; ++i) {
-    float v = Value(0, i, salt);
-    for (int r = 1; r < world; ++r) v += Value(r, i, salt);
-    s[i] = v;
-  }
-  return s;
-}
-
 std::vector<float> Values(int rank, size_t n, int salt) {
   std::vector<float> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = Value(rank, i, salt);
   return v;
+}
+
+// The host's rank-ordered fp32 sum of exactly the vectors the ranks send (built by Values, not
+// recomputed inline: a vectorised sinf may round differently): what every rank must get, bit for bit.
+std::vector<float> ExpectedSum(int world, size_t n, int salt) {
+  std::vector<float> s = Values(0, n, salt);
+  for (int r = 1; r < world; ++r) {
+    const std::vector<float> v = Values(r, n, salt);
+    for (size_t i = 0; i < n; ++i) s[i] += v[i];
+  }
+  return s;
 }
 
 int failures = 0;
@@ -59,7 +59,11 @@ void Expect(bool ok, const std::string& what) {
 }
 
 void ExpectBitwise(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
-  Expect(got.size() == want.size() && std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0, what);
+  if (got.size() != want.size()) return Expect(false, what + ": size " + std::to_string(got.size()));
+  for (size_t i = 0; i < got.size(); ++i)
+    if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0)
+      return Expect(false, what + ": first difference at " + std::to_string(i) + ": " + std::to_string(got[i]) +
+                               " vs " + std::to_string(want[i]));
 }
 
 // One rank of scenario "collectives": every collective on device and host buffers, sizes below, at and
