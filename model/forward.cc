@@ -428,6 +428,30 @@ Tensor ModelImpl::HeadLocalLogits(const Tensor& Xs, const HcWeights& hc_head, co
   return lv;
 }
 
+bool ModelImpl::GathersLogitsOnDevice() const {
+  const int world = comm_->world();
+  return world > 1 && comm_->device_buffers() && !backend_->host_memory() &&
+         weights_.head_rows_per_rank * world == config_.vocab_size && weights_.head.out == weights_.head_rows_per_rank;
+}
+
+Tensor ModelImpl::GatherLogitsOnDevice(const Tensor& local) {
+  Backend& be = *backend_;
+  const int64_t world = comm_->world(), R = local.shape[0], per = local.shape[1];
+  Tensor all = be.Scratch(DType::kF32, {world * R, per});  // [rank][row][per]
+  {
+    Phase phase(be, "collectives");
+    comm_->AllGather(static_cast<const float*>(local.data), static_cast<size_t>(R * per), all.as<float>());
+  }
+  // Row r of the result is rank 0's slice of row r, then rank 1's, ...: as [R * world, per] blocks,
+  // block r * world + w is rank w's row r.
+  Tensor full = be.Scratch(DType::kF32, {R, world * per});
+  Tensor blocks = full;
+  blocks.shape = {R * world, per};
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t w = 0; w < world; ++w) be.CopyRows(all, w * R + r, &blocks, r * world + w, 1);
+  return full;
+}
+
 Tensor ModelImpl::HeadLogits(const Tensor& Xs, const HcWeights& hc_head, const Tensor& norm, int64_t step_rows) {
   Backend& be = *backend_;
   const ModelConfig& c = config_;
@@ -557,10 +581,11 @@ std::vector<SequenceOutput> ModelImpl::Forward(const std::vector<SequenceStep>& 
     for (int64_t r = 0; r < R; ++r) be.CopyRows(X, rows[r], &Xs, r, 1);
   }
   std::vector<SequenceOutput> outs(batch.size());
-  // On one rank with every sequence asking for it, the backend samples the logits where they are and only
-  // tokens and logprobs come back; otherwise the logits come to the host (gathered across ranks).
+  // When every sequence asks for it, the backend samples the logits where they are and only tokens and
+  // logprobs come back: on one rank, or on several whose slices are gathered on the device (each rank
+  // then draws the same tokens from the same gathered rows). Otherwise the logits come to the host.
   const bool sample_on_backend =
-      comm_->world() == 1 &&
+      (comm_->world() == 1 || GathersLogitsOnDevice()) &&
       std::all_of(batch.begin(), batch.end(), [](const SequenceStep& s) { return s.sampling.has_value(); });
   Tensor logits;
   if (sample_on_backend) {
@@ -570,7 +595,8 @@ std::vector<SequenceOutput> ModelImpl::Forward(const std::vector<SequenceStep>& 
         spec.push_back(*batch[i].sampling);
         spec.back().position += r;
       }
-    const Tensor lv = HeadLocalLogits(Xs, weights_.hc_head, weights_.norm, N);
+    Tensor lv = HeadLocalLogits(Xs, weights_.hc_head, weights_.norm, N);
+    if (comm_->world() > 1) lv = GatherLogitsOnDevice(lv);
     std::vector<SampledRow> sampled;
     {
       Phase phase(be, "sampling");

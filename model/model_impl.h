@@ -84,6 +84,11 @@ class ModelImpl {
   Tensor HeadLogits(const Tensor& Xs, const HcWeights& hc_head, const Tensor& norm, int64_t step_rows);
   // The head's logits of this rank's vocabulary rows, left in backend scratch [R, head.out].
   Tensor HeadLocalLogits(const Tensor& Xs, const HcWeights& hc_head, const Tensor& norm, int64_t step_rows);
+  // Whether the ranks' vocabulary slices can be gathered where they are (a device communicator with the
+  // device backend, equal slices), so that tensor-parallel steps sample on the device too.
+  bool GathersLogitsOnDevice() const;
+  // [R, vocab] on the device from every rank's [R, vocab / world] slice (GathersLogitsOnDevice()).
+  Tensor GatherLogitsOnDevice(const Tensor& local);
   // Keeps the step's last-block residual rows and tokens of MTP-enabled sequences for Draft; with a vision
   // model also which positions were image rows and their input embeddings, taken from h [N, D] (the step's
   // embedding rows with the image embeddings placed).

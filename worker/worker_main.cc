@@ -315,7 +315,9 @@ class Worker {
       comm_.Detach();
       if (executor_) executor_->Reset();
       GrpcStore store(stub_, form.store_prefix());
-      comm_.Attach(MakeCommunicator(store));
+      std::unique_ptr<Communicator> comm = MakeCommunicator(store);
+      auto* ipc = dynamic_cast<CudaIpcCommunicator*>(comm.get());
+      comm_.Attach(std::move(comm));
       if (!model_) {
         std::shared_ptr<Backend> backend =
             cuda_device_ >= 0 ? MakeCudaBackend(cuda_device_, CudaOptions()) : MakeCpuBackend(threads_);
@@ -335,6 +337,9 @@ class Worker {
                      (long long)model_->StateFixedBytes(), (long long)(kv_budget_ / std::max<int64_t>(per_token, 1)),
                      model_->backend().name().c_str(), comm_description_.c_str());
       }
+      // The IPC collectives run on the backend's stream, behind the kernels that produce their buffers
+      // (on the first formation the communicator exists before the backend; later ones are new objects).
+      if (ipc) ipc->set_stream(CudaBackendStream(model_->backend()));
       const int spec = form.num_speculative_tokens();
       if (spec > 0 && !model_->has_mtp())
         throw std::runtime_error("speculative decoding (method mtp) needs an MTP block, and " + model_dir_ +
@@ -401,8 +406,6 @@ class Worker {
   }
 
   int rank_, world_;
-  // The GPU's KV budget without --kv-memory: what --gpu-memory-utilization of the device leaves after
-  // everything already resident (this worker's weights, other processes on the same GPU).
   // The data-plane communicator of this formation: CUDA IPC when every rank is a process on this one
   // GPU (NCCL refuses that, and Gloo would stage every activation through the host), else Gloo over TCP.
   // DSMESH_TP_COMM=gloo forces Gloo; =cuda-ipc fails loudly where it cannot be used. Every rank reads
@@ -424,6 +427,8 @@ class Worker {
     return std::make_unique<GlooCommunicator>(rank_, world_, store, data_host_, collective_timeout_);
   }
 
+  // The GPU's KV budget without --kv-memory: what --gpu-memory-utilization of the device leaves after
+  // everything already resident (this worker's weights, other processes on the same GPU).
   int64_t GpuKvBudget() const {
     size_t free_b = 0, total_b = 0;
     if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) throw std::runtime_error("cudaMemGetInfo failed");

@@ -994,6 +994,9 @@ class CudaBackend final : public Backend {
     return out;
   }
 
+  // The stream every op runs on (CudaBackendStream).
+  cudaStream_t stream() const { return ctx_->stream; }
+
  private:
   struct FusedMoe {
     std::unique_ptr<Exl3DeviceMoeLayer> layer;
@@ -1685,6 +1688,11 @@ int ParseDeviceFlag(const std::string& value, const std::string& flag) {
 std::shared_ptr<Backend> MakeCudaBackend(int device, const CudaBackendOptions& options) {
   RequireCudaDevice(device, "the CUDA backend");
   return std::make_shared<CudaBackend>(device, options);
+}
+
+void* CudaBackendStream(Backend& backend) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  return cuda ? cuda->stream() : nullptr;
 }
 
 CudaGraphCounts CudaGraphCallCounts() {
