@@ -46,6 +46,9 @@ class Data:
         self.device = device
 
     def batch(self, gen, weights, B, S):
+        return self.batch_cpu(gen, weights, B, S).to(self.device, non_blocking=True)
+
+    def batch_cpu(self, gen, weights, B, S):
         names = list(weights)
         p = torch.tensor([weights[n] for n in names], dtype=torch.float64)
         src = torch.multinomial(p, B, replacement=True, generator=gen)
@@ -56,7 +59,7 @@ class Data:
             # token of a long document is trained on, not only each document's first S tokens.
             start = int(torch.randint(len(s) - S, (1,), generator=gen))
             rows.append(s[start: start + S + 1])
-        return torch.stack(rows).to(self.device, non_blocking=True)
+        return torch.stack(rows)
 
 
 def lr_at(frac, step, peak, warmup):
@@ -172,10 +175,11 @@ USER_ID, ASSIST_ID, EOS_ID = 128803, 128804, 1
 
 
 def copy_weights(x, weight):
-    """[B, S] loss weights for the targets x[:, 1:]: `weight` for a token of an assistant turn that also
-    occurs in the same turn's user text (the asked word, copied into the answer), 1 elsewhere. Teaches the
-    copy that a definition answer starts with, which a few million tokens of text alone do not."""
-    xs = x.cpu().numpy()
+    """[B, S] loss weights (CPU) for the targets x[:, 1:] of a CPU batch: `weight` for a token of an
+    assistant turn that also occurs in the same turn's user text (the asked word, copied into the answer),
+    1 elsewhere. Teaches the copy that a definition answer starts with, which a few million tokens of text
+    alone do not."""
+    xs = x.numpy()
     w = np.ones((xs.shape[0], xs.shape[1] - 1), dtype=np.float32)
     for b in range(xs.shape[0]):
         row = xs[b]
@@ -192,7 +196,7 @@ def copy_weights(x, weight):
             for t in range(a0 + 1, a1):
                 if row[t] in question:
                     w[b, t - 1] = weight  # target index t-1 predicts row[t]
-    return torch.from_numpy(w).to(x.device)
+    return torch.from_numpy(w)
 
 
 def main():
@@ -281,14 +285,16 @@ def main():
         if frac >= 1.0 or (a.max_steps and step >= a.max_steps):
             break
         weights = w_chat if frac > 1 - a.chat_frac else w_pre
-        x = train.batch(gen, weights, B, S)
+        x_cpu = train.batch_cpu(gen, weights, B, S)
+        x = x_cpu.to(dev, non_blocking=True)
+        # from the host copy, before the step: no device-to-host sync on the training path
+        w = copy_weights(x_cpu, a.copy_weight).to(dev, non_blocking=True) if a.copy_weight != 1.0 else None
         lr = lr_at(frac, step, a.lr, a.warmup)
         for g in opt.param_groups:
             g["lr"] = lr
         with dt_ctx():
             logits, mlog, _ = model(x[:, :-1])
-            if a.copy_weight != 1.0:
-                w = copy_weights(x, a.copy_weight)
+            if w is not None:
                 ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), x[:, 1:].reshape(-1),
                                      reduction="none")
                 loss_main = (ce * w.reshape(-1)).sum() / w.sum()
