@@ -179,6 +179,13 @@ class Backend {
     }
   };
   virtual void Segment(const SegmentKey& key, const std::function<void()>& ops) { ops(); }
+  // Runs `ops`: the stateful part of a block (compressors, indexer, attention, ring writes), whose host
+  // logic reads and updates sequence states and must run every step, but whose launches (not their
+  // parameters) are identical whenever `key` and the step's positions' bucket are. A device backend may
+  // record the launches once and afterwards run `ops` only to collect each op's parameters, then replay
+  // the record with them. Only ops that support that may run inside: AddPositionBias, CompressorStep,
+  // IndexerTopK(Batch), Attention(Batch), RingWriteBatch and Scratch.
+  virtual void StatefulSegment(const SegmentKey& key, const std::function<void()>& ops) { ops(); }
 
   // Device memory in use and in all, one line ("" for host backends): for benchmark reports.
   virtual std::string MemoryDescription() const { return ""; }
@@ -268,6 +275,42 @@ class Backend {
   // with `rope_dim` bf16 rope values. Bit for bit EncodeKvRows on every backend.
   virtual void StoreKvRows(const Tensor& src, int64_t src_row, int64_t rows, int64_t rope_dim, Tensor* dst,
                            int64_t dst_row) = 0;
+
+  // One step of a compressor for several sequences. Sequence i's rows seqs[i].offset .. + count - 1 of kv
+  // and score (the position bias already added) are positions start .. start+count-1. Each window w these
+  // rows complete (num_entries <= w < (start+count)/ratio) is pooled as CompressorPool does, normed
+  // (RmsNorm with spec.norm), roped at its first position w*ratio (Rope on the trailing rope_dim values) and
+  // stored as entry w of *entries (in the pool's storage, StoreKvRows with entries->rope_dim). Then each
+  // open-window ring takes the last min(count, slots) rows (slot = position % slots). Rows before `start`
+  // come from the rings, which must still hold them.
+  struct CompressorSeq {
+    int64_t offset = 0, count = 0, start = 0;
+    int64_t num_entries = 0;          // entries emitted before this step
+    Tensor* pending_kv = nullptr;     // rings [slots, (overlap ? 2 : 1) * dim]
+    Tensor* pending_score = nullptr;
+    const PagedRows* entries = nullptr;
+  };
+  struct CompressorSpec {
+    int ratio = 0;
+    bool overlap = false;
+    int64_t dim = 0;        // entry width
+    int64_t rope_dim = 0;   // trailing dims roped
+    const Tensor* norm = nullptr;
+    float eps = 0.0f;
+    const std::vector<float>* inv_freq = nullptr;
+  };
+  virtual void CompressorStep(const Tensor& kv, const Tensor& score, const CompressorSpec& spec,
+                              const std::vector<CompressorSeq>& seqs);
+
+  // Rows src_row .. src_row + n - 1 of src (positions pos .. pos + n - 1) into their ring slots (slot =
+  // position % ring->shape[0]; n <= slots), for several rings at once, in any order (no two writes may
+  // touch the same slot). The default splits each write at the ring's end into CopyRowsBatch.
+  struct RingWrite {
+    const Tensor* src = nullptr;
+    int64_t src_row = 0, pos = 0, n = 0;
+    Tensor* ring = nullptr;
+  };
+  virtual void RingWriteBatch(const std::vector<RingWrite>& writes);
 
   // ---- lightning indexer ----
   // q [n, heads*dim], weights [n, heads], keys: >= num_keys rows of dim. For query row r at position

@@ -16,9 +16,10 @@
 namespace dsmesh {
 namespace {
 
-// The forward's graph segments (Backend::SegmentKey::site): runs of per-token ops between the stateful
-// work (compressors, indexer, attention against each sequence's own state) and the collectives.
-enum SegmentSite { kEmbedSite = 1, kAttentionInputSite, kAttentionOutputSite, kFfnSite, kHeadSite };
+// The forward's graph segments (Backend::SegmentKey::site): runs of per-token ops, and the stateful work
+// between them (kAttentionCoreSite: compressors, indexer, attention against each sequence's own state,
+// Backend::StatefulSegment), split at the collectives.
+enum SegmentSite { kEmbedSite = 1, kAttentionInputSite, kAttentionOutputSite, kFfnSite, kHeadSite, kAttentionCoreSite };
 
 // Names the phase of the ops inside its scope for the backend's profiler (dsmesh bench --profile).
 class Phase {
@@ -170,45 +171,32 @@ ModelImpl::BlockActivations ModelImpl::AllocateBlockActivations(const BlockWeigh
 void ModelImpl::CompressorUpdate(const CompressorWeights& w, const Tensor& kvp, const Tensor& score, int layer,
                                  bool indexer, const std::vector<SeqRows>& seqs, const std::vector<int64_t>& positions) {
   Backend& be = *backend_;
-  const ModelConfig& c = config_;
+  const CompressorState& first = indexer ? seqs[0].state->layers[layer].indexer : seqs[0].state->layers[layer].compressor;
   {
-    const CompressorState& first = indexer ? seqs[0].state->layers[layer].indexer : seqs[0].state->layers[layer].compressor;
     Tensor all = score;
     be.AddPositionBias(&all, w.ape, positions.data(), first.ratio);
   }
-  // The rings take this step's rows after every sequence's windows were pooled: one batch of copies.
-  std::vector<Backend::RowCopy> ring_writes;
+  std::vector<PagedRows> entries(seqs.size());
+  std::vector<Backend::CompressorSeq> parts;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const SeqRows& s = seqs[i];
+    CompressorState& cs = indexer ? s.state->layers[layer].indexer : s.state->layers[layer].compressor;
+    entries[i] = s.state->Entries(layer, indexer, s.table);
+    parts.push_back({s.offset, s.count, s.start, cs.num_entries, &cs.pending_kv, &cs.pending_score, &entries[i]});
+  }
+  Backend::CompressorSpec spec;
+  spec.ratio = first.ratio;
+  spec.overlap = first.overlap;
+  spec.dim = first.dim;
+  spec.rope_dim = config_.rope_dim;
+  spec.norm = &w.norm;
+  spec.eps = static_cast<float>(config_.rms_norm_eps);
+  spec.inv_freq = &inv_freq_[layer];
+  be.CompressorStep(kvp, score, spec, parts);
   for (const SeqRows& s : seqs) {
     CompressorState& cs = indexer ? s.state->layers[layer].indexer : s.state->layers[layer].compressor;
-    const int ratio = cs.ratio;
-    const int64_t dim = cs.dim, width = cs.width();
-    const int64_t end = s.start + s.count;
-    const int64_t emitted = cs.num_entries, emitted_after = end / ratio;
-    if (emitted_after > emitted) {
-      // Rows for positions base .. end-1: the pending ones from the ring, then this step's.
-      const int64_t base = cs.PendingBase(emitted), old = s.start - base;
-      Tensor all_kv = be.Scratch(DType::kF32, {old + s.count, width});
-      Tensor all_sc = be.Scratch(DType::kF32, {old + s.count, width});
-      RingGet(be, cs.pending_kv, base, old, &all_kv, 0);
-      RingGet(be, cs.pending_score, base, old, &all_sc, 0);
-      be.CopyRows(kvp, s.offset, &all_kv, old, s.count);
-      be.CopyRows(score, s.offset, &all_sc, old, s.count);
-      const int64_t fresh = emitted_after - emitted;
-      Tensor entries = be.Scratch(DType::kF32, {fresh, dim});
-      be.CompressorPool(all_kv, all_sc, base, emitted, fresh, ratio, cs.overlap, dim, &entries);
-      be.RmsNorm(entries, dim, &w.norm, static_cast<float>(c.rms_norm_eps), &entries);
-      std::vector<int64_t> pos(fresh);
-      for (int64_t i = 0; i < fresh; ++i) pos[i] = (emitted + i) * ratio;  // a window's first position
-      be.Rope(&entries, 1, dim, c.rope_dim, pos.data(), inv_freq_[layer], false);
-      s.state->PutEntries(layer, indexer, entries, emitted, fresh);
-      cs.num_entries = emitted_after;
-    }
-    // The ring keeps this step's newest rows; older pending rows stay in their slots until overwritten.
-    const int64_t from = std::max(s.start, end - cs.slots());
-    RingPutCopies(kvp, s.offset + (from - s.start), from, end - from, &cs.pending_kv, &ring_writes);
-    RingPutCopies(score, s.offset + (from - s.start), from, end - from, &cs.pending_score, &ring_writes);
+    cs.num_entries = std::max(cs.num_entries, (s.start + s.count) / cs.ratio);
   }
-  be.CopyRowsBatch(ring_writes);
 }
 
 void ModelImpl::AttentionInputs(const BlockWeights& b, const std::vector<int64_t>& positions, BlockActivations* a) {
@@ -315,13 +303,13 @@ void ModelImpl::AttentionCore(const BlockWeights& b, const std::vector<SeqRows>&
   be.AttentionBatch(a->q, Hl, d, a->kv, c.sliding_window, b.ratio, a->topk.data ? &a->topk : nullptr, b.attn.sinks,
                     softmax_scale, parts, &a->o);
   // The window rings (UpdateRing's rows: the last min(count, slots) of each sequence) in one batch.
-  std::vector<Backend::RowCopy> ring_writes;
+  std::vector<Backend::RingWrite> ring_writes;
   for (const SeqRows& s : seqs) {
     Tensor& ring = s.state->layers[b.layer].ring;
     const int64_t keep = std::min(s.count, ring.shape[0]);
-    RingPutCopies(a->kv, s.offset + s.count - keep, s.start + s.count - keep, keep, &ring, &ring_writes);
+    ring_writes.push_back({&a->kv, s.offset + s.count - keep, s.start + s.count - keep, keep, &ring});
   }
-  be.CopyRowsBatch(ring_writes);
+  be.RingWriteBatch(ring_writes);
 }
 
 void ModelImpl::AttentionOutput(const BlockWeights& b, const std::vector<int64_t>& positions, BlockActivations* a) {
@@ -388,7 +376,15 @@ void ModelImpl::RunBlock(const BlockWeights& b, const std::vector<SeqRows>& seqs
   });
   {
     const size_t mark = be.ScratchMark();  // the stateful part's temporaries vary from step to step
-    AttentionCore(b, seqs, positions, &a);
+    auto core = [&] { AttentionCore(b, seqs, positions, &a); };
+    if (image_rows.empty()) {
+      // Its launches depend on how the rows split into sequences: the counts in order, as one number.
+      uint64_t pattern = 1469598103934665603ull;  // FNV-1a
+      for (const SeqRows& s : seqs) pattern = (pattern ^ static_cast<uint64_t>(s.count)) * 1099511628211ull;
+      be.StatefulSegment({kAttentionCoreSite, b.layer, N, static_cast<int64_t>(pattern >> 1)}, core);
+    } else {
+      core();  // rows in image spans take the span attention, one sequence at a time
+    }
     be.ReleaseScratch(mark);
   }
   be.Segment({kAttentionOutputSite, b.layer, N, 0}, [&] {

@@ -10,10 +10,14 @@
 // by host address; other host metadata is copied per call; rope tables and hash-routing tables are
 // uploaded once and cached by their host address.
 //
-// CUDA graphs (piecewise, as vLLM's): a Segment of a step of at most kGraphMaxRows rows runs eagerly the
-// first time its key is seen, is captured the second time and replayed from then on; the stateful
-// work between segments (compressors, indexer, attention, collectives) stays eager. A capture that fails
-// is logged once per key and the segment runs eagerly. CudaGraphCallCounts() counts each outcome.
+// CUDA graphs: a Segment of a step of at most kGraphMaxRows rows runs eagerly the first time its key is
+// seen, is captured the second time and replayed from then on. The stateful part of each block between
+// segments (compressors, indexer, attention: StatefulSegment) is recorded the same way, but its host
+// logic runs every step: its ops stage their per-step launch parameters (cuda_ops::ParamStager) into the
+// record's buffer, one copy uploads them, and the graph replays; their launches have fixed shapes (the
+// attention's key ranges, the indexer's key bucket, the compressor's windows per sequence). Only the
+// collectives stay eager. A capture that fails is logged once per key and the segment runs eagerly.
+// CudaGraphCallCounts() counts each outcome.
 #include "kernels/cuda/cuda_backend.h"
 
 #include <cuda_runtime.h>
@@ -58,7 +62,7 @@ bool EnvIs(const char* name, const char* value) {
   return v && std::strcmp(v, value) == 0;
 }
 std::atomic<int64_t> g_graph_captures{0}, g_graph_replays{0}, g_graph_failures{0}, g_eager_segments{0},
-    g_scratch_overflows{0};
+    g_scratch_overflows{0}, g_stateful_captures{0}, g_stateful_replays{0}, g_stateful_failures{0};
 
 // Steps of more rows than this (prefill chunks) run their segments eagerly: decode buckets are 1..4
 // sequences x 1..4 rows.
@@ -181,6 +185,9 @@ class CudaBackend final : public Backend {
     // sorted by expert; attention split over keys in slices of 16 rows (`split`, the decode kernel) or one
     // block per (row, head) (`per-row`) instead of the tensor-core kernel.
     prefill_moe_per_expert_ = EnvIs("DSMESH_CUDA_PREFILL_MOE", "per-expert");
+    // A/B knob: the stateful part of decode steps eager between the graph segments, as before it was recorded.
+    stateful_graphs_on_ = !EnvIs("DSMESH_CUDA_STATEFUL_GRAPHS", "off");
+    if (!stateful_graphs_on_) std::fprintf(stderr, "[cuda] stateful segments run eagerly (environment)\n");
     prefill_moe_row_slices_ = EnvIs("DSMESH_CUDA_PREFILL_MOE", "row-slices");
     // `mma-fp16` keeps the tensor-core kernel but rounds its operands to fp16 once (a third of the mma).
     prefill_attention_ = EnvIs("DSMESH_CUDA_PREFILL_ATTENTION", "per-row")    ? PrefillAttention::kPerRow
@@ -202,6 +209,14 @@ class CudaBackend final : public Backend {
     cudaStreamSynchronize(ctx_->stream);
     for (auto& [k, g] : graphs_)
       if (g.exec) cudaGraphExecDestroy(g.exec);
+    for (auto& [k, g] : stateful_graphs_) {
+      if (g.exec) cudaGraphExecDestroy(g.exec);
+      if (g.uploaded) cudaEventDestroy(g.uploaded);
+      cudaFreeHost(g.params_host);
+      cudaFree(g.params_dev);
+    }
+    cudaFreeHost(eager_params_host_);
+    cudaFree(eager_params_dev_);
     for (auto& [k, c] : host_cache_) cudaFree(c.device);
     for (SideStream& sd : side_) {
       sd.gemv_ws.reset();
@@ -260,6 +275,10 @@ class CudaBackend final : public Backend {
     step_tokens_ = tokens;
     step_positions_ = positions;
     step_n_ = n;
+    int64_t most = 0;
+    for (int64_t i = 0; i < n; ++i) most = std::max(most, positions[i] + 1);
+    step_key_bucket_ = 1024;
+    while (step_key_bucket_ < most) step_key_bucket_ *= 2;
     if (n <= kStepBufferRows) {
       // The pinned copy is reused: wait for the previous step's upload to have read it.
       CudaCheck(cudaEventSynchronize(step_uploaded_), "step metadata upload");
@@ -327,6 +346,72 @@ class CudaBackend final : public Backend {
       return;
     }
     Capture(key, &g, ops);
+  }
+
+  // The stateful part of a block: recorded like a Segment (first sight eager, second captured, then
+  // replayed), but `ops` runs every time: when replaying, its ops only compute and stage their parameters
+  // (each launch's parameter block, cuda_ops::ParamStager) into the record's own buffer, which one copy
+  // uploads before the graph launches. The record's key adds the step's key bucket (the indexer's launch
+  // covers bucket / ratio keys; IndexerKeysLd).
+  void StatefulSegment(const SegmentKey& key, const std::function<void()>& ops) override {
+    if (!options_.cuda_graphs || !stateful_graphs_on_ || profiler_ || !in_step_ || key.rows > kGraphMaxRows ||
+        step_n_ > kGraphMaxRows || capturing_) {
+      ops();
+      return;
+    }
+    auto [it, first_time] = stateful_graphs_.try_emplace(std::make_pair(key, step_key_bucket_));
+    StatefulGraph& g = it->second;
+    if (g.failed) {
+      ++g_eager_segments;
+      ops();
+      return;
+    }
+    if (first_time) {  // eager, noting whether every op could be recorded
+      ++g_eager_segments;
+      unrecordable_.clear();
+      stateful_mode_ = StatefulMode::kProbing;
+      try {
+        ops();
+      } catch (...) {
+        stateful_mode_ = StatefulMode::kNone;
+        throw;
+      }
+      stateful_mode_ = StatefulMode::kNone;
+      if (!unrecordable_.empty()) {
+        g.failed = true;
+        ++g_graph_failures;
+        ++g_stateful_failures;
+        if (!logged_stateful_failure_)
+          std::fprintf(stderr, "[cuda] the stateful segment of layer %d (%lld rows) runs eagerly: %s (counted in "
+                               "CudaGraphCallCounts().failures; logged once)\n",
+                       key.layer, static_cast<long long>(key.rows), unrecordable_.c_str());
+        logged_stateful_failure_ = true;
+      }
+      return;
+    }
+    if (!g.exec) {
+      CaptureStateful(key, &g, ops);
+      return;
+    }
+    if (arena_top_ != g.scratch_begin)
+      throw std::runtime_error("cuda backend: stateful segment (layer " + std::to_string(key.layer) + ", rows " +
+                               std::to_string(key.rows) + ") replayed at scratch offset " + std::to_string(arena_top_) +
+                               ", captured at " + std::to_string(g.scratch_begin));
+    Use();
+    CudaCheck(cudaEventSynchronize(g.uploaded), "stateful segment parameters");  // the last upload read them
+    {
+      StagingInto into(this, &g, StatefulMode::kReplaying);
+      ops();
+    }
+    if (g.params_used != g.params_captured || arena_top_ != g.scratch_end)
+      throw std::runtime_error("cuda backend: stateful segment (layer " + std::to_string(key.layer) + ", rows " +
+                               std::to_string(key.rows) + ") staged " + std::to_string(g.params_used) +
+                               " parameter bytes and ended at scratch " + std::to_string(arena_top_) +
+                               "; its record has " + std::to_string(g.params_captured) + " and " +
+                               std::to_string(g.scratch_end));
+    LaunchStateful(&g);
+    ++g_graph_replays;
+    ++g_stateful_replays;
   }
 
   void SetOpProfiling(OpProfiling mode) override {
@@ -600,12 +685,13 @@ class CudaBackend final : public Backend {
 
   // ---- compressor ----
   void AddPositionBias(Tensor* score, const Tensor& ape, const int64_t* positions, int ratio) override {
-    const ProfileScope ps = Profile("AddPositionBias");
+    const ProfileScope ps = ProfileStaged("AddPositionBias");
     const int64_t w = RowWidth(*score), n = score->shape[0];
     Require(RowWidth(ape) == w && ape.shape[0] == ratio, "AddPositionBias", "ape shape");
     Use();
     Tensor pos;
     const int64_t* dev = StepPositions(positions, n, &pos);
+    if (stateful_mode_ == StatefulMode::kReplaying) return;  // the record's launch reads the positions buffer
     cuda_ops::AddPositionBias(F(*score), n, w, F(ape), dev, ratio, ctx_->stream);
     Launched("AddPositionBias");
   }
@@ -624,20 +710,95 @@ class CudaBackend final : public Backend {
     Launched("CompressorPool");
   }
 
+  void CompressorStep(const Tensor& kv, const Tensor& score, const CompressorSpec& spec,
+                      const std::vector<CompressorSeq>& seqs) override {
+    const int64_t width = (spec.overlap ? 2 : 1) * spec.dim;
+    bool device_op = spec.dim <= cuda_ops::CompressorStepMaxDim() && kv.dtype == DType::kF32 &&
+                     score.dtype == DType::kF32 && RowWidth(kv) == width && RowWidth(score) == width;
+    for (const CompressorSeq& q : seqs)
+      device_op = device_op && q.pending_kv->dtype == DType::kF32 && q.pending_score->dtype == DType::kF32;
+    if (!device_op) {
+      Unrecordable("CompressorStep", "shapes the device op does not take");
+      Backend::CompressorStep(kv, score, spec, seqs);
+      return;
+    }
+    const ProfileScope ps = ProfileStaged("CompressorStep");
+    Use();
+    cuda_ops::CompressorStepArgs args;
+    args.kv = F(kv);
+    args.score = F(score);
+    args.ratio = spec.ratio;
+    args.overlap = spec.overlap;
+    args.dim = spec.dim;
+    args.rope_dim = spec.rope_dim;
+    args.norm = spec.norm ? F(*spec.norm) : nullptr;
+    args.eps = spec.eps;
+    args.inv_freq = Cached(*spec.inv_freq);
+    const int most = cuda_ops::CompressorStepMaxSeqs();
+    std::vector<Tensor> tables(seqs.size());
+    std::vector<cuda_ops::CompressorSeqDev> dev(seqs.size());
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const CompressorSeq& q = seqs[i];
+      const int64_t end = q.start + q.count, slots = q.pending_kv->shape[0];
+      Require(RowWidth(*q.pending_kv) == width && RowWidth(*q.pending_score) == width &&
+                  q.pending_score->shape[0] == slots,
+              "CompressorStep", "ring shapes");
+      Require(q.offset + q.count <= kv.shape[0], "CompressorStep", "rows out of range");
+      // The open windows' rows before `start` must still be in the ring.
+      const int64_t base = spec.overlap ? std::max<int64_t>(q.num_entries - 1, 0) * spec.ratio
+                                        : q.num_entries * spec.ratio;
+      Require(q.start - base <= slots, "CompressorStep", "the ring does not hold the open windows");
+      Require(end / spec.ratio <= q.entries->capacity(), "CompressorStep", "entry past the block table");
+      dev[i].offset = q.offset;
+      dev[i].count = q.count;
+      dev[i].start = q.start;
+      dev[i].num_entries = q.num_entries;
+      dev[i].ring_kv = F(*q.pending_kv);
+      dev[i].ring_score = F(*q.pending_score);
+      dev[i].ring_slots = slots;
+      dev[i].entries = Paged(*q.entries, std::max<int64_t>(end / spec.ratio, 1), spec.dim, &tables[i]);
+    }
+    for (size_t i = 0; i < dev.size(); i += most)
+      cuda_ops::CompressorStep(args, dev.data() + i, static_cast<int>(std::min<size_t>(most, dev.size() - i)), stager_,
+                               ctx_->stream);
+    Launched("CompressorStep");
+  }
+
+  void RingWriteBatch(const std::vector<RingWrite>& writes) override {
+    bool f32 = true;
+    for (const RingWrite& w : writes) f32 = f32 && w.src->dtype == DType::kF32 && w.ring->dtype == DType::kF32;
+    if (!f32) {
+      Unrecordable("RingWriteBatch", "rings that are not f32");
+      Backend::RingWriteBatch(writes);
+      return;
+    }
+    const ProfileScope ps = ProfileStaged("RingWriteBatch");
+    Use();
+    std::vector<cuda_ops::RingWriteDev> dev;
+    for (const RingWrite& w : writes) {
+      const int64_t width = RowWidth(*w.src), slots = w.ring->shape[0];
+      Require(RowWidth(*w.ring) == width, "RingWriteBatch", "row widths differ");
+      Require(w.n <= slots && w.src_row + w.n <= w.src->shape[0], "RingWriteBatch", "rows out of range");
+      dev.push_back({F(*w.src), w.src_row, w.pos, w.n, F(*w.ring), slots, width});
+    }
+    if (!dev.empty()) cuda_ops::RingWriteBatch(dev.data(), static_cast<int>(dev.size()), stager_, ctx_->stream);
+    Launched("RingWriteBatch");
+  }
+
   // ---- indexer ----
   void IndexerTopK(const Tensor& q, const Tensor& weights, const PagedRows& keys, int64_t num_keys, int64_t heads,
                    int64_t dim, const int64_t* positions, int ratio, int top_k, Tensor* out) override {
-    const ProfileScope ps = Profile("IndexerTopK");
+    const ProfileScope ps = ProfileStaged("IndexerTopK");
     const int64_t n = q.shape[0];
     Require(RowWidth(*out) == top_k && out->dtype == DType::kI32, "IndexerTopK", "output shape");
     Require(num_keys <= keys.capacity(), "IndexerTopK", "more keys than the block table holds");
     Tensor pos, table;
     const int64_t* dev = StepPositions(positions, n, &pos);
     const cuda_ops::PagedRowsDev paged = Paged(keys, num_keys, dim, &table);
-    Tensor scratch = Temp(DType::kF32, {cuda_ops::IndexerScratchFloats(n, num_keys)});
-    cuda_ops::IndexerTopK(F(q), F(weights), paged, num_keys, heads, dim, dev, n, ratio,
-                          top_k, F(scratch),
-                          static_cast<int32_t*>(out->data), ctx_->stream);
+    const int64_t ld = IndexerKeysLd(n, num_keys, ratio);
+    Tensor scratch = Temp(DType::kF32, {cuda_ops::IndexerScratchFloats(n, ld)});
+    cuda_ops::IndexerTopK(F(q), F(weights), paged, num_keys, heads, dim, dev, n, ratio, top_k, ld, F(scratch),
+                          static_cast<int32_t*>(out->data), stager_, ctx_->stream);
     Launched("IndexerTopK");
   }
 
@@ -651,7 +812,7 @@ class CudaBackend final : public Backend {
       Backend::IndexerTopKBatch(q, weights, heads, dim, positions, ratio, top_k, seqs, out);
       return;
     }
-    const ProfileScope ps = Profile("IndexerTopKBatch");
+    const ProfileScope ps = ProfileStaged("IndexerTopKBatch");
     Require(RowWidth(*out) == top_k && out->dtype == DType::kI32, "IndexerTopKBatch", "output shape");
     Use();
     std::vector<cuda_ops::IndexerSeqDev> dev(seqs.size());
@@ -668,9 +829,10 @@ class CudaBackend final : public Backend {
     }
     Tensor pos;
     const int64_t* dev_pos = StepPositions(positions, n, &pos);
-    Tensor scratch = Temp(DType::kF32, {cuda_ops::IndexerScratchFloats(n, max_keys)});
+    const int64_t ld = IndexerKeysLd(n, max_keys, ratio);
+    Tensor scratch = Temp(DType::kF32, {cuda_ops::IndexerScratchFloats(n, ld)});
     cuda_ops::IndexerTopKBatch(F(q), F(weights), dev.data(), static_cast<int>(dev.size()), heads, dim, dev_pos, n,
-                               ratio, top_k, F(scratch), static_cast<int32_t*>(out->data), ctx_->stream);
+                               ratio, top_k, ld, F(scratch), static_cast<int32_t*>(out->data), stager_, ctx_->stream);
     Launched("IndexerTopKBatch");
   }
 
@@ -678,7 +840,7 @@ class CudaBackend final : public Backend {
   void Attention(const Tensor& q, int64_t heads, int64_t d, int64_t start, const Tensor& ring, const Tensor& new_kv,
                  int window, const PagedRows* entries, int64_t num_entries, int ratio, const Tensor* topk,
                  const Tensor& sinks, float softmax_scale, Tensor* out) override {
-    const ProfileScope ps = Profile("Attention");
+    const ProfileScope ps = ProfileStaged("Attention");
     Require(RowWidth(q) == heads * d && RowWidth(*out) == heads * d, "Attention", "shape");
     Require(!entries || num_entries <= entries->capacity(), "Attention", "more entries than the block table holds");
     Use();
@@ -704,6 +866,7 @@ class CudaBackend final : public Backend {
       logged_prefill_attention_ = true;
     }
     if (mma) {
+      Unrecordable("Attention", "a prefill chunk");
       cuda_ops::AttentionPrefill(F(q), q.shape[0], heads, d, start, F(ring), ring.shape[0], F(new_kv), window, paged,
                                  num_entries, ratio, topk ? I32(*topk) : nullptr, topk ? RowWidth(*topk) : 0, F(sinks),
                                  softmax_scale, fp16, F(*out), ctx_->stream);
@@ -716,7 +879,7 @@ class CudaBackend final : public Backend {
     cuda_ops::Attention(F(q), q.shape[0], heads, d, start, F(ring), ring.shape[0], F(new_kv), window,
                         paged, num_entries, ratio,
                         topk ? I32(*topk) : nullptr, topk ? RowWidth(*topk) : 0, F(sinks), softmax_scale, F(*out),
-                        split_floats > 0 ? F(split) : nullptr, ctx_->stream);
+                        split_floats > 0 ? F(split) : nullptr, stager_, ctx_->stream);
     Launched("Attention");
   }
 
@@ -747,7 +910,7 @@ class CudaBackend final : public Backend {
       Backend::AttentionBatch(q, heads, d, new_kv, window, ratio, topk, sinks, softmax_scale, seqs, out);
       return;
     }
-    const ProfileScope ps = Profile("AttentionBatch");
+    const ProfileScope ps = ProfileStaged("AttentionBatch");
     Require(RowWidth(q) == heads * d && RowWidth(*out) == heads * d, "AttentionBatch", "shape");
     Use();
     std::vector<cuda_ops::AttentionSeqDev> dev(seqs.size());
@@ -768,7 +931,7 @@ class CudaBackend final : public Backend {
     Tensor split = Temp(DType::kF32, {cuda_ops::AttentionSplitScratchFloats(n, heads, d)});
     cuda_ops::AttentionBatch(F(q), n, heads, d, F(new_kv), window, ratio, topk ? I32(*topk) : nullptr,
                              topk ? RowWidth(*topk) : 0, dev.data(), static_cast<int>(dev.size()), F(sinks),
-                             softmax_scale, F(*out), F(split), ctx_->stream);
+                             softmax_scale, F(*out), F(split), stager_, ctx_->stream);
     Launched("AttentionBatch");
   }
 
@@ -1085,14 +1248,20 @@ class CudaBackend final : public Backend {
       if (profiler) profiler->End();
     }
   };
+  // Ops whose launches take their parameters by value call Profile: inside a stateful segment that is
+  // recorded they cannot run (Unrecordable). Ops that stage their parameters call ProfileStaged.
   ProfileScope Profile(const std::string& op) {
-    if (!profiler_ || !in_step_) return {nullptr};
-    profiler_->Begin(op);
-    return {profiler_.get()};
+    if (stateful_mode_ != StatefulMode::kNone) Unrecordable(op.c_str(), "launch parameters not staged");
+    return ProfileStaged(op.c_str());
   }
   ProfileScope Profile(const char* op) {
+    if (stateful_mode_ != StatefulMode::kNone) Unrecordable(op, "launch parameters not staged");
+    return ProfileStaged(op);
+  }
+  ProfileScope ProfileStaged(const char* op) {
     if (!profiler_ || !in_step_) return {nullptr};
-    return Profile(std::string(op));
+    profiler_->Begin(std::string(op));
+    return {profiler_.get()};
   }
   std::string LinearProfileName(const char* op, const LinearWeight& w) const {
     if (!profiler_ || !in_step_) return {};
@@ -1229,12 +1398,170 @@ class CudaBackend final : public Backend {
     g->scratch_begin = begin;
     g->scratch_end = arena_top_;
     if (!logged_graphs_) {
-      std::fprintf(stderr, "[cuda] decode steps of up to %lld rows replay CUDA graphs (attention and collectives "
-                           "stay eager; --enforce-eager turns graphs off)\n", static_cast<long long>(kGraphMaxRows));
+      std::fprintf(stderr, "[cuda] decode steps of up to %lld rows replay CUDA graphs (collectives stay eager; "
+                           "--enforce-eager turns graphs off)\n", static_cast<long long>(kGraphMaxRows));
       logged_graphs_ = true;
     }
     ++g_graph_captures;
     CudaCheck(cudaGraphLaunch(g->exec, ctx_->stream), "cudaGraphLaunch");
+  }
+
+  // A recorded stateful segment: its graph, and the pinned and device buffers its launches' parameter
+  // blocks are staged in (one upload per replay).
+  static constexpr size_t kStatefulParamBytes = size_t{32} << 10;  // a layer stages ~6 KiB at 8 sequences
+  enum class StatefulMode { kNone, kProbing, kRecording, kReplaying };
+  struct StatefulGraph {
+    cudaGraphExec_t exec = nullptr;
+    size_t scratch_begin = 0, scratch_end = 0;
+    bool failed = false;
+    void* params_host = nullptr;  // pinned
+    void* params_dev = nullptr;
+    size_t params_used = 0, params_captured = 0;
+    cudaEvent_t uploaded = nullptr;
+  };
+
+  // The ParamStager the launchers get: stages into the current stateful record's buffers, or else into the
+  // eager ring (copied to the device right away, in stream order).
+  class Stager final : public cuda_ops::ParamStager {
+   public:
+    explicit Stager(CudaBackend* be) : be_(be) {}
+    const void* Stage(const void* host, size_t bytes) override { return be_->StageParams(host, bytes); }
+    bool Launching() const override { return be_->stateful_mode_ != StatefulMode::kReplaying; }
+
+   private:
+    CudaBackend* be_;
+  };
+
+  // While alive, staged parameters go into `g`'s buffers and the backend is in `mode` (recording or
+  // replaying: in a replay the staged ops do not launch).
+  struct StagingInto {
+    CudaBackend* be;
+    StagingInto(CudaBackend* b, StatefulGraph* g, StatefulMode mode) : be(b) {
+      be->staging_graph_ = g;
+      g->params_used = 0;
+      be->stateful_mode_ = mode;
+    }
+    ~StagingInto() {
+      be->staging_graph_ = nullptr;
+      be->stateful_mode_ = StatefulMode::kNone;
+    }
+  };
+
+  // An op (or a path of one) whose launches a stateful record cannot hold: noted while probing a
+  // segment's first run (which then is never recorded), an error while recording or replaying one.
+  void Unrecordable(const char* op, const char* why) {
+    if (stateful_mode_ == StatefulMode::kNone) return;
+    const std::string what = std::string(op) + ": " + why;
+    if (stateful_mode_ == StatefulMode::kProbing) {
+      if (unrecordable_.empty()) unrecordable_ = what;
+      return;
+    }
+    throw std::runtime_error("cuda backend: " + what + " inside a recorded stateful segment");
+  }
+
+  const void* StageParams(const void* host, size_t bytes) {
+    const size_t size = (bytes + 15) / 16 * 16;
+    if (staging_graph_) {
+      StatefulGraph& g = *staging_graph_;
+      if (g.params_used + size > kStatefulParamBytes)
+        throw std::runtime_error("a stateful segment stages more than " + std::to_string(kStatefulParamBytes >> 10) +
+                                 " KiB of launch parameters");
+      std::memcpy(static_cast<char*>(g.params_host) + g.params_used, host, bytes);
+      const void* dev = static_cast<char*>(g.params_dev) + g.params_used;
+      g.params_used += size;
+      return dev;
+    }
+    // A per-token segment's capture must not hold a copy from host memory that later steps rewrite.
+    if (capturing_) throw std::runtime_error("staged launch parameters inside a per-token graph segment");
+    if (!eager_params_host_) {
+      CudaCheck(cudaMallocHost(&eager_params_host_, kEagerParamBytes), "cudaMallocHost for launch parameters");
+      CudaCheck(cudaMalloc(&eager_params_dev_, kEagerParamBytes), "cudaMalloc for launch parameters");
+    }
+    if (size > kEagerParamBytes) throw std::runtime_error("launch parameters above the staging ring");
+    if (eager_params_top_ + size > kEagerParamBytes) {  // wrap: every earlier copy must have read its bytes
+      CudaCheck(cudaStreamSynchronize(ctx_->stream), "launch parameter ring");
+      eager_params_top_ = 0;
+    }
+    char* h = static_cast<char*>(eager_params_host_) + eager_params_top_;
+    char* d = static_cast<char*>(eager_params_dev_) + eager_params_top_;
+    std::memcpy(h, host, bytes);
+    CudaCheck(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, ctx_->stream), "launch parameter upload");
+    eager_params_top_ += size;
+    return d;
+  }
+
+  // The indexer's launch covers this many keys per row (IndexerScratchFloats' ld): in a step a graph may
+  // record, bucket / ratio, which holds every key a row of the step can see (keys <= (position + 1) /
+  // ratio) and changes only when the step's largest position crosses a power of two; else what it holds.
+  int64_t IndexerKeysLd(int64_t n, int64_t max_keys, int ratio) const {
+    if (in_step_ && n <= kGraphMaxRows && step_n_ <= kGraphMaxRows && step_key_bucket_ > 0 && ratio > 0)
+      return std::max(max_keys, step_key_bucket_ / ratio);
+    return max_keys;
+  }
+
+  void LaunchStateful(StatefulGraph* g) {
+    if (g->params_used > 0)
+      CudaCheck(cudaMemcpyAsync(g->params_dev, g->params_host, g->params_used, cudaMemcpyHostToDevice, ctx_->stream),
+                "stateful segment parameters upload");
+    CudaCheck(cudaEventRecord(g->uploaded, ctx_->stream), "cudaEventRecord");
+    CudaCheck(cudaGraphLaunch(g->exec, ctx_->stream), "cudaGraphLaunch");
+    arena_top_ = g->scratch_end;
+  }
+
+  // Records a stateful segment: its ops stage into the record's buffers and launch into the capture.
+  // A failure (an op that cannot be recorded) is logged once and the key runs eagerly from then on.
+  void CaptureStateful(const SegmentKey& key, StatefulGraph* g, const std::function<void()>& ops) {
+    Use();
+    if (!g->params_host) {
+      CudaCheck(cudaMallocHost(&g->params_host, kStatefulParamBytes), "cudaMallocHost for segment parameters");
+      CudaCheck(cudaMalloc(&g->params_dev, kStatefulParamBytes), "cudaMalloc for segment parameters");
+      CudaCheck(cudaEventCreateWithFlags(&g->uploaded, cudaEventDisableTiming), "cudaEventCreate");
+    }
+    const size_t begin = arena_top_;
+    std::string why;
+    cudaGraph_t graph = nullptr;
+    CudaCheck(cudaStreamBeginCapture(ctx_->stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    capturing_ = true;
+    {
+      StagingInto into(this, g, StatefulMode::kRecording);
+      try {
+        ops();
+      } catch (const std::exception& e) {
+        why = e.what();
+      }
+    }
+    capturing_ = false;
+    const cudaError_t end = cudaStreamEndCapture(ctx_->stream, &graph);
+    if (why.empty() && end != cudaSuccess) why = std::string("cudaStreamEndCapture: ") + cudaGetErrorString(end);
+    if (why.empty()) {
+      const cudaError_t inst = cudaGraphInstantiate(&g->exec, graph, 0);
+      if (inst != cudaSuccess) {
+        why = std::string("cudaGraphInstantiate: ") + cudaGetErrorString(inst);
+        g->exec = nullptr;
+      }
+    }
+    if (graph) cudaGraphDestroy(graph);
+    if (!why.empty()) {
+      // The first run showed every op recordable, so this is unexpected. The ops ran their host logic
+      // (sequence states moved on) but nothing they launched ran: the step cannot be redone here, so it
+      // fails loudly; the key runs eagerly from the next step on.
+      cudaGetLastError();
+      g->failed = true;
+      ++g_graph_failures;
+      throw std::runtime_error("cuda backend: recording the stateful segment (layer " + std::to_string(key.layer) +
+                               ", rows " + std::to_string(key.rows) + ") failed: " + why);
+    }
+    g->scratch_begin = begin;
+    g->scratch_end = arena_top_;
+    g->params_captured = g->params_used;
+    ++g_stateful_captures;
+    if (!logged_stateful_graphs_) {
+      std::fprintf(stderr, "[cuda] the stateful part of decode steps (compressors, indexer, attention) replays CUDA "
+                           "graphs too, its parameters staged per step\n");
+      logged_stateful_graphs_ = true;
+    }
+    ++g_graph_captures;
+    LaunchStateful(g);
   }
 
   // The GEMM workspace is sized for the largest EXL3 block range loaded.
@@ -1265,6 +1592,7 @@ class CudaBackend final : public Backend {
   // A device copy of a small host array, valid for this step.
   template <class T>
   Tensor Staged(const T* host, int64_t n) {
+    Unrecordable("host metadata", "copied per call");
     if (capturing_) throw std::runtime_error("host metadata is copied inside a graph segment");
     Tensor t = Temp(sizeof(T) == 8 ? DType::kI64 : DType::kI32, {std::max<int64_t>(n, 1)});
     if (n > 0)
@@ -1643,6 +1971,20 @@ class CudaBackend final : public Backend {
   std::vector<Tensor> step_meta_keep_;
   std::unique_ptr<OpProfiler> profiler_;  // on while the bench profiles
   std::map<SegmentKey, Graph> graphs_;
+  // Stateful segments (StatefulSegment): records by (key, the step's key bucket), the mode the backend is
+  // in while one runs, and where launch parameters are staged outside records (a pinned ring copied to a
+  // device ring in stream order).
+  std::map<std::pair<SegmentKey, int64_t>, StatefulGraph> stateful_graphs_;
+  StatefulMode stateful_mode_ = StatefulMode::kNone;
+  std::string unrecordable_;
+  StatefulGraph* staging_graph_ = nullptr;
+  Stager stager_{this};
+  static constexpr size_t kEagerParamBytes = size_t{4} << 20;
+  void* eager_params_host_ = nullptr;
+  void* eager_params_dev_ = nullptr;
+  size_t eager_params_top_ = 0;
+  int64_t step_key_bucket_ = 0;  // BeginStep: the step's largest position + 1, rounded up to a power of two
+  bool logged_stateful_graphs_ = false, logged_stateful_failure_ = false, stateful_graphs_on_ = true;
   int64_t max_k_ = 128, max_n_ = 128, max_weights_ = 128 * 128;
   std::unique_ptr<Exl3GemvWorkspace> gemv_ws_;
   struct SideStream {
@@ -1696,8 +2038,9 @@ void* CudaBackendStream(Backend& backend) {
 }
 
 CudaGraphCounts CudaGraphCallCounts() {
-  return {g_graph_captures.load(), g_graph_replays.load(), g_graph_failures.load(), g_eager_segments.load(),
-          g_scratch_overflows.load()};
+  return {g_graph_captures.load(),    g_graph_replays.load(),    g_graph_failures.load(),
+          g_eager_segments.load(),    g_scratch_overflows.load(), g_stateful_captures.load(),
+          g_stateful_replays.load(),  g_stateful_failures.load()};
 }
 
 CudaMoePathCounts CudaMoePathCallCounts() { return {g_fused_moe.load(), g_per_expert_moe.load()}; }

@@ -45,6 +45,11 @@ struct CudaGraphCounts {
   int64_t failures = 0;
   int64_t eager_segments = 0;
   int64_t scratch_overflows = 0;
+  // Of the above, the stateful segments' (Backend::StatefulSegment): recorded, replayed, and kept eager
+  // because an op in them could not be recorded.
+  int64_t stateful_captures = 0;
+  int64_t stateful_replays = 0;
+  int64_t stateful_failures = 0;
 };
 CudaGraphCounts CudaGraphCallCounts();
 

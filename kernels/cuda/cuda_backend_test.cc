@@ -492,6 +492,95 @@ TEST_F(CudaBackendTest, CompressorPositionBiasAndPool) {
   }
 }
 
+// One compressor step for several sequences in the device's two launches (Backend::CompressorStep): the
+// entries it emits (pooled, normed, roped, stored as f32 / bf16 / fp8) and the rings it leaves against the
+// CPU, which runs CompressorPool, RmsNorm, Rope and StoreKvRows. Sequences that complete a window, several,
+// or none; rows before `start` read from the ring (wrapped); a prefill-sized step of one sequence.
+TEST_F(CudaBackendTest, CompressorStepEqualsCpu) {
+  DSMESH_REQUIRE_GPU();
+  struct Case {
+    int ratio;
+    bool overlap;
+    int64_t dim, rope;
+    std::vector<std::pair<int64_t, int64_t>> seqs;  // (start, count)
+  };
+  const std::vector<Case> cases = {
+      {4, true, 64, 16, {{37, 1}, {3, 1}, {4001, 4}, {610, 4}}},
+      {4, true, 512, 64, {{7, 1}, {0, 4}, {20, 3}}},
+      {128, false, 64, 16, {{255, 1}, {1000, 4}, {127, 2}}},
+      {4, true, 64, 16, {{13, 37}}},
+      {128, false, 48, 16, {{100, 300}}},
+  };
+  for (const Case& k : cases)
+    for (DType storage : {DType::kF32, DType::kBF16, DType::kU8}) {
+      std::vector<float> inv_freq(k.rope / 2);
+      for (size_t i = 0; i < inv_freq.size(); ++i) inv_freq[i] = std::pow(10000.0f, -2.0f * i / k.rope);
+      const int64_t width = (k.overlap ? 2 : 1) * k.dim, slots = (k.overlap ? 2 : 1) * k.ratio + 4;
+      int64_t n = 0;
+      for (auto [start, count] : k.seqs) n += count;
+      Pair kv = Rand({n, width}), score = Rand({n, width}, 2.0f), norm = Rand({k.dim}, 0.5f);
+      std::vector<Pair> ring_kv, ring_score;
+      std::vector<std::unique_ptr<PagedPair>> paged;
+      for (auto [start, count] : k.seqs) {
+        ring_kv.push_back(Rand({slots, width}));
+        ring_score.push_back(Rand({slots, width}, 2.0f));
+        const int64_t capacity = (start + count) / k.ratio + 3;
+        paged.push_back(Paged(AllocateTensor(DType::kF32, {capacity, k.dim}), 8, storage,
+                              storage == DType::kU8 ? k.rope : 0));
+      }
+      std::vector<Backend::CompressorSeq> cs, gs;
+      int64_t offset = 0;
+      for (size_t i = 0; i < k.seqs.size(); ++i) {
+        const auto [start, count] = k.seqs[i];
+        cs.push_back({offset, count, start, start / k.ratio, &ring_kv[i].c, &ring_score[i].c, &paged[i]->c});
+        gs.push_back({offset, count, start, start / k.ratio, &ring_kv[i].g, &ring_score[i].g, &paged[i]->g});
+        offset += count;
+      }
+      Backend::CompressorSpec spec;
+      spec.ratio = k.ratio;
+      spec.overlap = k.overlap;
+      spec.dim = k.dim;
+      spec.rope_dim = k.rope;
+      spec.eps = 1e-6f;
+      spec.inv_freq = &inv_freq;
+      spec.norm = &norm.c;
+      cpu_->CompressorStep(kv.c, score.c, spec, cs);
+      spec.norm = &norm.g;
+      gpu().CompressorStep(kv.g, score.g, spec, gs);
+      const std::string what = "CompressorStep ratio " + std::to_string(k.ratio) + " dim " + std::to_string(k.dim) +
+                               " rows " + std::to_string(n) + " " + DTypeName(storage);
+      for (size_t i = 0; i < k.seqs.size(); ++i) {
+        ExpectSame(ring_kv[i], what + ": kv ring of sequence " + std::to_string(i));
+        ExpectSame(ring_score[i], what + ": score ring of sequence " + std::to_string(i));
+        // Every pool row (written or not), decoded to f32 on both sides.
+        const Tensor& pc = paged[i]->pool.c;
+        const int64_t rows = pc.shape[0], rope = storage == DType::kU8 ? k.rope : 0;
+        Tensor dc = AllocateTensor(DType::kF32, {rows, k.dim}), dg = AllocateTensor(DType::kF32, {rows, k.dim});
+        const std::vector<uint8_t> gb = GpuBytes(paged[i]->pool.g);
+        DecodeKvRows(pc.data, rows, k.dim, rope, storage, dc.as<float>());
+        DecodeKvRows(gb.data(), rows, k.dim, rope, storage, dg.as<float>());
+        Pair both{dc, gpu().Upload(dg)};
+        // f32 rows to f32 rounding; bf16 / fp8 rows as far as one rounding step of the stored form.
+        const double tol = storage == DType::kF32 ? kF32Tol : storage == DType::kBF16 ? 4e-3 : 3e-2;
+        ExpectClose(both, tol, what + ": entries of sequence " + std::to_string(i));
+      }
+    }
+}
+
+// Rows into rings for several rings at once, wrapping at the ring's end (Backend::RingWriteBatch).
+TEST_F(CudaBackendTest, RingWriteBatch) {
+  DSMESH_REQUIRE_GPU();
+  Pair src = Rand({12, 40}), a = Rand({19, 40}), b = Rand({7, 40});
+  for (Backend* be : {cpu_.get(), &gpu()}) {
+    const bool g = be != cpu_.get();
+    be->RingWriteBatch({{g ? &src.g : &src.c, 0, 17, 5, g ? &a.g : &a.c},    // slots 17, 18, 0, 1, 2
+                        {g ? &src.g : &src.c, 5, 3, 7, g ? &b.g : &b.c},     // every slot, from 3
+                        {g ? &src.g : &src.c, 11, 41, 1, g ? &a.g : &a.c}});  // slot 3
+  }
+  ExpectSame(a, "RingWriteBatch ring a");
+  ExpectSame(b, "RingWriteBatch ring b");
+}
+
 TEST_F(CudaBackendTest, IndexerTopK) {
   DSMESH_REQUIRE_GPU();
   struct Case {

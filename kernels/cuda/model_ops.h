@@ -12,6 +12,24 @@
 
 namespace dsmesh::cuda_ops {
 
+// Where a launch's parameter block goes. Launchers that take a ParamStager hand it their per-step
+// parameters (each sequence's position, ring, block table) and the kernels read them from the device
+// address it returns; the CUDA backend stages them beside the step's others, so that a recorded graph
+// replays the same launches with each step's parameters (Backend::StatefulSegment).
+class ParamStager {
+ public:
+  virtual ~ParamStager() = default;
+  // A device copy of `bytes` bytes at `host`, readable by launches enqueued after this call.
+  virtual const void* Stage(const void* host, size_t bytes) = 0;
+  // False while the caller only collects parameters (a recorded graph makes the launches): the
+  // launchers stage everything and then return without launching.
+  virtual bool Launching() const { return true; }
+  template <class T>
+  const T* Stage(const T& params) {
+    return static_cast<const T*>(Stage(&params, sizeof(T)));
+  }
+};
+
 // How a paged pool stores its rows (kernels/kv_rows.h, --kv-cache-dtype): f32, bf16, or the fp8 layout
 // (dim - rope_dim e4m3 bytes, the row's f32 scale, rope_dim bf16 values).
 enum class RowKind : int32_t { kF32 = 0, kBF16 = 1, kFp8 = 2 };
@@ -129,12 +147,49 @@ void AddPositionBias(float* score, int64_t n, int64_t width, const float* ape, c
 void CompressorPool(const float* kv, const float* score, int64_t width, int64_t base_pos, int64_t first_window,
                     int64_t num_windows, int ratio, bool overlap, int64_t d, float* out, cudaStream_t s);
 
+// ---- stateful writes (model_ops_state.cu) ----
+// Backend::CompressorStep for up to CompressorStepMaxSeqs() sequences in two launches: one block per
+// (sequence, window it may complete) pools, norms, ropes and stores the entry (CompressorPool, RmsNorm,
+// Rope and EncodeKvRows in one), then the rings take the step's rows (RingWriteBatch). The launches'
+// shapes depend on the sequences' row counts only.
+struct CompressorSeqDev {
+  int64_t offset = 0, count = 0, start = 0, num_entries = 0;
+  float* ring_kv = nullptr;
+  float* ring_score = nullptr;
+  int64_t ring_slots = 0;
+  PagedRowsDev entries;  // written
+};
+struct CompressorStepArgs {
+  const float* kv = nullptr;     // [rows, width], width = (overlap ? 2 : 1) * dim
+  const float* score = nullptr;  // the same, position bias added
+  int ratio = 0;
+  bool overlap = false;
+  int64_t dim = 0, rope_dim = 0;
+  const float* norm = nullptr;   // [dim]
+  float eps = 0.0f;
+  const float* inv_freq = nullptr;  // [rope_dim / 2]
+};
+int CompressorStepMaxSeqs();
+int64_t CompressorStepMaxDim();
+void CompressorStep(const CompressorStepArgs& args, const CompressorSeqDev* seqs, int num_seqs, ParamStager& stage,
+                    cudaStream_t s);
+// Backend::RingWriteBatch on f32 rings: rows src_row .. + n - 1 of src to slots (pos + i) % slots of ring,
+// `width` floats per row; the launch's shape depends on the number of writes and the largest n.
+struct RingWriteDev {
+  const float* src = nullptr;
+  int64_t src_row = 0, pos = 0, n = 0;
+  float* ring = nullptr;
+  int64_t slots = 0, width = 0;
+};
+void RingWriteBatch(const RingWriteDev* writes, int num_writes, ParamStager& stage, cudaStream_t s);
+
 // ---- lightning indexer ----
-// Scratch floats IndexerTopK needs for n rows over num_keys keys.
-int64_t IndexerScratchFloats(int64_t n, int64_t num_keys);
+// Scratch floats IndexerTopK needs for n rows when the launch covers ld_keys keys per row (at least every
+// sequence's num_keys; the launch's shape depends on n and ld_keys only).
+int64_t IndexerScratchFloats(int64_t n, int64_t ld_keys);
 void IndexerTopK(const float* q, const float* weights, PagedRowsDev keys, int64_t num_keys, int64_t heads,
-                 int64_t dim, const int64_t* positions, int64_t n, int ratio, int top_k, float* scratch,
-                 int32_t* out, cudaStream_t s);
+                 int64_t dim, const int64_t* positions, int64_t n, int ratio, int top_k, int64_t ld_keys,
+                 float* scratch, int32_t* out, ParamStager& stage, cudaStream_t s);
 
 // Several sequences of one step in one launch (Backend::IndexerTopKBatch): sequence i owns rows
 // offset .. offset + count - 1 of q, weights, positions and out; scratch of IndexerScratchFloats(n, the
@@ -147,8 +202,8 @@ struct IndexerSeqDev {
 int IndexerBatchMaxRows();
 int IndexerBatchMaxSeqs();
 void IndexerTopKBatch(const float* q, const float* weights, const IndexerSeqDev* seqs, int num_seqs, int64_t heads,
-                      int64_t dim, const int64_t* positions, int64_t n, int ratio, int top_k, float* scratch,
-                      int32_t* out, cudaStream_t s);
+                      int64_t dim, const int64_t* positions, int64_t n, int ratio, int top_k, int64_t ld_keys,
+                      float* scratch, int32_t* out, ParamStager& stage, cudaStream_t s);
 
 // ---- attention (one sequence; see Backend::Attention) ----
 // Largest number of keys one query row may see (shared memory of the kernel).
@@ -161,7 +216,7 @@ int64_t AttentionSplitScratchFloats(int64_t n, int64_t heads, int64_t d);
 void Attention(const float* q, int64_t n, int64_t heads, int64_t d, int64_t start, const float* ring,
                int64_t ring_slots, const float* new_kv, int window, PagedRowsDev entries, int64_t num_entries, int ratio,
                const int32_t* topk, int64_t topk_cols, const float* sinks, float softmax_scale, float* out,
-               float* split_scratch, cudaStream_t s);
+               float* split_scratch, ParamStager& stage, cudaStream_t s);
 // Attention on tensor cores for prefill chunks (model_ops_attention_prefill.cu): Attention's arguments and
 // result. q, keys and probabilities go to the mma as fp16 high + low parts (three mma per product; within
 // f32 rounding of the CPU op), or with `fp16` as one fp16 rounding (one mma; ~4e-4 relative L2 from the
@@ -188,7 +243,8 @@ int AttentionBatchMaxRows();
 int AttentionBatchMaxSeqs();
 void AttentionBatch(const float* q, int64_t n, int64_t heads, int64_t d, const float* new_kv, int window, int ratio,
                     const int32_t* topk, int64_t topk_cols, const AttentionSeqDev* seqs, int num_seqs,
-                    const float* sinks, float softmax_scale, float* out, float* split_scratch, cudaStream_t s);
+                    const float* sinks, float softmax_scale, float* out, float* split_scratch, ParamStager& stage,
+                    cudaStream_t s);
 void UpdateRing(const float* new_kv, int64_t n, int64_t d, int64_t start, int64_t ring_slots, float* ring,
                 cudaStream_t s);
 

@@ -73,7 +73,7 @@ struct IndexerBatch {
 };
 
 __global__ void __launch_bounds__(kIndexerThreads) IndexerScoresKernel(const float* q, const float* weights,
-                                                                       const __grid_constant__ IndexerBatch batch,
+                                                                       const IndexerBatch* __restrict__ pbatch,
                                                                        int64_t heads, int64_t dim,
                                                                        const int64_t* positions, int ratio,
                                                                        int64_t ld_scores, float* scores) {
@@ -82,9 +82,9 @@ __global__ void __launch_bounds__(kIndexerThreads) IndexerScoresKernel(const flo
   float* ks = qs + heads * dim;                // [kIndexerKeys][dim + 1]
   __shared__ float part[kIndexerThreads / 32][kIndexerKeys];
   const int64_t r = blockIdx.y, ld = dim + 1;
-  const int seq = batch.SeqOf(r);
-  const PagedRowsDev& keys = batch.keys[seq];
-  const int64_t valid = min(batch.num_keys[seq], (positions[r] + 1) / ratio);
+  const int seq = pbatch->SeqOf(r);
+  const PagedRowsDev keys = pbatch->keys[seq];
+  const int64_t valid = min(pbatch->num_keys[seq], (positions[r] + 1) / ratio);
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kIndexerKeys;
   if (first >= valid) return;
   const int64_t nk = valid - first < kIndexerKeys ? valid - first : kIndexerKeys;
@@ -150,7 +150,7 @@ __device__ int BlockExclusiveScan(int flag, int* total) {
 // takes every key above it and the lowest-index keys equal to it, and a bitonic sort orders the
 // selection by (score desc, index asc) like the CPU's partial_sort. Deterministic (no atomics in the
 // output path).
-__global__ void TopKKernel(const float* scores, int64_t ld_scores, const __grid_constant__ IndexerBatch batch,
+__global__ void TopKKernel(const float* scores, int64_t ld_scores, const IndexerBatch* __restrict__ pbatch,
                            const int64_t* positions, int ratio, int top_k, int32_t* out) {
   __shared__ unsigned hist[256];
   __shared__ uint32_t sel_key[kMaxTopK];
@@ -160,7 +160,7 @@ __global__ void TopKKernel(const float* scores, int64_t ld_scores, const __grid_
   __shared__ int scan_part[8];
   const int64_t r = blockIdx.x;
   const float* sc = scores + r * ld_scores;
-  const int64_t valid = min(batch.num_keys[batch.SeqOf(r)], (positions[r] + 1) / ratio);
+  const int64_t valid = min(pbatch->num_keys[pbatch->SeqOf(r)], (positions[r] + 1) / ratio);
   const int k = static_cast<int>(valid < top_k ? valid : static_cast<int64_t>(top_k));
 
   // 1. Threshold: the k-th largest key (skipped when every key is taken).
@@ -355,28 +355,41 @@ struct AttnBatch {
 };
 
 // Partials of (row r, head h, range g): [max, sum, values[d]] at ((r * heads + h) * ranges + g) * (d + 2).
-// `batch` stays in parameter space (__grid_constant__): indexing it by row copies nothing.
-// gridDim.y = ranges: at least the most any row of the step needs; a row's ranges past its keys write
-// empty partials (max -inf), which the combine skips.
+// `batch` is in device memory (staged with the step's parameters, so a recorded launch reads each step's);
+// each block copies its row's AttnKeys into shared memory once.
+// gridDim.y = ranges = kSplitMaxRanges: a row's ranges past its keys write empty partials (max -inf, sum
+// 0), which the combine skips, so the launch is the same whatever the keys (a graph replays it) and a row
+// sums its keys the same way whatever else the launch holds.
 __global__ void __launch_bounds__(kSplitThreads) AttentionSplitKernel(const float* q, int64_t heads, int head_group,
-                                                                      const __grid_constant__ AttnBatch batch,
+                                                                      const AttnBatch* __restrict__ batch,
                                                                       float softmax_scale, float* partial) {
   extern __shared__ float smem[];
   __shared__ const void* kp[kSplitKeys];  // the pass's key rows (null: absent)
-  const int64_t d = batch.seq[0].d, ld = d + 1;  // key rows padded by one float: lane j reads row j without conflicts
+  __shared__ __align__(16) unsigned char keys_bytes[sizeof(AttnKeys)];  // (AttnKeys has initializers)
+  AttnKeys& keys = *reinterpret_cast<AttnKeys*>(keys_bytes);
+  const int64_t groups = heads / head_group;
+  const int64_t r = blockIdx.x / groups, h0 = (blockIdx.x % groups) * head_group, g = blockIdx.y;
+  if (threadIdx.x == 0) keys = batch->seq[batch->row_seq[r]];
+  __syncthreads();
+  const int64_t d = keys.d, ld = d + 1;  // key rows padded by one float: lane j reads row j without conflicts
   float* ks = smem;                                  // [kSplitKeys][d + 1]
   float* qs = ks + kSplitKeys * ld;                  // [head_group][d]
   float* ps = qs + head_group * d;                   // [head_group][kSplitKeys] probabilities of the pass
   float* alpha = ps + head_group * kSplitKeys;       // [head_group] rescale of the running values
-  const int64_t groups = heads / head_group;
-  const int64_t r = blockIdx.x / groups, h0 = (blockIdx.x % groups) * head_group, g = blockIdx.y;
-  const AttnKeys& keys = batch.seq[batch.row_seq[r]];
-  const int64_t rl = batch.row_local[r];  // the row within its sequence
+  const int64_t rl = batch->row_local[r];  // the row within its sequence
   const RowSpan span = keys.Span(rl);
   const int64_t lo = span.lo, nwin = span.nwin, visible = span.visible, nkeys = span.nkeys;
   const int64_t ranges = gridDim.y, keys_per_range = SplitKeysPerRange(nkeys);
   const int64_t k_begin = g * keys_per_range;
   const int64_t k_end = nkeys < k_begin + keys_per_range ? nkeys : k_begin + keys_per_range;
+  if (k_begin >= nkeys) {  // a range past the row's keys: an empty partial (its values are never read)
+    if (threadIdx.x < head_group) {
+      float* pm = partial + ((r * heads + h0 + threadIdx.x) * ranges + g) * (d + 2);
+      pm[0] = -INFINITY;
+      pm[1] = 0.0f;
+    }
+    return;
+  }
   for (int i = threadIdx.x; i < head_group * static_cast<int>(d); i += blockDim.x) qs[i] = q[(r * heads + h0) * d + i];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   float run_max = -INFINITY, run_sum = 0.0f;  // of head `warp` (warps < head_group), kept by every lane
@@ -540,13 +553,13 @@ void CompressorPool(const float* kv, const float* score, int64_t width, int64_t 
                                                                   num_windows, ratio, overlap, d, out);
 }
 
-int64_t IndexerScratchFloats(int64_t n, int64_t num_keys) { return n * (num_keys > 0 ? num_keys : 1); }
+int64_t IndexerScratchFloats(int64_t n, int64_t ld_keys) { return n * (ld_keys > 0 ? ld_keys : 1); }
 
 namespace {
 
 void LaunchIndexer(const float* q, const float* weights, const IndexerBatch& batch, int64_t heads, int64_t dim,
-                   const int64_t* positions, int64_t n, int ratio, int top_k, float* scratch, int32_t* out,
-                   cudaStream_t s) {
+                   const int64_t* positions, int64_t n, int ratio, int top_k, int64_t ld_keys, float* scratch,
+                   int32_t* out, ParamStager& stage, cudaStream_t s) {
   if (n <= 0) return;
   if (top_k > kMaxTopK)
     throw std::runtime_error("cuda IndexerTopK: top_k " + std::to_string(top_k) + " above " + std::to_string(kMaxTopK));
@@ -557,35 +570,38 @@ void LaunchIndexer(const float* q, const float* weights, const IndexerBatch& bat
               "indexer smem attribute");
   });
   if (smem > 160 * 1024) throw std::runtime_error("cuda IndexerTopK: heads x dim too large for shared memory");
-  int64_t max_keys = 0;
-  for (int i = 0; i < batch.num_seqs; ++i) max_keys = batch.num_keys[i] > max_keys ? batch.num_keys[i] : max_keys;
-  const int64_t ld = max_keys > 0 ? max_keys : 1;
-  if (max_keys > 0) {
-    dim3 grid(static_cast<unsigned>((max_keys + kIndexerKeys - 1) / kIndexerKeys), static_cast<unsigned>(n));
-    IndexerScoresKernel<<<grid, kIndexerThreads, smem, s>>>(q, weights, batch, heads, dim, positions, ratio, ld,
-                                                            scratch);
-  }
-  TopKKernel<<<static_cast<unsigned>(n), kTopkThreads, 0, s>>>(scratch, ld, batch, positions, ratio, top_k, out);
+  // The launch covers ld_keys keys per row whatever the sequences hold (blocks past a row's keys return):
+  // its shape depends on ld_keys only.
+  for (int i = 0; i < batch.num_seqs; ++i)
+    if (batch.num_keys[i] > ld_keys)
+      throw std::runtime_error("cuda IndexerTopK: " + std::to_string(batch.num_keys[i]) + " keys, the launch covers " +
+                               std::to_string(ld_keys));
+  const int64_t ld = ld_keys > 0 ? ld_keys : 1;
+  const IndexerBatch* dev = stage.Stage(batch);
+  if (!stage.Launching()) return;
+  dim3 grid(static_cast<unsigned>((ld + kIndexerKeys - 1) / kIndexerKeys), static_cast<unsigned>(n));
+  IndexerScoresKernel<<<grid, kIndexerThreads, smem, s>>>(q, weights, dev, heads, dim, positions, ratio, ld, scratch);
+  TopKKernel<<<static_cast<unsigned>(n), kTopkThreads, 0, s>>>(scratch, ld, dev, positions, ratio, top_k, out);
 }
 
 }  // namespace
 
 void IndexerTopK(const float* q, const float* weights, PagedRowsDev keys, int64_t num_keys, int64_t heads,
-                 int64_t dim, const int64_t* positions, int64_t n, int ratio, int top_k, float* scratch,
-                 int32_t* out, cudaStream_t s) {
+                 int64_t dim, const int64_t* positions, int64_t n, int ratio, int top_k, int64_t ld_keys,
+                 float* scratch, int32_t* out, ParamStager& stage, cudaStream_t s) {
   IndexerBatch batch{};
   batch.num_seqs = 1;
   batch.keys[0] = keys;
   batch.num_keys[0] = num_keys;
-  LaunchIndexer(q, weights, batch, heads, dim, positions, n, ratio, top_k, scratch, out, s);
+  LaunchIndexer(q, weights, batch, heads, dim, positions, n, ratio, top_k, ld_keys, scratch, out, stage, s);
 }
 
 int IndexerBatchMaxRows() { return kIndexerBatchMaxRows; }
 int IndexerBatchMaxSeqs() { return kIndexerMaxSeqs; }
 
 void IndexerTopKBatch(const float* q, const float* weights, const IndexerSeqDev* seqs, int num_seqs, int64_t heads,
-                      int64_t dim, const int64_t* positions, int64_t n, int ratio, int top_k, float* scratch,
-                      int32_t* out, cudaStream_t s) {
+                      int64_t dim, const int64_t* positions, int64_t n, int ratio, int top_k, int64_t ld_keys,
+                      float* scratch, int32_t* out, ParamStager& stage, cudaStream_t s) {
   if (n > kIndexerBatchMaxRows || num_seqs < 1 || num_seqs > kIndexerMaxSeqs)
     throw std::runtime_error("cuda IndexerTopKBatch: " + std::to_string(n) + " rows of " + std::to_string(num_seqs) +
                              " sequences (at most " + std::to_string(kIndexerBatchMaxRows) + " rows of " +
@@ -604,7 +620,7 @@ void IndexerTopKBatch(const float* q, const float* weights, const IndexerSeqDev*
   }
   if (rows != n) throw std::runtime_error("cuda IndexerTopKBatch: the sequences cover " + std::to_string(rows) +
                                           " of the step's " + std::to_string(n) + " rows");
-  LaunchIndexer(q, weights, batch, heads, dim, positions, n, ratio, top_k, scratch, out, s);
+  LaunchIndexer(q, weights, batch, heads, dim, positions, n, ratio, top_k, ld_keys, scratch, out, stage, s);
 }
 
 int64_t AttentionMaxKeys() { return kAttnMaxKeys; }
@@ -616,7 +632,7 @@ int64_t AttentionSplitScratchFloats(int64_t n, int64_t heads, int64_t d) {
 void Attention(const float* q, int64_t n, int64_t heads, int64_t d, int64_t start, const float* ring,
                int64_t ring_slots, const float* new_kv, int window, PagedRowsDev entries, int64_t num_entries, int ratio,
                const int32_t* topk, int64_t topk_cols, const float* sinks, float softmax_scale, float* out,
-               float* split_scratch, cudaStream_t s) {
+               float* split_scratch, ParamStager& stage, cudaStream_t s) {
   if (n <= 0) return;
   if (d > kAttnFixedSmemFloats) throw std::runtime_error("cuda Attention: head_dim above 512");
   const int64_t ncomp = entries.pool && ratio > 0 ? (topk ? topk_cols : num_entries) : 0;
@@ -643,7 +659,7 @@ void Attention(const float* q, int64_t n, int64_t heads, int64_t d, int64_t star
       slice.entries = entries;
       slice.num_entries = num_entries;
       AttentionBatch(q + r0 * heads * d, slice.count, heads, d, new_kv, window, ratio, topk, topk_cols, &slice, 1,
-                     sinks, softmax_scale, out + r0 * heads * d, split_scratch, s);
+                     sinks, softmax_scale, out + r0 * heads * d, split_scratch, stage, s);
     }
     return;
   }
@@ -658,7 +674,8 @@ int AttentionBatchMaxSeqs() { return kSplitMaxSeqs; }
 
 void AttentionBatch(const float* q, int64_t n, int64_t heads, int64_t d, const float* new_kv, int window, int ratio,
                     const int32_t* topk, int64_t topk_cols, const AttentionSeqDev* seqs, int num_seqs,
-                    const float* sinks, float softmax_scale, float* out, float* split_scratch, cudaStream_t s) {
+                    const float* sinks, float softmax_scale, float* out, float* split_scratch, ParamStager& stage,
+                    cudaStream_t s) {
   if (n <= 0) return;
   if (n > kSplitMaxRows || num_seqs < 1 || num_seqs > kSplitMaxSeqs || !split_scratch)
     throw std::runtime_error("cuda AttentionBatch: " + std::to_string(n) + " rows of " + std::to_string(num_seqs) +
@@ -688,9 +705,7 @@ void AttentionBatch(const float* q, int64_t n, int64_t heads, int64_t d, const f
     throw std::runtime_error("cuda Attention: " + std::to_string(max_keys) + " keys per query, the kernel holds " +
                              std::to_string(kAttnMaxKeys));
   const int hg = SplitHeadsFor(heads, d);
-  // A row of p passes takes ceil(p / ceil(p / 32)) <= min(p, 32) ranges.
-  const int64_t max_passes = (max_keys + kSplitKeys - 1) / kSplitKeys;
-  const int64_t ranges = max_passes < kSplitMaxRanges ? max_passes : kSplitMaxRanges;
+  const int64_t ranges = kSplitMaxRanges;  // fixed: see AttentionSplitKernel
   static PerDeviceOnce split_once;
   split_once.Run([](int) {
     CudaCheck(cudaFuncSetAttribute(AttentionSplitKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -699,10 +714,12 @@ void AttentionBatch(const float* q, int64_t n, int64_t heads, int64_t d, const f
               "split attention smem attribute");
   });
   const size_t split_smem = static_cast<size_t>(kSplitKeys * (d + 1) + hg * d + hg * (kSplitKeys + 1)) * sizeof(float);
-  AttentionSplitKernel<<<dim3(static_cast<unsigned>(n * (heads / hg)), static_cast<unsigned>(ranges < 1 ? 1 : ranges)),
-                         kSplitThreads, split_smem, s>>>(q, heads, hg, batch, softmax_scale, split_scratch);
-  AttentionCombineKernel<<<static_cast<unsigned>(n * heads), kCombineThreads, 0, s>>>(
-      split_scratch, heads, d, ranges < 1 ? 1 : ranges, sinks, out);
+  const AttnBatch* dev = stage.Stage(batch);
+  if (!stage.Launching()) return;
+  AttentionSplitKernel<<<dim3(static_cast<unsigned>(n * (heads / hg)), static_cast<unsigned>(ranges)), kSplitThreads,
+                         split_smem, s>>>(q, heads, hg, dev, softmax_scale, split_scratch);
+  AttentionCombineKernel<<<static_cast<unsigned>(n * heads), kCombineThreads, 0, s>>>(split_scratch, heads, d, ranges,
+                                                                                      sinks, out);
 }
 
 void UpdateRing(const float* new_kv, int64_t n, int64_t d, int64_t start, int64_t ring_slots, float* ring,

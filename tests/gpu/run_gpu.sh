@@ -95,9 +95,12 @@ fi
 
 if [[ $PARTS == *flashbench* ]]; then
   step "dsmesh bench on the full-size synthetic V4-Flash: decode at 1 and 4 streams, 4K context, beside the floor"
-  for mode in graphs eager; do
+  # modes: graphs (everything recorded), stateful-eager (the stateful part eager between the graph segments,
+  # DSMESH_CUDA_STATEFUL_GRAPHS=off), eager (--enforce-eager)
+  for mode in ${FLASH_MODES:-graphs eager}; do
     flag=; [[ $mode == eager ]] && flag=--enforce-eager
-    timeout 500 $DS bench --device cuda --model synthetic:v4-flash:seed=1 --contexts ${FLASH_CONTEXTS:-4096} \
+    sg=on; [[ $mode == stateful-eager ]] && sg=off
+    DSMESH_CUDA_STATEFUL_GRAPHS=$sg timeout 500 $DS bench --device cuda --model synthetic:v4-flash:seed=1 --contexts ${FLASH_CONTEXTS:-4096} \
       --streams ${FLASH_STREAMS:-1,4} --steps ${FLASH_STEPS:-10} $flag \
       --json "$OUT/flash_bench_$mode.json" 2> "$OUT/flash_bench_$mode.log" | tee "$OUT/flash_bench_$mode.txt"
     check test -s "$OUT/flash_bench_$mode.json"

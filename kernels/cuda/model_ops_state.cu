@@ -1,0 +1,186 @@
+// The stateful writes of a step (model_ops.h, "stateful writes"): the compressors' new entries and the
+// rings' new rows, for every sequence of a step in fixed-shape launches whose parameters are staged
+// (ParamStager), so that a recorded graph replays them. CPU twins: Backend::CompressorStep and
+// Backend::RingWriteBatch (kernels/backend.cc), which CompressorPool, RmsNorm, Rope, StoreKvRows and
+// CopyRowsBatch make up there; tested against them in cuda_backend_test.cc.
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cuda/kv_rows_device.cuh"
+#include "kernels/cuda/model_ops.h"
+#include "kernels/cuda/model_ops_device.cuh"
+
+namespace dsmesh::cuda_ops {
+namespace {
+
+constexpr int kCompressorMaxSeqs = 8;
+constexpr int kCompressorThreads = 256;
+constexpr int64_t kCompressorMaxDim = 1024;  // the entry row lives in shared memory
+constexpr int kRingWritesMax = 16;
+
+struct CompressorBatch {
+  CompressorStepArgs args;
+  CompressorSeqDev seq[kCompressorMaxSeqs];
+  int windows = 1;  // blocks per sequence: the most windows one of them can complete this step
+};
+
+// One block per (sequence, j): window w = num_entries + j if the step's rows complete it. The pooled row
+// (CompressorPoolKernel's sums), then RmsNormKernel's and RopeKernel's arithmetic on it in shared memory,
+// then the row in the pool's storage (EncodeKvRowsKernel's). Rows before the sequence's start come from
+// its ring (slot = position % slots), the others from this step's kv/score rows.
+__global__ void __launch_bounds__(kCompressorThreads) CompressorStepKernel(const CompressorBatch* __restrict__ batch) {
+  __shared__ float row[kCompressorMaxDim];
+  const CompressorStepArgs& a = batch->args;
+  const int windows = batch->windows;
+  const CompressorSeqDev& sq = batch->seq[blockIdx.x / windows];
+  const int64_t w = sq.num_entries + blockIdx.x % windows, end = sq.start + sq.count;
+  const int ratio = a.ratio;
+  if (w >= end / ratio) return;  // the same for the whole block
+  const int64_t d = a.dim, width = a.overlap ? 2 * d : d;
+  const bool prev = a.overlap && w >= 1;
+  const int slots = (prev ? ratio : 0) + ratio;
+  auto at = [&](int slot, bool is_score, int64_t ch) {
+    int64_t p, col;
+    if (prev && slot < ratio) {
+      p = (w - 1) * ratio + slot;
+      col = ch;
+    } else {
+      p = w * ratio + (prev ? slot - ratio : slot);
+      col = (a.overlap ? d : 0) + ch;
+    }
+    const float* src = p < sq.start ? (is_score ? sq.ring_score : sq.ring_kv) + (p % sq.ring_slots) * width
+                                    : (is_score ? a.score : a.kv) + (sq.offset + p - sq.start) * width;
+    return src[col];
+  };
+  for (int64_t ch = threadIdx.x; ch < d; ch += blockDim.x) {
+    float mx = -INFINITY;
+    for (int sl = 0; sl < slots; ++sl) mx = fmaxf(mx, at(sl, true, ch));
+    float sum = 0.0f, acc = 0.0f;
+    for (int sl = 0; sl < slots; ++sl) {
+      const float e = expf(at(sl, true, ch) - mx);
+      sum += e;
+      acc += e * at(sl, false, ch);
+    }
+    row[ch] = acc / sum;
+  }
+  // RmsNorm (each thread rescales the channels it summed).
+  float ss = 0.0f;
+  for (int64_t k = threadIdx.x; k < d; k += blockDim.x) ss += row[k] * row[k];
+  const float r = 1.0f / sqrtf(BlockSum(ss) / static_cast<float>(d) + a.eps);
+  for (int64_t k = threadIdx.x; k < d; k += blockDim.x) row[k] = a.norm ? a.norm[k] * (row[k] * r) : row[k] * r;
+  __syncthreads();
+  // Rope at the window's first position on the trailing rope_dim values.
+  const float pos = static_cast<float>(w * ratio);
+  float* rp = row + (d - a.rope_dim);
+  for (int64_t i = threadIdx.x; i < a.rope_dim / 2; i += blockDim.x) {
+    const float angle = pos * a.inv_freq[i];
+    const float cs = cosf(angle), sn = sinf(angle);
+    const float x0 = rp[2 * i], x1 = rp[2 * i + 1];
+    rp[2 * i] = x0 * cs - x1 * sn;
+    rp[2 * i + 1] = x1 * cs + x0 * sn;
+  }
+  __syncthreads();
+  // Entry w in the pool's storage.
+  const PagedRowsDev& to = sq.entries;
+  uint8_t* out = static_cast<uint8_t*>(const_cast<void*>(to.Row(w)));
+  if (to.kind == RowKind::kF32) {
+    for (int64_t k = threadIdx.x; k < d; k += blockDim.x) reinterpret_cast<float*>(out)[k] = row[k];
+    return;
+  }
+  if (to.kind == RowKind::kBF16) {
+    for (int64_t k = threadIdx.x; k < d; k += blockDim.x) {
+      const uint16_t b = FloatToBf16Bits(row[k]);
+      out[2 * k] = static_cast<uint8_t>(b & 0xff);
+      out[2 * k + 1] = static_cast<uint8_t>(b >> 8);
+    }
+    return;
+  }
+  const int64_t nope = to.nope, stored_rope = d - nope;
+  float amax = 0.0f;
+  for (int64_t k = threadIdx.x; k < nope; k += blockDim.x) amax = fmaxf(amax, fabsf(row[k]));
+  amax = BlockReduce<true>(amax);
+  const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+  for (int64_t k = threadIdx.x; k < nope; k += blockDim.x) out[k] = FloatToFp8E4M3Bits(row[k] / scale);
+  if (threadIdx.x < 4) out[nope + threadIdx.x] = static_cast<uint8_t>(__float_as_uint(scale) >> (8 * threadIdx.x));
+  for (int64_t k = threadIdx.x; k < stored_rope; k += blockDim.x) {
+    const uint16_t b = FloatToBf16Bits(row[nope + k]);
+    out[nope + 4 + 2 * k] = static_cast<uint8_t>(b & 0xff);
+    out[nope + 4 + 2 * k + 1] = static_cast<uint8_t>(b >> 8);
+  }
+}
+
+struct RingWrites {
+  RingWriteDev w[kRingWritesMax];
+};
+
+// blockIdx.x = write, blockIdx.y = its row (rows past the write's n return).
+__global__ void RingWriteKernel(const RingWrites* __restrict__ writes) {
+  const RingWriteDev& wr = writes->w[blockIdx.x];
+  const int64_t i = blockIdx.y;
+  if (i >= wr.n) return;
+  const float* src = wr.src + (wr.src_row + i) * wr.width;
+  float* dst = wr.ring + ((wr.pos + i) % wr.slots) * wr.width;
+  for (int64_t c = threadIdx.x; c < wr.width; c += blockDim.x) dst[c] = src[c];
+}
+
+}  // namespace
+
+int CompressorStepMaxSeqs() { return kCompressorMaxSeqs; }
+int64_t CompressorStepMaxDim() { return kCompressorMaxDim; }
+
+void CompressorStep(const CompressorStepArgs& args, const CompressorSeqDev* seqs, int num_seqs, ParamStager& stage,
+                    cudaStream_t s) {
+  if (num_seqs < 1 || num_seqs > kCompressorMaxSeqs)
+    throw std::runtime_error("cuda CompressorStep: " + std::to_string(num_seqs) + " sequences (at most " +
+                             std::to_string(kCompressorMaxSeqs) + ")");
+  if (args.dim > kCompressorMaxDim || args.rope_dim > args.dim || args.rope_dim % 2 != 0 || args.ratio < 1)
+    throw std::runtime_error("cuda CompressorStep: entry width " + std::to_string(args.dim) + ", rope " +
+                             std::to_string(args.rope_dim) + ", ratio " + std::to_string(args.ratio) +
+                             " (width at most " + std::to_string(kCompressorMaxDim) + ")");
+  CompressorBatch batch{};
+  batch.args = args;
+  int64_t windows = 1;
+  const int64_t width = (args.overlap ? 2 : 1) * args.dim;
+  for (int i = 0; i < num_seqs; ++i) {
+    const CompressorSeqDev& q = seqs[i];
+    // The block count depends on the row counts only: count / ratio + 1 windows cover any start.
+    windows = std::max<int64_t>(windows, q.count / args.ratio + 1);
+    const int64_t fresh = (q.start + q.count) / args.ratio - q.num_entries;
+    if (fresh > q.count / args.ratio + 1)
+      throw std::runtime_error("cuda CompressorStep: a sequence completes " + std::to_string(fresh) +
+                               " windows with " + std::to_string(q.count) + " rows");
+    batch.seq[i] = q;
+  }
+  batch.windows = static_cast<int>(windows);
+  const CompressorBatch* dev = stage.Stage(batch);
+  if (stage.Launching()) CompressorStepKernel<<<static_cast<unsigned>(num_seqs * windows), kCompressorThreads, 0, s>>>(dev);
+  // Then the rings (after the pooling read them): the last min(count, slots) rows of each sequence.
+  RingWriteDev writes[2 * kCompressorMaxSeqs];
+  for (int i = 0; i < num_seqs; ++i) {
+    const CompressorSeqDev& q = seqs[i];
+    const int64_t keep = q.count < q.ring_slots ? q.count : q.ring_slots, end = q.start + q.count;
+    writes[2 * i] = {args.kv, q.offset + q.count - keep, end - keep, keep, q.ring_kv, q.ring_slots, width};
+    writes[2 * i + 1] = {args.score, q.offset + q.count - keep, end - keep, keep, q.ring_score, q.ring_slots, width};
+  }
+  RingWriteBatch(writes, 2 * num_seqs, stage, s);
+}
+
+void RingWriteBatch(const RingWriteDev* writes, int num_writes, ParamStager& stage, cudaStream_t s) {
+  for (int first = 0; first < num_writes; first += kRingWritesMax) {
+    const int here = num_writes - first < kRingWritesMax ? num_writes - first : kRingWritesMax;
+    RingWrites all{};
+    int64_t most = 1;
+    for (int i = 0; i < here; ++i) {
+      const RingWriteDev& w = writes[first + i];
+      if (w.n > w.slots) throw std::runtime_error("cuda RingWriteBatch: more rows than the ring's slots");
+      all.w[i] = w;
+      most = w.n > most ? w.n : most;
+    }
+    const RingWrites* dev = stage.Stage(all);
+    if (stage.Launching()) RingWriteKernel<<<dim3(static_cast<unsigned>(here), static_cast<unsigned>(most)), 128, 0, s>>>(dev);
+  }
+}
+
+}  // namespace dsmesh::cuda_ops
