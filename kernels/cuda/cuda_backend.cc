@@ -1358,9 +1358,8 @@ class CudaBackend final : public Backend {
 
   // Records `ops` as a CUDA graph and launches it; on failure (an op that syncs or copies host metadata,
   // such as the per-expert MoE path) runs `ops` eagerly and never tries the key again.
-  void Capture(const SegmentKey& key, Graph* g, const std::function<void()>& ops) {
-    Use();
-    const size_t begin = arena_top_;
+  // Records `ops` on the stream into *exec; returns why that failed ("" on success).
+  std::string CaptureGraph(const std::function<void()>& ops, cudaGraphExec_t* exec) {
     std::string why;
     cudaGraph_t graph = nullptr;
     CudaCheck(cudaStreamBeginCapture(ctx_->stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
@@ -1374,15 +1373,22 @@ class CudaBackend final : public Backend {
     const cudaError_t end = cudaStreamEndCapture(ctx_->stream, &graph);
     if (why.empty() && end != cudaSuccess) why = std::string("cudaStreamEndCapture: ") + cudaGetErrorString(end);
     if (why.empty()) {
-      const cudaError_t inst = cudaGraphInstantiate(&g->exec, graph, 0);
+      const cudaError_t inst = cudaGraphInstantiate(exec, graph, 0);
       if (inst != cudaSuccess) {
         why = std::string("cudaGraphInstantiate: ") + cudaGetErrorString(inst);
-        g->exec = nullptr;
+        *exec = nullptr;
       }
     }
     if (graph) cudaGraphDestroy(graph);
+    if (!why.empty()) cudaGetLastError();
+    return why;
+  }
+
+  void Capture(const SegmentKey& key, Graph* g, const std::function<void()>& ops) {
+    Use();
+    const size_t begin = arena_top_;
+    const std::string why = CaptureGraph(ops, &g->exec);
     if (!why.empty()) {
-      cudaGetLastError();
       g->failed = true;
       ++g_graph_failures;
       if (!logged_capture_failure_)
@@ -1519,33 +1525,14 @@ class CudaBackend final : public Backend {
     }
     const size_t begin = arena_top_;
     std::string why;
-    cudaGraph_t graph = nullptr;
-    CudaCheck(cudaStreamBeginCapture(ctx_->stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
-    capturing_ = true;
     {
       StagingInto into(this, g, StatefulMode::kRecording);
-      try {
-        ops();
-      } catch (const std::exception& e) {
-        why = e.what();
-      }
+      why = CaptureGraph(ops, &g->exec);
     }
-    capturing_ = false;
-    const cudaError_t end = cudaStreamEndCapture(ctx_->stream, &graph);
-    if (why.empty() && end != cudaSuccess) why = std::string("cudaStreamEndCapture: ") + cudaGetErrorString(end);
-    if (why.empty()) {
-      const cudaError_t inst = cudaGraphInstantiate(&g->exec, graph, 0);
-      if (inst != cudaSuccess) {
-        why = std::string("cudaGraphInstantiate: ") + cudaGetErrorString(inst);
-        g->exec = nullptr;
-      }
-    }
-    if (graph) cudaGraphDestroy(graph);
     if (!why.empty()) {
       // The first run showed every op recordable, so this is unexpected. The ops ran their host logic
       // (sequence states moved on) but nothing they launched ran: the step cannot be redone here, so it
       // fails loudly; the key runs eagerly from the next step on.
-      cudaGetLastError();
       g->failed = true;
       ++g_graph_failures;
       throw std::runtime_error("cuda backend: recording the stateful segment (layer " + std::to_string(key.layer) +

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/model_ops.h"
+#include "kernels/cuda/model_ops_device.cuh"
 
 namespace dsmesh::cuda_ops {
 
@@ -95,6 +96,37 @@ __device__ __forceinline__ void WarpCopyStoredRow(const void* row, RowKind kind,
   }
   const float scale = kind == RowKind::kFp8 ? Fp8RowScale(static_cast<const uint8_t*>(row), nope) : 0.0f;
   for (int c = lane; c < dd; c += 32) dst[c] = StoredRowValue(row, kind, nope, scale, c);
+}
+
+// The whole block writes one f32 row x of `dim` values as a stored row of `kind` at out (kernels/kv_rows.h):
+// f32 as it is, bf16 values, or the fp8 layout (the first `nope` values e4m3 over the block's largest
+// |value| / 448, that scale as 4 bytes, then dim - nope bf16 values). The max is exact whatever the order,
+// so the bytes equal the CPU encoder's. Every thread of the block must call it.
+__device__ __forceinline__ void BlockEncodeKvRow(const float* x, int64_t dim, int64_t nope, RowKind kind,
+                                                 uint8_t* out) {
+  if (kind == RowKind::kF32) {
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) reinterpret_cast<float*>(out)[i] = x[i];
+    return;
+  }
+  if (kind == RowKind::kBF16) {
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+      const uint16_t b = FloatToBf16Bits(x[i]);
+      out[2 * i] = static_cast<uint8_t>(b & 0xff);
+      out[2 * i + 1] = static_cast<uint8_t>(b >> 8);
+    }
+    return;
+  }
+  float amax = 0.0f;
+  for (int64_t i = threadIdx.x; i < nope; i += blockDim.x) amax = fmaxf(amax, fabsf(x[i]));
+  amax = BlockReduce<true>(amax);
+  const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+  for (int64_t i = threadIdx.x; i < nope; i += blockDim.x) out[i] = FloatToFp8E4M3Bits(x[i] / scale);
+  if (threadIdx.x < 4) out[nope + threadIdx.x] = static_cast<uint8_t>(__float_as_uint(scale) >> (8 * threadIdx.x));
+  for (int64_t i = threadIdx.x; i < dim - nope; i += blockDim.x) {
+    const uint16_t b = FloatToBf16Bits(x[nope + i]);
+    out[nope + 4 + 2 * i] = static_cast<uint8_t>(b & 0xff);
+    out[nope + 4 + 2 * i + 1] = static_cast<uint8_t>(b >> 8);
+  }
 }
 
 }  // namespace dsmesh::cuda_ops

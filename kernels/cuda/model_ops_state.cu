@@ -84,31 +84,8 @@ __global__ void __launch_bounds__(kCompressorThreads) CompressorStepKernel(const
   __syncthreads();
   // Entry w in the pool's storage.
   const PagedRowsDev& to = sq.entries;
-  uint8_t* out = static_cast<uint8_t*>(const_cast<void*>(to.Row(w)));
-  if (to.kind == RowKind::kF32) {
-    for (int64_t k = threadIdx.x; k < d; k += blockDim.x) reinterpret_cast<float*>(out)[k] = row[k];
-    return;
-  }
-  if (to.kind == RowKind::kBF16) {
-    for (int64_t k = threadIdx.x; k < d; k += blockDim.x) {
-      const uint16_t b = FloatToBf16Bits(row[k]);
-      out[2 * k] = static_cast<uint8_t>(b & 0xff);
-      out[2 * k + 1] = static_cast<uint8_t>(b >> 8);
-    }
-    return;
-  }
-  const int64_t nope = to.nope, stored_rope = d - nope;
-  float amax = 0.0f;
-  for (int64_t k = threadIdx.x; k < nope; k += blockDim.x) amax = fmaxf(amax, fabsf(row[k]));
-  amax = BlockReduce<true>(amax);
-  const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
-  for (int64_t k = threadIdx.x; k < nope; k += blockDim.x) out[k] = FloatToFp8E4M3Bits(row[k] / scale);
-  if (threadIdx.x < 4) out[nope + threadIdx.x] = static_cast<uint8_t>(__float_as_uint(scale) >> (8 * threadIdx.x));
-  for (int64_t k = threadIdx.x; k < stored_rope; k += blockDim.x) {
-    const uint16_t b = FloatToBf16Bits(row[nope + k]);
-    out[nope + 4 + 2 * k] = static_cast<uint8_t>(b & 0xff);
-    out[nope + 4 + 2 * k + 1] = static_cast<uint8_t>(b >> 8);
-  }
+  BlockEncodeKvRow(row, d, to.kind == RowKind::kFp8 ? to.nope : d, to.kind,
+                   static_cast<uint8_t*>(const_cast<void*>(to.Row(w))));
 }
 
 struct RingWrites {
