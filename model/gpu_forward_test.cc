@@ -579,8 +579,12 @@ TEST(GpuForward, DecodeStepTimes) {
         }
         const int warmup = 3, steps = 50;
         std::chrono::steady_clock::time_point t0;
+        CudaGraphCounts before;
         for (int i = 0; i < warmup + steps; ++i) {
-          if (i == warmup) t0 = std::chrono::steady_clock::now();
+          if (i == warmup) {
+            t0 = std::chrono::steady_clock::now();
+            before = CudaGraphCallCounts();
+          }
           std::vector<SequenceStep> batch;
           for (int s = 0; s < streams; ++s)
             batch.push_back({st[s].get(), {Tokens(1, V, 1000 + i * streams + s)[0]}, false});
@@ -588,9 +592,16 @@ TEST(GpuForward, DecodeStepTimes) {
         }
         const double ms =
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / steps;
-        std::printf("decode %s %s: %d stream(s), %d layers: %.3f ms/step (%.1f us/layer)\n",
-                    use_graphs ? "graphs" : "eager", dir == GoldenDir() ? "golden" : "exl3-tiny", streams,
-                    model->config().num_layers, ms, 1000.0 * ms / model->config().num_layers);
+        const int layers = model->config().num_layers;
+        // With graphs: the nodes (launches, copies) the replayed graphs hold per step, per layer.
+        const double nodes = static_cast<double>(CudaGraphCallCounts().replayed_nodes - before.replayed_nodes) / steps;
+        std::printf("decode %s %s: %d stream(s), %d layers: %.3f ms/step (%.1f us/layer)%s\n",
+                    use_graphs ? "graphs" : "eager", dir == GoldenDir() ? "golden" : "exl3-tiny", streams, layers, ms,
+                    1000.0 * ms / layers,
+                    use_graphs ? (", " + std::to_string(static_cast<int>(nodes)) + " graph nodes replayed per step (" +
+                                  std::to_string(static_cast<int>(nodes / layers)) + " per layer)")
+                                     .c_str()
+                               : "");
       }
     }
   }

@@ -62,7 +62,8 @@ bool EnvIs(const char* name, const char* value) {
   return v && std::strcmp(v, value) == 0;
 }
 std::atomic<int64_t> g_graph_captures{0}, g_graph_replays{0}, g_graph_failures{0}, g_eager_segments{0},
-    g_scratch_overflows{0}, g_stateful_captures{0}, g_stateful_replays{0}, g_stateful_failures{0};
+    g_scratch_overflows{0}, g_stateful_captures{0}, g_stateful_replays{0}, g_stateful_failures{0},
+    g_replayed_nodes{0};
 
 // Steps of more rows than this (prefill chunks) run their segments eagerly: decode buckets are 1..4
 // sequences x 1..4 rows.
@@ -343,6 +344,7 @@ class CudaBackend final : public Backend {
       CudaCheck(cudaGraphLaunch(g.exec, ctx_->stream), "cudaGraphLaunch");
       arena_top_ = g.scratch_end;
       ++g_graph_replays;
+      g_replayed_nodes += g.nodes;
       return;
     }
     Capture(key, &g, ops);
@@ -412,6 +414,7 @@ class CudaBackend final : public Backend {
     LaunchStateful(&g);
     ++g_graph_replays;
     ++g_stateful_replays;
+    g_replayed_nodes += g.nodes;
   }
 
   void SetOpProfiling(OpProfiling mode) override {
@@ -1169,6 +1172,7 @@ class CudaBackend final : public Backend {
 
   struct Graph {
     cudaGraphExec_t exec = nullptr;
+    int64_t nodes = 0;
     size_t scratch_begin = 0, scratch_end = 0;
     bool failed = false;
   };
@@ -1358,8 +1362,9 @@ class CudaBackend final : public Backend {
 
   // Records `ops` as a CUDA graph and launches it; on failure (an op that syncs or copies host metadata,
   // such as the per-expert MoE path) runs `ops` eagerly and never tries the key again.
-  // Records `ops` on the stream into *exec; returns why that failed ("" on success).
-  std::string CaptureGraph(const std::function<void()>& ops, cudaGraphExec_t* exec) {
+  // Records `ops` on the stream into *exec and counts its nodes (launches and copies) into *nodes; returns
+  // why that failed ("" on success).
+  std::string CaptureGraph(const std::function<void()>& ops, cudaGraphExec_t* exec, int64_t* nodes) {
     std::string why;
     cudaGraph_t graph = nullptr;
     CudaCheck(cudaStreamBeginCapture(ctx_->stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
@@ -1373,6 +1378,8 @@ class CudaBackend final : public Backend {
     const cudaError_t end = cudaStreamEndCapture(ctx_->stream, &graph);
     if (why.empty() && end != cudaSuccess) why = std::string("cudaStreamEndCapture: ") + cudaGetErrorString(end);
     if (why.empty()) {
+      size_t count = 0;
+      if (cudaGraphGetNodes(graph, nullptr, &count) == cudaSuccess) *nodes = static_cast<int64_t>(count);
       const cudaError_t inst = cudaGraphInstantiate(exec, graph, 0);
       if (inst != cudaSuccess) {
         why = std::string("cudaGraphInstantiate: ") + cudaGetErrorString(inst);
@@ -1387,7 +1394,7 @@ class CudaBackend final : public Backend {
   void Capture(const SegmentKey& key, Graph* g, const std::function<void()>& ops) {
     Use();
     const size_t begin = arena_top_;
-    const std::string why = CaptureGraph(ops, &g->exec);
+    const std::string why = CaptureGraph(ops, &g->exec, &g->nodes);
     if (!why.empty()) {
       g->failed = true;
       ++g_graph_failures;
@@ -1418,6 +1425,7 @@ class CudaBackend final : public Backend {
   enum class StatefulMode { kNone, kProbing, kRecording, kReplaying };
   struct StatefulGraph {
     cudaGraphExec_t exec = nullptr;
+    int64_t nodes = 0;
     size_t scratch_begin = 0, scratch_end = 0;
     bool failed = false;
     void* params_host = nullptr;  // pinned
@@ -1527,7 +1535,7 @@ class CudaBackend final : public Backend {
     std::string why;
     {
       StagingInto into(this, g, StatefulMode::kRecording);
-      why = CaptureGraph(ops, &g->exec);
+      why = CaptureGraph(ops, &g->exec, &g->nodes);
     }
     if (!why.empty()) {
       // The first run showed every op recordable, so this is unexpected. The ops ran their host logic
@@ -2027,7 +2035,7 @@ void* CudaBackendStream(Backend& backend) {
 CudaGraphCounts CudaGraphCallCounts() {
   return {g_graph_captures.load(),    g_graph_replays.load(),    g_graph_failures.load(),
           g_eager_segments.load(),    g_scratch_overflows.load(), g_stateful_captures.load(),
-          g_stateful_replays.load(),  g_stateful_failures.load()};
+          g_stateful_replays.load(),  g_stateful_failures.load(), g_replayed_nodes.load()};
 }
 
 CudaMoePathCounts CudaMoePathCallCounts() { return {g_fused_moe.load(), g_per_expert_moe.load()}; }

@@ -50,6 +50,8 @@ struct CudaGraphCounts {
   int64_t stateful_captures = 0;
   int64_t stateful_replays = 0;
   int64_t stateful_failures = 0;
+  // Nodes (kernel launches and copies) in the graphs replayed: per step, what a decode step launches.
+  int64_t replayed_nodes = 0;
 };
 CudaGraphCounts CudaGraphCallCounts();
 
