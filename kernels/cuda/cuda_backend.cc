@@ -405,7 +405,7 @@ class CudaBackend final : public Backend {
       StagingInto into(this, &g, StatefulMode::kReplaying);
       ops();
     }
-    if (g.params_used != g.params_captured || arena_top_ != g.scratch_end)
+    if (g.params_used != g.params_captured || arena_top_ != g.scratch_end || g.shapes_seen != g.shapes.size())
       throw std::runtime_error("cuda backend: stateful segment (layer " + std::to_string(key.layer) + ", rows " +
                                std::to_string(key.rows) + ") staged " + std::to_string(g.params_used) +
                                " parameter bytes and ended at scratch " + std::to_string(arena_top_) +
@@ -798,7 +798,7 @@ class CudaBackend final : public Backend {
     Tensor pos, table;
     const int64_t* dev = StepPositions(positions, n, &pos);
     const cuda_ops::PagedRowsDev paged = Paged(keys, num_keys, dim, &table);
-    const int64_t ld = IndexerKeysLd(n, num_keys, ratio);
+    const int64_t ld = LaunchShape(IndexerKeysLd(n, num_keys, ratio));
     Tensor scratch = Temp(DType::kF32, {cuda_ops::IndexerScratchFloats(n, ld)});
     cuda_ops::IndexerTopK(F(q), F(weights), paged, num_keys, heads, dim, dev, n, ratio, top_k, ld, F(scratch),
                           static_cast<int32_t*>(out->data), stager_, ctx_->stream);
@@ -832,7 +832,7 @@ class CudaBackend final : public Backend {
     }
     Tensor pos;
     const int64_t* dev_pos = StepPositions(positions, n, &pos);
-    const int64_t ld = IndexerKeysLd(n, max_keys, ratio);
+    const int64_t ld = LaunchShape(IndexerKeysLd(n, max_keys, ratio));
     Tensor scratch = Temp(DType::kF32, {cuda_ops::IndexerScratchFloats(n, ld)});
     cuda_ops::IndexerTopKBatch(F(q), F(weights), dev.data(), static_cast<int>(dev.size()), heads, dim, dev_pos, n,
                                ratio, top_k, ld, F(scratch), static_cast<int32_t*>(out->data), stager_, ctx_->stream);
@@ -1432,6 +1432,8 @@ class CudaBackend final : public Backend {
     void* params_dev = nullptr;
     size_t params_used = 0, params_captured = 0;
     cudaEvent_t uploaded = nullptr;
+    std::vector<int64_t> shapes;  // LaunchShape's values, in order
+    size_t shapes_seen = 0;
   };
 
   // The ParamStager the launchers get: stages into the current stateful record's buffers, or else into the
@@ -1453,6 +1455,7 @@ class CudaBackend final : public Backend {
     StagingInto(CudaBackend* b, StatefulGraph* g, StatefulMode mode) : be(b) {
       be->staging_graph_ = g;
       g->params_used = 0;
+      g->shapes_seen = 0;
       be->stateful_mode_ = mode;
     }
     ~StagingInto() {
@@ -1511,6 +1514,22 @@ class CudaBackend final : public Backend {
     if (in_step_ && n <= kGraphMaxRows && step_n_ <= kGraphMaxRows && step_key_bucket_ > 0 && ratio > 0)
       return std::max(max_keys, step_key_bucket_ / ratio);
     return max_keys;
+  }
+
+  // A value a staged launch's shape depends on beyond the record's key (the indexer's key count): kept
+  // while recording, compared while replaying (a mismatch would replay the wrong shape: it throws).
+  int64_t LaunchShape(int64_t v) {
+    if (!staging_graph_) return v;
+    StatefulGraph& g = *staging_graph_;
+    if (stateful_mode_ == StatefulMode::kRecording) {
+      g.shapes.push_back(v);
+    } else if (stateful_mode_ == StatefulMode::kReplaying) {
+      if (g.shapes_seen >= g.shapes.size() || g.shapes[g.shapes_seen] != v)
+        throw std::runtime_error("cuda backend: a replayed stateful segment needs a launch of shape " +
+                                 std::to_string(v) + " that its record does not hold");
+      ++g.shapes_seen;
+    }
+    return v;
   }
 
   void LaunchStateful(StatefulGraph* g) {
