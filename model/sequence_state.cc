@@ -17,19 +17,12 @@ void CopyTensor(Backend& be, const Tensor& src, Tensor* dst) {
 
 }  // namespace
 
-void RingPutCopies(const Tensor& src, int64_t src_row, int64_t pos, int64_t n, Tensor* ring,
-                   std::vector<Backend::RowCopy>* copies) {
+void RingPut(Backend& be, const Tensor& src, int64_t src_row, int64_t pos, int64_t n, Tensor* ring) {
   const int64_t slots = ring->shape[0];
   if (n > slots) throw std::logic_error("RingPut: more rows than slots");
   const int64_t first = pos % slots, head = std::min(n, slots - first);
-  if (head > 0) copies->push_back({&src, src_row, ring, first, head});
-  if (n > head) copies->push_back({&src, src_row + head, ring, 0, n - head});
-}
-
-void RingPut(Backend& be, const Tensor& src, int64_t src_row, int64_t pos, int64_t n, Tensor* ring) {
-  std::vector<Backend::RowCopy> copies;
-  RingPutCopies(src, src_row, pos, n, ring, &copies);
-  for (const Backend::RowCopy& c : copies) be.CopyRows(*c.src, c.src_row, c.dst, c.dst_row, c.rows);
+  if (head > 0) be.CopyRows(src, src_row, ring, first, head);
+  if (n > head) be.CopyRows(src, src_row + head, ring, 0, n - head);
 }
 
 void RingGet(Backend& be, const Tensor& ring, int64_t pos, int64_t n, Tensor* dst, int64_t dst_row) {
@@ -62,21 +55,6 @@ PagedRows SequenceStateData::Entries(int layer, bool indexer, const int32_t* tab
   const StatePool::LayerGeometry& g = pool->layers()[layer];
   return PagedRows{indexer ? &pool->index_keys(layer) : &pool->entries(layer), pool->entries_per_block(g.ratio),
                    table ? table : blocks.data(), static_cast<int64_t>(blocks.size()), indexer ? 0 : g.rope_dim};
-}
-
-void SequenceStateData::PutEntries(int layer, bool indexer, const Tensor& src, int64_t first, int64_t n) {
-  const int64_t per = pool->entries_per_block(pool->layers()[layer].ratio);
-  for (int64_t done = 0; done < n;) {
-    const int64_t e = first + done, j = e / per, in_block = std::min(n - done, per - e % per);
-    if (j >= static_cast<int64_t>(blocks.size())) throw std::logic_error("PutEntries: entry past the block table");
-    Tensor dst = pool->BlockRows(layer, indexer, blocks[j]);
-    if (dst.dtype == DType::kF32) {
-      backend->CopyRows(src, done, &dst, e % per, in_block);
-    } else {  // bf16 / fp8 rows, encoded where the pool lives
-      backend->StoreKvRows(src, done, in_block, indexer ? 0 : pool->layers()[layer].rope_dim, &dst, e % per);
-    }
-    done += in_block;
-  }
 }
 
 SequenceState::SequenceState(std::unique_ptr<SequenceStateData> data) : data_(std::move(data)) {}

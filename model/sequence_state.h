@@ -34,11 +34,6 @@ struct CompressorState {
 
   int64_t width() const { return (overlap ? 2 : 1) * dim; }
   int64_t slots() const { return pending_kv.shape[0]; }
-  // Position of the first pending row given `emitted` entries: the last emitted window is still needed
-  // with overlap.
-  int64_t PendingBase(int64_t emitted) const {
-    return overlap ? std::max<int64_t>(emitted - 1, 0) * ratio : emitted * ratio;
-  }
 };
 
 struct LayerState {
@@ -83,15 +78,11 @@ struct SequenceStateData {
   // The entries (indexer keys with indexer) of `layer` as paged rows for the attention ops; `table`, when
   // given, is this state's block table as the step uploaded it (Backend::StepMetadata).
   PagedRows Entries(int layer, bool indexer, const int32_t* table = nullptr) const;
-  // Writes rows [0, n) of src as entries first .. first+n-1 of `layer`.
-  void PutEntries(int layer, bool indexer, const Tensor& src, int64_t first, int64_t n);
 };
 
 // Ring copies by position: rows for positions pos .. pos+n-1 at slot p % ring.shape[0] (n <= slots).
+// (The forward's rings of a whole step go through Backend::RingWriteBatch instead.)
 void RingPut(Backend& be, const Tensor& src, int64_t src_row, int64_t pos, int64_t n, Tensor* ring);
-// RingPut's copies appended to `copies` (for one Backend::CopyRowsBatch of many rings).
-void RingPutCopies(const Tensor& src, int64_t src_row, int64_t pos, int64_t n, Tensor* ring,
-                   std::vector<Backend::RowCopy>* copies);
 void RingGet(Backend& be, const Tensor& ring, int64_t pos, int64_t n, Tensor* dst, int64_t dst_row);
 
 }  // namespace dsmesh
