@@ -8,16 +8,26 @@
 #include <vector>
 
 namespace dsmesh {
+namespace {
+
+// Positions pos .. pos+n-1 of a ring of `slots` slots (slot = position % slots) as at most two runs of
+// consecutive slots: run(slot, offset of the run's first position from pos, rows).
+template <class Run>
+void ForEachRingRun(int64_t pos, int64_t n, int64_t slots, const char* who, Run run) {
+  if (n > slots) throw std::logic_error(std::string(who) + ": more rows than the ring's slots");
+  const int64_t first = pos % slots, head = std::min(n, slots - first);
+  if (head > 0) run(first, int64_t{0}, head);
+  if (n > head) run(int64_t{0}, head, n - head);
+}
+
+}  // namespace
 
 void Backend::RingWriteBatch(const std::vector<RingWrite>& writes) {
   std::vector<RowCopy> copies;
-  for (const RingWrite& w : writes) {
-    const int64_t slots = w.ring->shape[0];
-    if (w.n > slots) throw std::logic_error("RingWriteBatch: more rows than the ring's slots");
-    const int64_t first = w.pos % slots, head = std::min(w.n, slots - first);
-    if (head > 0) copies.push_back({w.src, w.src_row, w.ring, first, head});
-    if (w.n > head) copies.push_back({w.src, w.src_row + head, w.ring, 0, w.n - head});
-  }
+  for (const RingWrite& w : writes)
+    ForEachRingRun(w.pos, w.n, w.ring->shape[0], "RingWriteBatch", [&](int64_t slot, int64_t at, int64_t rows) {
+      copies.push_back({w.src, w.src_row + at, w.ring, slot, rows});
+    });
   CopyRowsBatch(copies);
 }
 
@@ -33,15 +43,13 @@ void Backend::CompressorStep(const Tensor& kv, const Tensor& score, const Compre
       // Rows for positions base .. end-1: the pending ones from the ring, then this step's.
       const int64_t base = spec.overlap ? std::max<int64_t>(emitted - 1, 0) * ratio : emitted * ratio;
       const int64_t old = s.start - base;
-      if (old < 0 || old > slots) throw std::logic_error("CompressorStep: the ring does not hold the open windows");
+      if (old < 0) throw std::logic_error("CompressorStep: the ring does not hold the open windows");
       Tensor all_kv = Scratch(DType::kF32, {old + s.count, width});
       Tensor all_sc = Scratch(DType::kF32, {old + s.count, width});
-      for (int64_t p = base; p < s.start;) {
-        const int64_t slot = p % slots, run = std::min(s.start - p, slots - slot);
-        CopyRows(*s.pending_kv, slot, &all_kv, p - base, run);
-        CopyRows(*s.pending_score, slot, &all_sc, p - base, run);
-        p += run;
-      }
+      ForEachRingRun(base, old, slots, "CompressorStep (open windows)", [&](int64_t slot, int64_t at, int64_t rows) {
+        CopyRows(*s.pending_kv, slot, &all_kv, at, rows);
+        CopyRows(*s.pending_score, slot, &all_sc, at, rows);
+      });
       CopyRows(kv, s.offset, &all_kv, old, s.count);
       CopyRows(score, s.offset, &all_sc, old, s.count);
       const int64_t fresh = emitted_after - emitted;

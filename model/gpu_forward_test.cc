@@ -389,8 +389,10 @@ TEST(GpuForward, SanitizerWorkload) {
   const std::tuple<std::string, std::string, KvCacheDtype> passes[] = {{"golden", GoldenDir(), KvCacheDtype::kF32},
                                                                        {"exl3", Exl3PackDir(), KvCacheDtype::kF32},
                                                                        {"golden-fp8", GoldenDir(), KvCacheDtype::kFp8}};
+  int ran = 0;
   for (const auto& [name, dir, dtype] : passes) {
     if (only && ("," + std::string(only) + ",").find("," + name + ",") == std::string::npos) continue;
+    ++ran;
     std::printf("sanitizer workload pass: %s\n", name.c_str());
     auto model = LoadModel(dir, ShardSpec{}, MakeCudaBackend(0));
     StatePoolOptions po;
@@ -411,6 +413,7 @@ TEST(GpuForward, SanitizerWorkload) {
         for (int64_t v = 0; v < V; ++v) ASSERT_TRUE(std::isfinite(o.logits.as<float>()[v]));
     }
   }
+  EXPECT_GT(ran, 0) << "DSMESH_SANITIZER_PASSES=" << (only ? only : "") << " names none of golden, exl3, golden-fp8";
 }
 
 // CUDA graph replay against eager execution, bitwise: decode steps of 1 sequence, of 4 sequences (crossing

@@ -186,9 +186,6 @@ class CudaBackend final : public Backend {
     // sorted by expert; attention split over keys in slices of 16 rows (`split`, the decode kernel) or one
     // block per (row, head) (`per-row`) instead of the tensor-core kernel.
     prefill_moe_per_expert_ = EnvIs("DSMESH_CUDA_PREFILL_MOE", "per-expert");
-    // A/B knob: the stateful part of decode steps eager between the graph segments, as before it was recorded.
-    stateful_graphs_on_ = !EnvIs("DSMESH_CUDA_STATEFUL_GRAPHS", "off");
-    if (!stateful_graphs_on_) std::fprintf(stderr, "[cuda] stateful segments run eagerly (environment)\n");
     prefill_moe_row_slices_ = EnvIs("DSMESH_CUDA_PREFILL_MOE", "row-slices");
     // `mma-fp16` keeps the tensor-core kernel but rounds its operands to fp16 once (a third of the mma).
     prefill_attention_ = EnvIs("DSMESH_CUDA_PREFILL_ATTENTION", "per-row")    ? PrefillAttention::kPerRow
@@ -203,6 +200,9 @@ class CudaBackend final : public Backend {
                    : prefill_attention_ == PrefillAttention::kSplit   ? " attention split over keys (16-row slices)"
                    : prefill_attention_ == PrefillAttention::kMmaFp16 ? " attention on tensor cores with fp16 operands"
                                                                       : "");
+    // A/B knob: the stateful part of decode steps eager between the graph segments, as before it was recorded.
+    stateful_graphs_on_ = !EnvIs("DSMESH_CUDA_STATEFUL_GRAPHS", "off");
+    if (!stateful_graphs_on_) std::fprintf(stderr, "[cuda] stateful segments run eagerly (environment)\n");
   }
 
   ~CudaBackend() override {
@@ -722,6 +722,10 @@ class CudaBackend final : public Backend {
       device_op = device_op && q.pending_kv->dtype == DType::kF32 && q.pending_score->dtype == DType::kF32;
     if (!device_op) {
       Unrecordable("CompressorStep", "shapes the device op does not take");
+      if (logged_fallback_.insert("CompressorStep").second)
+        std::fprintf(stderr, "[cuda] CompressorStep: entry width %lld or non-f32 rows: composed of CompressorPool, "
+                             "RmsNorm, Rope and StoreKvRows instead (logged once)\n",
+                     static_cast<long long>(spec.dim));
       Backend::CompressorStep(kv, score, spec, seqs);
       return;
     }
@@ -772,6 +776,8 @@ class CudaBackend final : public Backend {
     for (const RingWrite& w : writes) f32 = f32 && w.src->dtype == DType::kF32 && w.ring->dtype == DType::kF32;
     if (!f32) {
       Unrecordable("RingWriteBatch", "rings that are not f32");
+      if (logged_fallback_.insert("RingWriteBatch").second)
+        std::fprintf(stderr, "[cuda] RingWriteBatch: rings that are not f32 take CopyRowsBatch (logged once)\n");
       Backend::RingWriteBatch(writes);
       return;
     }
@@ -1360,8 +1366,6 @@ class CudaBackend final : public Backend {
     CudaCheck(cudaEventRecord(step_uploaded_, ctx_->stream), "cudaEventRecord");
   }
 
-  // Records `ops` as a CUDA graph and launches it; on failure (an op that syncs or copies host metadata,
-  // such as the per-expert MoE path) runs `ops` eagerly and never tries the key again.
   // Records `ops` on the stream into *exec and counts its nodes (launches and copies) into *nodes; returns
   // why that failed ("" on success).
   std::string CaptureGraph(const std::function<void()>& ops, cudaGraphExec_t* exec, int64_t* nodes) {
@@ -1391,6 +1395,8 @@ class CudaBackend final : public Backend {
     return why;
   }
 
+  // Records `ops` as a CUDA graph and launches it; on failure (an op that syncs or copies host metadata,
+  // such as the per-expert MoE path) runs `ops` eagerly and never tries the key again.
   void Capture(const SegmentKey& key, Graph* g, const std::function<void()>& ops) {
     Use();
     const size_t begin = arena_top_;
@@ -2020,7 +2026,7 @@ class CudaBackend final : public Backend {
   bool logged_sorted_pairs_ = false;
   std::unique_ptr<Exl3MoeWorkspace> sorted_ws_;  // MoeExpertsSortedPairs' (grown to the largest chunk)
   DenseGemm dense_gemm_;  // cuBLAS for dense linears of more than kGraphMaxRows rows
-  std::set<std::string> logged_fallback_;  // ops whose per-sequence fallback was logged  // the per-expert path for large steps was logged
+  std::set<std::string> logged_fallback_;  // ops whose fallback (per sequence, or composed of other ops) was logged
   bool logged_serial_linears_ = false;  // concurrent linears requested but run in order was logged
   std::mutex cache_mu_, moe_mu_;
   std::map<std::pair<const void*, size_t>, CachedCopy> host_cache_;
