@@ -478,6 +478,7 @@ void Scheduler::Apply(const StepPlan& plan, const StepResult& result) {
       resp.set_queue_time_s(std::chrono::duration<double>(std::chrono::steady_clock::now() - r->arrival).count());
       resp.set_cached_prompt_tokens(static_cast<int32_t>(r->cached_tokens));
       resp.set_first_token_steps(static_cast<int32_t>(steps_ - r->arrival_step));
+      resp.set_first_token_step(steps_);  // Apply follows the Schedule that counted this step
     }
     resp.set_prompt_tokens(r->prompt_len);
     resp.set_completion_tokens(r->num_generated());

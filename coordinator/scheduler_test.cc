@@ -379,6 +379,7 @@ TEST(SchedulerFairness, ANewRequestsFirstTokenComesWithinThreeStepsOfALongPrefil
   auto out = Drain(*chat);
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(out[0].first_token_steps(), 1);
+  EXPECT_EQ(out[0].first_token_step(), s.steps());  // the step just applied, on the scheduler's count
   // The chat decodes (one row each step) beside the capped prefill, then the prefill has the budget again.
   for (int i = 0; i < 3; ++i) {
     p = s.Schedule();

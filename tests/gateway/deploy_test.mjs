@@ -153,24 +153,21 @@ const cases = [
     let mesh;
     try {
       mesh = await startMesh({});
-      const healthyAt = Date.now();
-      await new Promise((r) => setTimeout(r, 2500));
       const msgs = () => lines.slice(1).map((l) => l.slice(l.indexOf(' ') + 1));
+      const pings = () => msgs().filter((m) => m === 'WATCHDOG=1').length;
+      // Waits with deadlines, not fixed sleeps: on a loaded machine the pings (every 1.5 s) can come late.
+      await waitFor(() => pings() >= 2, 15000, `WATCHDOG=1 pings while healthy; got ${JSON.stringify(msgs())}`);
       assert(msgs().some((m) => m.startsWith('READY=1')), `READY=1 sent; got ${JSON.stringify(msgs())}`);
-      const pings = msgs().filter((m) => m === 'WATCHDOG=1').length;
-      assert(pings >= 2, `WATCHDOG=1 pings while healthy: ${pings}`);
-      // Take the coordinator away: the health check fails, so the pings must stop.
+      // Take the coordinator away: the health check fails, so the pings must stop. Counted from the moment the
+      // gateway says so itself (its STATUS line), so a ping from a check that passed before the kill is not
+      // taken for one sent after it.
       mesh.fixture.kill('SIGKILL');
-      await new Promise((r) => setTimeout(r, 1500));
-      const before = msgs().filter((m) => m === 'WATCHDOG=1').length;
+      await waitFor(() => msgs().some((m) => m.startsWith('STATUS=coordinator unreachable')), 15000, 'STATUS says why');
+      const before = pings();
       await new Promise((r) => setTimeout(r, 3000));
-      const after = msgs().filter((m) => m === 'WATCHDOG=1').length;
-      assertEq(after, before, 'no WATCHDOG=1 while the coordinator is gone');
-      assert(msgs().some((m) => m.startsWith('STATUS=coordinator unreachable')), 'STATUS says why');
+      assertEq(pings(), before, 'no WATCHDOG=1 while the coordinator is gone');
       mesh.gateway.kill('SIGTERM');
-      await new Promise((r) => setTimeout(r, 500));
-      assert(msgs().some((m) => m.startsWith('STOPPING=1')), 'STOPPING=1 on SIGTERM');
-      void healthyAt;
+      await waitFor(() => msgs().some((m) => m.startsWith('STOPPING=1')), 15000, 'STOPPING=1 on SIGTERM');
     } finally {
       if (saved === undefined) delete process.env.NOTIFY_SOCKET; else process.env.NOTIFY_SOCKET = saved;
       delete process.env.WATCHDOG_USEC;
@@ -215,11 +212,13 @@ const cases = [
       await waitFor(() => pings(m.wl) >= w0 + 2, 10000, `worker pings while serving${m.why()}`);
       // Freeze the coordinator (process alive, socket open): the heartbeats go unanswered.
       m.coordinator.kill('SIGSTOP');
-      await sleep(4500);   // the last answered heartbeat ages past 2 s, plus one ping period
+      // Counted from the worker's own word that it is unhealthy (the last answered heartbeat aged past 2 s),
+      // not from a fixed sleep, so a loaded machine's late ping is never taken for one sent while frozen.
+      await waitFor(() => m.wl.msgs().some((x) => /^STATUS=unhealthy: the coordinator at .* answered no heartbeat/.test(x)),
+                    20000, `worker STATUS says why${m.why()}`);
       const frozen = pings(m.wl);
       await sleep(4500);
       assertEq(pings(m.wl), frozen, `no worker WATCHDOG=1 while the coordinator is frozen${m.why()}`);
-      assert(m.wl.msgs().some((x) => /^STATUS=unhealthy: the coordinator at .* answered no heartbeat/.test(x)), `worker STATUS says why${m.why()}`);
     } finally { m.stop(); }
   }],
 

@@ -384,6 +384,7 @@ const cases = [
     assert([0, 200].includes(statusOf(full.text)), `whole request + half-close: ${full.text.slice(0, 120)}`);
     // Half the headers, or the headers and half the body, then EOF: the server closes at once.
     const halfHeader = await raw(p, 'POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Le', { halfClose: true });
+    // EOF closes at once; 5 s (8 s for the 2 s idle timeout below) are deadlines with room for a loaded machine.
     assert(halfHeader.closedByServer && halfHeader.ms < 5000, `half a header + EOF: closed after ${halfHeader.ms} ms`);
     const req = CHAT_REQ(body);
     const halfBody = await raw(p, req.slice(0, req.length - 10), { halfClose: true });

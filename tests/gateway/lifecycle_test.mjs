@@ -70,11 +70,22 @@ const cases = [
     const mesh = await startMesh({ stepMs: 50 });
     try {
       const words = Array.from({ length: 100 }, (_, i) => `x${i}`).join(' ');
-      const pending = rawStream(`${mesh.url}/chat/completions`, { model: MODEL, stream: true, temperature: 0, messages: msg(words) });
-      await new Promise((r) => setTimeout(r, 400));
-      mesh.fixture.kill('SIGKILL');
-      const raw = await pending;
-      assertEq(raw.status, 200, 'stream had started');
+      // The coordinator is killed once the stream has sent its first event (not after a fixed wait: on a loaded
+      // machine the stream may not have started by then).
+      const r = await fetch(`${mesh.url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ model: MODEL, stream: true, temperature: 0, messages: msg(words) }) });
+      assertEq(r.status, 200, 'stream had started');
+      const reader = r.body.getReader();
+      const decoder = new TextDecoder();
+      let text = '', killed = false;
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        text += decoder.decode(value, { stream: true });
+        if (!killed && text.includes('data: ')) { mesh.fixture.kill('SIGKILL'); killed = true; }
+      }
+      const raw = { status: r.status, text };
+      assert(killed, `the stream sent an event before it ended: ${text.slice(0, 300)}`);
       const events = raw.text.split('\n\n').filter(Boolean);
       assertEq(events[events.length - 1], 'data: [DONE]', 'ends with [DONE]');
       const err = JSON.parse(events[events.length - 2].slice(6));

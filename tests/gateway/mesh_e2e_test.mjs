@@ -177,7 +177,9 @@ const cases = [
       assertEq(Number(found[2]), 400003, 'requested = prompt + max_tokens');
       assert(Number(found[1]) < 400003 && Number(found[1]) > 1000, `pool room ${found[1]}`);
       assertEq(e.type, 'invalid_request_error', 'type');
-      assert(Date.now() - t0 < 2000, 'refused at once');
+      // A 400 (not a stream) already says the request ran nothing; the wall bound only catches a refusal that
+      // waited on something, with room for a 2-core machine running the whole suite.
+      assert(Date.now() - t0 < 10000, `refused at once (${Date.now() - t0} ms)`);
     }
     assertEq((await beside).usage.completion_tokens, 12, 'the request beside it finished');
   }],

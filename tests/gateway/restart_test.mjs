@@ -144,7 +144,9 @@ const cases = [
     }
     assert(killedAt > 0, `the stream sent 3 events before ending: ${text.slice(0, 500)}`);
     assert(errorAt > 0, `an error event after the kill: ${text.slice(-500)}`);
-    assert(errorAt - killedAt <= 2000, `error event ${errorAt - killedAt} ms after the kill (limit 2000)`);
+    // The killed worker's closed stream ends the request at once (a missed heartbeat would take 1.5 s, the step
+    // timeout far longer); 10 s leaves a loaded 2-core machine room while still catching a wait on the step timeout.
+    assert(errorAt - killedAt <= 10000, `error event ${errorAt - killedAt} ms after the kill (limit 10000)`);
     assert(text.trimEnd().endsWith('data: [DONE]'), `the failed stream ends with [DONE]: ${text.slice(-300)}`);
     const errorEvent = JSON.parse(text.split('\n\n').find((e) => e.startsWith('data: {"error"')).slice(6));
     assertEq([errorEvent.error.type, errorEvent.error.code], ['unavailable_error', 503], `the error event says the mesh is unavailable: ${JSON.stringify(errorEvent)}`);

@@ -90,7 +90,9 @@ const cases = [
       assert(/6 requests running or waiting in the coordinator, limit 4 running \+ 2 queued/.test(r.body.error.message),
              `429 message: ${r.body.error.message}`);
     }
-    assert(refusedMs < 5000, `429s came at once (${refusedMs} ms)`);
+    // The 429 status is the exact check (a request that waited for a slot would get 200); the wall bound only
+    // catches a refusal that hung, with room for a loaded 2-core machine.
+    assert(refusedMs < 15000, `429s came at once (${refusedMs} ms)`);
     assertEq(await metric(g0.base, 'vllm:num_requests_running') + await metric(g0.base, 'vllm:num_requests_waiting'),
              SLOTS + QUEUED, 'the refused requests never reached the scheduler');
     const results = await Promise.all(admitted.map((s) => s.done));

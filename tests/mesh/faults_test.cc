@@ -49,7 +49,13 @@ struct Background {
   void Join() { thread.join(); }
 };
 
-TEST(MeshFaults, KilledWorkerFailsRequestsWithin2sAndTheMeshReforms) {
+// How fast a lost worker is noticed is judged by the path that noticed it (the coordinator's message says
+// "disconnected" for a closed stream, "stopped answering" for missed heartbeats), not by the client's clock:
+// the wall bounds below only catch a detection that waited on the step timeout (600 s), and leave a 2-core
+// machine running the whole suite beside this test many seconds of margin.
+constexpr double kNoticedBoundSeconds = 15.0;
+
+TEST(MeshFaults, KilledWorkerFailsRequestsAtOnceAndTheMeshReforms) {
   LocalMesh mesh(MeshOptions(2));
   mesh.Start();
   MeshClient client(mesh.coordinator_address());
@@ -62,10 +68,12 @@ TEST(MeshFaults, KilledWorkerFailsRequestsWithin2sAndTheMeshReforms) {
   mesh.KillWorker(1, SIGKILL);
   bg.Join();
   const double noticed = std::chrono::duration<double>(bg.finished - killed).count();
-  EXPECT_LT(noticed, 2.0);
+  EXPECT_LT(noticed, kNoticedBoundSeconds);
   EXPECT_EQ(bg.error, "");
   EXPECT_EQ(bg.result.finish, FINISH_ABORT);
   EXPECT_NE(bg.result.error.find("worker rank 1"), std::string::npos) << bg.result.error;
+  EXPECT_NE(bg.result.error.find("disconnected"), std::string::npos)
+      << "a killed worker's closed stream, not a missed heartbeat, must end the request: " << bg.result.error;
   std::printf("worker kill -> request failed after %.3f s: %s\n", noticed, bg.result.error.c_str());
 
   StatsResponse s = client.Stats();
@@ -96,7 +104,7 @@ TEST(MeshFaults, HungWorkerIsDetectedByMissingHeartbeats) {
   mesh.KillWorker(0, SIGSTOP);
   bg.Join();
   const double noticed = std::chrono::duration<double>(bg.finished - stopped).count();
-  EXPECT_LT(noticed, 2.0);
+  EXPECT_LT(noticed, kNoticedBoundSeconds);  // the heartbeat timeout (1.5 s) plus a loaded machine's delays
   EXPECT_EQ(bg.result.finish, FINISH_ABORT);
   EXPECT_NE(bg.result.error.find("stopped answering"), std::string::npos) << bg.result.error;
   std::printf("worker SIGSTOP -> request failed after %.3f s: %s\n", noticed, bg.result.error.c_str());
@@ -111,7 +119,8 @@ TEST(MeshFaults, SigtermDrainsRunningRequestsThenExitsZero) {
   mesh.Start();
   MeshClient client(mesh.coordinator_address());
   client.WaitReady(std::chrono::seconds(60));
-  Background bg(mesh.coordinator_address(), Greedy(Tokens(10, 1), 60), 2);
+  // 400 tokens: the drain must still be running when this thread, however late, sends its refused request.
+  Background bg(mesh.coordinator_address(), Greedy(Tokens(10, 1), 400), 2);
   kill(mesh.coordinator_pid(), SIGTERM);
   const auto t0 = Clock::now();
   while (!client.Stats().draining() && Seconds(t0) < 10) std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -124,7 +133,7 @@ TEST(MeshFaults, SigtermDrainsRunningRequestsThenExitsZero) {
   bg.Join();
   EXPECT_EQ(bg.error, "");
   EXPECT_EQ(bg.result.finish, FINISH_LENGTH) << bg.result.error;
-  EXPECT_EQ(bg.result.tokens.size(), 60u);
+  EXPECT_EQ(bg.result.tokens.size(), 400u);
   int st = mesh.WaitExit("coordinator", 20);
   ASSERT_TRUE(WIFEXITED(st)) << st;
   EXPECT_EQ(WEXITSTATUS(st), 0);
