@@ -1,4 +1,4 @@
-// FP8 (e4m3fn) weights with block scales, as DeepSeek's checkpoints store them (dsv4-model.md §3):
+// FP8 (e4m3fn) weights with block scales, as DeepSeek's checkpoints store them (docs/model-v4.md section 3):
 // `X.weight` F8_E4M3 [rows, cols] and a sibling scale (`X.scale` in the checkpoint naming, `X.weight_scale_inv`
 // as transformers spells it) of shape [ceil(rows/br), ceil(cols/bc)] holding one multiplier per br x bc block:
 // value = fp8 * scale. DeepSeek uses 128 x 128 blocks; `dsmesh quantize --bits embed=fp8` writes one scale

@@ -1,5 +1,5 @@
 // OpenAI-style error bodies: {"error": {"message", "type", "param", "code"}}, and the exception the
-// handlers throw to produce one. Status codes follow serving-conventions.md section 1.4: 400 invalid
+// handlers throw to produce one. Status codes follow docs/openai-api.md, "Errors and metrics": 400 invalid
 // request, 401 bad key, 404 unknown model/path, 413 body too large, 429 queue full, 503 not ready.
 #pragma once
 

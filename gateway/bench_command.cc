@@ -1,5 +1,5 @@
 // `dsmesh bench --url http://HOST:PORT`: the seat's serving benchmark against any OpenAI endpoint
-// (shared/reference/seed-dsv4-carve.md section 5): three chat prompts (en / ja / code), run with 1 and
+// (docs/reference-deployment.md section 5): three chat prompts (en / ja / code), run with 1 and
 // 4 concurrent streams on the same prompt, temperature 0, streaming with include_usage.
 //   tokens     = usage.completion_tokens (never chunk counts: speculative decoding sends several
 //                tokens per chunk)
@@ -490,7 +490,7 @@ int RunBench(const std::vector<std::string>& args) {
     }
   }
   std::printf("seat tok/s: vLLM seat with MTP n=3 (1 stream: per-stream decode; 4 streams: aggregate), "
-              "shared/reference/seed-dsv4-carve.md section 4\n");
+              "docs/reference-deployment.md section 3\n");
   if (flags.Has("json")) {
     FILE* f = std::fopen(flags.Get("json").c_str(), "w");
     if (!f) throw std::runtime_error("--json " + flags.Get("json") + ": cannot write");

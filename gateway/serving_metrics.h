@@ -1,5 +1,5 @@
 // The gateway's /metrics: vLLM's metric names, types, labels and buckets
-// (vllm/v1/metrics/loggers.py, summarized in shared/reference/serving-conventions.md section 2), so
+// (vllm/v1/metrics/loggers.py, summarized in docs/openai-api.md, "Errors and metrics"), so
 // vLLM's Grafana dashboard and the seat's bench scripts work unchanged. Per-request figures are
 // observed here as responses stream through; scheduler, KV and speculative figures come from the
 // coordinator's Stats RPC at scrape time. Names outside vLLM's set use the `dsmesh_` prefix: so do the

@@ -1,4 +1,4 @@
-// The DeepSeek-V4 forward pass (dsv4-model.md section 2), written once against the Backend interface.
+// The DeepSeek-V4 forward pass (docs/model-v4.md section 2), written once against the Backend interface.
 // One step runs every sequence of the batch together through the per-token work (projections, norms,
 // hyper-connections, MoE) and one sequence at a time through the stateful work (compressors, indexer,
 // attention against the sequence's own window and entries).

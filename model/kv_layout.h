@@ -1,4 +1,4 @@
-// What one sequence's attention state costs, per layer kind and storage dtype (dsv4-model.md section 4):
+// What one sequence's attention state costs, per layer kind and storage dtype (docs/model-v4.md section 4):
 // the sliding-window ring of every layer, the compressed entries (ratio 4: CSA, ratio 128: HCA), the
 // indexer keys of CSA layers, and each compressor's open partial window (kept in f32 in every layout,
 // as vLLM and DeepSeek's reference keep it). The attention is single-head shared-KV, so with heads split

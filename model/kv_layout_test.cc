@@ -1,4 +1,4 @@
-// The state cost per layer kind against dsv4-model.md section 4's figures for V4-Flash (6880 B/token of
+// The state cost per layer kind against docs/model-v4.md section 4's figures for V4-Flash (6880 B/token of
 // compressed entries + indexer keys in bf16, ~5.6 MB of windows, ~11.6 MiB of partial windows per
 // sequence), the fp8 layout's per-entry bytes (vLLM's: 128 fp8 + f32 scale per indexer key), and the
 // f32 layout the forward stores today matching the model's own accounting.

@@ -165,7 +165,7 @@ class Model {
   // before touching any state; throws std::runtime_error naming the bad id.
   std::vector<SequenceOutput> Forward(const std::vector<SequenceStep>& batch);
 
-  // The MTP block (dsv4-model.md section 5): for each sequence, brings the MTP window up to the state's
+  // The MTP block (docs/model-v4.md section 5): for each sequence, brings the MTP window up to the state's
   // length from the target residuals Forward recorded (rows (X_t, token t+1); only the last
   // sliding_window positions matter, the block attends through its window only), then chains num_drafts
   // drafts (greedy, or picked by the request's `choose`): draft 1 from (X_{L-1}, next_token) at position L-1, draft i from the block's own output

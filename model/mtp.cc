@@ -1,4 +1,4 @@
-// The MTP block (dsv4-model.md section 5.1; DeepSeek's reference MTPBlock) and greedy drafting (5.2),
+// The MTP block (docs/model-v4.md section 5.1; DeepSeek's reference MTPBlock) and greedy drafting (5.2),
 // written against the Backend interface like the main forward. The block's row for position t is
 // (X_t, token t+1): X0 = h_proj(hnorm(X_t)) on each residual stream + e_proj(enorm(embed(token t+1))) on
 // every stream (the embedding row is zeroed at position 0, as vLLM does; where token t+1 was an image row,

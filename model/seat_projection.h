@@ -1,5 +1,5 @@
 // Projects a decode step measured on one H200 (`dsmesh bench --profile`) onto the seat's hardware: 8 x
-// RTX PRO 2000 (sm_120) at TP8 (../shared/reference/seed-dsv4-carve.md, section 6). The model is the
+// RTX PRO 2000 (sm_120) at TP8 (docs/reference-deployment.md, section 6). The model is the
 // issue's: each phase's efficiency on the H200 (measured time / its floor there) times the phase's
 // floor on one seat card for that card's shard, plus the all-reduces the TP8 split adds.
 //
@@ -28,14 +28,14 @@ namespace dsmesh {
 
 struct SeatHardware {
   // RTX PRO 2000 Blackwell: cold-read bandwidth 264-275 GB/s measured on the seat (270 used; nominal
-  // 288 GB/s by NVIDIA's data sheet), 34 SMs measured, clock locked at 2600 MHz (seed-dsv4-carve.md 6).
+  // 288 GB/s by NVIDIA's data sheet), 34 SMs measured, clock locked at 2600 MHz (docs/reference-deployment.md section 6).
   double copy_bytes_per_s = 270e9;
   // Integer (LOP3) rate: not measured on the seat. Assumed to be the H200's measured rate per SM and
   // clock (16.47e12 / (132 x 1.98e9) = 63 per SM per cycle) x 34 SMs x 2.6 GHz = 5.57e12.
   double int_ops_per_s = 16.47e12 / (132 * 1.98e9) * 34 * 2.6e9;
   int world = 8;
   // One all-reduce of a hidden row over PCIe without P2P (NCCL ring LL): the seat's profile gives NCCL
-  // 18% of its 21.03 ms step (seed-dsv4-carve.md 5), over 2 x 43 all-reduces per step: 44 us.
+  // 18% of its 21.03 ms step (docs/reference-deployment.md section 5), over 2 x 43 all-reduces per step: 44 us.
   double allreduce_s = 0.18 * 21.03e-3 / 86;
 };
 

@@ -1,4 +1,4 @@
-// What one sequence carries between steps, per layer (see dsv4-model.md section 4), all of it in the
+// What one sequence carries between steps, per layer (see docs/model-v4.md section 4), all of it in the
 // model's StatePool (model/state_pool.h):
 //   - in the state's slot: the ring of raw K=V rows of the last positions, slot = position % slots, where
 //     slots = sliding_window + spare: `spare` rows may be written past the sequence's length and then

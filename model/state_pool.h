@@ -1,4 +1,4 @@
-// The preallocated memory every sequence state lives in (dsv4-model.md section 4), sized once:
+// The preallocated memory every sequence state lives in (docs/model-v4.md section 4), sized once:
 //   - blocks: the length-proportional part. Block b holds, for every compressed layer, the entries of
 //     tokens [j * block_tokens, (j+1) * block_tokens) of whichever sequence lists b as its j-th block
 //     (block_tokens / ratio entries per layer), and for CSA layers the indexer keys of the same tokens.

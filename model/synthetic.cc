@@ -8,7 +8,7 @@
 namespace dsmesh {
 
 ModelConfig SyntheticConfig(const SyntheticSpec& spec) {
-  if (spec.base == "v4-flash") return ModelConfig::FromJson(kV4FlashConfigJson, "synthetic:v4-flash (dsv4-model.md)");
+  if (spec.base == "v4-flash") return ModelConfig::FromJson(kV4FlashConfigJson, "synthetic:v4-flash (docs/model-v4.md)");
   return ModelConfig::FromDirectory(spec.base);
 }
 

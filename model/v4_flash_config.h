@@ -1,4 +1,4 @@
-// DeepSeek-V4-Flash's config.json as its checkpoint spells it (dsv4-model.md section 1), for tests that
+// DeepSeek-V4-Flash's config.json as its checkpoint spells it (docs/model-v4.md section 1), for tests that
 // need the real sizes without the checkpoint.
 #pragma once
 

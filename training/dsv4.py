@@ -1,4 +1,4 @@
-"""A DeepSeek-V4 model in plain PyTorch for training, written from /work/shared/reference/dsv4-model.md
+"""A DeepSeek-V4 model in plain PyTorch for training, written from docs/model-v4.md
 (mirrored in docs/trained-model.md): 4-stream hyper-connections with Sinkhorn mixing, shared-KV MQA with
 sinks, interleaved partial RoPE (YaRN on the compressed layers), output de-rotation, the grouped low-rank
 output projection, sliding-window / CSA (ratio 4, overlapping compressor + lightning indexer) / HCA

@@ -1,4 +1,4 @@
-// The committed DeepSeek-V4 tokenizer: the ids documented in reference/dsv4-model.md 6.1, the shape
+// The committed DeepSeek-V4 tokenizer: the ids documented in docs/chat-encoding.md section 1, the shape
 // of the added-token table, and that the committed files are exactly what the generator makes.
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // The CPU backend: every Backend op as plain fp32 loops over host memory, parallel with OpenMP where the
-// work is large enough to pay for it. Each op is written to be read next to dsv4-model.md.
+// work is large enough to pay for it. Each op is written to be read next to docs/model-v4.md.
 #include "kernels/cpu/cpu_backend.h"
 
 #include <algorithm>

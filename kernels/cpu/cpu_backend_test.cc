@@ -1,4 +1,4 @@
-// Every CPU backend op against a plain double-precision loop written straight from dsv4-model.md, on
+// Every CPU backend op against a plain double-precision loop written straight from docs/model-v4.md, on
 // random inputs and awkward sizes (odd widths, partial vector lanes, m not a multiple of the row group).
 #include <gtest/gtest.h>
 
@@ -124,7 +124,7 @@ TEST_F(CpuOpsTest, RopeRotatesInterleavedPairsOfTheLastDims) {
   ExpectClose(x, back, 1e-5, "inverse Rope");
 }
 
-// Plain hc_pre from dsv4-model.md 2.1: returns y, post, comb.
+// Plain hc_pre from docs/model-v4.md section 2.1: returns y, post, comb.
 void HcPreReference(const float* X, const float* fn, const float* base, const float* scale, int hc, int64_t D,
                     int iters, double eps, std::vector<double>* y, std::vector<double>* post, std::vector<double>* comb) {
   const int64_t W = hc * D, K = (2 + hc) * hc;

@@ -2,7 +2,7 @@
 // mma.m16n8k16 B fragments, the 128-point Hadamard on one warp, and the cp.async/mma wrappers.
 //
 // CPU references for every piece live in kernels/exl3/ (codebook.h, trellis.h, exl3_linear.h); the
-// format is exl3-format.md §2-§3. Everything here is header-only device code included by the .cu files.
+// format is docs/exl3-format.md §2-§3. Everything here is header-only device code included by the .cu files.
 #pragma once
 
 #include <cuda_fp16.h>

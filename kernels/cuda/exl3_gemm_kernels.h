@@ -33,7 +33,7 @@ struct GemmWeightParams {
 // |Ŵ| < 4 for every codebook (two fp16 halves of magnitude < 2 summed; MUL1 spans -3.46..3.44), so a
 // 128-point Hadamard with scale 1/sqrt(128) keeps |Ŵ Hn| <= 128 * 4 / sqrt(128) = 45.26, and with
 // |svh| <= 1447 every |W_eff| stays below 65504 (fp16 max). Real EXL3 svh are column RMS / mean
-// column RMS (exl3-format.md §2.6), i.e. O(1); larger ones switch the kernel's overflow count on.
+// column RMS (docs/exl3-format.md §2.6), i.e. O(1); larger ones switch the kernel's overflow count on.
 constexpr float kWeffSafeSvh = 1447.0f;
 
 // Returns the launch error, if any (cudaSuccess = 0). K = 1..8, codebook 0..2 (3INST, MCG, MUL1).

@@ -1,5 +1,5 @@
 // Dense EXL3 linear on the GPU for decode-sized inputs: y[m, n] = x[m, k] W with m = 1..16, any K 1..8,
-// any of the three codebooks, both Hadamard transforms fused into one launch (exl3-format.md §3.2).
+// any of the three codebooks, both Hadamard transforms fused into one launch (docs/exl3-format.md §3.2).
 //
 //   Exl3GemvWorkspace ws;                       // once per stream, before any CUDA-graph capture
 //   Exl3Gemv(linear, x_fp16, m, y, Exl3Out::kF32, ws, stream);

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the GPU test and benchmark binaries and gathers them, their shared libraries, exllamav3's test
 # vectors and the anchor table (from this repository, at the same paths) into .bundle/cuda (ignored by
-# git) for the GPU machine. The bundling tool comes from the shared folder beside the repository
-# (../shared/tools/gpu-bundle.sh; DSMESH_SHARED overrides the folder).
+# git) for the GPU machine. The bundling tool, gpu-bundle.sh, is not part of the repository: it is read
+# from DSMESH_SHARED/tools (default: the `shared` folder beside the checkout).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 tools=${DSMESH_SHARED:-$(cd .. && pwd)/shared}/tools

@@ -1,4 +1,4 @@
-// EXL3 codebooks: a 16-bit trellis state -> one fp16 weight (exl3-format.md §2.5).
+// EXL3 codebooks: a 16-bit trellis state -> one fp16 weight (docs/exl3-format.md §2.5).
 //
 // Three codebooks exist. 3INST (no marker tensor) and MCG (`.mcg` marker) multiply the state by a
 // constant, mask/xor the product into two fp16 halves and add them; MUL1 (`.mul1` marker) sums the

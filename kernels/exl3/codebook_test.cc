@@ -1,4 +1,4 @@
-// Codebook values from exl3-format.md §7.2 (they agree with exllamav3's exl3_codebooks vectors, which
+// Codebook values from docs/exl3-format.md §7.2 (they agree with exllamav3's exl3_codebooks vectors, which
 // vectors_test checks for all 65536 states) and the table statistics of §2.5.
 #include <cmath>
 

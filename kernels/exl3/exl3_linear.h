@@ -1,6 +1,6 @@
 // EXL3 linear layers on the CPU: load and validate a tensor set, y = x W, and the reference Ŵ.
 //
-// A quantized linear with key prefix P is stored as (exl3-format.md §1.2):
+// A quantized linear with key prefix P is stored as (docs/exl3-format.md §1.2):
 //   P.trellis  int16 [k/16, n/16, 16K]  packed trellis, one 16x16 tile per [i, j]
 //   P.suh      fp16  [k]                input-side signed scale
 //   P.svh      fp16  [n]                output-side signed scale

@@ -1,4 +1,4 @@
-// The 128-point Hadamard transform used on both sides of every EXL3 linear (exl3-format.md §3).
+// The 128-point Hadamard transform used on both sides of every EXL3 linear (docs/exl3-format.md §3).
 //
 // H128 is the Sylvester matrix in natural order, H[a][b] = (-1)^popcount(a & b), applied blockwise over
 // 128 consecutive elements. The butterflies run in fp32 in exllamav3's order (strides 1, 2, 4, ..., 64;

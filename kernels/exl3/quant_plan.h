@@ -1,5 +1,5 @@
-// Which tensors of a DeepSeek-V4 checkpoint (DeepSeek naming, dsv4-model.md §3) `dsmesh quantize` turns
-// into EXL3, and at how many bits. Follows the seat's pack (seed-dsv4-carve.md §1.2):
+// Which tensors of a DeepSeek-V4 checkpoint (DeepSeek naming, docs/model-v4.md section 3) `dsmesh quantize` turns
+// into EXL3, and at how many bits. Follows the reference deployment's pack (docs/reference-deployment.md section 1.2):
 //   routed experts          layers.N.ffn.experts.E.{w1,w2,w3}, mtp.M.ffn.experts...      -> experts=K
 //                           (layer.N=K overrides layer N, mtp=K the MTP blocks)
 //   dense linears           attn.{wq_a,wq_b,wkv,wo_a,wo_b}, attn.compressor.{wkv,wgate},

@@ -20,7 +20,7 @@ namespace dsmesh {
 namespace {
 
 double CodebookStd(Exl3Codebook cb) {
-  // Over all 65536 states (exl3-format.md §2.5); 3INST's is exllamav3's codebook_scale.
+  // Over all 65536 states (docs/exl3-format.md §2.5); 3INST's is exllamav3's codebook_scale.
   switch (cb) {
     case Exl3Codebook::k3Inst: return kExl3CodebookScale;
     case Exl3Codebook::kMcg: return 1.24411;

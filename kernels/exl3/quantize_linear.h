@@ -1,5 +1,5 @@
 // Quantizing one linear layer to EXL3 without calibration data (exllamav3's `fallback_quant`,
-// exl3-format.md §5.1 steps 2-6 and §5.3). No Hessian / LDLQ: every tile is rounded independently.
+// docs/exl3-format.md §5.1 steps 2-6 and §5.3). No Hessian / LDLQ: every tile is rounded independently.
 //
 //   1. sv = sign * (column RMS / mean column RMS)  (0 for all-zero columns, e.g. padding)
 //   2. W <- (W / sv) Hn
@@ -38,7 +38,7 @@ struct Exl3QuantStats {
   double seconds = 0;
 };
 
-// The tensors of one quantized linear, owned. Shapes as in exl3-format.md §1.2.
+// The tensors of one quantized linear, owned. Shapes as in docs/exl3-format.md §1.2.
 struct Exl3QuantizedLinear {
   int64_t in_features = 0, out_features = 0;
   int K = 0;

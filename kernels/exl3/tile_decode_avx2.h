@@ -3,7 +3,7 @@
 // Output layout ("group order"): 32 vectors of 8 floats. Vector q holds sequence positions 8q..8q+7 in
 // lane order e = 0,4,1,5,2,6,3,7, i.e. tile cells
 //   (r0,c0) (r0,c0+8) (r0+1,c0) (r0+1,c0+8) (r0+8,c0) (r0+8,c0+8) (r0+9,c0) (r0+9,c0+8)
-// with r0 = 2 (q % 4), c0 = q / 4 (exl3-format.md §2.4). Even lanes belong to column c0, odd lanes to
+// with r0 = 2 (q % 4), c0 = q / 4 (docs/exl3-format.md §2.4). Even lanes belong to column c0, odd lanes to
 // column c0 + 8; the four vectors q = 4 c0 .. 4 c0 + 3 cover all 16 rows of those two columns.
 // Values equal the fp16 codebook entries exactly (rounded to fp16, then widened).
 #pragma once

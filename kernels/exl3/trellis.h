@@ -1,5 +1,5 @@
 // EXL3 trellis tiles: the packed bitstream of one 16x16 tile <-> 256 16-bit states <-> 256 weights
-// (exl3-format.md §2.1-2.4, §2.7). Scalar reference code, small on purpose: the CUDA kernels and the
+// (docs/exl3-format.md §2.1-2.4, §2.7). Scalar reference code, small on purpose: the CUDA kernels and the
 // fast CPU paths are tested against it.
 //
 // A tile is 16K int16 words (K = bits per weight, 1..8). Read as little-endian 32-bit words, the

@@ -1,4 +1,4 @@
-// Trellis tiles: the spec-derived one-tile vectors of exl3-format.md §7.2, the element order of §2.4,
+// Trellis tiles: the spec-derived one-tile vectors of docs/exl3-format.md §7.2, the element order of §2.4,
 // pack/unpack round trips, and the fast AVX2 decoder against the scalar reference.
 #include <cmath>
 #include <random>

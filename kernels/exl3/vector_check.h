@@ -1,4 +1,4 @@
-// Checks a safetensors file of exllamav3 test vectors (naming in exl3-format.md, "Test data") against
+// Checks a safetensors file of exllamav3 test vectors (naming in kernels/exl3/testdata/README.md) against
 // this library: codebook tables, trellis unpacking, Ŵ reconstruction (all bit-exact), the Hadamard
 // transform (bit-exact), the original-basis W and the full linear (within tolerance).
 #pragma once

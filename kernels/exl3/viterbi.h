@@ -1,5 +1,5 @@
 // The EXL3 encoder's core: a tail-biting Viterbi search over the 16-bit trellis for one 16x16 tile
-// (exl3-format.md §5.2), for any K in 1..8 and all three codebooks.
+// (docs/exl3-format.md §5.2), for any K in 1..8 and all three codebooks.
 //
 // The search runs over "edges", the low 16-K bits of a state (2^(16-K) of them). At position t the
 // cost of edge e is min over the high K bits kappa of state s = kappa << (16-K) | e of

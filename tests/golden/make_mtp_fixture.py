@@ -29,8 +29,8 @@ Attention, Gate, Expert, MoE, ParallelHead.hc_head, kernel.hc_split_sinkhorn/spa
     fp4_act_quant, rotate_activation are quantisers, identity in exact arithmetic).
   * The MTP row for position t is (X_t, token t+1); the embedding of row 0 is zeroed before enorm, as vLLM
     does and as training/dsv4.py trains (the reference MTPBlock takes whatever ids its caller passes; its
-    generate.py never runs MTP). dsv4-model.md 5.1 step 1.
-  * Drafting chains as vLLM's proposer does (dsv4-model.md 5.2): draft 1 is the argmax at row L-1, draft
+    generate.py never runs MTP). docs/model-v4.md section 5.1 step 1.
+  * Drafting chains as vLLM's proposer does (docs/model-v4.md section 5.2): draft 1 is the argmax at row L-1, draft
     i+1 is computed at position L-1+i from (the block's output row for position L-2+i, draft i), and that
     row attends to the real rows of its window plus the earlier chained rows.
 

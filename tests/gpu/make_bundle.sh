@@ -2,7 +2,8 @@
 # Builds the model-on-GPU binaries and tests and gathers them, with the shared libraries they need, into
 # .bundle/gpu (ignored by git) for the GPU machine; tests/gpu/run_gpu.sh runs them there.
 #   usage (repository root, on the build machine): tests/gpu/make_bundle.sh
-# The bundling tool lives outside the repository (../shared/tools/gpu-bundle.sh, or DSMESH_GPU_TOOLS).
+# The bundling tool, gpu-bundle.sh, is not part of the repository: DSMESH_GPU_TOOLS names its folder
+# (default: tools/ of the `shared` folder beside the checkout).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 TOOLS=${DSMESH_GPU_TOOLS:-$(cd .. && pwd)/shared/tools}

@@ -5,7 +5,7 @@ V4 keeps V3's byte-level BPE (same 128000-token vocabulary, 127741 merges, pre-t
 and grows the added-token table from 818 to 1283 entries (ids 128815..129279, so 129280 ids in all,
 matching the model's embedding rows). Sources for the added tokens (public repositories, read via
 search; ids cross-checked between them):
-  * ../shared/reference/dsv4-model.md section 6.1 (ids of <think>, </think>, role tokens, ｜DSML｜,
+  * docs/chat-encoding.md section 1 (ids of <think>, </think>, role tokens, ｜DSML｜,
     <｜latest_reminder｜>, task tokens, <｜title｜>, <｜read_url｜>);
   * a Rust tokenizer crate's deepseek_v4() table (all 50 named ids, and the 415 multimodal span
     placeholders <|place_holder_mm_span_0021|>..0435 at ids 128847..129261);
