@@ -49,8 +49,9 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
         job_(std::move(job)),
         ticket_(std::move(ticket)),
         created_(static_cast<int64_t>(std::time(nullptr))) {
-    writer_ = job_.api == GenerationApi::kResponses ? MakeResponsesWriter(job_, created_)
-                                                    : MakeChatCompletionWriter(job_, created_);
+    writer_ = job_.api == GenerationApi::kResponses    ? MakeResponsesWriter(job_, created_)
+              : job_.api == GenerationApi::kAnthropic ? MakeAnthropicWriter(job_)
+                                                      : MakeChatCompletionWriter(job_, created_);
     const int sequences = std::max(1, job_.options.best_of);
     for (int i = 0; i < sequences; ++i) {
       Sequence s;
@@ -127,9 +128,10 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
   }
 
   const char* Path() const {
-    return job_.api == GenerationApi::kResponses ? "/v1/responses"
-           : job_.chat                          ? "/v1/chat/completions"
-                                                : "/v1/completions";
+    return job_.api == GenerationApi::kResponses   ? "/v1/responses"
+           : job_.api == GenerationApi::kAnthropic ? "/v1/messages"
+           : job_.chat                             ? "/v1/chat/completions"
+                                                   : "/v1/completions";
   }
 
   void OnAdmitted() {
@@ -300,7 +302,7 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
     ApiError error(status, message, ErrorType(status), std::nullopt, code);
     HeaderList headers = job_.response_headers;
     if (status == 503) headers.emplace_back("Retry-After", kRetryAfterSeconds);
-    exchange_->Respond(status, "application/json", ErrorBody(error), headers);
+    exchange_->Respond(status, "application/json", writer_->ErrorResponseBody(error), headers);
   }
 
   static std::string ErrorType(int status) {
@@ -325,7 +327,7 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
     } else {
       HeaderList headers = job_.response_headers;
       if (status == 503) headers.emplace_back("Retry-After", kRetryAfterSeconds);
-      exchange_->Respond(status, "application/json", ErrorBody(error), headers);
+      exchange_->Respond(status, "application/json", writer_->ErrorResponseBody(error), headers);
     }
     Record(reason);
     CancelAll();

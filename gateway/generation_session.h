@@ -4,7 +4,7 @@
 // so its prefill has left a prefix-cache snapshot of the prompt's whole blocks that they start from;
 // from then on all of them decode in the same engine steps. ChoiceDecoder turns each stream into
 // text (reasoning / content / tool calls); a GenerationWriter frames it (chat / completions chunks with
-// `index` per choice, or the Responses API's events). Usage counts come from the engine's token counts
+// `index` per choice, the Responses API's events, or the Anthropic Messages API's). Usage counts come from the engine's token counts
 // (all sequences, best_of included), never from chunk counts. A client disconnect cancels every gRPC
 // call, which aborts the sequences in the mesh and frees their KV. Per-request latency figures go to
 // ServingMetrics when the request ends, however it ends.
@@ -26,7 +26,7 @@
 
 namespace dsmesh {
 
-enum class GenerationApi { kChat, kCompletions, kResponses };
+enum class GenerationApi { kChat, kCompletions, kResponses, kAnthropic };
 
 struct GenerationJob {
   GenerationApi api = GenerationApi::kChat;
@@ -37,11 +37,11 @@ struct GenerationJob {
   std::vector<PromptImage> images;  // image blocks in prompt_ids (chat with image parts on a vision model)
   int max_tokens = 0;  // resolved (request value or the rest of the context)
   std::string request_id;
-  std::string response_id;  // "chatcmpl-<request_id>" / "cmpl-<request_id>" / "resp_<request_id>"
+  std::string response_id;  // "chatcmpl-<request_id>" / "cmpl-<request_id>" / "resp_<request_id>" / "msg_<request_id>"
   std::string model_name;
   double arrival_s = 0;  // steady clock seconds when the HTTP request was read (TTFT counts from here)
   HeaderList response_headers;  // X-Request-Id
-  nlohmann::json echo;  // Responses API: the request parameters the response object repeats
+  nlohmann::json echo;  // Responses API: the request parameters the response object repeats; Anthropic: {model}
   std::optional<int> max_queued;  // this gateway's --max-queued, forwarded to the coordinator's admission
 };
 

@@ -1,6 +1,7 @@
 // How a generation's choices go on the wire: one writer per API shape. The chat-completions and
 // completions writer (chat_completion_writer.cc) frames OpenAI chunks with `index` per choice; the
-// Responses writer (responses_writer.cc) frames output items and the response.* event sequence. The
+// Responses writer (responses_writer.cc) frames output items and the response.* event sequence; the
+// Anthropic writer (anthropic_writer.cc) frames content blocks and the Messages API's events. The
 // session (generation_session.cc) owns the exchange and calls these in order, never concurrently:
 //   streaming:      Start, Delta*, ChoiceEnd (per choice), End            (or Error at any point)
 //   non-streaming:  Body
@@ -37,10 +38,13 @@ class GenerationWriter {
   virtual void End(const Send& send, const std::vector<ChoiceOutput>& choices, const UsageCounts& usage) = 0;
   virtual void Error(const Send& send, const ApiError& error) = 0;
   virtual std::string Body(const std::vector<ChoiceOutput>& choices, const UsageCounts& usage) = 0;
+  // The body of an error answered before the stream started (or instead of a non-streamed body).
+  virtual std::string ErrorResponseBody(const ApiError& error) { return ErrorBody(error); }
 };
 
 std::unique_ptr<GenerationWriter> MakeChatCompletionWriter(const GenerationJob& job, int64_t created);
 std::unique_ptr<GenerationWriter> MakeResponsesWriter(const GenerationJob& job, int64_t created);
+std::unique_ptr<GenerationWriter> MakeAnthropicWriter(const GenerationJob& job);
 
 std::string DumpJson(const nlohmann::json& j);  // UTF-8 errors replaced, as every body the gateway sends
 

@@ -12,6 +12,8 @@
 
 #include "common/chat/chat_request_parser.h"
 #include "common/chat/python_json.h"
+#include "common/version.h"
+#include "gateway/anthropic_request.h"
 #include "gateway/api_error.h"
 #include "gateway/generation_session.h"
 #include "gateway/request_limits.h"
@@ -73,6 +75,7 @@ struct OpenAiServer::Context {
   std::string handler;  // for the http_requests counter
   HeaderList headers;
   double arrival_s = 0;
+  bool anthropic = false;  // an Anthropic API path: errors in Anthropic's shape
 };
 
 OpenAiServer::OpenAiServer(OpenAiServerOptions options, std::shared_ptr<const Tokenizer> tokenizer, MeshClient* mesh,
@@ -93,6 +96,9 @@ void OpenAiServer::Handle(std::shared_ptr<HttpExchange> exchange) {
   ctx.headers.emplace_back("X-Request-Id", ctx.request_id);
   ctx.handler = "other";
   const std::string method(exchange->request().method_string());
+  auto error_body = [&ctx](const ApiError& e) {
+    return ctx.anthropic ? AnthropicErrorBody(e.status, e.what(), "req_" + ctx.request_id) : ErrorBody(e);
+  };
   try {
     Route(exchange, ctx);
     if (ctx.handler != "generation") metrics_->CountHttpRequest(ctx.handler, method, 200);
@@ -102,16 +108,16 @@ void OpenAiServer::Handle(std::shared_ptr<HttpExchange> exchange) {
     HeaderList headers = ctx.headers;
     if (e.status == 401) headers.emplace_back("WWW-Authenticate", "Bearer");
     if (e.status == 503) headers.emplace_back("Retry-After", kRetryAfterSeconds);
-    exchange->Respond(e.status, "application/json", ErrorBody(e), headers);
+    exchange->Respond(e.status, "application/json", error_body(e), headers);
   } catch (const InvalidUtf8Error& e) {
     metrics_->CountHttpRequest(ctx.handler, method, 400);
-    exchange->Respond(400, "application/json", ErrorBody(BadRequest(std::string("invalid UTF-8: ") + e.what())),
+    exchange->Respond(400, "application/json", error_body(BadRequest(std::string("invalid UTF-8: ") + e.what())),
                       ctx.headers);
   } catch (const std::exception& e) {
     spdlog::error("request {}: internal error: {}", ctx.request_id, e.what());
     metrics_->CountHttpRequest(ctx.handler, method, 500);
-    exchange->Respond(500, "application/json", ErrorBody(500, std::string("internal error: ") + e.what()),
-                      ctx.headers);
+    exchange->Respond(500, "application/json",
+                      error_body(ApiError(500, std::string("internal error: ") + e.what(), "server_error")), ctx.headers);
   }
 }
 
@@ -125,6 +131,10 @@ void OpenAiServer::Route(std::shared_ptr<HttpExchange>& exchange, Context& ctx) 
       throw ApiError(405, "method " + std::string(req.method_string()) + " not allowed on " + path,
                      "invalid_request_error");
   };
+  if (path == "/v1/messages" || path.rfind("/v1/messages/", 0) == 0) {
+    ctx.anthropic = true;
+    ctx.headers.emplace_back("request-id", "req_" + ctx.request_id);  // where Anthropic's clients read it
+  }
   if (path.rfind("/v1/", 0) == 0) CheckApiKey(req);
   if (path == "/v1/chat/completions" || path == "/v1/completions") {
     ctx.handler = path;
@@ -139,6 +149,17 @@ void OpenAiServer::Route(std::shared_ptr<HttpExchange>& exchange, Context& ctx) 
     ctx.handler = "generation";
     return Responses(exchange, ctx);
   }
+  if (path == "/v1/messages") {
+    ctx.handler = path;
+    require(http::verb::post);
+    ctx.handler = "generation";
+    return Messages(exchange, ctx);
+  }
+  if (path == "/v1/messages/count_tokens") {
+    ctx.handler = path;
+    require(http::verb::post);
+    return CountTokens(exchange, ctx);
+  }
   if (path.rfind("/v1/responses/", 0) == 0)
     throw ApiError(404, "responses are not stored here (store: false), so there is nothing at " + path,
                    "not_found_error");
@@ -146,6 +167,12 @@ void OpenAiServer::Route(std::shared_ptr<HttpExchange>& exchange, Context& ctx) 
     ctx.handler = "/v1/models";
     require(http::verb::get);
     return Models(exchange, ctx, path);
+  }
+  if (path == "/version") {
+    ctx.handler = path;
+    require(http::verb::get);
+    exchange->Respond(200, "application/json", Dump({{"version", kDsmeshVersion}}), ctx.headers);
+    return;
   }
   if (path == "/health") {
     ctx.handler = path;
@@ -174,8 +201,10 @@ void OpenAiServer::CheckApiKey(const HttpRequest& request) const {
   if (options_.api_keys.empty()) return;
   std::string auth(request[http::field::authorization]);
   const std::string prefix = "bearer ";
-  if (auth.size() > prefix.size() && boost::beast::iequals(auth.substr(0, prefix.size()), prefix)) {
-    const std::string key = auth.substr(prefix.size());
+  const bool bearer = auth.size() > prefix.size() && boost::beast::iequals(auth.substr(0, prefix.size()), prefix);
+  const auto x_api_key = request.find("x-api-key");  // Anthropic's header
+  if (bearer || x_api_key != request.end()) {
+    const std::string key = bearer ? auth.substr(prefix.size()) : std::string(x_api_key->value());
     // Every configured key is compared, each in constant time, so the answer's timing says nothing about
     // how close a guess came or which key it resembled. The key is never logged.
     bool match = false;
@@ -183,7 +212,8 @@ void OpenAiServer::CheckApiKey(const HttpRequest& request) const {
     if (match) return;
     throw ApiError(401, "invalid API key", "authentication_error", std::nullopt, std::string("invalid_api_key"));
   }
-  throw ApiError(401, "missing API key: send 'Authorization: Bearer <key>'", "authentication_error", std::nullopt,
+  throw ApiError(401, "missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
+                 "authentication_error", std::nullopt,
                  std::string("invalid_api_key"));
 }
 
@@ -223,6 +253,85 @@ void OpenAiServer::Responses(std::shared_ptr<HttpExchange>& exchange, Context& c
   }
 }
 
+OpenAiServer::RenderedChat OpenAiServer::RenderChat(const ojson& body, bool constrained) const {
+  ChatRequest chat_request;
+  std::string prompt;
+  std::vector<ChatImage> images;
+  try {
+    chat_request = ParseChatRequest(body);
+    images = CheckImages(chat_request);
+    // Constrained output starts at the first generated token: no reasoning block before it.
+    if (constrained) chat_request.thinking = false;
+    prompt = RenderChatPrompt(options_.chat_format, chat_request);
+  } catch (const ChatFormatError& e) {
+    throw BadRequest(e.what(), ChatErrorParam(e.what()));
+  }
+  RenderedChat out;
+  out.thinking = chat_request.thinking && options_.chat_format == ChatFormat::kDeepSeekV4;
+  if (images.empty()) {
+    out.prompt_ids = tokenizer_->Encode(prompt, /*add_special_tokens=*/false);  // the prompt has its BOS
+  } else {  // each placeholder becomes its image's sentinel block; the patches ride beside the ids
+    ImagePrompt built = BuildImagePrompt(prompt, images, *tokenizer_, *options_.vision);
+    out.prompt_ids = std::move(built.prompt_ids);
+    out.images = std::move(built.images);
+  }
+  return out;
+}
+
+namespace {
+
+// The Anthropic field a chat-body field named in an error came from.
+std::string AnthropicParam(const std::string& chat_param) {
+  if (chat_param == "stop") return "stop_sequences";
+  if (chat_param == "reasoning_effort") return "output_config.effort";
+  if (chat_param.rfind("response_format", 0) == 0) return "output_config.format";
+  return chat_param;
+}
+
+// Rethrows a chat-path error with the Anthropic field's name in its message.
+[[noreturn]] void RethrowAsAnthropic(const ApiError& e) {
+  if (e.param) {
+    const std::string from = *e.param, to = AnthropicParam(from);
+    if (to != from) {
+      std::string message = e.what();
+      for (size_t at = message.find(from); at != std::string::npos; at = message.find(from, at + to.size()))
+        message.replace(at, from.size(), to);
+      throw ApiError(e.status, message, e.type, to, e.code);
+    }
+  }
+  throw e;
+}
+
+}  // namespace
+
+void OpenAiServer::Messages(std::shared_ptr<HttpExchange>& exchange, Context& ctx) {
+  AnthropicRequest request = TranslateAnthropicRequest(ParseBody(exchange->request()), options_.served_model_name);
+  try {
+    Generation(exchange, ctx, GenerationApi::kAnthropic, std::move(request.chat_body), json{{"model", request.model}});
+  } catch (const ApiError& e) {
+    RethrowAsAnthropic(e);
+  }
+}
+
+void OpenAiServer::CountTokens(std::shared_ptr<HttpExchange>& exchange, Context& ctx) {
+  AnthropicRequest request =
+      TranslateAnthropicRequest(ParseBody(exchange->request()), options_.served_model_name, /*count_tokens=*/true);
+  ojson& body = request.chat_body;
+  std::vector<int> ids;
+  try {
+    if (body["model"] != options_.served_model_name)
+      throw ApiError(404, "The model `" + request.model + "` does not exist.", "not_found_error", std::string("model"));
+    // Counted as /v1/messages would render it (tool_choice none drops the tools, a forced call or a
+    // schema renders without thinking).
+    if (auto tc = body.find("tool_choice"); tc != body.end() && tc->is_string() && *tc == "none") body.erase("tools");
+    const bool constrained = !ParseStructuredRequest(body, /*chat=*/true).spec.empty();
+    ids = RenderChat(body, constrained).prompt_ids;
+  } catch (const ApiError& e) {
+    RethrowAsAnthropic(e);
+  }
+  exchange->Respond(200, "application/json", Dump({{"input_tokens", ids.size()}}), ctx.headers);
+}
+
 void OpenAiServer::Generation(std::shared_ptr<HttpExchange>& exchange, Context& ctx, GenerationApi api, ojson body,
                               nlohmann::json echo) {
   const bool chat = api != GenerationApi::kCompletions;
@@ -246,26 +355,10 @@ void OpenAiServer::Generation(std::shared_ptr<HttpExchange>& exchange, Context& 
   if (chat) {
     if (!body.contains("messages")) throw BadRequest("'messages' is required", "messages");
     if (auto tc = body.find("tool_choice"); tc != body.end() && tc->is_string() && *tc == "none") body.erase("tools");
-    ChatRequest chat_request;
-    std::string prompt;
-    std::vector<ChatImage> images;
-    try {
-      chat_request = ParseChatRequest(body);
-      images = CheckImages(chat_request);
-      // Constrained output starts at the first generated token: no reasoning block before it.
-      if (!structured.spec.empty()) chat_request.thinking = false;
-      prompt = RenderChatPrompt(options_.chat_format, chat_request);
-    } catch (const ChatFormatError& e) {
-      throw BadRequest(e.what(), ChatErrorParam(e.what()));
-    }
-    job.thinking = chat_request.thinking && options_.chat_format == ChatFormat::kDeepSeekV4;
-    if (images.empty()) {
-      job.prompt_ids = tokenizer_->Encode(prompt, /*add_special_tokens=*/false);  // the prompt has its BOS
-    } else {  // each placeholder becomes its image's sentinel block; the patches ride beside the ids
-      ImagePrompt built = BuildImagePrompt(prompt, images, *tokenizer_, *options_.vision);
-      job.prompt_ids = std::move(built.prompt_ids);
-      job.images = std::move(built.images);
-    }
+    RenderedChat rendered = RenderChat(body, !structured.spec.empty());
+    job.thinking = rendered.thinking;
+    job.prompt_ids = std::move(rendered.prompt_ids);
+    job.images = std::move(rendered.images);
   } else {
     auto it = body.find("prompt");
     if (it == body.end() || it->is_null()) throw BadRequest("'prompt' is required", "prompt");
@@ -302,7 +395,11 @@ void OpenAiServer::Generation(std::shared_ptr<HttpExchange>& exchange, Context& 
   if (options.request_id) spdlog::debug("request {}: body request_id {}", ctx.request_id, *options.request_id);
   job.options = std::move(options);
   job.request_id = ctx.request_id;
-  job.response_id = (api == GenerationApi::kResponses ? "resp_" : chat ? "chatcmpl-" : "cmpl-") + ctx.request_id;
+  job.response_id = (api == GenerationApi::kResponses   ? "resp_"
+                     : api == GenerationApi::kAnthropic ? "msg_"
+                     : chat                             ? "chatcmpl-"
+                                                        : "cmpl-") +
+                    ctx.request_id;
   job.model_name = options_.served_model_name;
   job.arrival_s = ctx.arrival_s;
   job.response_headers = ctx.headers;
@@ -311,13 +408,26 @@ void OpenAiServer::Generation(std::shared_ptr<HttpExchange>& exchange, Context& 
 
 void OpenAiServer::Models(std::shared_ptr<HttpExchange>& exchange, Context& ctx, const std::string& path) {
   auto stats = monitor_->last_stats();
+  // vLLM's model card: root is the model as loaded (its directory), parent null, one permission entry.
+  json permission = {{"id", "modelperm-" + options_.served_model_name},
+                     {"object", "model_permission"},
+                     {"created", created_},
+                     {"allow_create_engine", false},
+                     {"allow_sampling", true},
+                     {"allow_logprobs", true},
+                     {"allow_search_indices", false},
+                     {"allow_view", true},
+                     {"allow_fine_tuning", false},
+                     {"organization", "*"},
+                     {"group", nullptr},
+                     {"is_blocking", false}};
   json card = {{"id", options_.served_model_name},
                {"object", "model"},
                {"created", created_},
                {"owned_by", "dsmesh"},
                {"root", options_.model_dir},
                {"parent", nullptr},
-               {"permission", json::array()}};
+               {"permission", json::array({permission})}};
   if (stats && stats->max_model_len() > 0) card["max_model_len"] = stats->max_model_len();
   if (path == "/v1/models") {
     exchange->Respond(200, "application/json", Dump({{"object", "list"}, {"data", json::array({card})}}), ctx.headers);
@@ -356,17 +466,7 @@ void OpenAiServer::Tokenize(std::shared_ptr<HttpExchange>& exchange, Context& ct
                    std::string("model"), std::string("model_not_found"));
   std::vector<int> ids;
   if (body.contains("messages")) {
-    std::string prompt;
-    std::vector<ChatImage> images;
-    try {
-      ChatRequest chat_request = ParseChatRequest(body);
-      images = CheckImages(chat_request);
-      prompt = RenderChatPrompt(options_.chat_format, chat_request);
-    } catch (const ChatFormatError& e) {
-      throw BadRequest(e.what(), ChatErrorParam(e.what()));
-    }
-    ids = images.empty() ? tokenizer_->Encode(prompt, false)
-                         : BuildImagePrompt(prompt, images, *tokenizer_, *options_.vision).prompt_ids;
+    ids = RenderChat(body, /*constrained=*/false).prompt_ids;
   } else {
     auto p = body.find("prompt");
     if (p == body.end() || !p->is_string()) throw BadRequest("'prompt' (a string) or 'messages' is required", "prompt");

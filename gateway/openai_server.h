@@ -1,5 +1,6 @@
 // The OpenAI-compatible surface of the gateway: routing, API keys, request ids, and the handlers
-// for /v1/chat/completions, /v1/completions, /v1/responses, /v1/models, /health, /metrics, /tokenize, /detokenize.
+// for /v1/chat/completions, /v1/completions, /v1/responses, /v1/models, /health, /metrics, /tokenize, /detokenize,
+// /version, and Anthropic's /v1/messages and /v1/messages/count_tokens (answered in Anthropic's error shape).
 // Generation itself is in generation_session.h; HTTP mechanics in http_server.h.
 #pragma once
 
@@ -51,12 +52,22 @@ class OpenAiServer {
   void Generation(std::shared_ptr<HttpExchange>& exchange, Context& ctx, GenerationApi api, nlohmann::ordered_json body,
                   nlohmann::json echo);
   void Responses(std::shared_ptr<HttpExchange>& exchange, Context& ctx);
+  void Messages(std::shared_ptr<HttpExchange>& exchange, Context& ctx);
+  void CountTokens(std::shared_ptr<HttpExchange>& exchange, Context& ctx);
   void Models(std::shared_ptr<HttpExchange>& exchange, Context& ctx, const std::string& path);
   void Health(std::shared_ptr<HttpExchange>& exchange, Context& ctx);
   void Metrics(std::shared_ptr<HttpExchange>& exchange, Context& ctx);
   void Tokenize(std::shared_ptr<HttpExchange>& exchange, Context& ctx);
   void Detokenize(std::shared_ptr<HttpExchange>& exchange, Context& ctx);
-  void CheckApiKey(const HttpRequest& request) const;
+  void CheckApiKey(const HttpRequest& request) const;  // Authorization: Bearer <key> or x-api-key: <key>
+  // A chat body's prompt: rendered (DeepSeek-V4 or V3), tokenized, image blocks expanded. `constrained`:
+  // the output is constrained from its first token, so the prompt opens no reasoning block.
+  struct RenderedChat {
+    std::vector<int> prompt_ids;
+    std::vector<PromptImage> images;
+    bool thinking = false;  // the prompt opened a reasoning block
+  };
+  RenderedChat RenderChat(const nlohmann::ordered_json& body, bool constrained) const;
   // A chat request's image parts: each decoded under options_.images (a 400 naming the part when one is
   // bad), then refused, since no model served here takes images yet (400 "does not accept images").
   // Decodes the request's images (400 for a bad one) and refuses them when the model has no tower.

@@ -149,6 +149,24 @@ const cases = [
     const one = await client(mesh).models.retrieve(MODEL);
     assertEq(one.id, MODEL, 'retrieve');
     await expectError(client(mesh).models.retrieve('nope'), 404);
+    // vLLM's card: max_model_len, root (the model as loaded), parent, one model_permission entry.
+    const card = (await (await fetch(`${mesh.url}/models`)).json()).data[0];
+    assertEq(card.max_model_len, 4096, 'max_model_len');
+    assert(typeof card.root === 'string' && card.root.length > 0, `root ${card.root}`);
+    assertEq(card.parent, null, 'parent');
+    assertEq(card.permission.length, 1, 'permission');
+    assertEq([card.permission[0].object, card.permission[0].allow_sampling, card.permission[0].organization],
+             ['model_permission', true, '*'], 'permission entry');
+    assertEq(one, card, 'retrieve = the list entry');
+  }],
+
+  ['GET /version answers vLLM\'s shape; other methods are 405', async ({ mesh }) => {
+    const r = await fetch(`${mesh.base}/version`);
+    assertEq(r.status, 200, 'status');
+    const v = await r.json();
+    assertEq(Object.keys(v), ['version'], 'keys');
+    assert(/^\d+\.\d+\.\d+/.test(v.version), `version ${v.version}`);
+    assertEq((await fetch(`${mesh.base}/version`, { method: 'POST' })).status, 405, 'POST /version');
   }],
 
   ['chat: reasoning_content, content, usage from engine counts', async ({ mesh }) => {
