@@ -1,16 +1,14 @@
 #!/usr/bin/env bash
 # Builds the GPU test and benchmark binaries and gathers them, their shared libraries, exllamav3's test
 # vectors and the anchor table (from this repository, at the same paths) into .bundle/cuda (ignored by
-# git) for the GPU machine. The bundling tool, gpu-bundle.sh, is not part of the repository: it is read
-# from DSMESH_SHARED/tools (default: the `shared` folder beside the checkout).
+# git) for the GPU machine. The binaries and their libraries are gathered by
+# tests/gpu/bundle_binaries.sh.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-tools=${DSMESH_SHARED:-$(cd .. && pwd)/shared}/tools
-[[ -x $tools/gpu-bundle.sh ]] || { echo "make_bundle.sh: $tools/gpu-bundle.sh not found (set DSMESH_SHARED)" >&2; exit 1; }
 bazel build //kernels/cuda:exl3_gemv_test //kernels/cuda:exl3_moe_test //kernels/cuda:exl3_gemm_test \
   //kernels/cuda:dsmesh-kernel-bench
 rm -rf .bundle/cuda
-"$tools/gpu-bundle.sh" .bundle/cuda bazel-bin/kernels/cuda/exl3_gemv_test \
+tests/gpu/bundle_binaries.sh .bundle/cuda bazel-bin/kernels/cuda/exl3_gemv_test \
   bazel-bin/kernels/cuda/exl3_moe_test bazel-bin/kernels/cuda/exl3_gemm_test bazel-bin/kernels/cuda/dsmesh-kernel-bench
 # cuBLAS (~700 MB with cublasLt) does not travel: the GPU machine has it (run_gpu.sh finds it).
 rm -f .bundle/cuda/lib/libcublas*

@@ -2,12 +2,8 @@
 # Builds the model-on-GPU binaries and tests and gathers them, with the shared libraries they need, into
 # .bundle/gpu (ignored by git) for the GPU machine; tests/gpu/run_gpu.sh runs them there.
 #   usage (repository root, on the build machine): tests/gpu/make_bundle.sh
-# The bundling tool, gpu-bundle.sh, is not part of the repository: DSMESH_GPU_TOOLS names its folder
-# (default: tools/ of the `shared` folder beside the checkout).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-TOOLS=${DSMESH_GPU_TOOLS:-$(cd .. && pwd)/shared/tools}
-[[ -x $TOOLS/gpu-bundle.sh ]] || { echo "make_bundle.sh: no $TOOLS/gpu-bundle.sh (set DSMESH_GPU_TOOLS)" >&2; exit 2; }
 bins=(cli/dsmesh worker/dsmesh-worker coordinator/dsmesh-coordinator gateway/dsmesh-gateway
       model/gpu_forward_test model/gpu_vision_test kernels/cuda/cuda_backend_test kernels/cuda/exl3_gemv_test
       kernels/cuda/exl3_moe_test kernels/cuda/dsmesh-kernel-bench worker/cuda_ipc_communicator_test)
@@ -16,7 +12,7 @@ targets=()
 for b in "${bins[@]}"; do targets+=("//${b%/*}:${b##*/}"); done
 bazel build --noshow_progress "${targets[@]}" >&2
 rm -rf .bundle/gpu
-"$TOOLS/gpu-bundle.sh" .bundle/gpu "${bins[@]/#/bazel-bin/}"
+tests/gpu/bundle_binaries.sh .bundle/gpu "${bins[@]/#/bazel-bin/}"
 # cuBLAS (~700 MB) does not travel: the GPU machine has it (run_gpu.sh finds it).
 rm -f .bundle/gpu/lib/libcublas*
 # The binaries and kernel libraries carry fat binaries for two architectures; they travel xz-compressed
