@@ -1,6 +1,7 @@
 #include "common/chat/deepseek_v4_output_parser.h"
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 #include <set>
@@ -8,7 +9,6 @@
 
 #include "common/chat/deepseek_v4_tokens.h"
 #include "common/chat/python_json.h"
-#include "nlohmann/json.hpp"
 
 namespace dsmesh {
 namespace {
@@ -230,7 +230,8 @@ bool DeepSeekV4OutputParser::StepText(bool final, std::vector<ChatOutputEvent>* 
     // "<｜DSML｜" at the end may still become a block opener: wait for it (the hold below keeps it).
     const size_t p = pending_.find(kTagOpen);
     const std::string_view rest = p == std::string::npos ? std::string_view() : std::string_view(pending_).substr(p);
-    const bool may_open_block = !final && (kBlockOpen.substr(0, rest.size()) == rest || kV32BlockOpen.substr(0, rest.size()) == rest);
+    const bool may_open_block =
+        !final && (kBlockOpen.substr(0, rest.size()) == rest || kV32BlockOpen.substr(0, rest.size()) == rest);
     if (!may_open_block) consider(Marker::kStrayTag, kTagOpen);
     consider(Marker::kStrayTag, kTagClose);
   }

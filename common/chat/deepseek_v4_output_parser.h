@@ -20,8 +20,9 @@
 //     without the blank line, text after the block is content;
 //   - DeepSeek-V3.2's block name "<｜DSML｜function_calls>" (closed by "</｜DSML｜function_calls>") works
 //     like "tool_calls";
-//   - a value may contain DSML text itself: "</｜DSML｜parameter>" only ends it when the next parameter,
-//     or "</｜DSML｜invoke>" and then the next invoke / the block's end / EOS, follows;
+//   - a value may quote "</｜DSML｜parameter>" when plain text follows it (the official parser ends the
+//     value at any closing tag); a closing tag followed by a DSML tag or EOS always ends the value, so a
+//     misspelt or missing tag after it makes the block malformed, never merges two parameters or calls;
 //   - reasoning that never reaches "</think>" (max_tokens) is reasoning to the end;
 //   - a DSML block inside the reasoning ends the reasoning (as vLLM's DeepSeek-V4 reasoning parser
 //     does): its calls are tool calls, the text after the block is content, and a "</think>" there is

@@ -6,6 +6,8 @@
 namespace dsmesh::dsml_shapes {
 namespace {
 
+using Strings = std::vector<std::string>;
+
 const std::string kEos = "<｜end▁of▁sentence｜>";
 const std::string kD = "｜DSML｜";
 
@@ -32,7 +34,8 @@ std::string Quote(const std::string& s) { return nlohmann::json(s).dump(); }
 
 const std::vector<std::string> kStrings = {
     "Paris", "", " ", "  padded both sides  ", "line1\nline2\n", "tab\there", "CRLF\r\nline", "quote \" and backslash \\",
-    "control \x01 and \x1f chars", "日本語のテキスト", "emoji 👨‍👩‍👧 🏔 ✅", "e\u0301 combining, \u200b zero width, \u2028 sep",
+    "control \x01 and \x1f chars", "日本語のテキスト", "emoji 👨‍👩‍👧 🏔 ✅",
+    "e\u0301 combining, \u200b zero width, \u2028 sep",
     "42", "true", "null", "{\"looks\": [\"like\", \"json\"]}", "<b>html</b> & <tool_result>x</tool_result>",
     "</think> inside a value", "<think>", "<｜DSML｜invoke name=\"x\"> quoted opener",
     "</｜DSML｜invoke> and </｜DSML｜tool_calls> quoted closers", "<｜DSML｜parameter name=\"k\" string=\"true\">",
@@ -56,7 +59,7 @@ enum class Style { kCompact, kPython, kSpaced, kPretty };
 std::string JsonValue(Rng& r, Style style, int depth, int indent) {
   const size_t kind = depth >= 3 ? r.Below(3) : r.Below(5);
   if (kind == 0) return r.Pick(kNumbers);
-  if (kind == 1) return r.Pick(std::vector<std::string>{"true", "false", "null"});
+  if (kind == 1) return r.Pick(Strings{"true", "false", "null"});
   if (kind == 2) return r.Pick(kStringLiterals);
   const bool object = kind == 3;
   const size_t n = r.Below(4);
@@ -85,7 +88,7 @@ std::string JsonValue(Rng& r, Style style, int depth, int indent) {
 std::string NonStringValue(Rng& r) {
   const Style style = static_cast<Style>(r.Below(4));
   std::string v = JsonValue(r, style, 0, 0);
-  if (r.Percent(20)) v = r.Pick(std::vector<std::string>{" ", "\n", "  ", "\t"}) + v + r.Pick(std::vector<std::string>{" ", "\n", ""});
+  if (r.Percent(20)) v = r.Pick(Strings{" ", "\n", "  ", "\t"}) + v + r.Pick(Strings{" ", "\n", ""});
   return v;
 }
 
@@ -151,9 +154,9 @@ const std::vector<std::string> kReasonings = {"", "Need the weather.", "Multi\nl
 
 Invoke RandomInvoke(Rng& r, bool plain, size_t min_params) {
   Invoke inv;
-  inv.name = plain ? r.Pick(std::vector<std::string>{"get_weather", "search", "noop"}) : r.Pick(kToolNames);
+  inv.name = plain ? r.Pick(Strings{"get_weather", "search", "noop"}) : r.Pick(kToolNames);
   if (!plain) {
-    inv.space_before_name = r.Pick(std::vector<std::string>{" ", " ", " ", " ", "  ", "\t", "\n", "", " \n "});
+    inv.space_before_name = r.Pick(Strings{" ", " ", " ", " ", "  ", "\t", "\n", "", " \n "});
     inv.blank_line_after_name = r.Percent(15);
   }
   size_t n = r.Percent(15) ? 0 : 1 + r.Below(4);
@@ -165,8 +168,10 @@ Invoke RandomInvoke(Rng& r, bool plain, size_t min_params) {
     p.key = keys[k];
     keys.erase(keys.begin() + static_cast<long>(k));
     p.is_string = r.Percent(50);
-    if (plain) p.value = p.is_string ? r.Pick(kPlainStrings) : r.Pick(std::vector<std::string>{"3", "true", "[1, 2]", "{\"a\": null}"});
-    else p.value = p.is_string ? r.Pick(kStrings) : NonStringValue(r);
+    if (plain)
+      p.value = p.is_string ? r.Pick(kPlainStrings) : r.Pick(Strings{"3", "true", "[1, 2]", "{\"a\": null}"});
+    else
+      p.value = p.is_string ? r.Pick(kStrings) : NonStringValue(r);
     inv.params.push_back(std::move(p));
   }
   return inv;
@@ -288,12 +293,17 @@ Shape LenientShape(Rng& r, size_t i) {
   Output o = RandomOutput(r, /*plain=*/false, 1, 0);
   std::string what;
   switch (i % 9) {
-    case 0: o.sep = r.Pick(std::vector<std::string>{"\r\n", "\n\n", "\n  ", "", " \t\n"}), what = "whitespace between tags"; break;
+    case 0:
+      o.sep = r.Pick(Strings{"\r\n", "\n\n", "\n  ", "", " \t\n"}), what = "whitespace between tags";
+      break;
     case 1: o.block_name = "function_calls", what = "V3.2 block name function_calls"; break;
     case 2:
-      o.content = r.Pick(std::vector<std::string>{"Checking.", "x\n", "答え"}), o.before_block = "", what = "no blank line before the block";
+      o.content = r.Pick(Strings{"Checking.", "x\n", "答え"}), o.before_block = "";
+      what = "no blank line before the block";
       break;
-    case 3: o.after_block = r.Pick(std::vector<std::string>{"\nDone.", " trailing text 🙂"}), what = "text after the block"; break;
+    case 3:
+      o.after_block = r.Pick(Strings{"\nDone.", " trailing text 🙂"}), what = "text after the block";
+      break;
     case 4:
       o.thinking = true, o.close_reasoning = false, o.before_block = r.Percent(50) ? "\n\n" : "";
       what = "block inside unterminated reasoning";
@@ -303,7 +313,7 @@ Shape LenientShape(Rng& r, size_t i) {
       Invoke& inv = o.invokes[r.Below(o.invokes.size())];
       Param p;
       p.key = "quoted_closer";
-      p.value = r.Pick(std::vector<std::string>{"x</｜DSML｜parameter>y", "a </｜DSML｜parameter> b\n",
+      p.value = r.Pick(Strings{"x</｜DSML｜parameter>y", "a </｜DSML｜parameter> b\n",
                                                 "</｜DSML｜parameter> is how a value ends"});
       inv.params.insert(inv.params.begin() + static_cast<long>(r.Below(inv.params.size() + 1)), p);
       what = "closing parameter tag inside a value";
@@ -327,7 +337,7 @@ Shape BrokenShape(Rng& r, size_t i) {
     case 0: inv.opener_override = "<" + kD + "invoke name=" + inv.name + ">", what = "unquoted tool name"; break;
     case 1: inv.opener_override = "<" + kD + "invoke name=\"\">", what = "empty tool name"; break;
     case 2: {
-      const std::string bad = r.Pick(std::vector<std::string>{"yes", "True", "", "1", "false "});
+      const std::string bad = r.Pick(Strings{"yes", "True", "", "1", "false "});
       first.opener_override = "<" + kD + "parameter name=\"" + first.key + "\" string=\"" + bad + "\">";
       what = "string=\"" + bad + "\"";
       break;
@@ -336,7 +346,9 @@ Shape BrokenShape(Rng& r, size_t i) {
     case 4:
       first.opener_override = "<" + kD + "parameter string=\"true\" name=\"" + first.key + "\">", what = "attributes swapped";
       break;
-    case 5: inv.opener_override = "<" + kD + "invoke id=\"1\" name=\"" + inv.name + "\">", what = "attribute before the name"; break;
+    case 5:
+      inv.opener_override = "<" + kD + "invoke id=\"1\" name=\"" + inv.name + "\">", what = "attribute before the name";
+      break;
     case 6:
       first.opener_override = "<" + kD + "parameter name=\"" + first.key + "\" extra=\"1\" string=\"true\">";
       what = "extra attribute";
@@ -357,7 +369,7 @@ Shape BrokenShape(Rng& r, size_t i) {
     case 13: {
       const bool before_first = r.Percent(50);
       k = before_first ? 0 : n;
-      o.garbage_at = r.Pick(std::vector<std::string>{"hello", "{\"name\": \"x\"}", "<invoke>"});
+      o.garbage_at = r.Pick(Strings{"hello", "{\"name\": \"x\"}", "<invoke>"});
       o.garbage_index = before_first ? 0 : n;
       what = before_first ? "text before the first invoke" : "text after the last invoke";
       break;
@@ -373,7 +385,7 @@ Shape BrokenShape(Rng& r, size_t i) {
     }
     default: {  // a call cut off inside unterminated reasoning
       o.thinking = true, o.close_reasoning = false, o.eos = false;
-      o.reasoning = r.Pick(std::vector<std::string>{"Let me call it.", "考える", ""});
+      o.reasoning = r.Pick(Strings{"Let me call it.", "考える", ""});
       o.Render();
       const size_t cut = CharStart(o.text, o.opener_end + r.Below(o.block_end - o.opener_end));
       size_t complete = 0;
