@@ -27,7 +27,7 @@ ChoiceDecoder::ChoiceDecoder(int index, std::shared_ptr<const Tokenizer> tokeniz
       chat_(chat),
       // The chat parser needs special-token text ("</think>", DSML markers, EOS) to split the output.
       detok_(tokenizer, options.stop_strings, chat ? false : options.skip_special_tokens),
-      splitter_(chat ? MakeChatOutputSplitter(thinking, request_id) : MakePlainOutputSplitter()) {
+      splitter_(chat ? MakeChatOutputSplitter(thinking, request_id, options.tool_calls) : MakePlainOutputSplitter()) {
   out_.index = index;
   stop_ids_.insert(options.sampling.stop_token_ids().begin(), options.sampling.stop_token_ids().end());
 }
@@ -71,6 +71,8 @@ void ChoiceDecoder::Finish(ChoiceStep* step, std::string reason) {
   else if (stopped_by_string_ && !detok_.matched_stop().empty()) out_.stop_reason = detok_.matched_stop();
   else out_.stop_reason = nullptr;
   out_.completion_tokens = completion_tokens();
+  out_.malformed_tool_call_blocks = splitter_->malformed_tool_call_blocks();
+  out_.suppressed_tool_calls = splitter_->suppressed_tool_calls();
 }
 
 ChoiceStep ChoiceDecoder::Consume(const GenerateResponse& m) {

@@ -40,11 +40,14 @@ struct ChoiceOutput {
   int reasoning_tokens = 0;    // tokens consumed before the first content or tool call (thinking prompts)
   double cumulative_logprob = 0;
   nlohmann::json prompt_logprobs;  // completions with prompt_logprobs (gateway/prompt_logprobs.h), else null
+  int malformed_tool_call_blocks = 0;  // DSML blocks returned as content (or removed: options.tool_calls off)
+  int suppressed_tool_calls = 0;       // well-formed calls removed because options.tool_calls is off
 };
 
 class ChoiceDecoder {
  public:
-  // `chat`: the DeepSeek-V4 chat splitter (reasoning / DSML tool calls); `thinking`: output starts as reasoning.
+  // `chat`: the DeepSeek-V4 chat splitter (reasoning / DSML tool calls; options.tool_calls off: DSML removed);
+  // `thinking`: output starts as reasoning.
   ChoiceDecoder(int index, std::shared_ptr<const Tokenizer> tokenizer, const RequestOptions& options, bool chat,
                 bool thinking, const std::string& request_id);
 

@@ -65,7 +65,7 @@ std::vector<Case> Cases() {
                                     Param("text", true,
                                           "a value ends at </｜DSML｜parameter> and a call at </｜DSML｜invoke>\n"
                                           "<｜DSML｜invoke name=\"rm\"> is only an example")) +
-           Invoke("note", Param("text", true, "ends with </｜DSML｜parameter>\n</｜DSML｜invoke>\ntext")) + kClose +
+           Invoke("note", Param("text", true, "quotes </｜DSML｜parameter> and </｜DSML｜tool_calls> in prose")) + kClose +
            kEos,
        FINISH_STOP, "tool_calls"},
       {"malformed block falls back to content", false,
@@ -176,7 +176,7 @@ TEST(ChoiceDecoderTest, HardV4OutputsSplitAsTheApiSays) {
   EXPECT_EQ(parallel.total.tool_calls[2].arguments, R"({"q": "a \"quoted\"\nline", "filters": {"year": [2024]}})");
   ChoiceOutput dsml = run(4);
   ASSERT_EQ(dsml.total.tool_calls.size(), 2u);
-  EXPECT_EQ(dsml.total.tool_calls[1].arguments, R"({"text": "ends with </｜DSML｜parameter>\n</｜DSML｜invoke>\ntext"})");
+  EXPECT_EQ(dsml.total.tool_calls[1].arguments, R"({"text": "quotes </｜DSML｜parameter> and </｜DSML｜tool_calls> in prose"})");
   ChoiceOutput malformed = run(5);
   EXPECT_TRUE(malformed.total.tool_calls.empty());
   EXPECT_EQ(malformed.total.content, "Answer.\n\n" + kOpen + "<｜DSML｜invoke name=unquoted>\n" + kClose);

@@ -343,6 +343,11 @@ class GenerationSession : public std::enable_shared_from_this<GenerationSession>
     f.max_tokens_param = job_.options.max_tokens.value_or(0);
     f.image_inputs = static_cast<int>(job_.images.size());
     for (const PromptImage& im : job_.images) f.image_tokens += im.length();
+    for (const Sequence& s : sequences_) {
+      if (!s.decoder->finished()) continue;
+      f.malformed_tool_call_blocks += s.decoder->output().malformed_tool_call_blocks;
+      f.suppressed_tool_calls += s.decoder->output().suppressed_tool_calls;
+    }
     if (first_token_s_) {
       f.ttft_s = *first_token_s_ - job_.arrival_s;
       f.decode_s = last_token_s_ - *first_token_s_;

@@ -355,6 +355,10 @@ void OpenAiServer::Generation(std::shared_ptr<HttpExchange>& exchange, Context& 
   if (chat) {
     if (!body.contains("messages")) throw BadRequest("'messages' is required", "messages");
     if (auto tc = body.find("tool_choice"); tc != body.end() && tc->is_string() && *tc == "none") body.erase("tools");
+    // The model may write DSML even without tools in the prompt (it saw calls in the history): with no tools
+    // or tool_choice "none" nothing of it is returned (OpenAI: "none" is the default when no tools are present).
+    auto tools = body.find("tools");
+    options.tool_calls = tools != body.end() && tools->is_array() && !tools->empty();
     RenderedChat rendered = RenderChat(body, !structured.spec.empty());
     job.thinking = rendered.thinking;
     job.prompt_ids = std::move(rendered.prompt_ids);

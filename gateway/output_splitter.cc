@@ -10,8 +10,8 @@ namespace {
 
 class ChatSplitter : public OutputSplitter {
  public:
-  ChatSplitter(bool thinking, std::string request_id)
-      : parser_(DeepSeekV4OutputParser::Options{thinking, nullptr}), request_id_(std::move(request_id)) {}
+  ChatSplitter(bool thinking, std::string request_id, bool tool_calls)
+      : parser_(DeepSeekV4OutputParser::Options{thinking, nullptr, tool_calls}), request_id_(std::move(request_id)) {}
 
   OutputDelta Push(const std::string& text) override { return Convert(parser_.Feed(text)); }
 
@@ -23,6 +23,8 @@ class ChatSplitter : public OutputSplitter {
   }
 
   int tool_calls_seen() const override { return tool_calls_; }
+  int malformed_tool_call_blocks() const override { return static_cast<int>(parser_.malformed_blocks()); }
+  int suppressed_tool_calls() const override { return static_cast<int>(parser_.suppressed_calls()); }
 
  private:
   OutputDelta Convert(const std::vector<ChatOutputEvent>& events) {
@@ -59,8 +61,9 @@ class PlainSplitter : public OutputSplitter {
 
 }  // namespace
 
-std::unique_ptr<OutputSplitter> MakeChatOutputSplitter(bool thinking, const std::string& request_id) {
-  return std::make_unique<ChatSplitter>(thinking, request_id);
+std::unique_ptr<OutputSplitter> MakeChatOutputSplitter(bool thinking, const std::string& request_id,
+                                                       bool tool_calls) {
+  return std::make_unique<ChatSplitter>(thinking, request_id, tool_calls);
 }
 
 std::unique_ptr<OutputSplitter> MakePlainOutputSplitter() { return std::make_unique<PlainSplitter>(); }

@@ -30,10 +30,17 @@ class OutputSplitter {
   virtual OutputDelta Push(const std::string& text) = 0;
   virtual OutputDelta Finish() = 0;  // flushes anything held back
   virtual int tool_calls_seen() const = 0;
+  // DSML tool-call blocks that did not parse (their text went to content; removed when tool calls are off).
+  virtual int malformed_tool_call_blocks() const { return 0; }
+  // Well-formed calls not returned because tool calls are off.
+  virtual int suppressed_tool_calls() const { return 0; }
 };
 
-// `thinking`: the prompt opened a reasoning block, so output starts as reasoning.
-std::unique_ptr<OutputSplitter> MakeChatOutputSplitter(bool thinking, const std::string& request_id);
+// `thinking`: the prompt opened a reasoning block, so output starts as reasoning. `tool_calls` off
+// (tool_choice "none", or no tools): DSML the model writes anyway is removed, never returned
+// (common/chat/deepseek_v4_output_parser.h).
+std::unique_ptr<OutputSplitter> MakeChatOutputSplitter(bool thinking, const std::string& request_id,
+                                                       bool tool_calls = true);
 std::unique_ptr<OutputSplitter> MakePlainOutputSplitter();
 
 }  // namespace dsmesh

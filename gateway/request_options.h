@@ -31,6 +31,8 @@ struct RequestOptions {
   int priority = 0;                       // body "priority" (vLLM extension): lower runs first
   int n = 1;                              // choices returned, 1..kMaxChoices
   int best_of = 1;                        // sequences generated (>= n); the n with the highest cumulative logprob win
+  bool tool_calls = true;                 // chat: the request has tools and tool_choice is not "none" (set by the
+                                          // handler); off, DSML in the output is removed instead of returned
   std::vector<std::string> ignored_fields;
 };
 

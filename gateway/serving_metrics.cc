@@ -37,6 +37,8 @@ void ServingMetrics::ObserveFinished(const FinishedRequestFigures& f) {
   generation_tokens_.Add(f.generation_tokens);
   image_inputs_.Add(f.image_inputs);
   image_tokens_.Add(f.image_tokens);
+  malformed_tool_call_blocks_.Add(f.malformed_tool_call_blocks);
+  suppressed_tool_calls_.Add(f.suppressed_tool_calls);
   {
     std::lock_guard<std::mutex> lock(mu_);
     request_success_[f.finished_reason].Add(1);
@@ -147,6 +149,10 @@ std::string ServingMetrics::Render(const std::optional<StatsResponse>& stats, in
   counter("dsmesh_image_inputs", "Number of images in prompts processed.", image_inputs_.value());
   counter("dsmesh_image_tokens", "Number of prefill tokens of image blocks processed (part of vllm:prompt_tokens).",
           image_tokens_.value());
+  counter("dsmesh_malformed_tool_call_blocks", "DSML tool-call blocks in the model's output that did not parse: their "
+          "text was returned as content (removed for tool_choice none).", malformed_tool_call_blocks_.value());
+  counter("dsmesh_suppressed_tool_calls", "Well-formed tool calls the model wrote that were not returned because the "
+          "request had no tools or tool_choice none.", suppressed_tool_calls_.value());
   {
     std::lock_guard<std::mutex> lock(mu_);
     PromFamilyHeader("vllm:request_success_total", "counter", "Count of successfully processed requests.", &out);

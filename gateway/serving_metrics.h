@@ -5,7 +5,8 @@
 // coordinator's Stats RPC at scrape time. Names outside vLLM's set use the `dsmesh_` prefix: so do the
 // image counters (dsmesh_image_inputs_total, dsmesh_image_tokens_total), since vLLM counts no image inputs
 // (its only multimodal families, vllm:mm_cache_queries/hits, count its processor cache, which dsmesh does
-// not have); the image tokens are a part of vllm:prompt_tokens_total.
+// not have); the image tokens are a part of vllm:prompt_tokens_total. vLLM counts no tool-call parse
+// failures either: dsmesh_malformed_tool_call_blocks_total and dsmesh_suppressed_tool_calls_total.
 #pragma once
 
 #include <map>
@@ -30,6 +31,8 @@ struct FinishedRequestFigures {
   std::optional<double> queue_s;
   std::optional<double> prefill_s;  // queue end -> first token
   std::optional<double> decode_s;   // first token -> last token
+  int malformed_tool_call_blocks = 0;  // DSML blocks that did not parse, over all choices
+  int suppressed_tool_calls = 0;       // calls removed for tool_choice "none" / no tools, over all choices
 };
 
 class ServingMetrics {
@@ -50,6 +53,7 @@ class ServingMetrics {
 
   const std::string model_name_;
   Counter prompt_tokens_, generation_tokens_, image_inputs_, image_tokens_;
+  Counter malformed_tool_call_blocks_, suppressed_tool_calls_;
   mutable std::mutex mu_;  // guards the maps below
   std::map<std::string, Counter> request_success_;  // by finished_reason
   std::map<std::string, Counter> rejected_;         // by reason

@@ -1,6 +1,7 @@
 #include "common/chat/deepseek_v4_output_parser.h"
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 #include <set>
@@ -17,6 +18,10 @@ constexpr std::string_view kThinkStart = dsv4::kThinkStart;
 constexpr std::string_view kThinkEnd = dsv4::kThinkEnd;
 constexpr std::string_view kBlockOpen = dsv4::kToolCallsOpen;
 constexpr std::string_view kBlockClose = dsv4::kToolCallsClose;
+constexpr std::string_view kV32BlockOpen = dsv4::kFunctionCallsOpen;
+constexpr std::string_view kV32BlockClose = dsv4::kFunctionCallsClose;
+constexpr std::string_view kTagOpen = dsv4::kDsmlTagOpen;
+constexpr std::string_view kTagClose = dsv4::kDsmlTagClose;
 constexpr std::string_view kInvokeOpen = dsv4::kInvokeOpen;
 constexpr std::string_view kInvokeClose = dsv4::kInvokeClose;
 constexpr std::string_view kParamOpen = dsv4::kParameterOpen;
@@ -89,47 +94,34 @@ struct Cursor {
   }
 };
 
-// Whether the text at c.pos opens an element: `<｜DSML｜parameter name="K" string="true|false">` or
-// `<｜DSML｜invoke name="N">`.
-Cursor::Result OpensParameter(Cursor c) {
-  std::string name, is_string;
-  for (auto r : {c.Expect(kParamOpen), c.Expect(" name=\""), c.ReadAttribute("\"", &name), c.Expect(" string=\"")})
-    if (r != Cursor::kOk) return r;
-  if (Cursor::Result r = c.ReadAttribute("\">", &is_string); r != Cursor::kOk) return r;
-  return is_string == "true" || is_string == "false" ? Cursor::kOk : Cursor::kMismatch;
-}
-Cursor::Result OpensInvoke(Cursor c) {
-  std::string name;
-  for (auto r : {c.Expect(kInvokeOpen), c.Expect(" name=\"")})
-    if (r != Cursor::kOk) return r;
-  return c.ReadAttribute("\">", &name);
+// The official parser reads an invoke's opening tag with `\s*name="(.*?)">`: any whitespace, or none,
+// before the name.
+Cursor::Result ExpectInvokeName(Cursor* c) {
+  while (c->pos < c->text.size() && IsSpace(c->text[c->pos])) ++c->pos;
+  return c->pos < c->text.size() ? c->Expect("name=\"") : Cursor::kNeedMore;
 }
 
-// Where the value of a parameter that starts at `from` ends. A value may itself contain the text
-// "</｜DSML｜parameter>" (a model writing about DSML, code that parses it): a closing tag only ends the
-// value when what follows continues the invoke the way the format does - the next parameter's opening
-// tag, or "</｜DSML｜invoke>" followed by the next invoke's opening tag, "</｜DSML｜tool_calls>" or the
-// end of sentence (whitespace allowed between). Any other closing tag is part of the value. kNeedMore while the first
-// closing tag not yet ruled out could still go either way; at the end of the output (`final`) that
-// one is taken. The answer only depends on the text, not on how it was split.
+// Where the value of a parameter that starts at `from` ends: at the first "</｜DSML｜parameter>" that is
+// followed (whitespace allowed between) by a DSML tag or the end of sentence - in well-formed output the
+// next parameter, or "</｜DSML｜invoke>". A closing tag followed by other text is part of the value (a
+// model quoting the tag in prose or code); the official parser allows no closing tag in a value at all.
+// Whether the tag that follows is the right one is the invoke parser's business: a misspelt or misplaced
+// tag makes the block malformed, it never makes this value swallow the next parameter or invoke.
+// kNeedMore while the text after the first candidate cannot tell yet; at the end of the output (`final`)
+// that candidate is taken. The answer only depends on the text, not on how it was split.
 Cursor::Result FindValueEnd(std::string_view text, size_t from, bool final, size_t* close) {
   for (size_t at = text.find(kParamClose, from); at != std::string_view::npos; at = text.find(kParamClose, at + 1)) {
     Cursor c{text, at + kParamClose.size()};
     Cursor::Result r = c.SkipSpace();
     if (r == Cursor::kOk) {
-      if (c.LooksLike(kParamOpen)) {
-        r = OpensParameter(c);
-      } else if (c.LooksLike(kInvokeClose)) {
-        r = c.Expect(kInvokeClose);
-        if (r == Cursor::kOk) r = c.SkipSpace();
-        if (r == Cursor::kOk) {
-          if (c.LooksLike(kInvokeOpen)) r = OpensInvoke(c);
-          else if (c.LooksLike(kBlockClose)) r = c.Expect(kBlockClose);
-          else if (c.LooksLike(kEos)) r = c.Expect(kEos);
-          else r = Cursor::kMismatch;
+      r = Cursor::kMismatch;
+      for (std::string_view next : {kTagOpen, kTagClose, kEos}) {
+        if (!c.LooksLike(next)) continue;
+        if (c.text.size() - c.pos >= next.size()) {
+          r = Cursor::kOk;
+          break;
         }
-      } else {
-        r = Cursor::kMismatch;
+        r = Cursor::kNeedMore;  // a prefix of this one; maybe a whole other one
       }
     }
     if (r == Cursor::kMismatch) continue;
@@ -139,6 +131,10 @@ Cursor::Result FindValueEnd(std::string_view text, size_t from, bool final, size
   }
   return Cursor::kNeedMore;
 }
+
+// A string="false" value must be one JSON value (RFC 8259, surrounding whitespace allowed): the official
+// parser copies it into the arguments verbatim, so anything else would make the arguments invalid JSON.
+bool IsJsonValue(std::string_view text) { return nlohmann::json::accept(text); }
 
 }  // namespace
 
@@ -169,6 +165,8 @@ void DeepSeekV4OutputParser::Process(bool final, std::vector<ChatOutputEvent>* e
       case State::kReasoning:
       case State::kContent: progressed = StepText(final, events); break;
       case State::kToolCalls: progressed = StepToolCalls(final, events); break;
+      case State::kStrayTag: progressed = StepStrayTag(); break;
+      case State::kSkipBlock: progressed = StepSkipBlock(final); break;
       case State::kDone:
         if (!pending_.empty() && !text_after_end_reported_) {
           errors_.push_back("text after <｜end▁of▁sentence｜> ignored");
@@ -211,21 +209,33 @@ bool DeepSeekV4OutputParser::StepText(bool final, std::vector<ChatOutputEvent>* 
   // The first of the markers that end this section wins: EOS, "</think>" (reasoning), the DSML block
   // opener (both: a tool-call block inside reasoning ends the reasoning, as vLLM's V4 reasoning parser
   // does), and, after a block that ended the reasoning, a stray "</think>" in content (dropped).
-  enum class Marker { kNone, kEos, kThinkEnd, kBlock };
+  // With tool calls off, any other DSML tag is removed too (kStrayTag).
+  enum class Marker { kNone, kEos, kThinkEnd, kBlock, kStrayTag };
   Marker marker = Marker::kNone;
   size_t at = std::string::npos;
+  std::string_view text_of;
   auto consider = [&](Marker m, std::string_view text) {
     size_t p = pending_.find(text);
     if (p < at) {
       at = p;
       marker = m;
+      text_of = text;
     }
   };
   consider(Marker::kEos, kEos);
   consider(Marker::kBlock, kBlockOpen);
+  consider(Marker::kBlock, kV32BlockOpen);
   if (reasoning || reasoning_cut_by_block_) consider(Marker::kThinkEnd, kThinkEnd);
+  if (!options_.tool_calls) {
+    // "<｜DSML｜" at the end may still become a block opener: wait for it (the hold below keeps it).
+    const size_t p = pending_.find(kTagOpen);
+    const std::string_view rest = p == std::string::npos ? std::string_view() : std::string_view(pending_).substr(p);
+    const bool may_open_block =
+        !final && (kBlockOpen.substr(0, rest.size()) == rest || kV32BlockOpen.substr(0, rest.size()) == rest);
+    if (!may_open_block) consider(Marker::kStrayTag, kTagOpen);
+    consider(Marker::kStrayTag, kTagClose);
+  }
   if (marker != Marker::kNone) {
-    const std::string_view text_of = marker == Marker::kEos ? kEos : marker == Marker::kBlock ? kBlockOpen : kThinkEnd;
     std::string text = pending_.substr(0, at);
     pending_.erase(0, at + text_of.size());
     if (marker == Marker::kEos) {
@@ -233,9 +243,14 @@ bool DeepSeekV4OutputParser::StepText(bool final, std::vector<ChatOutputEvent>* 
     } else if (marker == Marker::kThinkEnd) {
       state_ = State::kContent;
       reasoning_cut_by_block_ = false;
+    } else if (marker == Marker::kStrayTag) {
+      errors_.push_back("DSML tag outside a tool-call block removed");
+      after_stray_tag_ = state_;
+      state_ = State::kStrayTag;
     } else {
       if (reasoning) reasoning_cut_by_block_ = true;
-      block_opener_ = std::string(kBlockOpen);
+      block_opener_ = std::string(text_of);
+      block_close_ = std::string(text_of == kBlockOpen ? kBlockClose : kV32BlockClose);
       if (text.size() >= kBlockSeparator.size() &&
           text.compare(text.size() - kBlockSeparator.size(), kBlockSeparator.size(), kBlockSeparator) == 0) {
         text.resize(text.size() - kBlockSeparator.size());
@@ -249,10 +264,13 @@ bool DeepSeekV4OutputParser::StepText(bool final, std::vector<ChatOutputEvent>* 
   }
   size_t emit = pending_.size();
   if (!final) {
-    const std::string separated = std::string(kBlockSeparator) + std::string(kBlockOpen);
-    size_t hold = std::max({PartialMarkerSuffix(pending_, separated), PartialMarkerSuffix(pending_, kBlockOpen),
-                            PartialMarkerSuffix(pending_, kEos)});
+    size_t hold = PartialMarkerSuffix(pending_, kEos);
+    for (std::string_view open : {kBlockOpen, kV32BlockOpen}) {
+      const std::string separated = std::string(kBlockSeparator) + std::string(open);
+      hold = std::max({hold, PartialMarkerSuffix(pending_, separated), PartialMarkerSuffix(pending_, open)});
+    }
     if (reasoning || reasoning_cut_by_block_) hold = std::max(hold, PartialMarkerSuffix(pending_, kThinkEnd));
+    if (!options_.tool_calls) hold = std::max(hold, PartialMarkerSuffix(pending_, kTagClose));
     emit = CompleteUtf8Prefix(pending_, pending_.size() - hold);
   }
   Emit(kind, pending_.substr(0, emit), events);
@@ -264,17 +282,17 @@ bool DeepSeekV4OutputParser::StepText(bool final, std::vector<ChatOutputEvent>* 
 bool DeepSeekV4OutputParser::StepToolCalls(bool final, std::vector<ChatOutputEvent>* events) {
   Cursor c{pending_, 0};
   if (c.SkipSpace() == Cursor::kNeedMore) {
-    if (final) AbandonToolBlock(c.pos, "unterminated <｜DSML｜tool_calls> block", events);
+    if (final) AbandonToolBlock(c.pos, "unterminated DSML tool-call block", events);
     return final;
   }
-  if (c.LooksLike(kBlockClose) && c.text.size() - c.pos >= kBlockClose.size()) {
-    pending_.erase(0, c.pos + kBlockClose.size());
+  if (c.LooksLike(block_close_) && c.text.size() - c.pos >= block_close_.size()) {
+    pending_.erase(0, c.pos + block_close_.size());
     state_ = State::kContent;
     return true;
   }
   if (c.LooksLike(kEos) && c.text.size() - c.pos >= kEos.size()) {
     // The model ended without closing the block: the calls it completed stand.
-    errors_.push_back("<｜DSML｜tool_calls> block not closed before <｜end▁of▁sentence｜>");
+    errors_.push_back("DSML tool-call block not closed before <｜end▁of▁sentence｜>");
     pending_.erase(0, c.pos + kEos.size());
     state_ = State::kDone;
     return true;
@@ -291,11 +309,15 @@ bool DeepSeekV4OutputParser::StepToolCalls(bool final, std::vector<ChatOutputEve
     std::string error;
     InvokeStatus status = ParseInvoke(c.pos, final, &call, &end, &error);
     if (status == InvokeStatus::kComplete) {
-      call.id = options_.make_tool_call_id();
-      ChatOutputEvent event{ChatOutputEvent::Kind::kToolCall};
-      event.tool_call = std::move(call);
-      event.tool_index = tool_calls_emitted_++;
-      events->push_back(std::move(event));
+      if (options_.tool_calls) {
+        call.id = options_.make_tool_call_id();
+        ChatOutputEvent event{ChatOutputEvent::Kind::kToolCall};
+        event.tool_call = std::move(call);
+        event.tool_index = tool_calls_emitted_++;
+        events->push_back(std::move(event));
+      } else {
+        ++suppressed_calls_;
+      }
       ++calls_in_block_;
       pending_.erase(0, end);
       return true;
@@ -308,8 +330,8 @@ bool DeepSeekV4OutputParser::StepToolCalls(bool final, std::vector<ChatOutputEve
     invoke_wait_from_ = pending_.size();
     return final;
   }
-  if (!final && (c.LooksLike(kBlockClose) || c.LooksLike(kInvokeOpen) || c.LooksLike(kEos))) return false;
-  AbandonToolBlock(c.pos, "unexpected text in <｜DSML｜tool_calls> block", events);
+  if (!final && (c.LooksLike(block_close_) || c.LooksLike(kInvokeOpen) || c.LooksLike(kEos))) return false;
+  AbandonToolBlock(c.pos, "unexpected text in DSML tool-call block", events);
   return true;
 }
 
@@ -327,7 +349,7 @@ DeepSeekV4OutputParser::InvokeStatus DeepSeekV4OutputParser::ParseInvoke(size_t 
     if (r == Cursor::kNeedMore) return InvokeStatus::kNeedMore;
     return fail(what);
   };
-  if (auto s = check(c.Expect(" name=\""), "expected name=\"...\"")) return *s;
+  if (auto s = check(ExpectInvokeName(&c), "expected name=\"...\"")) return *s;
   if (auto s = check(c.ReadAttribute("\">", &call->name), "bad tool name")) return *s;
   if (call->name.empty()) return fail("empty tool name");
 
@@ -354,6 +376,8 @@ DeepSeekV4OutputParser::InvokeStatus DeepSeekV4OutputParser::ParseInvoke(size_t 
     std::string value = pending_.substr(c.pos, close - c.pos);
     c.pos = close + kParamClose.size();
     if (!seen.insert(key).second) return fail("duplicate parameter '" + key + "'");
+    if (is_string == "false" && !IsJsonValue(value))
+      return fail("parameter '" + key + "' has string=\"false\" but its value is not JSON");
     // The official decoder: strings are JSON-quoted, other values are already JSON and kept verbatim.
     if (seen.size() > 1) arguments += ", ";
     arguments += PythonJsonQuote(key) + ": " + (is_string == "true" ? PythonJsonQuote(value) : value);
@@ -365,10 +389,48 @@ DeepSeekV4OutputParser::InvokeStatus DeepSeekV4OutputParser::ParseInvoke(size_t 
 void DeepSeekV4OutputParser::AbandonToolBlock(size_t from, const std::string& error,
                                               std::vector<ChatOutputEvent>* events) {
   errors_.push_back(error);
+  ++malformed_blocks_;
   std::string raw = (calls_in_block_ == 0 ? block_opener_ : std::string()) + pending_.substr(0, from);
   pending_.erase(0, from);
-  Emit(ChatOutputEvent::Kind::kContent, std::move(raw), events);
-  state_ = State::kContent;
+  if (options_.tool_calls) {
+    Emit(ChatOutputEvent::Kind::kContent, std::move(raw), events);
+    state_ = State::kContent;
+    return;
+  }
+  // Tool calls off: the block is not the answer; the rest of it, up to its closing tag (or the end of
+  // sentence, or of the output), is removed too.
+  state_ = State::kSkipBlock;
+}
+
+bool DeepSeekV4OutputParser::StepSkipBlock(bool final) {
+  const size_t close = pending_.find(block_close_), eos = pending_.find(kEos);
+  if (close != std::string::npos && (eos == std::string::npos || close < eos)) {
+    pending_.erase(0, close + block_close_.size());
+    state_ = State::kContent;
+    return true;
+  }
+  if (eos != std::string::npos) {
+    pending_.erase(0, eos);  // StepText ends the output there
+    state_ = State::kContent;
+    return true;
+  }
+  const size_t hold = final ? 0
+                            : std::max(PartialMarkerSuffix(pending_, block_close_), PartialMarkerSuffix(pending_, kEos));
+  pending_.erase(0, pending_.size() - hold);
+  return false;
+}
+
+// A DSML tag removed while tool calls are off: up to its '>' or the end of the line, or up to the next '<'
+// (which may start a marker of its own).
+bool DeepSeekV4OutputParser::StepStrayTag() {
+  size_t end = pending_.find_first_of(">\n<");
+  if (end == std::string::npos) {
+    pending_.clear();  // all of it belongs to the tag
+    return false;
+  }
+  pending_.erase(0, pending_[end] == '>' ? end + 1 : end);
+  state_ = after_stray_tag_;
+  return true;
 }
 
 ParsedCompletion ParseDeepSeekV4Completion(std::string_view text, DeepSeekV4OutputParser::Options options) {
@@ -384,6 +446,8 @@ ParsedCompletion ParseDeepSeekV4Completion(std::string_view text, DeepSeekV4Outp
     }
   }
   out.errors = parser.errors();
+  out.malformed_blocks = parser.malformed_blocks();
+  out.suppressed_calls = parser.suppressed_calls();
   return out;
 }
 

@@ -12,17 +12,32 @@
 //     </｜DSML｜invoke>
 //     </｜DSML｜tool_calls>
 //   each invoke becomes one tool call as soon as it closes; its arguments are the JSON object the
-//   official parser builds: string="true" values quoted, string="false" values copied verbatim.
-//   A value may contain DSML text itself: "</｜DSML｜parameter>" only ends it when the next parameter,
-//   or "</｜DSML｜invoke>" and then the next invoke / the block's end / EOS, follows.
-// Output the official format does not foresee:
+//   official parser (encoding_dsv4.py's parse_message_from_completion_text) builds:
+//   "{" + ", ".join(json.dumps(K) + ": " + V') + "}", V' = json.dumps(VALUE) for string="true" and
+//   VALUE verbatim for string="false". Whatever the official parser accepts gives the same calls here.
+// Beyond the official parser (it raises on all of these), so that a call the model clearly made is not lost:
+//   - whitespace between the tags is free ("\r\n", blank lines, none), the block may follow content
+//     without the blank line, text after the block is content;
+//   - DeepSeek-V3.2's block name "<｜DSML｜function_calls>" (closed by "</｜DSML｜function_calls>") works
+//     like "tool_calls";
+//   - a value may quote "</｜DSML｜parameter>" when plain text follows it (the official parser ends the
+//     value at any closing tag); a closing tag followed by a DSML tag or EOS always ends the value, so a
+//     misspelt or missing tag after it makes the block malformed, never merges two parameters or calls;
 //   - reasoning that never reaches "</think>" (max_tokens) is reasoning to the end;
 //   - a DSML block inside the reasoning ends the reasoning (as vLLM's DeepSeek-V4 reasoning parser
 //     does): its calls are tool calls, the text after the block is content, and a "</think>" there is
 //     dropped;
-//   - a block the model ends with EOS instead of "</｜DSML｜tool_calls>" keeps the calls it completed.
-// A malformed DSML block is not fatal: the unparsed text is returned as content and the problem is
-// recorded in errors() for the gateway to log and count.
+//   - a block the model ends with EOS instead of its closing tag keeps the calls it completed.
+// A malformed DSML block is never dropped and never fatal: from the first thing that does not parse
+// (a tag or attribute out of place, string= not "true"/"false", a string="false" value that is not JSON,
+// a repeated parameter, an empty name, a wrong closing tag, the output ending inside the block), its text
+// is returned as content - the calls it completed before that point stand - and it is counted in
+// malformed_blocks() and described in errors() for the gateway to log and count.
+//
+// With Options::tool_calls off (tool_choice "none", no tools) the model may still write DSML: blocks are
+// parsed the same way but neither their calls nor their text are returned (suppressed_calls() and
+// malformed_blocks() count them), and a stray DSML tag outside a block is removed, so no DSML text reaches
+// the content.
 #pragma once
 
 #include <functional>
@@ -52,6 +67,8 @@ class DeepSeekV4OutputParser {
     bool thinking = true;  // the prompt ended with "<think>" (thinking mode)
     // Makes tool call ids; default "call_" + 24 random alphanumerics.
     std::function<std::string()> make_tool_call_id;
+    // Return tool calls (tool_choice "auto", "required", named); off: DSML is removed, see above.
+    bool tool_calls = true;
   };
 
   explicit DeepSeekV4OutputParser(Options options);
@@ -66,14 +83,22 @@ class DeepSeekV4OutputParser {
   bool saw_end_of_sentence() const { return state_ == State::kDone; }
   // Malformed DSML or text after the end of sentence; empty when the output was well formed.
   const std::vector<std::string>& errors() const { return errors_; }
+  // DSML blocks (or their rest after the calls they completed) that did not parse; their text was returned
+  // as content (removed when tool calls are off).
+  size_t malformed_blocks() const { return malformed_blocks_; }
+  // Well-formed calls not returned because tool calls are off.
+  size_t suppressed_calls() const { return suppressed_calls_; }
 
  private:
-  enum class State { kReasoning, kContent, kToolCalls, kDone };
+  // kStrayTag, kSkipBlock: DSML removed because tool calls are off.
+  enum class State { kReasoning, kContent, kToolCalls, kStrayTag, kSkipBlock, kDone };
   enum class InvokeStatus { kNeedMore, kComplete, kMalformed };
 
   void Process(bool final, std::vector<ChatOutputEvent>* events);
   bool StepText(bool final, std::vector<ChatOutputEvent>* events);
   bool StepToolCalls(bool final, std::vector<ChatOutputEvent>* events);
+  bool StepStrayTag();
+  bool StepSkipBlock(bool final);
   InvokeStatus ParseInvoke(size_t start, bool final, GeneratedToolCall* call, size_t* end, std::string* error);
   void Emit(ChatOutputEvent::Kind kind, std::string text, std::vector<ChatOutputEvent>* events);
   void AbandonToolBlock(size_t from, const std::string& error, std::vector<ChatOutputEvent>* events);
@@ -84,10 +109,14 @@ class DeepSeekV4OutputParser {
   bool reasoning_cut_by_block_ = false;  // a DSML block ended the reasoning: a later "</think>" is dropped
   std::string pending_;       // text not yet emitted in the current state
   std::string block_opener_;  // the text that opened the current DSML block (for malformed fallback)
+  std::string block_close_;   // the closing tag the current block needs (tool_calls or function_calls)
+  State after_stray_tag_ = State::kContent;  // where a removed stray DSML tag returns to
   size_t calls_in_block_ = 0;
   size_t invoke_wait_from_ = 0;  // pending_ size when the current invoke last needed more text
   size_t tool_calls_emitted_ = 0;
   bool text_after_end_reported_ = false;
+  size_t malformed_blocks_ = 0;
+  size_t suppressed_calls_ = 0;
   std::vector<std::string> errors_;
 };
 
@@ -97,6 +126,8 @@ struct ParsedCompletion {
   std::string content;
   std::vector<GeneratedToolCall> tool_calls;
   std::vector<std::string> errors;
+  size_t malformed_blocks = 0;
+  size_t suppressed_calls = 0;
 };
 ParsedCompletion ParseDeepSeekV4Completion(std::string_view text, DeepSeekV4OutputParser::Options options);
 

@@ -16,15 +16,15 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
-DeepSeekV4OutputParser::Options Opts(bool thinking) {
+DeepSeekV4OutputParser::Options Opts(bool thinking, bool tool_calls = true) {
   auto counter = std::make_shared<int>(0);
-  return {thinking, [counter] { return "call_" + std::to_string((*counter)++); }};
+  return {thinking, [counter] { return "call_" + std::to_string((*counter)++); }, tool_calls};
 }
 
 // Feeds `pieces` one by one and collects the result like ParseDeepSeekV4Completion does, checking
 // that every delta is whole UTF-8.
-ParsedCompletion FeedPieces(const std::vector<std::string>& pieces, bool thinking) {
-  DeepSeekV4OutputParser parser(Opts(thinking));
+ParsedCompletion FeedPieces(const std::vector<std::string>& pieces, bool thinking, bool tool_calls = true) {
+  DeepSeekV4OutputParser parser(Opts(thinking, tool_calls));
   ParsedCompletion out;
   auto take = [&](std::vector<ChatOutputEvent> events) {
     for (ChatOutputEvent& e : events) {
@@ -45,6 +45,8 @@ ParsedCompletion FeedPieces(const std::vector<std::string>& pieces, bool thinkin
   for (const std::string& p : pieces) take(parser.Feed(p));
   take(parser.Finish());
   out.errors = parser.errors();
+  out.malformed_blocks = parser.malformed_blocks();
+  out.suppressed_calls = parser.suppressed_calls();
   return out;
 }
 
@@ -58,20 +60,22 @@ void ExpectSame(const ParsedCompletion& want, const ParsedCompletion& got) {
     EXPECT_EQ(got.tool_calls[i].arguments, want.tool_calls[i].arguments);
   }
   EXPECT_EQ(got.errors.size(), want.errors.size());
+  EXPECT_EQ(got.malformed_blocks, want.malformed_blocks);
+  EXPECT_EQ(got.suppressed_calls, want.suppressed_calls);
 }
 
 // Every way of cutting `text` in two, and one byte at a time, gives the one-shot result.
-void ExpectStreamingMatchesOneShot(const std::string& text, bool thinking) {
-  ParsedCompletion one_shot = ParseDeepSeekV4Completion(text, Opts(thinking));
+void ExpectStreamingMatchesOneShot(const std::string& text, bool thinking, bool tool_calls = true) {
+  ParsedCompletion one_shot = ParseDeepSeekV4Completion(text, Opts(thinking, tool_calls));
   for (size_t cut = 0; cut <= text.size(); ++cut) {
     SCOPED_TRACE("split at byte " + std::to_string(cut));
-    ExpectSame(one_shot, FeedPieces({text.substr(0, cut), text.substr(cut)}, thinking));
+    ExpectSame(one_shot, FeedPieces({text.substr(0, cut), text.substr(cut)}, thinking, tool_calls));
     if (testing::Test::HasFailure()) return;
   }
   std::vector<std::string> bytes;
   for (char c : text) bytes.push_back(std::string(1, c));
   SCOPED_TRACE("one byte at a time");
-  ExpectSame(one_shot, FeedPieces(bytes, thinking));
+  ExpectSame(one_shot, FeedPieces(bytes, thinking, tool_calls));
 }
 
 std::vector<Json> OfficialSamples() {
@@ -80,14 +84,35 @@ std::vector<Json> OfficialSamples() {
   return std::vector<Json>(all.begin(), all.end());
 }
 
+// Where the official parser returns arguments that are not JSON (a string="false" value that is not JSON,
+// copied verbatim), the block is malformed here: its text is content, from the blank line before it to EOS.
+bool HasNonJsonArguments(const Json& want) {
+  for (const Json& call : want["tool_calls"])
+    if (!nlohmann::json::accept(call["arguments"].get<std::string>())) return true;
+  return false;
+}
+
 TEST(DeepSeekV4OutputParserTest, MatchesOfficialParser) {
   std::vector<Json> samples = OfficialSamples();
   ASSERT_GE(samples.size(), 20u);
+  int non_json = 0;
   for (size_t i = 0; i < samples.size(); ++i) {
     SCOPED_TRACE("sample " + std::to_string(i));
     const Json& s = samples[i];
-    ParsedCompletion got = ParseDeepSeekV4Completion(s["completion"].get<std::string>(), Opts(s["thinking"]));
+    const std::string completion = s["completion"].get<std::string>();
+    ParsedCompletion got = ParseDeepSeekV4Completion(completion, Opts(s["thinking"]));
     const Json& want = s["expected"];
+    if (HasNonJsonArguments(want)) {
+      ++non_json;
+      const size_t block = completion.find("\n\n<｜DSML｜tool_calls>");
+      const size_t eos = completion.rfind("<｜end▁of▁sentence｜>");
+      ASSERT_NE(block, std::string::npos);
+      EXPECT_EQ(got.reasoning_content, want["reasoning_content"].get<std::string>());
+      EXPECT_EQ(got.content, want["content"].get<std::string>() + completion.substr(block, eos - block));
+      EXPECT_TRUE(got.tool_calls.empty());
+      EXPECT_EQ(got.malformed_blocks, 1u);
+      continue;
+    }
     EXPECT_EQ(got.reasoning_content, want["reasoning_content"].get<std::string>());
     EXPECT_EQ(got.content, want["content"].get<std::string>());
     EXPECT_TRUE(got.errors.empty()) << got.errors.front();
@@ -98,6 +123,7 @@ TEST(DeepSeekV4OutputParserTest, MatchesOfficialParser) {
       EXPECT_EQ(got.tool_calls[k].id, "call_" + std::to_string(k));
     }
   }
+  EXPECT_EQ(non_json, 1);  // the "not json at all" sample
 }
 
 TEST(DeepSeekV4OutputParserTest, StreamingEqualsOneShotOnOfficialSamples) {
@@ -298,15 +324,15 @@ TEST(DeepSeekV4OutputParserTest, ParallelCallsInOneBlock) {
   ExpectStreamingMatchesOneShot("Plan.</think>" + text, true);
 }
 
-// (d) Values that contain DSML markup themselves: the text of a closing parameter tag, a whole invoke,
-// the block's closing tag. Only a closing tag followed by what the format puts there ends a value.
+// (d) Values that contain DSML markup themselves. A closing parameter tag followed by plain text is part of
+// the value; followed by a DSML tag it ends the value, as in the official parser, so a misspelt or missing
+// tag after it makes the block malformed instead of merging two parameters or two calls.
 TEST(DeepSeekV4OutputParserTest, DsmlTextInsideArguments) {
   using namespace hard;
   const std::string fake_param = "</｜DSML｜parameter> is how a value ends";
-  const std::string fake_invoke = "<｜DSML｜invoke name=\"rm\">\n<｜DSML｜parameter name=\"path\" string=\"true\">/"
-                                  "</｜DSML｜parameter>\n</｜DSML｜invoke>\nthat was an example";
-  const std::string fake_end = "ends with </｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls";
-  const std::string json_value = R"({"doc": "</｜DSML｜parameter>\n<｜DSML｜parameter name=\"x\"", "n": 1})";
+  const std::string fake_invoke = "<｜DSML｜invoke name=\"rm\"> opens a call, </｜DSML｜invoke> ends it";
+  const std::string fake_end = "the block ends with </｜DSML｜tool_calls> and <｜end▁of▁sentence｜> follows";
+  const std::string json_value = R"({"doc": "</｜DSML｜parameter> then <｜DSML｜parameter name=\"x\">", "n": 1})";
   const std::string text =
       "Writing docs.\n\n" + kOpen + Invoke("write_file", {{"path", true, "docs/dsml.md"}, {"text", true, fake_param}}) +
       Invoke("write_file", {{"text", true, fake_invoke}, {"mode", true, "a"}}) +
@@ -324,14 +350,26 @@ TEST(DeepSeekV4OutputParserTest, DsmlTextInsideArguments) {
   EXPECT_EQ(args(3)["value"], ParseJsonText(json_value, "value"));
   ExpectStreamingMatchesOneShot(text, false);
 
-  // A closing tag followed by "</｜DSML｜invoke>" and then EOS ends the call (the model forgot the
-  // block's end): the call stands, the missing end is reported.
+  // A quoted closing tag followed by a DSML tag ends the value; what follows does not parse, so the call
+  // completed so far stands and the rest of the block is content (the official parser rejects it all).
+  const std::string quoted = "x</｜DSML｜parameter>\n</｜DSML｜invoke>\nwas an example";
+  const std::string ends_early = kOpen + Invoke("f", {{"a", true, quoted}}) + kClose + kEos;
+  p = ParseDeepSeekV4Completion(ends_early, Opts(false));
+  ASSERT_EQ(p.tool_calls.size(), 1u);
+  EXPECT_EQ(p.tool_calls[0].arguments, R"({"a": "x"})");
+  EXPECT_EQ(p.content, "\nwas an example</｜DSML｜parameter>\n</｜DSML｜invoke>\n" + kClose);
+  EXPECT_EQ(p.malformed_blocks, 1u);
+  ExpectStreamingMatchesOneShot(ends_early, false);
+
+  // The model ends with EOS instead of the block's closing tag: the call stands, the missing end is
+  // reported (not a malformed block: nothing of it is content).
   const std::string unclosed = kOpen + Invoke("f", {{"a", true, "x</｜DSML｜parameter>y"}}) + kEos;
   p = ParseDeepSeekV4Completion(unclosed, Opts(false));
   ASSERT_EQ(p.tool_calls.size(), 1u);
   EXPECT_EQ(p.tool_calls[0].arguments, R"({"a": "x</｜DSML｜parameter>y"})");
   EXPECT_EQ(p.content, "");
   EXPECT_EQ(p.errors.size(), 1u);
+  EXPECT_EQ(p.malformed_blocks, 0u);
   ExpectStreamingMatchesOneShot(unclosed, false);
 
   // Cut off by max_tokens inside such a value: nothing is a call, the text is content.
@@ -341,6 +379,42 @@ TEST(DeepSeekV4OutputParserTest, DsmlTextInsideArguments) {
   EXPECT_TRUE(p.tool_calls.empty());
   EXPECT_EQ(p.content, cut);
   ExpectStreamingMatchesOneShot(cut, false);
+}
+
+// Tool calls off (tool_choice "none", no tools): blocks, well-formed or not, and stray DSML tags outside a
+// block are removed; the text around them is returned; nothing else changes.
+TEST(DeepSeekV4OutputParserTest, ToolCallsOffRemoveEveryDsmlTag) {
+  using namespace hard;
+  const std::string call = Invoke("get_weather", {{"city", true, "Paris"}});
+  struct Case {
+    bool thinking;
+    std::string text, reasoning, content;
+    size_t suppressed, malformed;
+  };
+  const std::vector<Case> cases = {
+      {false, "Sure.\n\n" + kOpen + call + call + kClose + " Done." + kEos, "", "Sure. Done.", 2, 0},
+      {true, "Plan.</think>Stray <｜DSML｜invoke name=\"x\"> and </｜DSML｜parameter> tags." + kEos, "Plan.",
+       "Stray  and  tags.", 0, 0},
+      {true, "Thinking about <｜DSML｜parameter name=\"k\" string=\"true\">.</think>Answer." + kEos, "Thinking about .",
+       "Answer.", 0, 0},
+      {false, "A stray tag cut at the line end <｜DSML｜invoke name=\"x\"\nnext line" + kEos, "",
+       "A stray tag cut at the line end \nnext line", 0, 0},
+      {false, "Broken:\n\n" + kOpen + "<｜DSML｜invoke name=bad>\n</｜DSML｜invoke>\n" + kClose + " after." + kEos, "",
+       "Broken: after.", 0, 1},
+      {false, "Cut:\n\n" + kOpen + call + "<｜DSML｜invoke name=\"g\">\n<｜DSML｜param", "", "Cut:", 1, 1},
+      {true, "Call in reasoning.\n\n" + kOpen + call + kClose + "</think>Answer." + kEos, "Call in reasoning.",
+       "Answer.", 1, 0},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.text);
+    ParsedCompletion p = ParseDeepSeekV4Completion(c.text, Opts(c.thinking, /*tool_calls=*/false));
+    EXPECT_EQ(p.reasoning_content, c.reasoning);
+    EXPECT_EQ(p.content, c.content);
+    EXPECT_TRUE(p.tool_calls.empty());
+    EXPECT_EQ(p.suppressed_calls, c.suppressed);
+    EXPECT_EQ(p.malformed_blocks, c.malformed);
+    ExpectStreamingMatchesOneShot(c.text, c.thinking, /*tool_calls=*/false);
+  }
 }
 
 // What the renderer writes for an assistant's tool calls parses back to the same arguments.

@@ -25,6 +25,7 @@ const REQUIRED = {
   'vllm:spec_decode_num_accepted_tokens_total': 'counter', 'vllm:spec_decode_num_accepted_tokens_per_pos_total': 'counter',
   'dsmesh_worker_step_time_seconds_total': 'counter', 'dsmesh_worker_collective_time_seconds_total': 'counter',
   'dsmesh_image_inputs_total': 'counter', 'dsmesh_image_tokens_total': 'counter',
+  'dsmesh_malformed_tool_call_blocks_total': 'counter', 'dsmesh_suppressed_tool_calls_total': 'counter',
 };
 // vLLM loggers.py bounds, as prometheus_client writes them.
 const TTFT_LE = ['0.001', '0.005', '0.01', '0.02', '0.04', '0.06', '0.08', '0.1', '0.25', '0.5', '0.75', '1.0', '2.5', '5.0',

@@ -367,6 +367,54 @@ const cases = [
     }
   }],
 
+  // tool_choice "none", or no tools: the model may write DSML anyway (it saw calls in the history). No call
+  // comes back and no DSML text: the block is removed, the text around it is the content. A malformed block
+  // with tools is content, as written. Both are counted in /metrics.
+  ['tool_choice none and no tools: DSML is removed, never content; malformed blocks are content; both counted', async ({ mesh }) => {
+    const LBL = '{model_name="dsmesh-test",engine="0"}';
+    const counters = async () => {
+      const t = await metricsText(mesh.base);
+      return [metricValue(t, `dsmesh_suppressed_tool_calls_total${LBL}`), metricValue(t, `dsmesh_malformed_tool_call_blocks_total${LBL}`)];
+    };
+    // A request is counted when it finishes, which may be a moment after its last byte reached the client.
+    const waitFor = async (want) => {
+      let got;
+      for (let i = 0; i < 50; ++i) {
+        got = await counters();
+        if (got[0] === want[0] && got[1] === want[1]) return;
+        await new Promise((r) => setTimeout(r, 20));
+      }
+      assertEq(got, want, 'suppressed calls, malformed blocks');
+    };
+    const [suppressed0, malformed0] = await counters();
+    const said = `I will check.${DSML_CALL} Done.`;
+    for (const extra of [{ tools: TOOLS, tool_choice: 'none' }, {}]) {
+      const body = { model: MODEL, messages: [{ role: 'user', content: said }], temperature: 0, chat_template_kwargs: { thinking: false }, ...extra };
+      const r = await client(mesh).chat.completions.create(body);
+      assertEq(r.choices[0].message.content, 'I will check. Done.', 'content without the block');
+      assertEq(r.choices[0].message.tool_calls ?? [], [], 'no calls');
+      assertEq(r.choices[0].finish_reason, 'stop', 'finish_reason');
+      const chunks = await collect(await client(mesh).chat.completions.create({ ...body, stream: true }));
+      let content = '', finish = null;
+      for (const c of chunks) for (const ch of c.choices) {
+        content += ch.delta.content ?? '';
+        assert(!ch.delta.tool_calls?.length, 'no streamed calls');
+        if (ch.finish_reason) finish = ch.finish_reason;
+      }
+      assertEq(content, 'I will check. Done.', 'streamed content without the block');
+      assertEq(finish, 'stop', 'streamed finish_reason');
+    }
+    await waitFor([suppressed0 + 4, malformed0]);
+    const broken = 'Answer.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n' +
+      '<｜DSML｜parameter name="days" string="false">three</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>';
+    const r = await client(mesh).chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: broken }], tools: TOOLS,
+      temperature: 0, chat_template_kwargs: { thinking: false } });
+    assertEq(r.choices[0].message.content, broken, 'a block with a non-JSON string="false" value is content');
+    assertEq(r.choices[0].message.tool_calls ?? [], [], 'no calls');
+    assertEq(r.choices[0].finish_reason, 'stop', 'finish_reason');
+    await waitFor([suppressed0 + 4, malformed0 + 1]);
+  }],
+
   ['completions: string and token-id prompts, stream with usage', async ({ mesh }) => {
     const r = await client(mesh).completions.create({ model: MODEL, prompt: 'Once upon a time', max_tokens: 50, temperature: 0 });
     assertEq(r.object, 'text_completion', 'object');

@@ -124,6 +124,31 @@ C["37_no_generation_prompt"] = {"add_generation_prompt": False, "messages": [s("
 C["38_no_generation_prompt_after_tools"] = {"add_generation_prompt": False, "tools": [SEARCH], "messages": [u("q"),
   a(None, None, [tc("n1", "search", "{\"query\": \"q\"}")]), t("n1", "r")]}
 
+# Tool-call turns sent back with reasoning_content, as DeepSeek's API requires on such turns.
+# 39: the same history without `tools` (what the gateway renders for tool_choice "none"): in thinking mode the
+# reasoning of every turn before the last user/tool turn is dropped.
+C["39_tool_history_without_tools"] = {"messages": [s("Agent."), u("Plan a trip to Kyoto"),
+  a(None, "First weather.", [tc("k1", "get_weather", "{\"location\": \"Kyoto\"}")]), t("k1", "mild"),
+  a("Checking sights next.", "Then sights.", [tc("k2", "search", "{\"query\": \"Kyoto temples\", \"num_results\": 5}")]),
+  t("k2", "Kinkaku-ji"), a("Kyoto is mild; visit Kinkaku-ji.", "Summarize."), u("Thanks. Anything else?")]}
+# 40: an agent loop with tools: reasoning on every tool-call turn (empty, multi-line, CJK, markup-like text),
+# content null / "" / text beside the calls, parallel calls, and the loop still open (last message a tool result).
+C["40_reasoning_on_every_tool_turn"] = {"tools": [WEATHER, SEARCH], "messages": [s("Agent."), u("Compare Oslo and 東京"),
+  a("", "", [tc("q1", "get_weather", "{\"location\": \"Oslo\"}")]), t("q1", "cold"),
+  a(None, "Oslo is cold.\n\nNow 東京 — check <tool_result> format.\n", [tc("q2", "get_weather", "{\"location\": \"東京\", \"unit\": \"celsius\"}"),
+    tc("q3", "search", "{\"query\": \"Tokyo weather\", \"num_results\": 2}")]),
+  t("q3", "mild"), t("q2", "18C"),
+  a("Let me double-check one thing.", "  leading and trailing spaces  ", [tc("q4", "search", "{\"query\": \"Oslo forecast\"}")]),
+  t("q4", "snow")]}
+# 41: the conversation ends with the assistant's tool-call turn (the call not answered yet), reasoning included.
+C["41_ends_with_tool_call_turn"] = {"tools": [WEATHER], "messages": [u("Weather in Lima?"),
+  a(None, "Call the tool.", [tc("l1", "get_weather", "{\"location\": \"Lima\"}")])]}
+# 42: a tool-call turn after a plain answer, with tools, in a conversation whose earlier turns carry reasoning too:
+# with tools every turn keeps its reasoning, also those before the last user message.
+C["42_tools_keep_tool_turn_reasoning"] = {"tools": [SEARCH], "messages": [u("hi"), a("Hello!", "Greet."),
+  u("find bazel"), a(None, "Search it.", [tc("b1", "search", "{\"query\": \"bazel\"}")]), t("b1", "bazel.build"),
+  a("Found: bazel.build", "Report."), u("and buck?")]}
+
 for name, body in C.items():
     with open(os.path.join(out, name + ".json"), "w", encoding="utf-8") as f:
         json.dump(body, f, ensure_ascii=False, indent=1)
