@@ -444,7 +444,7 @@ class Worker {
   std::string coordinator_;
   MeshCredentials credentials_;
   CudaBackendOptions CudaOptions() const {
-    CudaBackendOptions o;
+    CudaBackendOptions o = CudaBackendOptionsFromEnvironment();  // the DSMESH_CUDA_* A/B variants
     o.cuda_graphs = !enforce_eager_;
     return o;
   }

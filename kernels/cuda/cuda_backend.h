@@ -28,7 +28,27 @@ struct CudaBackendOptions {
   // the shared expert's gate and up) run concurrently on side streams when true. Off by default: on the
   // full-size model with graphs it measured 8% slower than in order (docs/gpu-forward.md).
   bool concurrent_linears = false;
+
+  // ---- A/B variants (CudaBackendOptionsFromEnvironment reads them for the CLI and the worker) ----
+  // The stateful part of decode steps (compressors, indexer, attention: Backend::StatefulSegment) replays
+  // CUDA graphs too; false keeps it eager between the graph segments (DSMESH_CUDA_STATEFUL_GRAPHS=off).
+  bool stateful_graphs = true;
+  // Routed experts of prefill chunks (more rows than a decode bucket): (row, slot) pairs sorted by expert
+  // in one launch, or the older paths: per expert with the routing on the host, or the single-launch kernel
+  // on slices of rows (DSMESH_CUDA_PREFILL_MOE=per-expert|row-slices).
+  enum class PrefillMoe { kSortedPairs, kPerExpert, kRowSlices };
+  PrefillMoe prefill_moe = PrefillMoe::kSortedPairs;
+  // Attention of prefill chunks: the tensor-core kernel (fp16 high + low operand parts), the same with
+  // operands rounded to fp16 once (a third of the mma), the decode kernel split over keys in slices of 16
+  // rows, or one block per (row, head) (DSMESH_CUDA_PREFILL_ATTENTION=mma-fp16|split|per-row).
+  enum class PrefillAttention { kMma, kMmaFp16, kSplit, kPerRow };
+  PrefillAttention prefill_attention = PrefillAttention::kMma;
 };
+
+// `options` with the A/B variants the environment names (DSMESH_CUDA_STATEFUL_GRAPHS,
+// DSMESH_CUDA_PREFILL_MOE, DSMESH_CUDA_PREFILL_ATTENTION): how the CLI and the worker set them. Logs the
+// variants it takes; throws naming the variable on a value it does not know.
+CudaBackendOptions CudaBackendOptionsFromEnvironment(CudaBackendOptions options = {});
 
 std::shared_ptr<Backend> MakeCudaBackend(int device, const CudaBackendOptions& options = {});
 
@@ -53,24 +73,31 @@ struct CudaGraphCounts {
   // Nodes (kernel launches and copies) in the graphs replayed: per step, what a decode step launches.
   int64_t replayed_nodes = 0;
 };
-CudaGraphCounts CudaGraphCallCounts();
 
 // How often the routed-expert layers took the single-launch MoE kernel and how often they ran the
-// per-expert path (with the reason logged once per layer), for tests and the worker's log.
+// per-expert path (with the reason logged once per layer).
 struct CudaMoePathCounts {
   int64_t fused_launches = 0;
   int64_t per_expert_launches = 0;
 };
-CudaMoePathCounts CudaMoePathCallCounts();
+
 // Batched EXL3 GEMV launches (Backend::LinearBatch and GroupedLinear of up to 16 rows: several linears in
-// one launch) and the linears they ran, in this process.
+// one launch) and the linears they ran.
 struct CudaGemvBatchCounts {
   int64_t launches = 0;
   int64_t linears = 0;
 };
-CudaGemvBatchCounts CudaGemvBatchCallCounts();
-// Steps of several sequences whose attention or indexer ran one sequence at a time (Backend::AttentionBatch /
-// IndexerTopKBatch past what one launch holds), in this process.
-int64_t CudaPerSequenceFallbacks();
+
+// What one CUDA backend did since it was made, for tests, the bench and the worker's log. Steps of several
+// sequences whose attention or indexer ran one sequence at a time (Backend::AttentionBatch /
+// IndexerTopKBatch past what one launch holds) are per_sequence_fallbacks.
+struct CudaBackendStatistics {
+  CudaGraphCounts graphs;
+  CudaMoePathCounts moe;
+  CudaGemvBatchCounts gemv_batches;
+  int64_t per_sequence_fallbacks = 0;
+};
+// The statistics of `backend` when it is a CUDA backend, else all zero.
+CudaBackendStatistics CudaBackendStats(Backend& backend);
 
 }  // namespace dsmesh

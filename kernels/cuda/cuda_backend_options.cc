@@ -1,0 +1,61 @@
+// The one place the CUDA backend's A/B variants are read from the environment: the CLI (model/commands.cc)
+// and the worker start from CudaBackendOptionsFromEnvironment; tests set CudaBackendOptions directly.
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cuda/cuda_backend.h"
+
+namespace dsmesh {
+namespace {
+
+// The variable's value, or "" when unset.
+std::string EnvValue(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+[[noreturn]] void UnknownValue(const char* name, const std::string& value, const char* expected) {
+  throw std::runtime_error(std::string(name) + "=" + value + ": expected " + expected);
+}
+
+}  // namespace
+
+CudaBackendOptions CudaBackendOptionsFromEnvironment(CudaBackendOptions options) {
+  using PrefillMoe = CudaBackendOptions::PrefillMoe;
+  using PrefillAttention = CudaBackendOptions::PrefillAttention;
+  const std::string graphs = EnvValue("DSMESH_CUDA_STATEFUL_GRAPHS");
+  if (graphs == "off") {
+    options.stateful_graphs = false;
+  } else if (graphs == "on") {
+    options.stateful_graphs = true;
+  } else if (!graphs.empty()) {
+    UnknownValue("DSMESH_CUDA_STATEFUL_GRAPHS", graphs, "on or off");
+  }
+  const std::string moe = EnvValue("DSMESH_CUDA_PREFILL_MOE");
+  if (moe == "per-expert") {
+    options.prefill_moe = PrefillMoe::kPerExpert;
+  } else if (moe == "row-slices") {
+    options.prefill_moe = PrefillMoe::kRowSlices;
+  } else if (moe == "sorted-pairs") {
+    options.prefill_moe = PrefillMoe::kSortedPairs;
+  } else if (!moe.empty()) {
+    UnknownValue("DSMESH_CUDA_PREFILL_MOE", moe, "sorted-pairs, per-expert or row-slices");
+  }
+  const std::string attention = EnvValue("DSMESH_CUDA_PREFILL_ATTENTION");
+  if (attention == "per-row") {
+    options.prefill_attention = PrefillAttention::kPerRow;
+  } else if (attention == "split") {
+    options.prefill_attention = PrefillAttention::kSplit;
+  } else if (attention == "mma-fp16") {
+    options.prefill_attention = PrefillAttention::kMmaFp16;
+  } else if (attention == "mma") {
+    options.prefill_attention = PrefillAttention::kMma;
+  } else if (!attention.empty()) {
+    UnknownValue("DSMESH_CUDA_PREFILL_ATTENTION", attention, "mma, mma-fp16, split or per-row");
+  }
+  return options;
+}
+
+}  // namespace dsmesh

@@ -1,0 +1,95 @@
+// CudaBackendOptionsFromEnvironment (the CLI's and the worker's way to set the A/B variants) and
+// CudaBackendStats on a backend that is not a CUDA one. Runs without a GPU.
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cuda/cuda_backend.h"
+
+namespace dsmesh {
+namespace {
+
+constexpr const char* kVariables[] = {"DSMESH_CUDA_STATEFUL_GRAPHS", "DSMESH_CUDA_PREFILL_MOE",
+                                      "DSMESH_CUDA_PREFILL_ATTENTION"};
+
+class CudaOptionsEnvironmentTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* v : kVariables) unsetenv(v);
+  }
+  void TearDown() override {
+    for (const char* v : kVariables) unsetenv(v);
+  }
+};
+
+TEST_F(CudaOptionsEnvironmentTest, UnsetKeepsTheGivenOptions) {
+  CudaBackendOptions given;
+  given.cuda_graphs = false;
+  given.stateful_graphs = false;
+  given.prefill_moe = CudaBackendOptions::PrefillMoe::kRowSlices;
+  given.prefill_attention = CudaBackendOptions::PrefillAttention::kSplit;
+  const CudaBackendOptions o = CudaBackendOptionsFromEnvironment(given);
+  EXPECT_FALSE(o.cuda_graphs);
+  EXPECT_FALSE(o.stateful_graphs);
+  EXPECT_EQ(o.prefill_moe, CudaBackendOptions::PrefillMoe::kRowSlices);
+  EXPECT_EQ(o.prefill_attention, CudaBackendOptions::PrefillAttention::kSplit);
+  const CudaBackendOptions d = CudaBackendOptionsFromEnvironment();
+  EXPECT_TRUE(d.stateful_graphs);
+  EXPECT_EQ(d.prefill_moe, CudaBackendOptions::PrefillMoe::kSortedPairs);
+  EXPECT_EQ(d.prefill_attention, CudaBackendOptions::PrefillAttention::kMma);
+}
+
+TEST_F(CudaOptionsEnvironmentTest, EveryValueTheDocsName) {
+  setenv("DSMESH_CUDA_STATEFUL_GRAPHS", "off", 1);
+  EXPECT_FALSE(CudaBackendOptionsFromEnvironment().stateful_graphs);
+  setenv("DSMESH_CUDA_STATEFUL_GRAPHS", "on", 1);
+  EXPECT_TRUE(CudaBackendOptionsFromEnvironment().stateful_graphs);
+  const std::pair<const char*, CudaBackendOptions::PrefillMoe> moe[] = {
+      {"per-expert", CudaBackendOptions::PrefillMoe::kPerExpert},
+      {"row-slices", CudaBackendOptions::PrefillMoe::kRowSlices},
+      {"sorted-pairs", CudaBackendOptions::PrefillMoe::kSortedPairs}};
+  for (const auto& [value, want] : moe) {
+    setenv("DSMESH_CUDA_PREFILL_MOE", value, 1);
+    EXPECT_EQ(CudaBackendOptionsFromEnvironment().prefill_moe, want) << value;
+  }
+  const std::pair<const char*, CudaBackendOptions::PrefillAttention> attention[] = {
+      {"mma", CudaBackendOptions::PrefillAttention::kMma},
+      {"mma-fp16", CudaBackendOptions::PrefillAttention::kMmaFp16},
+      {"split", CudaBackendOptions::PrefillAttention::kSplit},
+      {"per-row", CudaBackendOptions::PrefillAttention::kPerRow}};
+  for (const auto& [value, want] : attention) {
+    setenv("DSMESH_CUDA_PREFILL_ATTENTION", value, 1);
+    EXPECT_EQ(CudaBackendOptionsFromEnvironment().prefill_attention, want) << value;
+  }
+}
+
+// A misspelt variant is an error naming the variable, not a silent run of the default path.
+TEST_F(CudaOptionsEnvironmentTest, UnknownValueNamesTheVariable) {
+  for (const char* v : kVariables) {
+    setenv(v, "per_expert", 1);
+    try {
+      CudaBackendOptionsFromEnvironment();
+      ADD_FAILURE() << v << "=per_expert was accepted";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string(v) + "=per_expert: expected"), std::string::npos) << e.what();
+    }
+    unsetenv(v);
+  }
+}
+
+TEST(CudaBackendStatsTest, ZeroForABackendThatIsNotCuda) {
+  auto cpu = MakeCpuBackend();
+  const CudaBackendStatistics s = CudaBackendStats(*cpu);
+  EXPECT_EQ(s.graphs.captures, 0);
+  EXPECT_EQ(s.graphs.replays, 0);
+  EXPECT_EQ(s.moe.fused_launches, 0);
+  EXPECT_EQ(s.gemv_batches.launches, 0);
+  EXPECT_EQ(s.per_sequence_fallbacks, 0);
+  EXPECT_EQ(CudaBackendStream(*cpu), nullptr);
+}
+
+}  // namespace
+}  // namespace dsmesh
