@@ -1,59 +1,39 @@
-// The CUDA backend (cuda_backend.h): the Backend seam on one device. Small ops are the kernels of
-// model_ops.h; EXL3 linears go through exl3_gemv.h (m <= 16) and exl3_gemm.h (larger m); routed
-// experts through exl3_moe.h when every expert of the layer suits it and m <= 24, else per expert.
-//
-// Memory: a step's temporaries (Scratch, and the ops' own) come from a fixed arena, bump-allocated and
-// released by mark, so that a step's addresses depend only on its shapes; beyond the arena, and outside
-// a step, from the stream-ordered pool (cudaMallocAsync, freed the same way when the last Tensor view
-// drops). State and weights come from Alloc (stream-ordered pool) and cudaMalloc. The step's token ids
-// and positions are copied once per step (BeginStep) into fixed device buffers that later ops recognise
-// by host address; other host metadata is copied per call; rope tables and hash-routing tables are
-// uploaded once and cached by their host address.
-//
-// CUDA graphs: a Segment of a step of at most kGraphMaxRows rows runs eagerly the first time its key is
-// seen, is captured the second time and replayed from then on. The stateful part of each block between
-// segments (compressors, indexer, attention: StatefulSegment) is recorded the same way, but its host
-// logic runs every step: its ops stage their per-step launch parameters (cuda_ops::ParamStager) into the
-// record's buffer, one copy uploads them, and the graph replays; their launches have fixed shapes (the
-// attention's key ranges, the indexer's key bucket, the compressor's windows per sequence). Only the
-// collectives stay eager. A capture that fails is logged once per key and the segment runs eagerly.
-// CudaBackendStats() counts each outcome.
+// The CUDA backend (cuda_backend.h): the Backend seam on one device, as op dispatch: each op checks its
+// shapes and launches its kernels (model_ops.h, sampling_ops.h, dense_gemm.h) on the backend's stream.
+// The rest is delegated to one part per job:
+//   cuda_step_arena.h     the step's scratch arena, staged metadata and launch parameters (ParamStager)
+//   cuda_graph_recorder.h the CUDA graphs of both segment kinds (capture, replay, key checks)
+//   cuda_exl3_weights.h   EXL3 slices and parts, GEMV / GEMM, batched GEMVs
+//   cuda_moe_dispatch.h   the routed experts' paths (single-launch kernel, sorted pairs, per expert)
+//   cuda_side_streams.h   concurrent linears; cuda_table_cache.h rope and routing tables uploaded once
+//   cuda_backend_util.h   the stream, device allocations and the counters behind CudaBackendStats()
+// State and weights come from Alloc (stream-ordered pool) and Upload (cudaMalloc); only ToHost waits.
 #include "kernels/cuda/cuda_backend.h"
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <functional>
-#include <map>
-#include <mutex>
+#include <memory>
 #include <set>
 #include <stdexcept>
 #include <string>
-#include <tuple>
 #include <vector>
 
-#include "common/half.h"
-#include "common/safetensors.h"
 #include "kernels/cuda/cuda_backend_util.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_exl3_weights.h"
 #include "kernels/cuda/cuda_graph_recorder.h"
 #include "kernels/cuda/cuda_moe_dispatch.h"
+#include "kernels/cuda/cuda_side_streams.h"
 #include "kernels/cuda/cuda_step_arena.h"
+#include "kernels/cuda/cuda_table_cache.h"
 #include "kernels/cuda/dense_gemm.h"
-#include "kernels/cuda/exl3_device_weights.h"
-#include "kernels/cuda/exl3_gemm.h"
-#include "kernels/cuda/exl3_gemv.h"
-#include "kernels/cuda/exl3_moe.h"
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/op_profiler.h"
 #include "kernels/cuda/sampling_ops.h"
-#include "kernels/exl3/exl3_linear.h"
 #include "kernels/kv_rows.h"
 
 namespace dsmesh {
@@ -68,29 +48,13 @@ class CudaBackend final : public Backend {
     cudaDeviceProp prop{};
     CudaCheck(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
     name_ = "cuda:" + std::to_string(device) + " (" + prop.name + ")";
-    using PrefillMoe = CudaBackendOptions::PrefillMoe;
-    const PrefillAttention attention = options.prefill_attention;
-    if (options.prefill_moe != PrefillMoe::kSortedPairs || attention != PrefillAttention::kMma)
-      std::fprintf(stderr, "[cuda] prefill chunks:%s%s%s (options)\n",
-                   options.prefill_moe == PrefillMoe::kPerExpert ? " routed experts per expert" : "",
-                   options.prefill_moe == PrefillMoe::kRowSlices ? " routed experts on slices of rows" : "",
-                   attention == PrefillAttention::kPerRow    ? " attention one block per (row, head)"
-                   : attention == PrefillAttention::kSplit   ? " attention split over keys (16-row slices)"
-                   : attention == PrefillAttention::kMmaFp16 ? " attention on tensor cores with fp16 operands"
-                                                             : "");
-    if (!options.stateful_graphs) std::fprintf(stderr, "[cuda] stateful segments run eagerly (options)\n");
+    const std::string variants = CudaBackendVariants(options);
+    if (!variants.empty()) std::fprintf(stderr, "[cuda] %s (options)\n", variants.c_str());
   }
 
   ~CudaBackend() override {
     Use();
     cudaStreamSynchronize(ctx_->stream);
-    for (auto& [k, c] : host_cache_) cudaFree(c.device);
-    for (SideStream& sd : side_) {
-      sd.gemv_ws.reset();
-      cudaStreamDestroy(sd.stream);
-      cudaEventDestroy(sd.done);
-    }
-    if (fork_) cudaEventDestroy(fork_);
   }
 
   std::string name() const override { return name_; }
@@ -283,7 +247,7 @@ class CudaBackend final : public Backend {
       Require(RowWidth(*j.x) == j.w->in && RowWidth(*j.out) == j.w->out && j.out->shape[0] == j.x->shape[0],
               "LinearBatch", j.w->name + ": shape");
     const std::vector<LinearJob> rest = jobs.size() > 1 ? BatchedExl3Gemvs(jobs) : jobs;
-    bool concurrent = rest.size() > 1 && ConcurrencyAllowed();
+    bool concurrent = rest.size() > 1 && side_.Allowed(options_.concurrent_linears, arena_);
     for (const LinearJob& j : rest) concurrent = concurrent && j.x->shape[0] <= kExl3GemvMaxRows;
     if (!concurrent) {
       for (const LinearJob& j : rest) Linear(*j.x, *j.w, j.out);
@@ -291,7 +255,7 @@ class CudaBackend final : public Backend {
     }
     const ProfileScope ps = Profile("LinearBatch");
     Use();
-    Concurrently(static_cast<int>(rest.size()), [&](int i, cudaStream_t stream, Exl3GemvWorkspace& ws) {
+    side_.Run(static_cast<int>(rest.size()), [&](int i, cudaStream_t stream, Exl3GemvWorkspace& ws) {
       LinearOn(*rest[i].x, *rest[i].w, rest[i].out, stream, ws);
     });
   }
@@ -333,7 +297,7 @@ class CudaBackend final : public Backend {
     Require(RowWidth(*x) == heads * head_dim && static_cast<int64_t>(inv_freq.size()) == rope_dim / 2, "Rope", "shape");
     Tensor pos;
     const int64_t* dev = arena_.StepPositions(positions, n, &pos);
-    cuda_ops::Rope(F(*x), n, heads, head_dim, rope_dim, dev, Cached(inv_freq), inverse, ctx_->stream);
+    cuda_ops::Rope(F(*x), n, heads, head_dim, rope_dim, dev, tables_.Floats(inv_freq), inverse, ctx_->stream);
     CheckLaunch("Rope");
   }
 
@@ -431,7 +395,7 @@ class CudaBackend final : public Backend {
     args.rope_dim = spec.rope_dim;
     args.norm = spec.norm ? F(*spec.norm) : nullptr;
     args.eps = spec.eps;
-    args.inv_freq = Cached(*spec.inv_freq);
+    args.inv_freq = tables_.Floats(*spec.inv_freq);
     const int most = cuda_ops::CompressorStepMaxSeqs();
     std::vector<Tensor> tables(seqs.size());
     std::vector<cuda_ops::CompressorSeqDev> dev(seqs.size());
@@ -734,7 +698,7 @@ class CudaBackend final : public Backend {
     if (p.hash) {
       Require(p.tid2eid && p.tid2eid->data, "MoeRoute", "hash layer without tid2eid");
       dev_tokens = arena_.StepTokens(tokens, n, &toks);
-      table = CachedTable(*p.tid2eid);
+      table = tables_.Ints(*p.tid2eid);
     }
     Use();
     cuda_ops::MoeRoute(F(logits), n, E, dev_tokens, table,
@@ -840,47 +804,6 @@ class CudaBackend final : public Backend {
     CheckLaunch("Linear");
   }
 
-  // Independent launches overlap on side streams only inside a step whose temporaries fit the arena
-  // (a temporary from the stream-ordered pool would be freed on the main stream while a side stream
-  // may still read it).
-  // Requested but not possible (outside a step, or the arena nearly full) runs in order, logged once.
-  bool ConcurrencyAllowed() {
-    if (!options_.concurrent_linears) return false;
-    if (arena_.in_step() && arena_.top() + (size_t{64} << 20) <= arena_.bytes()) return true;
-    if (!logged_serial_linears_) {
-      std::fprintf(stderr, "[cuda] --concurrent-linears: linears outside a step or with the scratch arena nearly "
-                           "full run in order (logged once)\n");
-      logged_serial_linears_ = true;
-    }
-    return false;
-  }
-
-  // Runs job(i, stream, workspace) for i < n on side streams (each with its own GEMV workspace) that
-  // start after the main stream's work so far; the main stream then waits for all of them. Event fork
-  // and join, so a graph capture records the jobs as parallel branches.
-  void Concurrently(int n, const std::function<void(int, cudaStream_t, Exl3GemvWorkspace&)>& job) {
-    if (side_.empty()) {
-      CudaCheck(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming), "cudaEventCreate (fork)");
-      side_.resize(kSideStreams);
-      for (SideStream& sd : side_) {
-        CudaCheck(cudaStreamCreateWithFlags(&sd.stream, cudaStreamNonBlocking), "cudaStreamCreate (side)");
-        CudaCheck(cudaEventCreateWithFlags(&sd.done, cudaEventDisableTiming), "cudaEventCreate (join)");
-        sd.gemv_ws = std::make_unique<Exl3GemvWorkspace>(size_t{64} << 20);
-      }
-    }
-    const int used = std::min(n, kSideStreams);
-    CudaCheck(cudaEventRecord(fork_, ctx_->stream), "cudaEventRecord (fork)");
-    for (int i = 0; i < used; ++i) CudaCheck(cudaStreamWaitEvent(side_[i].stream, fork_, 0), "cudaStreamWaitEvent (fork)");
-    for (int i = 0; i < n; ++i) {
-      SideStream& sd = side_[i % kSideStreams];
-      job(i, sd.stream, *sd.gemv_ws);
-    }
-    for (int i = 0; i < used; ++i) {
-      CudaCheck(cudaEventRecord(side_[i].done, side_[i].stream), "cudaEventRecord (join)");
-      CudaCheck(cudaStreamWaitEvent(ctx_->stream, side_[i].done, 0), "cudaStreamWaitEvent (join)");
-    }
-  }
-
   // Brackets an op for the profiler (a no-op unless profiling is on and a step is open).
   struct ProfileScope {
     OpProfiler* profiler;
@@ -890,10 +813,7 @@ class CudaBackend final : public Backend {
   };
   // Ops whose launches take their parameters by value call Profile: inside a stateful segment that is
   // recorded they cannot run (Unrecordable). Ops that stage their parameters call ProfileStaged.
-  ProfileScope Profile(const std::string& op) {
-    if (arena_.mode() != StatefulMode::kNone) arena_.Unrecordable(op.c_str(), "launch parameters not staged");
-    return ProfileStaged(op.c_str());
-  }
+  ProfileScope Profile(const std::string& op) { return Profile(op.c_str()); }
   ProfileScope Profile(const char* op) {
     if (arena_.mode() != StatefulMode::kNone) arena_.Unrecordable(op, "launch parameters not staged");
     return ProfileStaged(op);
@@ -920,45 +840,6 @@ class CudaBackend final : public Backend {
                  op, static_cast<long long>(rows), seqs, max_rows, max_seqs);
   }
 
-  // Device copies of host tables that live as long as the model (rope frequencies, tid2eid), keyed by
-  // host address. Each entry keeps what makes the key safe: a copy of a small table's values (compared
-  // on every hit) or a reference to a tensor's host buffer (so its address cannot be reused).
-  struct CachedCopy {
-    void* device = nullptr;
-    std::vector<char> values;
-    std::shared_ptr<void> keep_alive;
-  };
-  const float* Cached(const std::vector<float>& v) {
-    const size_t bytes = v.size() * sizeof(float);
-    std::lock_guard<std::mutex> lock(cache_mu_);
-    CachedCopy& c = host_cache_[{v.data(), bytes}];
-    if (c.device && std::memcmp(c.values.data(), v.data(), bytes) == 0) return static_cast<const float*>(c.device);
-    if (!c.device) CudaCheck(cudaMalloc(&c.device, std::max<size_t>(bytes, 16)), "cudaMalloc for a rope table");
-    c.values.assign(reinterpret_cast<const char*>(v.data()), reinterpret_cast<const char*>(v.data()) + bytes);
-    CudaCheck(cudaMemcpy(c.device, v.data(), bytes, cudaMemcpyHostToDevice), "rope table upload");
-    return static_cast<const float*>(c.device);
-  }
-  // tid2eid arrives as a host tensor (the loader keeps routing tables on the host) or already on device.
-  const int32_t* CachedTable(const Tensor& t) {
-    std::lock_guard<std::mutex> lock(cache_mu_);
-    auto known = host_cache_.find({t.data, t.nbytes()});
-    if (known != host_cache_.end() && known->second.device) return static_cast<const int32_t*>(known->second.device);
-    if (device_tables_.count(t.data)) return I32(t);
-    cudaPointerAttributes a{};
-    if (cudaPointerGetAttributes(&a, t.data) == cudaSuccess && a.type == cudaMemoryTypeDevice) {
-      device_tables_.insert(t.data);
-      return I32(t);
-    }
-    cudaGetLastError();
-    CachedCopy& c = host_cache_[{t.data, t.nbytes()}];
-    if (!c.device) {
-      CudaCheck(cudaMalloc(&c.device, std::max<size_t>(t.nbytes(), 16)), "cudaMalloc for a routing table");
-      CudaCheck(cudaMemcpy(c.device, t.data, t.nbytes(), cudaMemcpyHostToDevice), "routing table upload");
-      c.keep_alive = t.owner;
-    }
-    return static_cast<const int32_t*>(c.device);
-  }
-
   // Runs the EXL3 jobs of at most 16 rows that can share launches as batched GEMVs (Exl3Weights) and
   // returns the jobs it left (other linears, and a job with no partner to share a launch with), in order.
   std::vector<LinearJob> BatchedExl3Gemvs(const std::vector<LinearJob>& jobs) {
@@ -978,34 +859,14 @@ class CudaBackend final : public Backend {
   Exl3Weights exl3_{ctx_, arena_, counters_};  // EXL3 linears: parts, GEMV / GEMM, batched GEMVs
   MoeDispatch moe_{ctx_, arena_, exl3_, counters_, options_.prefill_moe};  // routed experts
   std::unique_ptr<OpProfiler> profiler_;  // on while the bench profiles
-  struct SideStream {
-    cudaStream_t stream = nullptr;
-    cudaEvent_t done = nullptr;
-    std::unique_ptr<Exl3GemvWorkspace> gemv_ws;
-  };
-  static constexpr int kSideStreams = 8;
-  std::vector<SideStream> side_;  // created on first use (Concurrently)
-  cudaEvent_t fork_ = nullptr;
+  SideStreams side_{ctx_->stream};  // concurrent linears, created on first use
   bool logged_prefill_attention_ = false;
   DenseGemm dense_gemm_;  // cuBLAS for dense linears of more than kGraphMaxRows rows
   std::set<std::string> logged_fallback_;  // ops whose fallback (per sequence, or composed of other ops) was logged
-  bool logged_serial_linears_ = false;  // concurrent linears requested but run in order was logged
-  std::mutex cache_mu_;
-  std::map<std::pair<const void*, size_t>, CachedCopy> host_cache_;
-  std::set<const void*> device_tables_;  // routing tables already in device memory
+  DeviceTableCache tables_;  // rope and routing tables, uploaded once
 };
 
 }  // namespace
-
-int ParseDeviceFlag(const std::string& value, const std::string& flag) {
-  if (value == "cpu") return -1;
-  if (value == "cuda") return 0;
-  if (value.rfind("cuda:", 0) == 0) {
-    const std::string n = value.substr(5);
-    if (!n.empty() && n.size() < 4 && n.find_first_not_of("0123456789") == std::string::npos) return std::stoi(n);
-  }
-  throw std::runtime_error(flag + " " + value + ": expected cpu, cuda or cuda:N");
-}
 
 std::shared_ptr<Backend> MakeCudaBackend(int device, const CudaBackendOptions& options) {
   RequireCudaDevice(device, "the CUDA backend");

@@ -49,6 +49,8 @@ struct CudaBackendOptions {
 // DSMESH_CUDA_PREFILL_MOE, DSMESH_CUDA_PREFILL_ATTENTION): how the CLI and the worker set them. Logs the
 // variants it takes; throws naming the variable on a value it does not know.
 CudaBackendOptions CudaBackendOptionsFromEnvironment(CudaBackendOptions options = {});
+// The A/B variants `options` takes in words ("" for the defaults); the backend logs it when made.
+std::string CudaBackendVariants(const CudaBackendOptions& options);
 
 std::shared_ptr<Backend> MakeCudaBackend(int device, const CudaBackendOptions& options = {});
 

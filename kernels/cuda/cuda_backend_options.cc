@@ -1,5 +1,6 @@
-// The one place the CUDA backend's A/B variants are read from the environment: the CLI (model/commands.cc)
-// and the worker start from CudaBackendOptionsFromEnvironment; tests set CudaBackendOptions directly.
+// How the CLI and the worker choose a CUDA backend: the --device flag, and the one place the backend's A/B
+// variants are read from the environment (CudaBackendOptionsFromEnvironment); tests set
+// CudaBackendOptions directly.
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
@@ -21,6 +22,16 @@ std::string EnvValue(const char* name) {
 }
 
 }  // namespace
+
+int ParseDeviceFlag(const std::string& value, const std::string& flag) {
+  if (value == "cpu") return -1;
+  if (value == "cuda") return 0;
+  if (value.rfind("cuda:", 0) == 0) {
+    const std::string n = value.substr(5);
+    if (!n.empty() && n.size() < 4 && n.find_first_not_of("0123456789") == std::string::npos) return std::stoi(n);
+  }
+  throw std::runtime_error(flag + " " + value + ": expected cpu, cuda or cuda:N");
+}
 
 CudaBackendOptions CudaBackendOptionsFromEnvironment(CudaBackendOptions options) {
   using PrefillMoe = CudaBackendOptions::PrefillMoe;
@@ -56,6 +67,23 @@ CudaBackendOptions CudaBackendOptionsFromEnvironment(CudaBackendOptions options)
     UnknownValue("DSMESH_CUDA_PREFILL_ATTENTION", attention, "mma, mma-fp16, split or per-row");
   }
   return options;
+}
+
+std::string CudaBackendVariants(const CudaBackendOptions& options) {
+  using PrefillMoe = CudaBackendOptions::PrefillMoe;
+  using PrefillAttention = CudaBackendOptions::PrefillAttention;
+  std::string out;
+  const PrefillAttention attention = options.prefill_attention;
+  if (options.prefill_moe != PrefillMoe::kSortedPairs || attention != PrefillAttention::kMma)
+    out = std::string("prefill chunks:") +
+          (options.prefill_moe == PrefillMoe::kPerExpert ? " routed experts per expert" : "") +
+          (options.prefill_moe == PrefillMoe::kRowSlices ? " routed experts on slices of rows" : "") +
+          (attention == PrefillAttention::kPerRow    ? " attention one block per (row, head)"
+           : attention == PrefillAttention::kSplit   ? " attention split over keys (16-row slices)"
+           : attention == PrefillAttention::kMmaFp16 ? " attention on tensor cores with fp16 operands"
+                                                     : "");
+  if (!options.stateful_graphs) out += std::string(out.empty() ? "" : "; ") + "stateful segments run eagerly";
+  return out;
 }
 
 }  // namespace dsmesh

@@ -80,6 +80,17 @@ TEST_F(CudaOptionsEnvironmentTest, UnknownValueNamesTheVariable) {
   }
 }
 
+TEST(CudaBackendVariantsTest, NamesWhatDiffersFromTheDefaults) {
+  EXPECT_EQ(CudaBackendVariants({}), "");
+  CudaBackendOptions o;
+  o.prefill_moe = CudaBackendOptions::PrefillMoe::kPerExpert;
+  o.prefill_attention = CudaBackendOptions::PrefillAttention::kMmaFp16;
+  o.stateful_graphs = false;
+  EXPECT_EQ(CudaBackendVariants(o),
+            "prefill chunks: routed experts per expert attention on tensor cores with fp16 operands; stateful "
+            "segments run eagerly");
+}
+
 TEST(CudaBackendStatsTest, ZeroForABackendThatIsNotCuda) {
   auto cpu = MakeCpuBackend();
   const CudaBackendStatistics s = CudaBackendStats(*cpu);
