@@ -856,10 +856,10 @@ class CudaBackend final : public Backend {
   std::string name_;
   StepArena arena_;  // the step's scratch, metadata and launch parameters
   GraphRecorder recorder_{ctx_, arena_, counters_};  // the graphs of the forward's segments
-  Exl3Weights exl3_{ctx_, arena_, counters_};  // EXL3 linears: parts, GEMV / GEMM, batched GEMVs
-  MoeDispatch moe_{ctx_, arena_, exl3_, counters_, options_.prefill_moe};  // routed experts
+  Exl3Weights exl3_{ctx_, arena_, counters_, options_.gemv};  // EXL3 linears: parts, GEMV / GEMM, batched GEMVs
+  MoeDispatch moe_{ctx_, arena_, exl3_, counters_, options_.prefill_moe, options_.moe};  // routed experts
   std::unique_ptr<OpProfiler> profiler_;  // on while the bench profiles
-  SideStreams side_{ctx_->stream};  // concurrent linears, created on first use
+  SideStreams side_{ctx_->stream, options_.gemv};  // concurrent linears, created on first use
   bool logged_prefill_attention_ = false;
   DenseGemm dense_gemm_;  // cuBLAS for dense linears of more than kGraphMaxRows rows
   std::set<std::string> logged_fallback_;  // ops whose fallback (per sequence, or composed of other ops) was logged

@@ -10,47 +10,10 @@
 #include <string>
 
 #include "kernels/backend.h"
+#include "kernels/cuda/cuda_backend_options.h"
 #include "kernels/cuda/gpu_presence.h"  // RequireCudaDevice
 
 namespace dsmesh {
-
-// Parses "cuda" (device 0) or "cuda:N"; returns -1 for "cpu"; throws naming `flag` on anything else.
-int ParseDeviceFlag(const std::string& value, const std::string& flag = "--device");
-
-struct CudaBackendOptions {
-  // Decode steps replay CUDA graphs of the forward's segments (Backend::Segment); false is vLLM's
-  // --enforce-eager.
-  bool cuda_graphs = true;
-  // Device memory set aside for a step's temporaries; a step that needs more (a long prefill chunk)
-  // takes the rest from the stream-ordered pool.
-  size_t scratch_bytes = size_t{256} << 20;
-  // Independent small linears of a step (Backend::LinearBatch, the groups of a one-row grouped linear,
-  // the shared expert's gate and up) run concurrently on side streams when true. Off by default: on the
-  // full-size model with graphs it measured 8% slower than in order (docs/gpu-forward.md).
-  bool concurrent_linears = false;
-
-  // ---- A/B variants (CudaBackendOptionsFromEnvironment reads them for the CLI and the worker) ----
-  // The stateful part of decode steps (compressors, indexer, attention: Backend::StatefulSegment) replays
-  // CUDA graphs too; false keeps it eager between the graph segments (DSMESH_CUDA_STATEFUL_GRAPHS=off).
-  bool stateful_graphs = true;
-  // Routed experts of prefill chunks (more rows than a decode bucket): (row, slot) pairs sorted by expert
-  // in one launch, or the older paths: per expert with the routing on the host, or the single-launch kernel
-  // on slices of rows (DSMESH_CUDA_PREFILL_MOE=per-expert|row-slices).
-  enum class PrefillMoe { kSortedPairs, kPerExpert, kRowSlices };
-  PrefillMoe prefill_moe = PrefillMoe::kSortedPairs;
-  // Attention of prefill chunks: the tensor-core kernel (fp16 high + low operand parts), the same with
-  // operands rounded to fp16 once (a third of the mma), the decode kernel split over keys in slices of 16
-  // rows, or one block per (row, head) (DSMESH_CUDA_PREFILL_ATTENTION=mma-fp16|split|per-row).
-  enum class PrefillAttention { kMma, kMmaFp16, kSplit, kPerRow };
-  PrefillAttention prefill_attention = PrefillAttention::kMma;
-};
-
-// `options` with the A/B variants the environment names (DSMESH_CUDA_STATEFUL_GRAPHS,
-// DSMESH_CUDA_PREFILL_MOE, DSMESH_CUDA_PREFILL_ATTENTION): how the CLI and the worker set them. Logs the
-// variants it takes; throws naming the variable on a value it does not know.
-CudaBackendOptions CudaBackendOptionsFromEnvironment(CudaBackendOptions options = {});
-// The A/B variants `options` takes in words ("" for the defaults); the backend logs it when made.
-std::string CudaBackendVariants(const CudaBackendOptions& options);
 
 std::shared_ptr<Backend> MakeCudaBackend(int device, const CudaBackendOptions& options = {});
 

@@ -6,7 +6,10 @@
 #include <stdexcept>
 #include <string>
 
-#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_backend_options.h"
+
+#include "common/flags.h"
+#include "kernels/cuda/exl3_moe_params.h"
 
 namespace dsmesh {
 namespace {
@@ -66,7 +69,22 @@ CudaBackendOptions CudaBackendOptionsFromEnvironment(CudaBackendOptions options)
   } else if (!attention.empty()) {
     UnknownValue("DSMESH_CUDA_PREFILL_ATTENTION", attention, "mma, mma-fp16, split or per-row");
   }
+  options.gemv = Exl3GemvTuningFromEnvironment(options.gemv);
+  options.moe = Exl3MoeTuningFromEnvironment(options.moe);
   return options;
+}
+
+Exl3GemvTuning Exl3GemvTuningFromEnvironment(Exl3GemvTuning t) {
+  t.ctas_per_sm = EnvInt("DSMESH_EXL3_GEMV_CTAS_PER_SM", 1, 16, t.ctas_per_sm);
+  return t;
+}
+
+Exl3MoeTuning Exl3MoeTuningFromEnvironment(Exl3MoeTuning t) {
+  t.items_per_sm = EnvInt("DSMESH_EXL3_MOE_ITEMS_PER_SM", 1, 64, t.items_per_sm);
+  t.down_wide = EnvInt("DSMESH_EXL3_MOE_DOWN_WIDE", -1, 1, t.down_wide);
+  t.fused_finish = EnvInt("DSMESH_EXL3_MOE_FUSED_FINISH", -1, 1, t.fused_finish);
+  t.splits = EnvInt("DSMESH_EXL3_MOE_SPLITS", 0, exl3cuda::kMoeMaxHiddenBlocks, t.splits);
+  return t;
 }
 
 std::string CudaBackendVariants(const CudaBackendOptions& options) {

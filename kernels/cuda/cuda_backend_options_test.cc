@@ -1,5 +1,6 @@
-// CudaBackendOptionsFromEnvironment (the CLI's and the worker's way to set the A/B variants) and
-// CudaBackendStats on a backend that is not a CUDA one. Runs without a GPU.
+// CudaBackendOptionsFromEnvironment (the CLI's and the worker's way to set the A/B variants and the EXL3
+// kernels' tuning), the workspaces' range checks of that tuning, and CudaBackendStats on a backend that is
+// not a CUDA one. Runs without a GPU.
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -8,12 +9,16 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/exl3_gemv.h"
+#include "kernels/cuda/exl3_moe.h"
 
 namespace dsmesh {
 namespace {
 
-constexpr const char* kVariables[] = {"DSMESH_CUDA_STATEFUL_GRAPHS", "DSMESH_CUDA_PREFILL_MOE",
-                                      "DSMESH_CUDA_PREFILL_ATTENTION"};
+constexpr const char* kVariables[] = {"DSMESH_CUDA_STATEFUL_GRAPHS",  "DSMESH_CUDA_PREFILL_MOE",
+                                      "DSMESH_CUDA_PREFILL_ATTENTION", "DSMESH_EXL3_GEMV_CTAS_PER_SM",
+                                      "DSMESH_EXL3_MOE_ITEMS_PER_SM",  "DSMESH_EXL3_MOE_DOWN_WIDE",
+                                      "DSMESH_EXL3_MOE_FUSED_FINISH",  "DSMESH_EXL3_MOE_SPLITS"};
 
 class CudaOptionsEnvironmentTest : public ::testing::Test {
  protected:
@@ -66,9 +71,55 @@ TEST_F(CudaOptionsEnvironmentTest, EveryValueTheDocsName) {
   }
 }
 
+// The EXL3 kernels' tuning: the environment's values into the options (the CLI's and the kernel bench's
+// way), unset ones keeping what the caller gave.
+TEST_F(CudaOptionsEnvironmentTest, Exl3TuningFromTheEnvironment) {
+  CudaBackendOptions given;
+  given.gemv.ctas_per_sm = 3;
+  given.moe.splits = 7;
+  CudaBackendOptions o = CudaBackendOptionsFromEnvironment(given);
+  EXPECT_EQ(o.gemv.ctas_per_sm, 3);
+  EXPECT_EQ(o.moe.splits, 7);
+  EXPECT_EQ(o.moe.items_per_sm, kExl3MoeItemsPerSm);
+  EXPECT_EQ(o.moe.down_wide, -1);
+  EXPECT_EQ(o.moe.fused_finish, -1);
+  setenv("DSMESH_EXL3_GEMV_CTAS_PER_SM", "1", 1);
+  setenv("DSMESH_EXL3_MOE_ITEMS_PER_SM", "5", 1);
+  setenv("DSMESH_EXL3_MOE_DOWN_WIDE", "0", 1);
+  setenv("DSMESH_EXL3_MOE_FUSED_FINISH", "1", 1);
+  setenv("DSMESH_EXL3_MOE_SPLITS", "16", 1);
+  o = CudaBackendOptionsFromEnvironment(given);
+  EXPECT_EQ(o.gemv.ctas_per_sm, 1);
+  EXPECT_EQ(o.moe.items_per_sm, 5);
+  EXPECT_EQ(o.moe.down_wide, 0);
+  EXPECT_EQ(o.moe.fused_finish, 1);
+  EXPECT_EQ(o.moe.splits, 16);
+  EXPECT_EQ(Exl3GemvTuningFromEnvironment().ctas_per_sm, 1);
+  EXPECT_EQ(Exl3MoeTuningFromEnvironment().items_per_sm, 5);
+  setenv("DSMESH_EXL3_GEMV_CTAS_PER_SM", "17", 1);
+  EXPECT_THROW(Exl3GemvTuningFromEnvironment(), std::runtime_error);
+  setenv("DSMESH_EXL3_MOE_DOWN_WIDE", "2", 1);
+  EXPECT_THROW(Exl3MoeTuningFromEnvironment(), std::runtime_error);
+}
+
+// A workspace refuses a tuning out of range before it touches the device (so this runs without a GPU).
+TEST(Exl3TuningTest, WorkspacesRefuseTuningsOutOfRange) {
+  EXPECT_THROW(Exl3GemvWorkspace(16u << 20, Exl3GemvTuning{0}), std::runtime_error);
+  EXPECT_THROW(Exl3GemvWorkspace(16u << 20, Exl3GemvTuning{17}), std::runtime_error);
+  Exl3MoeTuning bad;
+  bad.items_per_sm = 0;
+  EXPECT_THROW(Exl3MoeWorkspace(24, 6, 512, 256, bad), std::runtime_error);
+  bad = {};
+  bad.fused_finish = 2;
+  EXPECT_THROW(Exl3MoeWorkspace(24, 6, 512, 256, bad), std::runtime_error);
+  bad = {};
+  bad.splits = -1;
+  EXPECT_THROW(Exl3MoeWorkspace::ForSortedPairs(100, 512, 256, bad), std::runtime_error);
+}
+
 // A misspelt variant is an error naming the variable, not a silent run of the default path.
 TEST_F(CudaOptionsEnvironmentTest, UnknownValueNamesTheVariable) {
-  for (const char* v : kVariables) {
+  for (const char* v : {"DSMESH_CUDA_STATEFUL_GRAPHS", "DSMESH_CUDA_PREFILL_MOE", "DSMESH_CUDA_PREFILL_ATTENTION"}) {
     setenv(v, "per_expert", 1);
     try {
       CudaBackendOptionsFromEnvironment();

@@ -40,8 +40,9 @@ Exl3Weight SubWeight(const Exl3Weight& w, int64_t k0, int64_t k1, int64_t n0, in
 
 }  // namespace
 
-Exl3Weights::Exl3Weights(std::shared_ptr<StreamContext> ctx, StepArena& arena, CudaBackendCounters& counters)
-    : ctx_(std::move(ctx)), arena_(arena), counters_(counters) {}
+Exl3Weights::Exl3Weights(std::shared_ptr<StreamContext> ctx, StepArena& arena, CudaBackendCounters& counters,
+                         const Exl3GemvTuning& gemv)
+    : ctx_(std::move(ctx)), arena_(arena), counters_(counters), gemv_tuning_(gemv) {}
 
 LinearWeight Exl3Weights::Load(const Checkpoint& ckpt, const std::string& prefix, int64_t out_features,
                             int64_t in_features, int64_t out_begin, int64_t out_end, int64_t in_begin,
@@ -79,7 +80,7 @@ void Exl3Weights::NoteSlice(const Exl3Slice& sl) {
 }
 
 Exl3GemvWorkspace& Exl3Weights::MainGemvWorkspace() {
-  if (!gemv_ws_) gemv_ws_ = std::make_unique<Exl3GemvWorkspace>(size_t{256} << 20);
+  if (!gemv_ws_) gemv_ws_ = std::make_unique<Exl3GemvWorkspace>(size_t{256} << 20, gemv_tuning_);
   return *gemv_ws_;
 }
 

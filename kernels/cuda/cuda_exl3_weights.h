@@ -55,7 +55,9 @@ struct CudaExl3Linear {
 
 class Exl3Weights {
  public:
-  Exl3Weights(std::shared_ptr<StreamContext> ctx, StepArena& arena, CudaBackendCounters& counters);
+  // Its GEMV workspace takes `gemv`.
+  Exl3Weights(std::shared_ptr<StreamContext> ctx, StepArena& arena, CudaBackendCounters& counters,
+              const Exl3GemvTuning& gemv);
   Exl3Weights(const Exl3Weights&) = delete;
   Exl3Weights& operator=(const Exl3Weights&) = delete;
 
@@ -110,6 +112,7 @@ class Exl3Weights {
   std::shared_ptr<StreamContext> ctx_;
   StepArena& arena_;
   CudaBackendCounters& counters_;
+  const Exl3GemvTuning gemv_tuning_;
   int64_t max_k_ = 128, max_n_ = 128, max_weights_ = 128 * 128;
   std::unique_ptr<Exl3GemvWorkspace> gemv_ws_;
   std::unique_ptr<Exl3GemmWorkspace> gemm_ws_;

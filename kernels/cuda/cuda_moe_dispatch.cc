@@ -11,8 +11,9 @@
 namespace dsmesh {
 
 MoeDispatch::MoeDispatch(std::shared_ptr<StreamContext> ctx, StepArena& arena, Exl3Weights& exl3,
-                         CudaBackendCounters& counters, CudaBackendOptions::PrefillMoe prefill)
-    : ctx_(std::move(ctx)), arena_(arena), exl3_(exl3), counters_(counters), prefill_(prefill) {}
+                         CudaBackendCounters& counters, CudaBackendOptions::PrefillMoe prefill,
+                         const Exl3MoeTuning& tuning)
+    : ctx_(std::move(ctx)), arena_(arena), exl3_(exl3), counters_(counters), prefill_(prefill), tuning_(tuning) {}
 
 void MoeDispatch::Run(const Tensor& x, const Tensor& idx, const Tensor& weight,
                       const std::vector<ExpertWeights>& experts, float limit, Tensor* out, Backend& ops) {
@@ -108,7 +109,7 @@ MoeDispatch::FusedMoe* MoeDispatch::FusedFor(const std::vector<ExpertWeights>& e
       f->layer = std::make_unique<Exl3DeviceMoeLayer>(name, views, limit);
       const Exl3MoeLayer& ml = f->layer->layer();
       f->topk = topk;
-      f->workspace = std::make_unique<Exl3MoeWorkspace>(kExl3MoeMaxRows, f->topk, ml.hidden, ml.inter);
+      f->workspace = std::make_unique<Exl3MoeWorkspace>(kExl3MoeMaxRows, f->topk, ml.hidden, ml.inter, tuning_);
       why = Exl3MoeUnsupportedReason(ml, 1, f->topk);
     } catch (const std::exception& ex) {
       why = ex.what();
@@ -127,7 +128,7 @@ void MoeDispatch::SortedPairs(const Tensor& x, const Tensor& idx, const Tensor& 
   if (!sorted_ws_ || sorted_ws_->max_rows() < P || sorted_ws_->hidden() != layer.hidden ||
       sorted_ws_->inter() != layer.inter) {
     sorted_ws_.reset();
-    sorted_ws_ = Exl3MoeWorkspace::ForSortedPairs(static_cast<int>(P), layer.hidden, layer.inter);
+    sorted_ws_ = Exl3MoeWorkspace::ForSortedPairs(static_cast<int>(P), layer.hidden, layer.inter, tuning_);
   }
   Tensor ids = arena_.Temp(DType::kI32, {P}), w = arena_.Temp(DType::kF32, {P}), src = arena_.Temp(DType::kI32, {P}),
          pos = arena_.Temp(DType::kI32, {P});

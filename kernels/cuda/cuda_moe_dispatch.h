@@ -31,8 +31,9 @@ namespace dsmesh {
 
 class MoeDispatch {
  public:
+  // Its MoE workspaces take `tuning`.
   MoeDispatch(std::shared_ptr<StreamContext> ctx, StepArena& arena, Exl3Weights& exl3, CudaBackendCounters& counters,
-              CudaBackendOptions::PrefillMoe prefill);
+              CudaBackendOptions::PrefillMoe prefill, const Exl3MoeTuning& tuning);
   MoeDispatch(const MoeDispatch&) = delete;
   MoeDispatch& operator=(const MoeDispatch&) = delete;
 
@@ -66,6 +67,7 @@ class MoeDispatch {
   Exl3Weights& exl3_;
   CudaBackendCounters& counters_;
   const CudaBackendOptions::PrefillMoe prefill_;
+  const Exl3MoeTuning tuning_;
   std::mutex moe_mu_;
   // Keyed by the experts vector (it lives as long as the model's weights), top-k and clamp limit.
   std::map<std::tuple<const void*, int, float>, std::unique_ptr<FusedMoe>> fused_;

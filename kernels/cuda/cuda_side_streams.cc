@@ -34,7 +34,7 @@ void SideStreams::Run(int n, const std::function<void(int, cudaStream_t, Exl3Gem
     for (SideStream& sd : side_) {
       CudaCheck(cudaStreamCreateWithFlags(&sd.stream, cudaStreamNonBlocking), "cudaStreamCreate (side)");
       CudaCheck(cudaEventCreateWithFlags(&sd.done, cudaEventDisableTiming), "cudaEventCreate (join)");
-      sd.gemv_ws = std::make_unique<Exl3GemvWorkspace>(size_t{64} << 20);
+      sd.gemv_ws = std::make_unique<Exl3GemvWorkspace>(size_t{64} << 20, gemv_tuning_);
     }
   }
   const int used = std::min(n, kSideStreams);

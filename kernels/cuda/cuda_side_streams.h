@@ -17,7 +17,8 @@ namespace dsmesh {
 
 class SideStreams {
  public:
-  explicit SideStreams(cudaStream_t main) : main_(main) {}
+  // The side streams' GEMV workspaces take `gemv`.
+  SideStreams(cudaStream_t main, const Exl3GemvTuning& gemv) : main_(main), gemv_tuning_(gemv) {}
   ~SideStreams();
   SideStreams(const SideStreams&) = delete;
   SideStreams& operator=(const SideStreams&) = delete;
@@ -39,6 +40,7 @@ class SideStreams {
   };
   static constexpr int kSideStreams = 8;
   cudaStream_t main_;
+  const Exl3GemvTuning gemv_tuning_;
   std::vector<SideStream> side_;  // created on first use
   cudaEvent_t fork_ = nullptr;
   bool logged_serial_ = false;  // concurrent linears requested but run in order was logged
