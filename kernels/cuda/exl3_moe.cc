@@ -1,7 +1,6 @@
 #include "kernels/cuda/exl3_moe.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cstdio>
 #include <mutex>
 #include <stdexcept>
@@ -12,7 +11,6 @@
 namespace dsmesh {
 namespace {
 
-std::atomic<int64_t> g_launches{0}, g_rows{0}, g_rejected{0};
 std::once_flag g_active_log;
 int g_blocks_per_sm[64][9];  // resident CTAs per SM, per device and K (set once, before any capture)
 
@@ -195,7 +193,7 @@ void LaunchExl3Moe(const Exl3MoeLayer& l, const uint16_t* x, const int32_t* ids,
   if (why.empty() && (!x || !ids || !weights || !y)) why = "null input/output pointer";
   if (why.empty() && (!Aligned(x, 16) || !Aligned(y, 16))) why = "x and y must be 16-byte aligned";
   if (!why.empty()) {
-    ++g_rejected;
+    ++ws.counts_.rejected;
     throw std::runtime_error(who + ": cannot run: " + why);
   }
   int dev = 0;
@@ -256,20 +254,12 @@ void LaunchExl3Moe(const Exl3MoeLayer& l, const uint16_t* x, const int32_t* ids,
   }
   p.down_wn = wide ? 2 : 1;
   CudaCheck(static_cast<cudaError_t>(exl3cuda::LaunchMoeMcg(l.K, p, grid, stream)), who + " launch");
-  ++g_launches;
-  g_rows += m;
+  ++ws.counts_.launches;
+  ws.counts_.rows += m;
   std::call_once(g_active_log, [&] {
     std::fprintf(stderr, "routed-expert kernel ACTIVE (device %d, %d SMs, grid %d, K=%d, I=%d, d=%d, experts=%d)\n",
                  dev, ws.num_sms_, grid, l.K, l.inter, l.hidden, l.num_experts);
   });
-}
-
-Exl3MoeCounters Exl3MoeCallCounts() {
-  Exl3MoeCounters c;
-  c.launches = g_launches.load();
-  c.rows = g_rows.load();
-  c.rejected = g_rejected.load();
-  return c;
 }
 
 }  // namespace dsmesh

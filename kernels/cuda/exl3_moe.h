@@ -11,7 +11,7 @@
 // Strict by construction: there is no fallback inside. A shape or layer the kernel cannot run raises
 // std::runtime_error naming the layer and the reason; callers that want a different path for, e.g.,
 // prefill must ask Exl3MoeSupports() first and count their declines. The first successful launch in a
-// process logs "routed-expert kernel ACTIVE" once; Exl3MoeCallCounts() returns the counters.
+// process logs "routed-expert kernel ACTIVE" once; each workspace counts its launches (counts()).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -88,6 +88,13 @@ struct Exl3MoeTuning {
   int fused_finish = -1;
 };
 
+// What the launches on one workspace did (Exl3MoeWorkspace::counts).
+struct Exl3MoeCounters {
+  int64_t launches = 0;  // successful launches
+  int64_t rows = 0;      // rows processed
+  int64_t rejected = 0;  // calls that raised because the shape was unsupported
+};
+
 class Exl3MoeWorkspace {
  public:
   // Throws on shapes the kernel does not take and on a tuning out of range.
@@ -102,6 +109,9 @@ class Exl3MoeWorkspace {
   ~Exl3MoeWorkspace();
   Exl3MoeWorkspace(const Exl3MoeWorkspace&) = delete;
   Exl3MoeWorkspace& operator=(const Exl3MoeWorkspace&) = delete;
+
+  // The launches made with this workspace (one stream's).
+  const Exl3MoeCounters& counts() const { return counts_; }
 
   // Reads (and clears) the kernel's error flag: true if some launch saw an expert id outside
   // [0, num_experts) (those slots contributed nothing). Synchronizes the device: not inside capture.
@@ -123,6 +133,7 @@ class Exl3MoeWorkspace {
   float* down_out_ = nullptr;
   bool bound_ = false;
   cudaStream_t stream_ = nullptr;
+  Exl3MoeCounters counts_;
 };
 
 // Empty string when the kernel can run this layer at m rows and top-k, else the reason.
@@ -155,11 +166,5 @@ int Exl3MoeSplits(int m, int topk, int num_experts, int hidden, int inter, int n
 int Exl3MoeFusedSplits(int m, int topk, int num_experts, int hidden, int inter, int num_sms,
                        int items_per_sm = kExl3MoeItemsPerSm);
 
-struct Exl3MoeCounters {
-  int64_t launches = 0;  // successful launches
-  int64_t rows = 0;      // rows processed
-  int64_t rejected = 0;  // calls that raised because the shape was unsupported
-};
-Exl3MoeCounters Exl3MoeCallCounts();
 
 }  // namespace dsmesh

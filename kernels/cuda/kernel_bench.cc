@@ -73,6 +73,7 @@ bool g_warm_weights = false;
 // value of a --gemv-ctas-per-sm / --moe-items-per-sm sweep in turn.
 Exl3GemvTuning g_gemv_tuning;
 Exl3MoeTuning g_moe_tuning;
+Exl3MoeCounters g_moe_counts;  // summed over the MoE cases' workspaces
 
 // Integer-pipe instructions per decoded weight: kernels/exl3/decode_cost.h.
 double DecodeOpsPerWeight(int K, int rows) { return Exl3DecodeOpsPerWeight(K, rows); }
@@ -445,6 +446,9 @@ void RunMoe(const nlohmann::json& anchors, double bw, double intops, int replays
       cudaFree(x);
       cudaFree(y);
     }
+    g_moe_counts.launches += ws.counts().launches;
+    g_moe_counts.rows += ws.counts().rows;
+    g_moe_counts.rejected += ws.counts().rejected;
     for (int p = 0; p < 3; ++p) cudaFree(tr[p]);
     for (int t = 0; t < 9; ++t) cudaFree(dtabs[t]);
     cudaFree(sd);
@@ -661,7 +665,7 @@ int Main(int argc, char** argv) {
   Summary("dense", dense);
   Summary("moe", moe);
   GemmSummary(gemm);
-  const auto c = Exl3MoeCallCounts();
+  const Exl3MoeCounters& c = g_moe_counts;
   std::printf("routed-expert kernel counters: launches %lld, rows %lld, rejected %lld\n", (long long)c.launches,
               (long long)c.rows, (long long)c.rejected);
   return 0;
