@@ -45,8 +45,8 @@ Exl3Weights::Exl3Weights(std::shared_ptr<StreamContext> ctx, StepArena& arena, C
     : ctx_(std::move(ctx)), arena_(arena), counters_(counters), gemv_tuning_(gemv) {}
 
 LinearWeight Exl3Weights::Load(const Checkpoint& ckpt, const std::string& prefix, int64_t out_features,
-                            int64_t in_features, int64_t out_begin, int64_t out_end, int64_t in_begin,
-                            int64_t in_end) {
+                               int64_t in_features, int64_t out_begin, int64_t out_end, int64_t in_begin,
+                               int64_t in_end) {
   auto e = std::make_shared<CudaExl3Linear>();
   e->weight = LoadExl3Weight(ckpt, prefix, in_features, out_features);
   e->slice = {in_begin, in_end, out_begin, out_end, in_begin == 0};  // input-sliced ranks: only the first adds the bias
@@ -55,8 +55,8 @@ LinearWeight Exl3Weights::Load(const Checkpoint& ckpt, const std::string& prefix
 }
 
 LinearWeight Exl3Weights::Synthetic(const std::string& name, int64_t out_features, int64_t in_features,
-                                 int64_t out_begin, int64_t out_end, int64_t in_begin, int64_t in_end, int K,
-                                 uint64_t seed) {
+                                    int64_t out_begin, int64_t out_end, int64_t in_begin, int64_t in_end, int K,
+                                    uint64_t seed) {
   auto e = std::make_shared<CudaExl3Linear>();
   e->synthetic = true;
   e->seed = seed;
