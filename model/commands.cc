@@ -133,7 +133,7 @@ std::unique_ptr<Model> LoadForCli(const Flags& f) {
     throw UsageError(e.what());
   }
   if (device >= 0) RequireCudaDevice(device, "--device " + f.Get("device", "cpu"));
-  CudaBackendOptions cuda;
+  CudaBackendOptions cuda = CudaBackendOptionsFromEnvironment();  // DSMESH_CUDA_* / DSMESH_EXL3_* A/B variants and tuning
   cuda.cuda_graphs = !f.Has("enforce-eager");
   cuda.concurrent_linears = f.Has("concurrent-linears");
   auto model = LoadModel(dir, ShardSpec{0, 1}, device >= 0 ? MakeCudaBackend(device, cuda) : MakeCpuBackend(threads));

@@ -170,7 +170,7 @@ TEST(GpuForward, Exl3PackMatchesCpuAndTakesTheFusedMoeKernel) {
   auto gpu = LoadModel(dir, ShardSpec{}, MakeCudaBackend(0));
   const int64_t V = cpu->config().vocab_size;
   const std::vector<int32_t> prompt = Tokens(40, static_cast<int>(V), 3);
-  const CudaMoePathCounts before = CudaMoePathCallCounts();
+  const CudaMoePathCounts before = CudaBackendStats(gpu->backend()).moe;
   auto sc = cpu->NewState(), sg = gpu->NewState();
   Tensor lc = cpu->Forward({{sc.get(), prompt, true}})[0].logits;
   Tensor lg = gpu->Forward({{sg.get(), prompt, true}})[0].logits;
@@ -185,7 +185,7 @@ TEST(GpuForward, Exl3PackMatchesCpuAndTakesTheFusedMoeKernel) {
   }
   std::printf("GPU vs CPU on the EXL3 pack: worst rel L2 per row = %.3g\n", worst);
   EXPECT_LE(worst, 2e-3);
-  const CudaMoePathCounts after = CudaMoePathCallCounts();
+  const CudaMoePathCounts after = CudaBackendStats(gpu->backend()).moe;
   EXPECT_GT(after.fused_launches, before.fused_launches) << "the routed experts never took the single-launch kernel";
   // Greedy over 64 tokens, teacher-forced on the CPU's continuation: at every step the GPU's argmax must be
   // the CPU's, unless the CPU's top-2 gap is within twice the largest logit difference of that step (a tie
@@ -485,7 +485,8 @@ TEST(GpuForward, GraphReplayEqualsEagerBitwise) {
     auto graphs = LoadModel(dir, ShardSpec{}, MakeCudaBackend(0));
     auto eager = LoadModel(dir, ShardSpec{}, MakeCudaBackend(0, eager_options));
     const int V = static_cast<int>(graphs->config().vocab_size);
-    const CudaGraphCounts before = CudaGraphCallCounts();
+    const CudaGraphCounts before = CudaBackendStats(graphs->backend()).graphs;
+    const int64_t eager_overflows_before = CudaBackendStats(eager->backend()).graphs.scratch_overflows;
     std::vector<std::unique_ptr<SequenceState>> sg, se;
     for (int s = 0; s < 5; ++s) {
       sg.push_back(graphs->NewState());
@@ -511,7 +512,7 @@ TEST(GpuForward, GraphReplayEqualsEagerBitwise) {
                           eager->Forward({{se[4].get(), t, false}})[0].logits))
           << dir << " step " << step << " alone";
     }
-    const CudaGraphCounts after = CudaGraphCallCounts();
+    const CudaGraphCounts after = CudaBackendStats(graphs->backend()).graphs;
     std::printf("%s: graph captures %lld, replays %lld, failed captures %lld, eager segments %lld; stateful "
                 "segments: captures %lld, replays %lld, kept eager %lld\n",
                 exl3 ? "exl3-tiny" : "golden", static_cast<long long>(after.captures - before.captures),
@@ -529,6 +530,7 @@ TEST(GpuForward, GraphReplayEqualsEagerBitwise) {
       EXPECT_EQ(after.failures, before.failures) << "a segment of the EXL3 pack could not be captured";
     }
     EXPECT_EQ(after.scratch_overflows, before.scratch_overflows);
+    EXPECT_EQ(CudaBackendStats(eager->backend()).graphs.scratch_overflows, eager_overflows_before);
   }
 }
 
@@ -567,10 +569,11 @@ TEST(GpuForward, ConcurrentLinearsEqualInOrderBitwise) {
 TEST(GpuForward, DecodeStepTimes) {
   DSMESH_REQUIRE_GPU();
   // Not a pass/fail timing: prints decode ms/step with CUDA graphs and eager, so the per-layer overhead
-  // is visible.
+  // is visible. The A/B variants come from the environment as for the CLI (docs/gpu-forward.md times the
+  // stateful graphs with DSMESH_CUDA_STATEFUL_GRAPHS=off).
   for (const std::string& dir : {GoldenDir(), Exl3PackDir()}) {
     for (bool use_graphs : {true, false}) {
-      CudaBackendOptions options;
+      CudaBackendOptions options = CudaBackendOptionsFromEnvironment();
       options.cuda_graphs = use_graphs;
       auto model = LoadModel(dir, ShardSpec{}, MakeCudaBackend(0, options));
       const int V = static_cast<int>(model->config().vocab_size);
@@ -586,7 +589,7 @@ TEST(GpuForward, DecodeStepTimes) {
         for (int i = 0; i < warmup + steps; ++i) {
           if (i == warmup) {
             t0 = std::chrono::steady_clock::now();
-            before = CudaGraphCallCounts();
+            before = CudaBackendStats(model->backend()).graphs;
           }
           std::vector<SequenceStep> batch;
           for (int s = 0; s < streams; ++s)
@@ -597,7 +600,7 @@ TEST(GpuForward, DecodeStepTimes) {
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / steps;
         const int layers = model->config().num_layers;
         // With graphs: the nodes (launches, copies) the replayed graphs hold per step, per layer.
-        const double nodes = static_cast<double>(CudaGraphCallCounts().replayed_nodes - before.replayed_nodes) / steps;
+        const double nodes = static_cast<double>(CudaBackendStats(model->backend()).graphs.replayed_nodes - before.replayed_nodes) / steps;
         std::printf("decode %s %s: %d stream(s), %d layers: %.3f ms/step (%.1f us/layer)%s\n",
                     use_graphs ? "graphs" : "eager", dir == GoldenDir() ? "golden" : "exl3-tiny", streams, layers, ms,
                     1000.0 * ms / layers,

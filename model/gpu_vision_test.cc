@@ -215,12 +215,12 @@ TEST(GpuVision, ImageStepAfterGraphsOfTextStepsOfTheSameShape) {
   auto cpu = LoadModel(TinyVisionDir(), ShardSpec{}, MakeCpuBackend());
   const int64_t V = gpu->config().vocab_size, D = gpu->config().hidden_size, n = 12;
   const std::vector<int32_t> tokens = testing_util::Tokens(static_cast<int>(n), static_cast<int>(V), 3);
-  const CudaGraphCounts before = CudaGraphCallCounts();
+  const CudaGraphCounts before = CudaBackendStats(gpu->backend()).graphs;
   for (int i = 0; i < 3; ++i) {  // eager, captured, replayed
     auto st = gpu->NewState();
     Logits(*gpu, st.get(), tokens, {});
   }
-  const CudaGraphCounts after = CudaGraphCallCounts();
+  const CudaGraphCounts after = CudaBackendStats(gpu->backend()).graphs;
   ASSERT_GT(after.replays, before.replays) << "the text steps replayed no graph: the test proves nothing";
 
   // Rows 2..9 are image rows, 3..8 one span; the embeddings are random at the scale of the token table's.

@@ -444,7 +444,7 @@ class Worker {
   std::string coordinator_;
   MeshCredentials credentials_;
   CudaBackendOptions CudaOptions() const {
-    CudaBackendOptions o;
+    CudaBackendOptions o = CudaBackendOptionsFromEnvironment();  // DSMESH_CUDA_* / DSMESH_EXL3_* A/B variants and tuning
     o.cuda_graphs = !enforce_eager_;
     return o;
   }

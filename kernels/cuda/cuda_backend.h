@@ -10,25 +10,10 @@
 #include <string>
 
 #include "kernels/backend.h"
+#include "kernels/cuda/cuda_backend_options.h"
 #include "kernels/cuda/gpu_presence.h"  // RequireCudaDevice
 
 namespace dsmesh {
-
-// Parses "cuda" (device 0) or "cuda:N"; returns -1 for "cpu"; throws naming `flag` on anything else.
-int ParseDeviceFlag(const std::string& value, const std::string& flag = "--device");
-
-struct CudaBackendOptions {
-  // Decode steps replay CUDA graphs of the forward's segments (Backend::Segment); false is vLLM's
-  // --enforce-eager.
-  bool cuda_graphs = true;
-  // Device memory set aside for a step's temporaries; a step that needs more (a long prefill chunk)
-  // takes the rest from the stream-ordered pool.
-  size_t scratch_bytes = size_t{256} << 20;
-  // Independent small linears of a step (Backend::LinearBatch, the groups of a one-row grouped linear,
-  // the shared expert's gate and up) run concurrently on side streams when true. Off by default: on the
-  // full-size model with graphs it measured 8% slower than in order (docs/gpu-forward.md).
-  bool concurrent_linears = false;
-};
 
 std::shared_ptr<Backend> MakeCudaBackend(int device, const CudaBackendOptions& options = {});
 
@@ -53,24 +38,31 @@ struct CudaGraphCounts {
   // Nodes (kernel launches and copies) in the graphs replayed: per step, what a decode step launches.
   int64_t replayed_nodes = 0;
 };
-CudaGraphCounts CudaGraphCallCounts();
 
 // How often the routed-expert layers took the single-launch MoE kernel and how often they ran the
-// per-expert path (with the reason logged once per layer), for tests and the worker's log.
+// per-expert path (with the reason logged once per layer).
 struct CudaMoePathCounts {
   int64_t fused_launches = 0;
   int64_t per_expert_launches = 0;
 };
-CudaMoePathCounts CudaMoePathCallCounts();
+
 // Batched EXL3 GEMV launches (Backend::LinearBatch and GroupedLinear of up to 16 rows: several linears in
-// one launch) and the linears they ran, in this process.
+// one launch) and the linears they ran.
 struct CudaGemvBatchCounts {
   int64_t launches = 0;
   int64_t linears = 0;
 };
-CudaGemvBatchCounts CudaGemvBatchCallCounts();
-// Steps of several sequences whose attention or indexer ran one sequence at a time (Backend::AttentionBatch /
-// IndexerTopKBatch past what one launch holds), in this process.
-int64_t CudaPerSequenceFallbacks();
+
+// What one CUDA backend did since it was made, for tests, the bench and the worker's log. Steps of several
+// sequences whose attention or indexer ran one sequence at a time (Backend::AttentionBatch /
+// IndexerTopKBatch past what one launch holds) are per_sequence_fallbacks.
+struct CudaBackendStatistics {
+  CudaGraphCounts graphs;
+  CudaMoePathCounts moe;
+  CudaGemvBatchCounts gemv_batches;
+  int64_t per_sequence_fallbacks = 0;
+};
+// The statistics of `backend` when it is a CUDA backend, else all zero.
+CudaBackendStatistics CudaBackendStats(Backend& backend);
 
 }  // namespace dsmesh

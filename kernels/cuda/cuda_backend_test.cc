@@ -38,7 +38,7 @@ namespace fs = std::filesystem;
 
 constexpr double kF32Tol = 1e-5;   // rel L2 of f32 ops (summation order, expf/sinf ulps)
 constexpr double kExl3Tol = 2e-3;  // rel L2 of EXL3 linears (fp16 activations on the GPU)
-// rel L2 of prefill attention on tensor cores with fp16 operands (DSMESH_CUDA_PREFILL_ATTENTION=mma-fp16):
+// rel L2 of prefill attention on tensor cores with fp16 operands (prefill_attention kMmaFp16):
 // q, keys and probabilities rounded to fp16 (relative error 2^-11 each), fp32 sums; ~4e-4 expected at
 // unit-variance inputs (printed per case by PrefillAttentionOnTensorCores). The default high + low parts
 // are held to kF32Tol.
@@ -681,33 +681,29 @@ TEST_F(CudaBackendTest, Attention) {
 // Prefill attention (steps of more than 16 rows) on tensor cores against the CPU op, at the model's shapes
 // (64 heads x 512, window 128, 4K context: top-k 512 of ratio-4 entries, all ratio-128 entries) and small
 // ones (heads that fill part of a 64-head block, or two blocks), entries stored f32, bf16 and fp8, top-k
-// lists with -1 padding and not-yet-visible entries. Every path of the knob DSMESH_CUDA_PREFILL_ATTENTION
+// lists with -1 padding and not-yet-visible entries. Every path of CudaBackendOptions::prefill_attention
 // runs the same cases: the default tensor-core kernel (fp16 high + low operand parts) and the older f32
 // kernels (split, per-row) at the f32 tolerance, fp16 operands (mma-fp16) at kPrefillAttnFp16Tol. On the
 // tensor cores a step split in two chunks gives every row bitwise the result it has in the whole step (a
 // row's sums depend on its own keys only).
 TEST_F(CudaBackendTest, PrefillAttentionOnTensorCores) {
   DSMESH_REQUIRE_GPU();
-  // A backend made with the knob set to `value` (it reads DSMESH_CUDA_PREFILL_ATTENTION when made).
-  auto with_knob = [](const char* value) {
-    const char* name = "DSMESH_CUDA_PREFILL_ATTENTION";
-    const char* old = std::getenv(name);
-    const std::string saved = old ? old : "";
-    setenv(name, value, 1);
-    std::shared_ptr<Backend> be = MakeCudaBackend(0);
-    if (old) setenv(name, saved.c_str(), 1);
-    else unsetenv(name);
-    return be;
+  // A backend made with prefill attention on `path`.
+  auto with_path = [](CudaBackendOptions::PrefillAttention path) {
+    CudaBackendOptions options;
+    options.prefill_attention = path;
+    return MakeCudaBackend(0, options);
   };
+  using Path = CudaBackendOptions::PrefillAttention;
   struct Mode {
     const char* name;
     std::shared_ptr<Backend> be;
     double tol;
   };
-  const std::vector<Mode> modes = {{"mma", with_knob("mma"), kF32Tol},
-                                   {"mma-fp16", with_knob("mma-fp16"), kPrefillAttnFp16Tol},
-                                   {"split", with_knob("split"), kF32Tol},
-                                   {"per-row", with_knob("per-row"), kF32Tol}};
+  const std::vector<Mode> modes = {{"mma", with_path(Path::kMma), kF32Tol},
+                                   {"mma-fp16", with_path(Path::kMmaFp16), kPrefillAttnFp16Tol},
+                                   {"split", with_path(Path::kSplit), kF32Tol},
+                                   {"per-row", with_path(Path::kPerRow), kF32Tol}};
   struct Case {
     const char* what;
     int64_t heads, d, n, start;
@@ -997,11 +993,11 @@ TEST_F(CudaBackendTest, DenseExpertsAndSharedExpert) {
     for (int64_t n : {1, 5, 30}) {
       auto [idx, wt] = Routing(n, k, E);
       Pair x = Rand({n, D}), out = Rand({n, D}), before = Copy(out);
-      const CudaMoePathCounts c0 = CudaMoePathCallCounts();
+      const CudaMoePathCounts c0 = CudaBackendStats(gpu()).moe;
       cpu_->MoeExperts(x.c, idx.c, wt.c, ex.c, limit, &out.c);
       gpu().MoeExperts(x.g, idx.g, wt.g, ex.g, limit, &out.g);
       ExpectClose(out, kF32Tol, "MoeExperts dense n=" + std::to_string(n), &before);
-      EXPECT_EQ(CudaMoePathCallCounts().per_expert_launches, c0.per_expert_launches + 1) << "dense experts run per expert";
+      EXPECT_EQ(CudaBackendStats(gpu()).moe.per_expert_launches, c0.per_expert_launches + 1) << "dense experts run per expert";
 
       Pair sout = Rand({n, D}), sbefore = Copy(sout);
       cpu_->SharedExpert(x.c, ex.c[2], limit, &sout.c);
@@ -1022,11 +1018,11 @@ TEST_F(CudaBackendTest, Exl3ExpertsMcgFusedAndPerExpert) {
   for (int64_t n : {1, 5, 24, 30, 53, 300}) {
     auto [idx, wt] = Routing(n, k, E);
     Pair x = Rand({n, D}, 0.5f, true), out = Rand({n, D}), before = Copy(out);
-    const CudaMoePathCounts c0 = CudaMoePathCallCounts();
+    const CudaMoePathCounts c0 = CudaBackendStats(gpu()).moe;
     cpu_->MoeExperts(x.c, idx.c, wt.c, ex.c, limit, &out.c);
     gpu().MoeExperts(x.g, idx.g, wt.g, ex.g, limit, &out.g);
     ExpectClose(out, kExl3Tol, "MoeExperts EXL3 MCG n=" + std::to_string(n), &before);
-    const CudaMoePathCounts c1 = CudaMoePathCallCounts();
+    const CudaMoePathCounts c1 = CudaBackendStats(gpu()).moe;
     EXPECT_EQ(c1.fused_launches, c0.fused_launches + 1) << "n=" << n;
     EXPECT_EQ(c1.per_expert_launches, c0.per_expert_launches);
   }
@@ -1063,11 +1059,11 @@ TEST_F(CudaBackendTest, Exl3Experts3InstPerExpert) {
   for (int64_t n : {1, 7}) {
     auto [idx, wt] = Routing(n, k, E);
     Pair x = Rand({n, D}, 0.5f, true), out = Rand({n, D}), before = Copy(out);
-    const CudaMoePathCounts c0 = CudaMoePathCallCounts();
+    const CudaMoePathCounts c0 = CudaBackendStats(gpu()).moe;
     cpu_->MoeExperts(x.c, idx.c, wt.c, ex.c, 10.0f, &out.c);
     gpu().MoeExperts(x.g, idx.g, wt.g, ex.g, 10.0f, &out.g);
     ExpectClose(out, kExl3Tol, "MoeExperts EXL3 3INST n=" + std::to_string(n), &before);
-    const CudaMoePathCounts c1 = CudaMoePathCallCounts();
+    const CudaMoePathCounts c1 = CudaBackendStats(gpu()).moe;
     EXPECT_EQ(c1.per_expert_launches, c0.per_expert_launches + 1) << "3INST experts run per expert";
     EXPECT_EQ(c1.fused_launches, c0.fused_launches);
   }

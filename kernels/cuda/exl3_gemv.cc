@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include "common/flags.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/exl3_gemv_params.h"
 
@@ -25,11 +24,15 @@ bool Aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % 
 
 }  // namespace
 
-Exl3GemvWorkspace::Exl3GemvWorkspace(size_t partial_bytes) : partial_bytes_(partial_bytes) {
+Exl3GemvWorkspace::Exl3GemvWorkspace(size_t partial_bytes, const Exl3GemvTuning& tuning)
+    : partial_bytes_(partial_bytes) {
+  if (tuning.ctas_per_sm < 1 || tuning.ctas_per_sm > 16)
+    throw std::runtime_error("Exl3GemvWorkspace: ctas_per_sm " + std::to_string(tuning.ctas_per_sm) +
+                             " (must be 1..16)");
   CudaCheck(cudaGetDevice(&device_), "cudaGetDevice");
   CudaCheck(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_), "SM count");
   PrepareKernelsOnce();
-  ctas_per_sm_ = EnvInt("DSMESH_EXL3_GEMV_CTAS_PER_SM", 1, 16, ctas_per_sm_);
+  ctas_per_sm_ = tuning.ctas_per_sm;
   num_counters_ = 1 << 14;
   CudaCheck(cudaMalloc(&partial_, partial_bytes_), "Exl3GemvWorkspace partial buffer");
   CudaCheck(cudaMalloc(&counters_, num_counters_ * sizeof(int)), "Exl3GemvWorkspace counters");

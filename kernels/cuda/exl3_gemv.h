@@ -39,12 +39,17 @@ struct Exl3GemvJob;
 // Split-K scratch (partial sums and per-strip arrival counters). One per stream: a workspace is bound
 // to the first stream it is used on, and using it on another stream throws (two launches sharing the
 // counters at the same time would corrupt each other).
+// Tuning of the GEMV launches a workspace serves (an A/B and sweep knob: the CLI and dsmesh-kernel-bench
+// read it from DSMESH_EXL3_GEMV_CTAS_PER_SM, Exl3GemvTuningFromEnvironment in cuda_backend_options.h).
+struct Exl3GemvTuning {
+  int ctas_per_sm = kExl3GemvCtasPerSm;  // CTAs per SM the k-split aims for, 1..16
+};
+
 class Exl3GemvWorkspace {
  public:
-  // Allocates on the current device; `partial_bytes` bounds splits * m * n * 4. The environment
-  // variable DSMESH_EXL3_GEMV_CTAS_PER_SM (1..16, default kExl3GemvCtasPerSm) sets how many CTAs per
-  // SM the k-split aims for (a tuning knob for the benchmark; read here, never during a launch).
-  explicit Exl3GemvWorkspace(size_t partial_bytes = 16u << 20);
+  // Allocates on the current device; `partial_bytes` bounds splits * m * n * 4. Throws on a tuning out of
+  // range.
+  explicit Exl3GemvWorkspace(size_t partial_bytes = 16u << 20, const Exl3GemvTuning& tuning = {});
   ~Exl3GemvWorkspace();
   Exl3GemvWorkspace(const Exl3GemvWorkspace&) = delete;
   Exl3GemvWorkspace& operator=(const Exl3GemvWorkspace&) = delete;

@@ -246,8 +246,9 @@ TEST(Exl3GemvTest, BatchOfLinearsInOneLaunch) {
 TEST(Exl3GemvTest, TensorCoreInputTransformForManyRows) {
   DSMESH_REQUIRE_GPU();
   std::mt19937 rng(17);
-  const testing::ScopedEnv one_cta("DSMESH_EXL3_GEMV_CTAS_PER_SM", "1");  // read when the workspace is made
-  Exl3GemvWorkspace ws;
+  Exl3GemvTuning one_cta;
+  one_cta.ctas_per_sm = 1;
+  Exl3GemvWorkspace ws(16u << 20, one_cta);
   const int64_t k = 1024, n = 128LL * ws.num_sms();
   ASSERT_EQ(1, Exl3GemvSplits(k, n, 1, ws.num_sms(), 1));
   for (const int K : {2, 6}) {

@@ -1,19 +1,16 @@
 #include "kernels/cuda/exl3_moe.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cstdio>
 #include <mutex>
 #include <stdexcept>
 
-#include "common/flags.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/exl3_moe_params.h"
 
 namespace dsmesh {
 namespace {
 
-std::atomic<int64_t> g_launches{0}, g_rows{0}, g_rejected{0};
 std::once_flag g_active_log;
 int g_blocks_per_sm[64][9];  // resident CTAs per SM, per device and K (set once, before any capture)
 
@@ -79,15 +76,26 @@ bool Exl3MoeFusedFinish(int m, int topk, int num_experts, int hidden, int grid) 
   return static_cast<int64_t>(ExpectedGroups(m, topk, num_experts)) * (hidden / 128) < grid;
 }
 
-Exl3MoeWorkspace::Exl3MoeWorkspace(int max_rows, int topk, int hidden, int inter)
-    : Exl3MoeWorkspace(max_rows, topk, hidden, inter, false) {}
+Exl3MoeWorkspace::Exl3MoeWorkspace(int max_rows, int topk, int hidden, int inter, const Exl3MoeTuning& tuning)
+    : Exl3MoeWorkspace(max_rows, topk, hidden, inter, false, tuning) {}
 
-std::unique_ptr<Exl3MoeWorkspace> Exl3MoeWorkspace::ForSortedPairs(int max_pairs, int hidden, int inter) {
-  return std::unique_ptr<Exl3MoeWorkspace>(new Exl3MoeWorkspace(max_pairs, 1, hidden, inter, true));
+std::unique_ptr<Exl3MoeWorkspace> Exl3MoeWorkspace::ForSortedPairs(int max_pairs, int hidden, int inter,
+                                                                   const Exl3MoeTuning& tuning) {
+  return std::unique_ptr<Exl3MoeWorkspace>(new Exl3MoeWorkspace(max_pairs, 1, hidden, inter, true, tuning));
 }
 
-Exl3MoeWorkspace::Exl3MoeWorkspace(int max_rows, int topk, int hidden, int inter, bool sorted_pairs)
+Exl3MoeWorkspace::Exl3MoeWorkspace(int max_rows, int topk, int hidden, int inter, bool sorted_pairs,
+                                   const Exl3MoeTuning& tuning)
     : max_rows_(max_rows), topk_(topk), hidden_(hidden), inter_(inter), sorted_pairs_(sorted_pairs) {
+  const auto in_range = [](const char* what, int v, int lo, int hi) {
+    if (v < lo || v > hi)
+      throw std::runtime_error("Exl3MoeWorkspace: " + std::string(what) + " " + std::to_string(v) + " (must be " +
+                               std::to_string(lo) + ".." + std::to_string(hi) + ")");
+  };
+  in_range("items_per_sm", tuning.items_per_sm, 1, 64);
+  in_range("down_wide", tuning.down_wide, -1, 1);
+  in_range("fused_finish", tuning.fused_finish, -1, 1);
+  in_range("splits", tuning.splits, 0, exl3cuda::kMoeMaxHiddenBlocks);
   if (sorted_pairs && (max_rows < 1 || topk != 1))
     throw std::runtime_error("Exl3MoeWorkspace: sorted pairs need max_rows >= 1 and top-k 1");
   if (!sorted_pairs && (max_rows < 1 || max_rows > kExl3MoeMaxRows))
@@ -102,10 +110,10 @@ Exl3MoeWorkspace::Exl3MoeWorkspace(int max_rows, int topk, int hidden, int inter
   CudaCheck(cudaGetDevice(&device_), "cudaGetDevice");
   CudaCheck(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_), "SM count");
   PrepareOnce();
-  items_per_sm_ = EnvInt("DSMESH_EXL3_MOE_ITEMS_PER_SM", 1, 64, items_per_sm_);
-  down_wide_ = EnvInt("DSMESH_EXL3_MOE_DOWN_WIDE", -1, 1, down_wide_);
-  fused_finish_ = EnvInt("DSMESH_EXL3_MOE_FUSED_FINISH", -1, 1, fused_finish_);
-  forced_splits_ = std::min(EnvInt("DSMESH_EXL3_MOE_SPLITS", 0, exl3cuda::kMoeMaxHiddenBlocks, 0), hidden / 128);
+  items_per_sm_ = tuning.items_per_sm;
+  down_wide_ = tuning.down_wide;
+  fused_finish_ = tuning.fused_finish;
+  forced_splits_ = std::min(tuning.splits, hidden / 128);
   max_splits_ = std::max(1, forced_splits_);
   for (int m = 1; m <= (sorted_pairs ? 0 : max_rows); ++m)
     max_splits_ = std::max({max_splits_,
@@ -185,7 +193,7 @@ void LaunchExl3Moe(const Exl3MoeLayer& l, const uint16_t* x, const int32_t* ids,
   if (why.empty() && (!x || !ids || !weights || !y)) why = "null input/output pointer";
   if (why.empty() && (!Aligned(x, 16) || !Aligned(y, 16))) why = "x and y must be 16-byte aligned";
   if (!why.empty()) {
-    ++g_rejected;
+    ++ws.counts_.rejected;
     throw std::runtime_error(who + ": cannot run: " + why);
   }
   int dev = 0;
@@ -238,28 +246,20 @@ void LaunchExl3Moe(const Exl3MoeLayer& l, const uint16_t* x, const int32_t* ids,
   }
   if (p.splits > ws.max_splits_) p.splits = ws.max_splits_;  // workspace sized for its max
   bool wide = Exl3MoeWideDownItems(m, ws.topk_, l.num_experts, l.hidden, l.inter, grid);
-  if (ws.down_wide_ >= 0) {  // forced by DSMESH_EXL3_MOE_DOWN_WIDE
+  if (ws.down_wide_ >= 0) {  // forced by Exl3MoeTuning::down_wide
     wide = ws.down_wide_ == 1;
     if (wide && (l.hidden / 128) % 2)
-      throw std::runtime_error(who + ": DSMESH_EXL3_MOE_DOWN_WIDE=1 needs hidden / 128 even, hidden = " +
+      throw std::runtime_error(who + ": down_wide = 1 (DSMESH_EXL3_MOE_DOWN_WIDE=1) needs hidden / 128 even, hidden = " +
                                std::to_string(l.hidden));
   }
   p.down_wn = wide ? 2 : 1;
   CudaCheck(static_cast<cudaError_t>(exl3cuda::LaunchMoeMcg(l.K, p, grid, stream)), who + " launch");
-  ++g_launches;
-  g_rows += m;
+  ++ws.counts_.launches;
+  ws.counts_.rows += m;
   std::call_once(g_active_log, [&] {
     std::fprintf(stderr, "routed-expert kernel ACTIVE (device %d, %d SMs, grid %d, K=%d, I=%d, d=%d, experts=%d)\n",
                  dev, ws.num_sms_, grid, l.K, l.inter, l.hidden, l.num_experts);
   });
-}
-
-Exl3MoeCounters Exl3MoeCallCounts() {
-  Exl3MoeCounters c;
-  c.launches = g_launches.load();
-  c.rows = g_rows.load();
-  c.rejected = g_rejected.load();
-  return c;
 }
 
 }  // namespace dsmesh

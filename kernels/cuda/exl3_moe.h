@@ -11,7 +11,7 @@
 // Strict by construction: there is no fallback inside. A shape or layer the kernel cannot run raises
 // std::runtime_error naming the layer and the reason; callers that want a different path for, e.g.,
 // prefill must ask Exl3MoeSupports() first and count their declines. The first successful launch in a
-// process logs "routed-expert kernel ACTIVE" once; Exl3MoeCallCounts() returns the counters.
+// process logs "routed-expert kernel ACTIVE" once; each workspace counts its launches (counts()).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -72,25 +72,46 @@ bool Exl3MoeFusedFinish(int m, int topk, int num_experts, int hidden, int grid);
 // Scratch for one stream: control counters (zeroed once here, self-resetting after every launch),
 // gate/up partial sums, the fp16 down inputs and the per-(row, expert) outputs. Bound to the first
 // stream it is used on; using it on another stream throws.
+// Tuning of the launches a workspace serves (A/B and sweep knobs: the CLI and dsmesh-kernel-bench read
+// them from DSMESH_EXL3_MOE_*, Exl3MoeTuningFromEnvironment in cuda_backend_options.h).
+struct Exl3MoeTuning {
+  // Gate/up work items per SM the k-split aims for, 1..64 (DSMESH_EXL3_MOE_ITEMS_PER_SM).
+  int items_per_sm = kExl3MoeItemsPerSm;
+  // The down item shape: -1 = Exl3MoeWideDownItems (the default); 0 = never wide, 1 = always (tests and A/B
+  // runs; forcing wide items on an odd hidden / 128 throws at the launch) (DSMESH_EXL3_MOE_DOWN_WIDE).
+  int down_wide = -1;
+  // The gate/up k-split: 0 = Exl3MoeSplits (the default); else this split for every m, clamped to
+  // hidden / 128 (split sweeps; DSMESH_EXL3_MOE_SPLITS).
+  int splits = 0;
+  // Where the gate/up sums are finished: -1 = Exl3MoeFusedFinish (the default); 0 = never in the down
+  // items, 1 = always (DSMESH_EXL3_MOE_FUSED_FINISH).
+  int fused_finish = -1;
+};
+
+// What the launches on one workspace did (Exl3MoeWorkspace::counts).
+struct Exl3MoeCounters {
+  int64_t launches = 0;  // successful launches
+  int64_t rows = 0;      // rows processed
+  int64_t rejected = 0;  // calls that raised because the shape was unsupported
+};
+
 class Exl3MoeWorkspace {
  public:
-  // Tuning knobs for the benchmark and tests, read here only: DSMESH_EXL3_MOE_ITEMS_PER_SM (1..64,
-  // default kExl3MoeItemsPerSm) sets how many gate/up work items per SM the k-split aims for;
-  // DSMESH_EXL3_MOE_DOWN_WIDE (-1 = Exl3MoeWideDownItems, the default; 0 = never, 1 = always: tests and
-  // A/B runs) forces the down item shape; forcing wide items on an odd hidden / 128 throws;
-  // DSMESH_EXL3_MOE_SPLITS (0 = Exl3MoeSplits, the default; else the gate/up k-split for every m,
-  // clamped to hidden / 128: split sweeps) overrides the k-split; DSMESH_EXL3_MOE_FUSED_FINISH (-1 =
-  // Exl3MoeFusedFinish, the default; 0 = never, 1 = always) forces where the gate/up sums are finished.
-  Exl3MoeWorkspace(int max_rows, int topk, int hidden, int inter);
+  // Throws on shapes the kernel does not take and on a tuning out of range.
+  Exl3MoeWorkspace(int max_rows, int topk, int hidden, int inter, const Exl3MoeTuning& tuning = {});
   // For Exl3MoeForwardSorted: up to max_pairs sorted pairs (any number; scratch ~ 8 I bytes per pair and
   // k-split), k-splits capped at kExl3MoeSortedMaxSplits.
-  static std::unique_ptr<Exl3MoeWorkspace> ForSortedPairs(int max_pairs, int hidden, int inter);
+  static std::unique_ptr<Exl3MoeWorkspace> ForSortedPairs(int max_pairs, int hidden, int inter,
+                                                          const Exl3MoeTuning& tuning = {});
   int max_rows() const { return max_rows_; }
   int hidden() const { return hidden_; }
   int inter() const { return inter_; }
   ~Exl3MoeWorkspace();
   Exl3MoeWorkspace(const Exl3MoeWorkspace&) = delete;
   Exl3MoeWorkspace& operator=(const Exl3MoeWorkspace&) = delete;
+
+  // The launches made with this workspace (one stream's).
+  const Exl3MoeCounters& counts() const { return counts_; }
 
   // Reads (and clears) the kernel's error flag: true if some launch saw an expert id outside
   // [0, num_experts) (those slots contributed nothing). Synchronizes the device: not inside capture.
@@ -99,12 +120,12 @@ class Exl3MoeWorkspace {
  private:
   friend void LaunchExl3Moe(const Exl3MoeLayer&, const uint16_t*, const int32_t*, const float*, int, float*,
                             Exl3MoeWorkspace&, cudaStream_t, bool);
-  Exl3MoeWorkspace(int max_rows, int topk, int hidden, int inter, bool sorted_pairs);
+  Exl3MoeWorkspace(int max_rows, int topk, int hidden, int inter, bool sorted_pairs, const Exl3MoeTuning& tuning);
   int max_rows_, topk_, hidden_, inter_, max_splits_, items_per_sm_ = kExl3MoeItemsPerSm;
   bool sorted_pairs_ = false;
-  int down_wide_ = -1;     // DSMESH_EXL3_MOE_DOWN_WIDE (-1: Exl3MoeWideDownItems)
-  int forced_splits_ = 0;  // DSMESH_EXL3_MOE_SPLITS (0: Exl3MoeSplits)
-  int fused_finish_ = -1;  // DSMESH_EXL3_MOE_FUSED_FINISH (-1: Exl3MoeFusedFinish)
+  int down_wide_ = -1;     // Exl3MoeTuning::down_wide (-1: Exl3MoeWideDownItems)
+  int forced_splits_ = 0;  // Exl3MoeTuning::splits (0: Exl3MoeSplits)
+  int fused_finish_ = -1;  // Exl3MoeTuning::fused_finish (-1: Exl3MoeFusedFinish)
   int device_ = 0, num_sms_ = 0;
   void* control_ = nullptr;
   float* part_gu_ = nullptr;
@@ -112,6 +133,7 @@ class Exl3MoeWorkspace {
   float* down_out_ = nullptr;
   bool bound_ = false;
   cudaStream_t stream_ = nullptr;
+  Exl3MoeCounters counts_;
 };
 
 // Empty string when the kernel can run this layer at m rows and top-k, else the reason.
@@ -144,11 +166,5 @@ int Exl3MoeSplits(int m, int topk, int num_experts, int hidden, int inter, int n
 int Exl3MoeFusedSplits(int m, int topk, int num_experts, int hidden, int inter, int num_sms,
                        int items_per_sm = kExl3MoeItemsPerSm);
 
-struct Exl3MoeCounters {
-  int64_t launches = 0;  // successful launches
-  int64_t rows = 0;      // rows processed
-  int64_t rejected = 0;  // calls that raised because the shape was unsupported
-};
-Exl3MoeCounters Exl3MoeCallCounts();
 
 }  // namespace dsmesh

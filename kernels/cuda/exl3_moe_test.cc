@@ -205,8 +205,9 @@ TEST(Exl3MoeTest, HotExpertDuplicatesAndEdgeIds) {
 TEST(Exl3MoeTest, WideDownItemsMatchReference) {
   DSMESH_REQUIRE_GPU();
   Experts ex(256, 512, 256, 2, 10.0f, 11);
-  const testing::ScopedEnv wide("DSMESH_EXL3_MOE_DOWN_WIDE", "1");  // read when the workspace is made
-  Exl3MoeWorkspace ws(24, kTopK, 512, 256);
+  Exl3MoeTuning wide;
+  wide.down_wide = 1;
+  Exl3MoeWorkspace ws(24, kTopK, 512, 256, wide);
   std::mt19937 rng(12);
   for (int m = 1; m <= 24; ++m) {
     const auto r = RandomRouting(m, kTopK, 256, rng);
@@ -223,14 +224,16 @@ TEST(Exl3MoeTest, WideDownItemsMatchReference) {
 // two chunks at 16 rows, one warp per (row, block) task) with the clamp active.
 TEST(Exl3MoeTest, FusedFinishMatchesReference) {
   DSMESH_REQUIRE_GPU();
-  const testing::ScopedEnv fused("DSMESH_EXL3_MOE_FUSED_FINISH", "1");  // read when the workspace is made
+  Exl3MoeTuning fused;
+  fused.fused_finish = 1;
   {
     Experts ex(256, 512, 256, 2, 10.0f, 13);
-    for (const char* wide : {"0", "1"}) {
-      const testing::ScopedEnv down("DSMESH_EXL3_MOE_DOWN_WIDE", wide);
-      Exl3MoeWorkspace ws(24, kTopK, 512, 256);
+    for (const int wide : {0, 1}) {
+      Exl3MoeTuning tuning = fused;
+      tuning.down_wide = wide;
+      Exl3MoeWorkspace ws(24, kTopK, 512, 256, tuning);
       std::mt19937 rng(14);
-      const std::string what = std::string("fused finish, wide ") + wide;
+      const std::string what = "fused finish, wide " + std::to_string(wide);
       for (int m = 1; m <= 24; ++m) {
         const auto r = RandomRouting(m, kTopK, 256, rng);
         RunAndCheck(ex, ws, m, kTopK, testing::RandomFp16(m * 512, rng, 0.1f), r, what + ", unique");
@@ -243,7 +246,7 @@ TEST(Exl3MoeTest, FusedFinishMatchesReference) {
   }
   {
     Experts ex(32, 256, 2048, 3, 1.0f, 15);
-    Exl3MoeWorkspace ws(24, kTopK, 256, 2048);
+    Exl3MoeWorkspace ws(24, kTopK, 256, 2048, fused);
     std::mt19937 rng(16);
     for (int m : {1, 3}) {
       const auto r = RandomRouting(m, kTopK, 32, rng);
@@ -256,7 +259,7 @@ TEST(Exl3MoeTest, FusedFinishMatchesReference) {
   {
     // d = 2048, I = 1024, 8 experts: the k-split rule of fused launches on another shape.
     Experts ex(8, 2048, 1024, 2, 10.0f, 17);
-    Exl3MoeWorkspace ws(24, kTopK, 2048, 1024);
+    Exl3MoeWorkspace ws(24, kTopK, 2048, 1024, fused);
     std::mt19937 rng(18);
     for (int m : {1, 2, 5}) {
       const auto r = RandomRouting(m, kTopK, 8, rng);
@@ -445,17 +448,17 @@ TEST(Exl3MoeTest, StrictModeCountersAndBadIds) {
   auto r = RandomRouting(25, kTopK, 256, rng);
   DeviceBuffer<int32_t> dids(r.ids);
   DeviceBuffer<float> dw(r.weights), dy(25 * 512);
-  const Exl3MoeCounters before = Exl3MoeCallCounts();
+  const Exl3MoeCounters before = ws.counts();
   EXPECT_THROW(Exl3MoeForward(ex.layer(), dx.get(), dids.get(), dw.get(), 25, dy.get(), ws, nullptr), std::runtime_error);
   Exl3MoeLayer l3 = ex.layer();
   l3.codebook = 0;
   EXPECT_FALSE(Exl3MoeSupports(l3, 4, kTopK));
   EXPECT_THROW(Exl3MoeForward(l3, dx.get(), dids.get(), dw.get(), 4, dy.get(), ws, nullptr), std::runtime_error);
-  const Exl3MoeCounters mid = Exl3MoeCallCounts();
+  const Exl3MoeCounters mid = ws.counts();
   EXPECT_EQ(mid.rejected, before.rejected + 2);
   EXPECT_EQ(mid.launches, before.launches);
   Exl3MoeForward(ex.layer(), dx.get(), dids.get(), dw.get(), 4, dy.get(), ws, nullptr);
-  const Exl3MoeCounters after = Exl3MoeCallCounts();
+  const Exl3MoeCounters after = ws.counts();
   EXPECT_EQ(after.launches, mid.launches + 1);
   EXPECT_EQ(after.rows, mid.rows + 4);
   EXPECT_FALSE(ws.TakeBadIdFlag());

@@ -45,6 +45,7 @@
 #include "common/flags.h"
 #include "common/program.h"
 #include "common/repo_file.h"
+#include "kernels/cuda/cuda_backend_options.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gpu_presence.h"
 #include "kernels/cuda/exl3_gemm.h"
@@ -68,6 +69,11 @@ std::string g_filter;  // --filter: only cases whose label contains this
 // rotating over cold copies. A diagnostic, not comparable with the anchors: the difference to the cold
 // run is the time spent waiting for weight bytes from HBM.
 bool g_warm_weights = false;
+// The workspaces' tuning: DSMESH_EXL3_GEMV_CTAS_PER_SM / DSMESH_EXL3_MOE_* (read once in Main), each
+// value of a --gemv-ctas-per-sm / --moe-items-per-sm sweep in turn.
+Exl3GemvTuning g_gemv_tuning;
+Exl3MoeTuning g_moe_tuning;
+Exl3MoeCounters g_moe_counts;  // summed over the MoE cases' workspaces
 
 // Integer-pipe instructions per decoded weight: kernels/exl3/decode_cost.h.
 double DecodeOpsPerWeight(int K, int rows) { return Exl3DecodeOpsPerWeight(K, rows); }
@@ -235,7 +241,7 @@ void Summary(const std::string& kind, const std::vector<Row>& rows) {
 
 void RunDense(const nlohmann::json& anchors, double bw, double intops, int replays, cudaStream_t s,
               std::vector<Row>& rows) {
-  Exl3GemvWorkspace ws(64u << 20);
+  Exl3GemvWorkspace ws(64u << 20, g_gemv_tuning);
   std::mt19937 rng(1);
   if (g_warm_weights) std::printf("dense weights: one L2-resident copy per case (--warm-weights), not comparable with the anchors\n");
   for (const auto& a : anchors["results"]) {
@@ -292,7 +298,7 @@ const BatchSet kBatchSets[] = {
 
 void RunBatch(double bw, int replays, cudaStream_t s) {
   constexpr int K = 6;
-  Exl3GemvWorkspace ws(256u << 20);
+  Exl3GemvWorkspace ws(256u << 20, g_gemv_tuning);
   std::mt19937 rng(2);
   std::printf("%-6s %-48s %4s %11s %11s %8s %9s\n", "kind", "set (K6)", "m", "separate_us", "batched_us", "ratio",
               "byte_fl");
@@ -389,7 +395,7 @@ void RunMoe(const nlohmann::json& anchors, double bw, double intops, int replays
     layer.codebook = 1;
     layer.swiglu_limit = 10.0f;
     layer.SetTables(dtabs);
-    Exl3MoeWorkspace ws(24, topk, d, I);
+    Exl3MoeWorkspace ws(24, topk, d, I, g_moe_tuning);
     for (const auto& a : cases) {
       const int m = a["m"];
       const std::string moe_key = "K" + std::to_string(K) + " I" + std::to_string(I) + " m" + std::to_string(m);
@@ -440,6 +446,9 @@ void RunMoe(const nlohmann::json& anchors, double bw, double intops, int replays
       cudaFree(x);
       cudaFree(y);
     }
+    g_moe_counts.launches += ws.counts().launches;
+    g_moe_counts.rows += ws.counts().rows;
+    g_moe_counts.rejected += ws.counts().rejected;
     for (int p = 0; p < 3; ++p) cudaFree(tr[p]);
     for (int t = 0; t < 9; ++t) cudaFree(dtabs[t]);
     cudaFree(sd);
@@ -555,14 +564,15 @@ void RunGemm(const nlohmann::json& anchors, int replays, cudaStream_t s, std::ve
 }
 
 // run(rows) once with the knob `var` as the environment has it, or, for a sweep, once per value of
-// `var` (read when the workspaces are made) with one summary each; `rows` gets the first value's rows.
-template <class Run>
+// `var` (set(value) puts it in the tuning the workspaces are made with) with one summary each; `rows` gets
+// the first value's rows.
+template <class Set, class Run>
 void RunSweep(const std::string& kind, const char* var, const std::vector<int32_t>& values, std::vector<Row>& rows,
-              Run&& run) {
+              Set&& set, Run&& run) {
   if (values.empty()) return run(rows);
   for (size_t i = 0; i < values.size(); ++i) {
     const std::string v = std::to_string(values[i]);
-    setenv(var, v.c_str(), 1);
+    set(values[i]);
     std::printf("-- %s=%s\n", var, v.c_str());
     std::vector<Row> swept;
     run(swept);
@@ -614,6 +624,8 @@ int Main(int argc, char** argv) {
   }
   if (!only.empty() && only != "dense" && only != "moe" && only != "gemm" && only != "batch")
     throw UsageError("--only: \"" + only + "\" is not one of dense, moe, gemm, batch");
+  g_gemv_tuning = Exl3GemvTuningFromEnvironment();
+  g_moe_tuning = Exl3MoeTuningFromEnvironment();
   RequireCudaDevice(0, "the benchmark");
   if (anchors_path.empty()) anchors_path = RepoFile("kernels/cuda/testdata/anchors-h200.json");
   std::ifstream in(anchors_path);
@@ -642,16 +654,18 @@ int Main(int argc, char** argv) {
   std::vector<GemmRow> gemm;
   if (only.empty() || only == "dense")
     RunSweep("dense", "DSMESH_EXL3_GEMV_CTAS_PER_SM", ctas_per_sm, dense,
+             [](int v) { g_gemv_tuning.ctas_per_sm = v; },
              [&](std::vector<Row>& rows) { RunDense(anchors, bw, intops, replays, s, rows); });
   if (only.empty() || only == "moe")
     RunSweep("moe", "DSMESH_EXL3_MOE_ITEMS_PER_SM", items_per_sm, moe,
+             [](int v) { g_moe_tuning.items_per_sm = v; },
              [&](std::vector<Row>& rows) { RunMoe(anchors, bw, intops, replays, s, rows); });
   if (only.empty() || only == "gemm") RunGemm(anchors, replays, s, gemm);
   if (only == "batch") RunBatch(bw, replays, s);
   Summary("dense", dense);
   Summary("moe", moe);
   GemmSummary(gemm);
-  const auto c = Exl3MoeCallCounts();
+  const Exl3MoeCounters& c = g_moe_counts;
   std::printf("routed-expert kernel counters: launches %lld, rows %lld, rejected %lld\n", (long long)c.launches,
               (long long)c.rows, (long long)c.rejected);
   return 0;

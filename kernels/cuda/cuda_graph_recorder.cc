@@ -1,0 +1,220 @@
+#include "kernels/cuda/cuda_graph_recorder.h"
+
+#include <cstdio>
+#include <stdexcept>
+
+#include "kernels/cuda/cuda_check.h"
+
+namespace dsmesh {
+
+GraphRecorder::GraphRecorder(std::shared_ptr<StreamContext> ctx, StepArena& arena, CudaBackendCounters& counters)
+    : ctx_(std::move(ctx)), arena_(arena), counters_(counters) {}
+
+GraphRecorder::~GraphRecorder() {
+  for (auto& [k, g] : graphs_)
+    if (g.exec) cudaGraphExecDestroy(g.exec);
+  for (auto& [k, g] : stateful_graphs_) {
+    if (g.exec) cudaGraphExecDestroy(g.exec);
+    if (g.uploaded) cudaEventDestroy(g.uploaded);
+    cudaFreeHost(g.params.host);
+    cudaFree(g.params.dev);
+  }
+}
+
+void GraphRecorder::Segment(const Backend::SegmentKey& key, bool graphs, const std::function<void()>& ops) {
+  if (!graphs || !arena_.in_step() || key.rows > kGraphMaxRows || arena_.step_rows() > kGraphMaxRows) {
+    ++counters_.eager_segments;
+    ops();
+    return;
+  }
+  auto [it, first_time] = graphs_.try_emplace(key);
+  Graph& g = it->second;
+  if (first_time || g.failed) {  // first sight: eager, which also builds what the ops create lazily
+    ++counters_.eager_segments;
+    ops();
+    return;
+  }
+  if (g.exec) {
+    if (arena_.top() != g.scratch_begin)
+      throw std::runtime_error("cuda backend: graph segment (site " + std::to_string(key.site) + ", layer " +
+                               std::to_string(key.layer) + ", rows " + std::to_string(key.rows) +
+                               ") replayed at scratch offset " + std::to_string(arena_.top()) + ", captured at " +
+                               std::to_string(g.scratch_begin));
+    ctx_->Use();
+    CudaCheck(cudaGraphLaunch(g.exec, ctx_->stream), "cudaGraphLaunch");
+    arena_.SetTop(g.scratch_end);
+    ++counters_.graph_replays;
+    counters_.replayed_nodes += g.nodes;
+    return;
+  }
+  Capture(key, &g, ops);
+}
+
+void GraphRecorder::StatefulSegment(const Backend::SegmentKey& key, bool graphs, const std::function<void()>& ops) {
+  if (!graphs || !arena_.in_step() || key.rows > kGraphMaxRows ||
+      arena_.step_rows() > kGraphMaxRows || arena_.capturing()) {
+    ops();
+    return;
+  }
+  auto [it, first_time] = stateful_graphs_.try_emplace(std::make_pair(key, arena_.key_bucket()));
+  StatefulGraph& g = it->second;
+  if (g.failed) {
+    ++counters_.eager_segments;
+    ops();
+    return;
+  }
+  if (first_time) {  // eager, noting whether every op could be recorded
+    ++counters_.eager_segments;
+    arena_.ClearUnrecordable();
+    arena_.SetMode(StatefulMode::kProbing);
+    try {
+      ops();
+    } catch (...) {
+      arena_.SetMode(StatefulMode::kNone);
+      throw;
+    }
+    arena_.SetMode(StatefulMode::kNone);
+    if (!arena_.unrecordable().empty()) {
+      g.failed = true;
+      ++counters_.graph_failures;
+      ++counters_.stateful_failures;
+      if (!logged_stateful_failure_)
+        std::fprintf(stderr, "[cuda] the stateful segment of layer %d (%lld rows) runs eagerly: %s (counted in "
+                             "CudaBackendStats().graphs.failures; logged once)\n",
+                     key.layer, static_cast<long long>(key.rows), arena_.unrecordable().c_str());
+      logged_stateful_failure_ = true;
+    }
+    return;
+  }
+  if (!g.exec) {
+    CaptureStateful(key, &g, ops);
+    return;
+  }
+  if (arena_.top() != g.scratch_begin)
+    throw std::runtime_error("cuda backend: stateful segment (layer " + std::to_string(key.layer) + ", rows " +
+                             std::to_string(key.rows) + ") replayed at scratch offset " + std::to_string(arena_.top()) +
+                             ", captured at " + std::to_string(g.scratch_begin));
+  ctx_->Use();
+  CudaCheck(cudaEventSynchronize(g.uploaded), "stateful segment parameters");  // the last upload read them
+  {
+    StepArena::StagingInto into(&arena_, &g.params, StatefulMode::kReplaying);
+    ops();
+  }
+  if (g.params.used != g.params.captured || arena_.top() != g.scratch_end || g.params.shapes_seen != g.params.shapes.size())
+    throw std::runtime_error("cuda backend: stateful segment (layer " + std::to_string(key.layer) + ", rows " +
+                             std::to_string(key.rows) + ") staged " + std::to_string(g.params.used) +
+                             " parameter bytes and ended at scratch " + std::to_string(arena_.top()) +
+                             "; its record has " + std::to_string(g.params.captured) + " and " +
+                             std::to_string(g.scratch_end));
+  LaunchStateful(&g);
+  ++counters_.graph_replays;
+  ++counters_.stateful_replays;
+  counters_.replayed_nodes += g.nodes;
+}
+
+// Records `ops` on the stream into *exec and counts its nodes (launches and copies) into *nodes; returns
+// why that failed ("" on success).
+std::string GraphRecorder::CaptureGraph(const std::function<void()>& ops, cudaGraphExec_t* exec, int64_t* nodes) {
+  std::string why;
+  cudaGraph_t graph = nullptr;
+  CudaCheck(cudaStreamBeginCapture(ctx_->stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+  arena_.SetCapturing(true);
+  try {
+    ops();
+  } catch (const std::exception& e) {
+    why = e.what();
+  }
+  arena_.SetCapturing(false);
+  const cudaError_t end = cudaStreamEndCapture(ctx_->stream, &graph);
+  if (why.empty() && end != cudaSuccess) why = std::string("cudaStreamEndCapture: ") + cudaGetErrorString(end);
+  if (why.empty()) {
+    size_t count = 0;
+    if (cudaGraphGetNodes(graph, nullptr, &count) == cudaSuccess) *nodes = static_cast<int64_t>(count);
+    const cudaError_t inst = cudaGraphInstantiate(exec, graph, 0);
+    if (inst != cudaSuccess) {
+      why = std::string("cudaGraphInstantiate: ") + cudaGetErrorString(inst);
+      *exec = nullptr;
+    }
+  }
+  if (graph) cudaGraphDestroy(graph);
+  if (!why.empty()) cudaGetLastError();
+  return why;
+}
+
+// Records `ops` as a CUDA graph and launches it; on failure (an op that syncs or copies host metadata,
+// such as the per-expert MoE path) runs `ops` eagerly and never tries the key again.
+void GraphRecorder::Capture(const Backend::SegmentKey& key, Graph* g, const std::function<void()>& ops) {
+  ctx_->Use();
+  const size_t begin = arena_.top();
+  const std::string why = CaptureGraph(ops, &g->exec, &g->nodes);
+  if (!why.empty()) {
+    g->failed = true;
+    ++counters_.graph_failures;
+    if (!logged_capture_failure_)
+      std::fprintf(stderr, "[cuda] graph capture failed (site %d, layer %d, rows %lld): %s; such segments run "
+                           "eagerly (counted in CudaBackendStats().graphs.failures; logged once)\n",
+                   key.site, key.layer, static_cast<long long>(key.rows), why.c_str());
+    logged_capture_failure_ = true;
+    arena_.SetTop(begin);
+    ++counters_.eager_segments;
+    ops();
+    return;
+  }
+  g->scratch_begin = begin;
+  g->scratch_end = arena_.top();
+  if (!logged_graphs_) {
+    std::fprintf(stderr, "[cuda] decode steps of up to %lld rows replay CUDA graphs (collectives stay eager; "
+                         "--enforce-eager turns graphs off)\n", static_cast<long long>(kGraphMaxRows));
+    logged_graphs_ = true;
+  }
+  ++counters_.graph_captures;
+  CudaCheck(cudaGraphLaunch(g->exec, ctx_->stream), "cudaGraphLaunch");
+}
+
+void GraphRecorder::LaunchStateful(StatefulGraph* g) {
+  if (g->params.used > 0)
+    CudaCheck(cudaMemcpyAsync(g->params.dev, g->params.host, g->params.used, cudaMemcpyHostToDevice, ctx_->stream),
+              "stateful segment parameters upload");
+  CudaCheck(cudaEventRecord(g->uploaded, ctx_->stream), "cudaEventRecord");
+  CudaCheck(cudaGraphLaunch(g->exec, ctx_->stream), "cudaGraphLaunch");
+  arena_.SetTop(g->scratch_end);
+}
+
+// Records a stateful segment: its ops stage into the record's buffers and launch into the capture.
+// A failure (an op that cannot be recorded) is logged once and the key runs eagerly from then on.
+void GraphRecorder::CaptureStateful(const Backend::SegmentKey& key, StatefulGraph* g, const std::function<void()>& ops) {
+  ctx_->Use();
+  if (!g->params.host) {
+    CudaCheck(cudaMallocHost(&g->params.host, StagedParams::kBytes), "cudaMallocHost for segment parameters");
+    CudaCheck(cudaMalloc(&g->params.dev, StagedParams::kBytes), "cudaMalloc for segment parameters");
+    CudaCheck(cudaEventCreateWithFlags(&g->uploaded, cudaEventDisableTiming), "cudaEventCreate");
+  }
+  const size_t begin = arena_.top();
+  std::string why;
+  {
+    StepArena::StagingInto into(&arena_, &g->params, StatefulMode::kRecording);
+    why = CaptureGraph(ops, &g->exec, &g->nodes);
+  }
+  if (!why.empty()) {
+    // The first run showed every op recordable, so this is unexpected. The ops ran their host logic
+    // (sequence states moved on) but nothing they launched ran: the step cannot be redone here, so it
+    // fails loudly; the key runs eagerly from the next step on.
+    g->failed = true;
+    ++counters_.graph_failures;
+    throw std::runtime_error("cuda backend: recording the stateful segment (layer " + std::to_string(key.layer) +
+                             ", rows " + std::to_string(key.rows) + ") failed: " + why);
+  }
+  g->scratch_begin = begin;
+  g->scratch_end = arena_.top();
+  g->params.captured = g->params.used;
+  ++counters_.stateful_captures;
+  if (!logged_stateful_graphs_) {
+    std::fprintf(stderr, "[cuda] the stateful part of decode steps (compressors, indexer, attention) replays CUDA "
+                         "graphs too, its parameters staged per step\n");
+    logged_stateful_graphs_ = true;
+  }
+  ++counters_.graph_captures;
+  LaunchStateful(g);
+}
+
+}  // namespace dsmesh

@@ -1,0 +1,87 @@
+// The CUDA graphs of the forward's segments, both kinds (kernels/backend.h):
+//
+// - Per-token segments (Backend::Segment): a segment of a step of at most kGraphMaxRows rows runs eagerly
+//   the first time its key is seen, is captured the second time and replayed from then on. A capture that
+//   fails (an op that syncs or copies host metadata) is logged once and the key runs eagerly for good.
+// - Stateful segments (Backend::StatefulSegment: the compressors, indexer and attention of a block) are
+//   recorded the same way, keyed also by the step's key bucket, but their host logic runs every step: when
+//   replaying, the ops only stage their per-step launch parameters (cuda_ops::ParamStager) into the record's
+//   buffer (StagedParams), one copy uploads them, and the graph replays. The first run probes whether every
+//   op can be recorded (StepArena::Unrecordable); one that cannot keeps the key eager.
+//
+// Every replay checks that it starts at the scratch offset its capture did (the graph's temporaries live at
+// fixed arena addresses); a stateful replay also checks that it staged as many parameter bytes, ended at
+// the same offset and needed the same launch shapes (StepArena::LaunchShape) as its record. It lives apart
+// from the ops because recording is about the order and addresses of launches, never what they compute.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "kernels/backend.h"
+#include "kernels/cuda/cuda_backend_util.h"
+#include "kernels/cuda/cuda_step_arena.h"
+
+namespace dsmesh {
+
+class GraphRecorder {
+ public:
+  GraphRecorder(std::shared_ptr<StreamContext> ctx, StepArena& arena, CudaBackendCounters& counters);
+  ~GraphRecorder();
+  GraphRecorder(const GraphRecorder&) = delete;
+  GraphRecorder& operator=(const GraphRecorder&) = delete;
+
+  // Backend::Segment; with `graphs` false (graphs off, or ops being profiled) every segment runs eagerly.
+  void Segment(const Backend::SegmentKey& key, bool graphs, const std::function<void()>& ops);
+  // Backend::StatefulSegment: recorded like a Segment (first sight eager, second captured, then replayed),
+  // but `ops` runs every time: when replaying, its ops only compute and stage their parameters (each
+  // launch's parameter block, cuda_ops::ParamStager) into the record's own buffer, which one copy uploads
+  // before the graph launches. The record's key adds the step's key bucket (the indexer's launch covers
+  // bucket / ratio keys; StepArena::IndexerKeysLd). With `graphs` false it runs eagerly.
+  void StatefulSegment(const Backend::SegmentKey& key, bool graphs, const std::function<void()>& ops);
+
+ private:
+  struct Graph {
+    cudaGraphExec_t exec = nullptr;
+    int64_t nodes = 0;
+    size_t scratch_begin = 0, scratch_end = 0;
+    bool failed = false;
+  };
+  // A recorded stateful segment: its graph, and the buffers its launches' parameter blocks are staged in.
+  struct StatefulGraph {
+    cudaGraphExec_t exec = nullptr;
+    int64_t nodes = 0;
+    size_t scratch_begin = 0, scratch_end = 0;
+    bool failed = false;
+    StagedParams params;
+    cudaEvent_t uploaded = nullptr;
+  };
+
+  // Records `ops` on the stream into *exec and counts its nodes (launches and copies) into *nodes; returns
+  // why that failed ("" on success).
+  std::string CaptureGraph(const std::function<void()>& ops, cudaGraphExec_t* exec, int64_t* nodes);
+  // Records `ops` as a CUDA graph and launches it; on failure (an op that syncs or copies host metadata,
+  // such as the per-expert MoE path) runs `ops` eagerly and never tries the key again.
+  void Capture(const Backend::SegmentKey& key, Graph* g, const std::function<void()>& ops);
+  // Uploads the record's staged parameters and launches its graph.
+  void LaunchStateful(StatefulGraph* g);
+  // Records a stateful segment: its ops stage into the record's buffers and launch into the capture.
+  void CaptureStateful(const Backend::SegmentKey& key, StatefulGraph* g, const std::function<void()>& ops);
+
+  std::shared_ptr<StreamContext> ctx_;
+  StepArena& arena_;
+  CudaBackendCounters& counters_;
+  std::map<Backend::SegmentKey, Graph> graphs_;
+  // Stateful records by (key, the step's key bucket).
+  std::map<std::pair<Backend::SegmentKey, int64_t>, StatefulGraph> stateful_graphs_;
+  bool logged_graphs_ = false, logged_capture_failure_ = false;
+  bool logged_stateful_graphs_ = false, logged_stateful_failure_ = false;
+};
+
+}  // namespace dsmesh
