@@ -152,12 +152,23 @@ VocabTrie::VocabTrie(const Tokenizer& tok, int64_t vocab_size, bool with_added) 
 
 CompiledGrammar::CompiledGrammar(Nfa nfa, std::shared_ptr<const VocabTrie> trie, size_t cache_bytes)
     : nfa_(std::move(nfa)), trie_(std::move(trie)), words_(trie_->words()), cache_limit_(cache_bytes) {
-  // Fewest bytes from each NFA state to the accepting one: 0-1 BFS over the reversed graph.
+  // Fewest bytes from each NFA state to the accepting one: 0-1 BFS over the reversed graph, held as one
+  // array of predecessors per state (offsets into `pred`): no allocation per state, which was most of the
+  // compile time of the larger grammars (a free JSON value nested 3 deep has ~80,000 NFA states).
   const size_t n = nfa_.size();
-  std::vector<std::vector<std::pair<int32_t, int>>> rev(n);
+  std::vector<uint32_t> pred_start(n + 1, 0);
   for (size_t s = 0; s < n; ++s) {
-    for (int32_t t : nfa_.states[s].eps) rev[t].push_back({static_cast<int32_t>(s), 0});
-    for (const auto& e : nfa_.states[s].edges) rev[e.to].push_back({static_cast<int32_t>(s), 1});
+    for (int32_t t : nfa_.states[s].eps) ++pred_start[t + 1];
+    for (const auto& e : nfa_.states[s].edges) ++pred_start[e.to + 1];
+  }
+  for (size_t s = 0; s < n; ++s) pred_start[s + 1] += pred_start[s];
+  std::vector<int32_t> pred(pred_start[n]);  // predecessor, negated minus one for an epsilon edge
+  {
+    std::vector<uint32_t> fill(pred_start.begin(), pred_start.end() - 1);
+    for (size_t s = 0; s < n; ++s) {
+      for (int32_t t : nfa_.states[s].eps) pred[fill[t]++] = -static_cast<int32_t>(s) - 1;
+      for (const auto& e : nfa_.states[s].edges) pred[fill[e.to]++] = static_cast<int32_t>(s);
+    }
   }
   const int32_t inf = std::numeric_limits<int32_t>::max() / 2;
   nfa_dist_.assign(n, inf);
@@ -167,7 +178,10 @@ CompiledGrammar::CompiledGrammar(Nfa nfa, std::shared_ptr<const VocabTrie> trie,
   while (!q.empty()) {
     int32_t s = q.front();
     q.pop_front();
-    for (auto [p, w] : rev[s]) {
+    for (uint32_t k = pred_start[s]; k < pred_start[s + 1]; ++k) {
+      const bool eps = pred[k] < 0;
+      const int32_t p = eps ? -pred[k] - 1 : pred[k];
+      const int w = eps ? 0 : 1;
       if (nfa_dist_[s] + w < nfa_dist_[p]) {
         nfa_dist_[p] = nfa_dist_[s] + w;
         if (w == 0) q.push_front(p);
@@ -180,10 +194,15 @@ CompiledGrammar::CompiledGrammar(Nfa nfa, std::shared_ptr<const VocabTrie> trie,
   // distinct edge ranges holding it, so bytes need not be adjacent to share one (the letters that no
   // keyword of the schema uses, say): fewer transitions to build and fewer columns to compare.
   std::vector<std::pair<uint8_t, uint8_t>> ranges;
-  for (const auto& st : nfa_.states)
-    for (const auto& e : st.edges) ranges.push_back({e.lo, e.hi});
-  std::sort(ranges.begin(), ranges.end());
-  ranges.erase(std::unique(ranges.begin(), ranges.end()), ranges.end());
+  {
+    std::vector<char> seen(256 * 256, 0);
+    for (const auto& st : nfa_.states)
+      for (const auto& e : st.edges) {
+        char& f = seen[e.lo * 256 + e.hi];
+        if (!f) ranges.push_back({e.lo, e.hi});
+        f = 1;
+      }
+  }
   std::vector<std::string> member_of(256, std::string(ranges.size(), '\0'));
   for (size_t r = 0; r < ranges.size(); ++r)
     for (int b = ranges[r].first; b <= ranges[r].second; ++b) member_of[b][r] = 1;
@@ -281,12 +300,12 @@ int32_t CompiledGrammar::Step(int32_t state, uint8_t byte) {
 }
 
 int32_t CompiledGrammar::Next(int32_t state, uint8_t byte) {
-  WaitReady();
+  auto lock = Lock();
   return Step(state, byte);
 }
 
 int32_t CompiledGrammar::AdvanceToken(int32_t state, int32_t token) {
-  WaitReady();
+  auto lock = Lock();
   if (token == trie_->eos()) return accepting_[state] ? state : -1;
   if (token < 0 || token >= trie_->vocab_size()) return -1;
   const std::string& b = trie_->bytes(token);
@@ -378,9 +397,10 @@ int32_t CompiledGrammar::TextLimit(int32_t state) {
 // that jumps past each subtree the DFA rejects. The state of a node's parent is the one last set at the
 // parent's depth, so a small array by depth replaces a stack.
 template <bool kAfter, bool kLimit>
-void CompiledGrammar::WalkTrie(const ByteTrie& t, int32_t state, uint64_t* mask, int32_t* after, int32_t limit) {
-  walk_states_.resize(static_cast<size_t>(t.max_depth) + 1);
-  int32_t* at = walk_states_.data();
+void CompiledGrammar::WalkTrie(const ByteTrie& t, int32_t state, uint64_t* mask, int32_t* after, int32_t limit,
+                               std::vector<int32_t>* walk, Profile* collect) {
+  walk->resize(static_cast<size_t>(t.max_depth) + 1);
+  int32_t* at = walk->data();
   at[0] = state;
   const ByteTrie::Node* nodes = t.nodes_pre.data();
   const uint32_t n_nodes = static_cast<uint32_t>(t.nodes());
@@ -403,8 +423,8 @@ void CompiledGrammar::WalkTrie(const ByteTrie& t, int32_t state, uint64_t* mask,
       if constexpr (kAfter) {
         after[0] = std::min(after[0], dist_[ns]);
         after[1] = std::max(after[1], dist_[ns]);
-        if (collect_ && collect_->size() <= kMaxProfileTokens)  // past the bound no profile is kept
-          for (int32_t tok = node.token; tok >= 0; tok = trie_->next_same(tok)) collect_->push_back({dist_[ns], tok});
+        if (collect && collect->size() <= kMaxProfileTokens)  // past the bound no profile is kept
+          for (int32_t tok = node.token; tok >= 0; tok = trie_->next_same(tok)) collect->push_back({dist_[ns], tok});
       }
     }
     ++n;
@@ -447,18 +467,19 @@ void CompiledGrammar::Evict() {
 }
 
 CompiledGrammar::CacheStats CompiledGrammar::cache_stats() const {
-  WaitReady();
+  auto lock = Lock();
   return {cache_bytes_ + pre_stats_.bytes, cache_limit_, cache_.size(), evictions_, full_masks_, text_shortcut_,
           tail_masks_};
 }
 
-bool CompiledGrammar::ComputeMask(int32_t state, uint64_t* mask, int32_t* after) {
+bool CompiledGrammar::ComputeMask(int32_t state, uint64_t* mask, int32_t* after, std::vector<int32_t>* walk,
+                                  Profile* collect) {
   after[0] = std::numeric_limits<int32_t>::max();
   after[1] = std::numeric_limits<int32_t>::min();
   const int32_t limit = TextLimit(state);
   const bool shortcut = limit != kNoShortcut;
   if (!shortcut) {
-    WalkTrie<true, false>(trie_->all(), state, mask, after, 0);
+    WalkTrie<true, false>(trie_->all(), state, mask, after, 0, walk, collect);
   } else {
     const uint64_t* text = trie_->text_bits_upto(limit);
     for (size_t w = 0; w < words_; ++w) mask[w] |= text[w];
@@ -470,7 +491,7 @@ bool CompiledGrammar::ComputeMask(int32_t state, uint64_t* mask, int32_t* after)
         after[1] = std::max(after[1], dist_[s]);
       }
     }
-    WalkTrie<true, false>(trie_->rest(), state, mask, after, 0);
+    WalkTrie<true, false>(trie_->rest(), state, mask, after, 0, walk, collect);
   }
   const int32_t eos = trie_->eos();
   if (accepting_[state] && eos >= 0) mask[eos >> 6] |= 1ull << (eos & 63);
@@ -489,7 +510,7 @@ void CompiledGrammar::ComputeTailMask(int32_t state, int32_t limit, uint64_t* ma
     }
   }
   if (chars == kNoShortcut) {
-    if (profile < 0) WalkTrie<false, true>(trie_->all(), state, mask, nullptr, limit);
+    if (profile < 0) WalkTrie<false, true>(trie_->all(), state, mask, nullptr, limit, &walk_states_, nullptr);
   } else {
     // Text tokens: each run a..b of character counts whose chain state is close enough is one bitset
     // difference (text_bits_upto(b) minus text_bits_upto(a - 1)).
@@ -507,17 +528,17 @@ void CompiledGrammar::ComputeTailMask(int32_t state, int32_t limit, uint64_t* ma
       if (!fits && run_start) close_run(n - 1);
     }
     if (run_start) close_run(chars);
-    if (profile < 0) WalkTrie<false, true>(trie_->rest(), state, mask, nullptr, limit);
+    if (profile < 0) WalkTrie<false, true>(trie_->rest(), state, mask, nullptr, limit, &walk_states_, nullptr);
   }
   const int32_t eos = trie_->eos();
   if (accepting_[state] && eos >= 0) mask[eos >> 6] |= 1ull << (eos & 63);
 }
 
 std::vector<uint64_t> CompiledGrammar::ComputeMaskForTest(int32_t state, int64_t remaining) {
-  WaitReady();
+  auto lock = Lock();
   std::vector<uint64_t> mask(words_, 0);
   int32_t after[2];
-  ComputeMask(state, mask.data(), after);
+  ComputeMask(state, mask.data(), after, &walk_states_);
   // The same decisions as Mask(), by the walk.
   const int64_t limit = std::max<int64_t>(remaining - 1, after[0]);
   if (remaining > dist_[state] + 64 || after[1] <= limit) return mask;
@@ -536,7 +557,7 @@ const uint64_t* CompiledGrammar::FullMask(int32_t state) {
   uint64_t* mask = e.bits.get();
   std::fill(mask, mask + words_, 0);
   int32_t after[2];
-  if (ComputeMask(state, mask, after)) ++text_shortcut_;
+  if (ComputeMask(state, mask, after, &walk_states_)) ++text_shortcut_;
   after_min_[state] = after[0];
   after_max_[state] = after[1];
   ++full_masks_;
@@ -545,7 +566,7 @@ const uint64_t* CompiledGrammar::FullMask(int32_t state) {
 
 const uint64_t* CompiledGrammar::Mask(int32_t state, int64_t remaining, std::vector<uint64_t>* scratch) {
   (void)scratch;
-  WaitReady();
+  auto lock = Lock();
   touched_ = 0;
   const uint64_t* full = FullMask(state);
   // Far from the end of the budget no token can push the shortest completion past it.

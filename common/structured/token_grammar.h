@@ -4,8 +4,8 @@
 // states. Near the end of the token budget the mask keeps only tokens after which the text can still be
 // completed in the tokens left (shortest completion counted in bytes, each byte being one token at worst),
 // so even a random model ends with a complete value (a budget mask keeps the tokens whose end state is
-// close enough to acceptance). Not thread-safe: one executor thread uses it (PrecomputeInBackground's
-// thread excepted: every public call waits for it to finish).
+// close enough to acceptance). One executor thread uses a grammar; PrecomputeInBackground's thread works
+// beside it (see there).
 //
 // How a state's mask is computed (once; then cached):
 //   - "Text tokens" are the tokens made only of whole UTF-8 characters that a JSON string holds
@@ -18,8 +18,9 @@
 //     walk of a byte trie that prunes each subtree the DFA rejects: the trie of the other tokens only,
 //     or the whole vocabulary's.
 // Masks are precomputed when the grammar is compiled (mask_table.cc: one walk per class of equivalent
-// states, usually on a background thread), so no decode step walks the vocabulary; what stays lazy (budget
-// masks, grammars too large to precompute) is held in an LRU cache bounded in bytes per grammar.
+// states, usually on a background thread), so no decode step walks the vocabulary once that is done; what
+// stays lazy (budget masks, grammars too large to precompute, and the states a step needs before the
+// background thread got to them) is held in an LRU cache bounded in bytes per grammar.
 #pragma once
 
 #include <atomic>
@@ -27,6 +28,7 @@
 #include <future>
 #include <list>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -99,19 +101,19 @@ class CompiledGrammar {
   static constexpr size_t kDefaultCacheBytes = size_t{32} << 20;
 
   CompiledGrammar(Nfa nfa, std::shared_ptr<const VocabTrie> trie, size_t cache_bytes = kDefaultCacheBytes);
-  ~CompiledGrammar() { WaitForPrecompute(); }
+  ~CompiledGrammar();
 
   int32_t start() const { return 0; }
   // State after one byte / a token's bytes; -1 when the language rejects it. EOS leaves the state as is.
   int32_t Next(int32_t state, uint8_t byte);
   int32_t AdvanceToken(int32_t state, int32_t token);
   bool Accepting(int32_t state) const {
-    WaitReady();
+    auto lock = Lock();
     return accepting_[state];
   }
   // Fewest bytes from `state` to an accepting state.
   int32_t Distance(int32_t state) const {
-    WaitReady();
+    auto lock = Lock();
     return dist_[state];
   }
 
@@ -121,7 +123,7 @@ class CompiledGrammar {
   const uint64_t* Mask(int32_t state, int64_t remaining, std::vector<uint64_t>* scratch);
   size_t words() const { return words_; }
   size_t num_states() const {
-    WaitReady();
+    auto lock = Lock();
     return sets_.size();
   }
 
@@ -140,7 +142,7 @@ class CompiledGrammar {
   // (state_classes.h) and computes the mask of each class, so that Mask() is a table lookup for every
   // state, including the first visit; identical masks are stored once. Skipped (masks stay lazy) when the
   // DFA has more than `max_states` states; stops storing masks once they would take half the cache bound
-  // (the states left out stay lazy). GrammarCache::Get calls it.
+  // (the states left out stay lazy). GrammarCache::Get calls it, or PrecomputeInBackground.
   static constexpr size_t kMaxPrecomputeStates = 1 << 15;
   // Classes whose walked tokens end at different distances keep them as a budget profile (below) when
   // they are at most this many.
@@ -157,10 +159,17 @@ class CompiledGrammar {
   };
   const PrecomputeStats& Precompute(size_t max_states = kMaxPrecomputeStates);
   // Precompute() on a thread of its own, started when a request is admitted, so that it overlaps the
-  // prompt's prefill; the first call that needs the grammar waits for what is left of it.
+  // prompt's prefill and the first steps. No step waits for the whole of it: a step that needs a mask
+  // the thread has not stored yet computes that state's mask itself (the lazy path). While the thread
+  // runs, the public calls and the thread share the grammar under one mutex, which the thread takes in
+  // short pieces (one DFA state's transitions, one class's bookkeeping) and hands over at once to a call
+  // that waits for it; the long parts (equivalent states, the trie walk of each class) run without it,
+  // once every state's transitions are built (the DFA is then read-only). Once the thread is done, calls
+  // take no lock (one atomic load). Started at most once per grammar; the destructor stops it early.
   void PrecomputeInBackground();
+  // Waits for the background precomputation.
   const PrecomputeStats& precompute_stats() const {
-    WaitReady();
+    WaitForPrecompute();
     return pre_stats_;
   }
   // The mask of `state` by the lazy path (walk, text table), bypassing table, profiles and cache, for
@@ -178,12 +187,21 @@ class CompiledGrammar {
     std::list<uint64_t>::iterator lru;
   };
 
-  // Public calls wait here while PrecomputeInBackground runs (one atomic load once it is done).
-  void WaitReady() const {
-    if (!ready_.load(std::memory_order_acquire)) WaitForPrecompute();
+  using Profile = std::vector<std::pair<int32_t, int32_t>>;
+
+  // The lock of a public call: mu_ while the background precomputation runs, none once it is done.
+  std::unique_lock<std::mutex> Lock() const {
+    if (ready_.load(std::memory_order_acquire)) return {};
+    waiting_.fetch_add(1, std::memory_order_acq_rel);
+    std::unique_lock<std::mutex> lock(mu_);
+    waiting_.fetch_sub(1, std::memory_order_acq_rel);
+    return lock;
   }
+  // The precomputation between two pieces: hands mu_ to a waiting public call (std::mutex is not fair:
+  // unlocking and locking again would usually win it back). False when the grammar is being destroyed.
+  bool Handoff(std::unique_lock<std::mutex>& lock);
   void WaitForPrecompute() const;
-  // The transition, computed on first use (Next() without the wait, for the precomputation itself).
+  // The transition, computed on first use (Next() without the lock, for the precomputation itself).
   int32_t Step(int32_t state, uint8_t byte);
   int32_t Intern(std::vector<int32_t> set);
   // The closure of one NFA state (as Closure() leaves it), computed once.
@@ -192,15 +210,20 @@ class CompiledGrammar {
   int32_t CharTarget(int32_t state);
   int32_t TextLimit(int32_t state);
   // Adds the allowed tokens of `state` to `mask` (zeroed, words_ long) and sets after[0] / after[1] to the
-  // least / most distance after any allowed token other than EOS. Returns whether the text table was used.
-  bool ComputeMask(int32_t state, uint64_t* mask, int32_t* after);
+  // least / most distance after any allowed token other than EOS; appends (distance, token) of the walked
+  // tokens to *collect while it holds at most kMaxProfileTokens (when not null). `walk` is the walk's
+  // scratch. Returns whether the text table was used. Reads only what is already built when every state's
+  // transitions and TextLimit(state) are: the precomputation then runs it without the lock.
+  bool ComputeMask(int32_t state, uint64_t* mask, int32_t* after, std::vector<int32_t>* walk,
+                   Profile* collect = nullptr);
   // The same, keeping only the tokens after which the distance is at most `limit` (the budget tail); the
   // walked tokens come from the state's budget profile when it has one and `use_profile`.
   void ComputeTailMask(int32_t state, int32_t limit, uint64_t* mask, bool use_profile = true);
-  // kAfter: track after[0..1] as above (and append (distance, token) to *collect_ when set); kLimit: keep
-  // only tokens ending at distance <= limit.
+  // kAfter: track after[0..1] as above (and append (distance, token) to *collect when set); kLimit: keep
+  // only tokens ending at distance <= limit. `walk`: the state at each depth of the current path.
   template <bool kAfter, bool kLimit>
-  void WalkTrie(const ByteTrie& trie, int32_t state, uint64_t* mask, int32_t* after, int32_t limit);
+  void WalkTrie(const ByteTrie& trie, int32_t state, uint64_t* mask, int32_t* after, int32_t limit,
+                std::vector<int32_t>* walk, Profile* collect);
   const uint64_t* FullMask(int32_t state);
   Entry* Find(uint64_t key);
   Entry& Insert(uint64_t key, Entry entry);
@@ -223,7 +246,7 @@ class CompiledGrammar {
   std::vector<char> in_next_;  // Step: NFA states already in the set being built
   std::vector<std::vector<int32_t>> closures_;
   std::vector<char> closure_done_;
-  std::vector<int32_t> walk_states_;  // WalkTrie: the state at each depth of the current path
+  std::vector<int32_t> walk_states_;  // WalkTrie's scratch for the public calls
   // Lazily computed masks (key kind 0) and budget masks (2), most recently used first in lru_.
   std::unordered_map<uint64_t, Entry> cache_;
   std::list<uint64_t> lru_;
@@ -241,11 +264,16 @@ class CompiledGrammar {
   // tokens (the text tokens of the shortcut excluded) as (distance after the token minus the state's
   // distance, token), sorted by that difference (trie order within one); classes with the same list
   // share it. A budget mask is then the text runs plus a prefix of the list: no walk at decode time.
-  std::vector<std::vector<std::pair<int32_t, int32_t>>> profiles_;
+  std::vector<Profile> profiles_;
   std::vector<int32_t> state_profile_;  // per state; -1: none (the budget mask walks)
-  std::vector<std::pair<int32_t, int32_t>>* collect_ = nullptr;
   PrecomputeStats pre_stats_;
-  std::atomic<bool> ready_{true};  // false while PrecomputeInBackground runs
+  // The background precomputation (PrecomputeInBackground): everything above is shared under mu_ while it
+  // runs.
+  mutable std::mutex mu_;
+  mutable std::atomic<int> waiting_{0};  // public calls waiting for mu_
+  std::atomic<bool> ready_{true};        // false while PrecomputeInBackground runs
+  std::atomic<bool> cancel_{false};      // the destructor asks the thread to stop
+  bool started_ = false;
   std::future<void> background_;
 };
 
@@ -255,7 +283,8 @@ class CompiledGrammar {
 class GrammarCache {
  public:
   // When a new grammar's masks are precomputed: never (computed lazily, on first use), in Get(), or on a
-  // thread started by Get() (the worker: it overlaps the prefill; the first use waits for the rest).
+  // thread started by Get() (the worker: it overlaps the prefill and the first steps, which compute the
+  // masks it has not stored yet themselves).
   enum class Precompute { kNever, kAtCompile, kBackground };
   GrammarCache(std::shared_ptr<const Tokenizer> tokenizer, int64_t vocab_size, size_t capacity = 64,
                size_t cache_bytes = CompiledGrammar::kDefaultCacheBytes, Precompute precompute = Precompute::kBackground)
