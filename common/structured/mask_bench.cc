@@ -6,7 +6,9 @@
 // and the walk's steps at once, back to back, with no prefill or forward pass between them to hide the
 // precomputation (the worst case). The first step's time includes Get() (the executor calls it in the
 // step that admits the sequence), and every step's time includes whatever it waits for the precomputation.
-// Wall time, every step of every run pooled, judged against the 1 ms target at p99.
+// Wall time, every step of every run pooled, judged against the 1 ms target at p99; beside it min(wall,
+// thread CPU time), which leaves out the time the OS gave the core to others (on a shared machine the
+// wall maximum is set by that).
 // Repeat schema (warm): the same walks once the grammars' precomputations are done, judged per step on the
 // least over the runs of min(wall, thread CPU time) (a one-lookup step that the OS preempted reads tens of
 // us on a shared machine; the same step of another run does the same work).
@@ -142,7 +144,7 @@ void Served(const std::shared_ptr<const Tokenizer>& tok, const json& schemas, co
   std::printf("\n== %s ==\n", lazy ? "lazy masks (no precomputation), for comparison"
                                    : "first-seen and repeat schema, as the worker serves them (background precomputation)");
   std::vector<Step> first_all;
-  std::vector<double> first_step;  // the first step of each spec's first walk (Get() included)
+  std::vector<double> first_step, first_step_cpu;  // the first step of each spec's first walk (Get() included)
   std::vector<Step> warm_best;
   std::vector<double> run_p99, run_max;
   for (int rep = 0; rep < kReps; ++rep) {
@@ -158,7 +160,7 @@ void Served(const std::shared_ptr<const Tokenizer>& tok, const json& schemas, co
     run_p99.push_back(Quantile(wall, 0.99));
     run_max.push_back(*std::max_element(wall.begin(), wall.end()));
     for (const Step& s : first)
-      if (s.walk == 1 && s.index == 0) first_step.push_back(s.wall);
+      if (s.walk == 1 && s.index == 0) first_step.push_back(s.wall), first_step_cpu.push_back(s.cost);
     first_all.insert(first_all.end(), first.begin(), first.end());
     if (rep == 0) {
       warm_best = warm;
@@ -180,11 +182,13 @@ void Served(const std::shared_ptr<const Tokenizer>& tok, const json& schemas, co
   for (double v : run_max) std::printf(" %.0f", v);
   std::printf(" us\n");
   Report("first step of a new schema (Get + step)", first_step);
+  Report("  the same, min(wall, thread CPU)", first_step_cpu);
   const std::vector<double> wall = Field(first_all, &Step::wall);
   char target[96];
   std::snprintf(target, sizeof target, "  [target p99 <= %.0f us: %s]\n", kFirstSeenTargetUs,
                 Quantile(wall, 0.99) <= kFirstSeenTargetUs ? "met" : "NOT met");
   Report("step, first-seen schema, wall, all runs", wall, "us", 1, target);
+  Report("  the same, min(wall, thread CPU)", Field(first_all, &Step::cost));
   Report("step, repeat schema (warm), least of runs", Field(warm_best, &Step::cost));
   Report("step, warm, outside the budget tail", Field(warm_best, &Step::cost, true));
 }

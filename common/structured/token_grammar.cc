@@ -260,7 +260,7 @@ int32_t CompiledGrammar::Intern(std::vector<int32_t> set) {
   auto it = index_.find(key);
   if (it != index_.end()) return it->second;
   const int32_t id = static_cast<int32_t>(sets_.size());
-  index_.emplace(std::move(key), id);
+  const std::string& stored = index_.emplace(std::move(key), id).first->first;
   bool acc = false;
   int32_t d = std::numeric_limits<int32_t>::max() / 2;
   for (int32_t s : set) {
@@ -275,6 +275,11 @@ int32_t CompiledGrammar::Intern(std::vector<int32_t> set) {
   after_max_.push_back(kUnknown);
   sets_.push_back(std::move(set));
   trans_.resize(trans_.size() + 256, -2);
+  if (adopted_) {  // a state built after the background table was adopted: its entries from the table
+    state_mask_.push_back(-1);
+    state_profile_.push_back(-1);
+    MapState(id, stored);
+  }
   return id;
 }
 
@@ -300,12 +305,12 @@ int32_t CompiledGrammar::Step(int32_t state, uint8_t byte) {
 }
 
 int32_t CompiledGrammar::Next(int32_t state, uint8_t byte) {
-  auto lock = Lock();
+  AdoptIfReady();
   return Step(state, byte);
 }
 
 int32_t CompiledGrammar::AdvanceToken(int32_t state, int32_t token) {
-  auto lock = Lock();
+  AdoptIfReady();
   if (token == trie_->eos()) return accepting_[state] ? state : -1;
   if (token < 0 || token >= trie_->vocab_size()) return -1;
   const std::string& b = trie_->bytes(token);
@@ -467,7 +472,6 @@ void CompiledGrammar::Evict() {
 }
 
 CompiledGrammar::CacheStats CompiledGrammar::cache_stats() const {
-  auto lock = Lock();
   return {cache_bytes_ + pre_stats_.bytes, cache_limit_, cache_.size(), evictions_, full_masks_, text_shortcut_,
           tail_masks_};
 }
@@ -535,7 +539,6 @@ void CompiledGrammar::ComputeTailMask(int32_t state, int32_t limit, uint64_t* ma
 }
 
 std::vector<uint64_t> CompiledGrammar::ComputeMaskForTest(int32_t state, int64_t remaining) {
-  auto lock = Lock();
   std::vector<uint64_t> mask(words_, 0);
   int32_t after[2];
   ComputeMask(state, mask.data(), after, &walk_states_);
@@ -566,7 +569,7 @@ const uint64_t* CompiledGrammar::FullMask(int32_t state) {
 
 const uint64_t* CompiledGrammar::Mask(int32_t state, int64_t remaining, std::vector<uint64_t>* scratch) {
   (void)scratch;
-  auto lock = Lock();
+  AdoptIfReady();
   touched_ = 0;
   const uint64_t* full = FullMask(state);
   // Far from the end of the budget no token can push the shortest completion past it.

@@ -4,8 +4,8 @@
 // states. Near the end of the token budget the mask keeps only tokens after which the text can still be
 // completed in the tokens left (shortest completion counted in bytes, each byte being one token at worst),
 // so even a random model ends with a complete value (a budget mask keeps the tokens whose end state is
-// close enough to acceptance). One executor thread uses a grammar; PrecomputeInBackground's thread works
-// beside it (see there).
+// close enough to acceptance). Not thread-safe: one executor thread uses a grammar (PrecomputeInBackground's
+// thread works on a copy of its own, see there).
 //
 // How a state's mask is computed (once; then cached):
 //   - "Text tokens" are the tokens made only of whole UTF-8 characters that a JSON string holds
@@ -28,7 +28,6 @@
 #include <future>
 #include <list>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -107,25 +106,16 @@ class CompiledGrammar {
   // State after one byte / a token's bytes; -1 when the language rejects it. EOS leaves the state as is.
   int32_t Next(int32_t state, uint8_t byte);
   int32_t AdvanceToken(int32_t state, int32_t token);
-  bool Accepting(int32_t state) const {
-    auto lock = Lock();
-    return accepting_[state];
-  }
+  bool Accepting(int32_t state) const { return accepting_[state]; }
   // Fewest bytes from `state` to an accepting state.
-  int32_t Distance(int32_t state) const {
-    auto lock = Lock();
-    return dist_[state];
-  }
+  int32_t Distance(int32_t state) const { return dist_[state]; }
 
   // The allowed tokens (bit t of word t / 64) when `remaining` tokens may still be generated (this one
   // included). The pointer stays valid until the next Mask() call on this grammar (the cache may evict
   // it then). `scratch` is unused (kept for callers that pass one).
   const uint64_t* Mask(int32_t state, int64_t remaining, std::vector<uint64_t>* scratch);
   size_t words() const { return words_; }
-  size_t num_states() const {
-    auto lock = Lock();
-    return sets_.size();
-  }
+  size_t num_states() const { return sets_.size(); }  // built so far
 
   struct CacheStats {
     size_t bytes = 0;          // held now: masks and budget tables
@@ -157,19 +147,22 @@ class CompiledGrammar {
     size_t bytes = 0;           // bytes of masks and profiles
     double expand_ms = 0, classes_ms = 0, masks_ms = 0;
   };
-  const PrecomputeStats& Precompute(size_t max_states = kMaxPrecomputeStates);
+  const PrecomputeStats& Precompute(size_t max_states = kMaxPrecomputeStates,
+                                    const std::atomic<bool>* cancel = nullptr);
   // Precompute() on a thread of its own, started when a request is admitted, so that it overlaps the
-  // prompt's prefill and the first steps. No step waits for the whole of it: a step that needs a mask
-  // the thread has not stored yet computes that state's mask itself (the lazy path). While the thread
-  // runs, the public calls and the thread share the grammar under one mutex, which the thread takes in
-  // short pieces (one DFA state's transitions, one class's bookkeeping) and hands over at once to a call
-  // that waits for it; the long parts (equivalent states, the trie walk of each class) run without it,
-  // once every state's transitions are built (the DFA is then read-only). Once the thread is done, calls
-  // take no lock (one atomic load). Started at most once per grammar; the destructor stops it early.
+  // prompt's prefill and the first steps, none of which waits for it. The thread builds a grammar of its
+  // own over the same NFA (this one's DFA is the executor's, built lazily as it goes) and precomputes
+  // that; the first Mask()/AdvanceToken()/Next() after it is done adopts its masks and budget profiles
+  // (a few microseconds per state built so far), matching states by their set of NFA states (the two
+  // DFAs number their states differently), and states built later are matched when they are built.
+  // Until then a step that needs a mask computes it itself (the lazy path, into the bounded cache).
+  // The steps and the thread share nothing mutable but the result, published by one atomic flag.
+  // Started at most once per grammar; the destructor stops it early.
   void PrecomputeInBackground();
-  // Waits for the background precomputation.
-  const PrecomputeStats& precompute_stats() const {
+  // Waits for the background precomputation and adopts its result.
+  const PrecomputeStats& precompute_stats() {
     WaitForPrecompute();
+    AdoptIfReady();
     return pre_stats_;
   }
   // The mask of `state` by the lazy path (walk, text table), bypassing table, profiles and cache, for
@@ -189,19 +182,24 @@ class CompiledGrammar {
 
   using Profile = std::vector<std::pair<int32_t, int32_t>>;
 
-  // The lock of a public call: mu_ while the background precomputation runs, none once it is done.
-  std::unique_lock<std::mutex> Lock() const {
-    if (ready_.load(std::memory_order_acquire)) return {};
-    waiting_.fetch_add(1, std::memory_order_acq_rel);
-    std::unique_lock<std::mutex> lock(mu_);
-    waiting_.fetch_sub(1, std::memory_order_acq_rel);
-    return lock;
+  // What the background precomputation hands over: per state of its own DFA (found by the state's set
+  // of NFA states, as index_ keys it) the index of its mask (-1: lazy) and budget profile, and the
+  // least / most distance after a token; the masks and profiles themselves.
+  struct Table {
+    std::unordered_map<std::string, int32_t> index;
+    std::vector<int32_t> mask, profile, after_min, after_max;
+    std::vector<std::unique_ptr<uint64_t[]>> masks;
+    std::vector<Profile> profiles;
+    PrecomputeStats stats;
+  };
+  void AdoptIfReady() {
+    if (started_ && !adopted_ && ready_.load(std::memory_order_acquire)) Adopt();
   }
-  // The precomputation between two pieces: hands mu_ to a waiting public call (std::mutex is not fair:
-  // unlocking and locking again would usually win it back). False when the grammar is being destroyed.
-  bool Handoff(std::unique_lock<std::mutex>& lock);
+  void Adopt();
+  // State s (index_ key `key`) gets the table's mask and profile, when it has them.
+  void MapState(int32_t s, const std::string& key);
   void WaitForPrecompute() const;
-  // The transition, computed on first use (Next() without the lock, for the precomputation itself).
+  // The transition, computed on first use (Next() without the adoption, for the precomputation itself).
   int32_t Step(int32_t state, uint8_t byte);
   int32_t Intern(std::vector<int32_t> set);
   // The closure of one NFA state (as Closure() leaves it), computed once.
@@ -212,8 +210,7 @@ class CompiledGrammar {
   // Adds the allowed tokens of `state` to `mask` (zeroed, words_ long) and sets after[0] / after[1] to the
   // least / most distance after any allowed token other than EOS; appends (distance, token) of the walked
   // tokens to *collect while it holds at most kMaxProfileTokens (when not null). `walk` is the walk's
-  // scratch. Returns whether the text table was used. Reads only what is already built when every state's
-  // transitions and TextLimit(state) are: the precomputation then runs it without the lock.
+  // scratch. Returns whether the text table was used.
   bool ComputeMask(int32_t state, uint64_t* mask, int32_t* after, std::vector<int32_t>* walk,
                    Profile* collect = nullptr);
   // The same, keeping only the tokens after which the distance is at most `limit` (the budget tail); the
@@ -246,7 +243,7 @@ class CompiledGrammar {
   std::vector<char> in_next_;  // Step: NFA states already in the set being built
   std::vector<std::vector<int32_t>> closures_;
   std::vector<char> closure_done_;
-  std::vector<int32_t> walk_states_;  // WalkTrie's scratch for the public calls
+  std::vector<int32_t> walk_states_;  // WalkTrie's scratch
   // Lazily computed masks (key kind 0) and budget masks (2), most recently used first in lru_.
   std::unordered_map<uint64_t, Entry> cache_;
   std::list<uint64_t> lru_;
@@ -267,13 +264,11 @@ class CompiledGrammar {
   std::vector<Profile> profiles_;
   std::vector<int32_t> state_profile_;  // per state; -1: none (the budget mask walks)
   PrecomputeStats pre_stats_;
-  // The background precomputation (PrecomputeInBackground): everything above is shared under mu_ while it
-  // runs.
-  mutable std::mutex mu_;
-  mutable std::atomic<int> waiting_{0};  // public calls waiting for mu_
-  std::atomic<bool> ready_{true};        // false while PrecomputeInBackground runs
-  std::atomic<bool> cancel_{false};      // the destructor asks the thread to stop
-  bool started_ = false;
+  // The background precomputation (PrecomputeInBackground).
+  bool started_ = false, adopted_ = false;
+  std::unique_ptr<Table> table_;       // written by the thread before it sets ready_
+  std::atomic<bool> ready_{false};     // table_ is there
+  std::atomic<bool> cancel_{false};    // the destructor asks the thread to stop
   std::future<void> background_;
 };
 

@@ -230,7 +230,7 @@ TEST(TokenGrammar, PrecomputedMasksEqualTokenByTokenAcceptance) { CheckMasksAgai
 // state of every test grammar the mask the lazy path (text table + trie walk) computes for that state,
 // and the budget masks built from the budget profiles equal those built by the walk.
 TEST(TokenGrammar, PrecomputedMasksEqualWalkedMasksForAllStates) {
-  GrammarCache cache(Tok(), kVocab);
+  GrammarCache cache(Tok(), kVocab, 64, CompiledGrammar::kDefaultCacheBytes, GrammarCache::Precompute::kAtCompile);
   size_t states = 0, shared = 0, profiles = 0;
   for (const std::string& spec : MaskTestSpecs()) {
     SCOPED_TRACE(spec);
@@ -278,10 +278,12 @@ TEST(TokenGrammar, BackgroundPrecomputeRunsBesideTheSteps) {
   EXPECT_TRUE(std::equal(first.begin(), first.end(), m));
 }
 
-// The masks a request gets while its grammar's precomputation runs beside its steps (some computed by the
-// step itself, some taken from the table as the thread stores them, budget masks near the end) equal the
-// reference path's (the walk and the text table for that state alone, no table, no profile), on every
-// state reached over the test specs; and once the thread is done, the table gives the same masks.
+// The masks a request gets while its grammar's precomputation runs beside its steps (computed by the step
+// itself until the thread's table is adopted, from the table after that; budget masks near the end) equal
+// the reference path's (the walk and the text table for that state alone, no table, no profile), on
+// every state reached over the test specs. Once the thread is done, the adopted table gives the same
+// masks, and every state of the grammar (built after the adoption, matched to the table's states by
+// their NFA sets) gets its mask from the table, equal to the reference path's.
 TEST(TokenGrammar, MasksServedWhilePrecomputingEqualReference) {
   GrammarCache cache(Tok(), kVocab);  // background precomputation, the worker's mode
   struct Served {
@@ -289,7 +291,7 @@ TEST(TokenGrammar, MasksServedWhilePrecomputingEqualReference) {
     int64_t remaining;
     std::vector<uint64_t> mask;
   };
-  size_t checked = 0;
+  size_t checked = 0, all_states = 0;
   uint64_t by_step = 0;  // masks the steps computed because the table did not hold them yet
   const int32_t eos = *Tok()->eos_id();
   for (const std::string& spec : MaskTestSpecs()) {
@@ -322,7 +324,20 @@ TEST(TokenGrammar, MasksServedWhilePrecomputingEqualReference) {
       ASSERT_TRUE(std::equal(s.mask.begin(), s.mask.end(), m)) << "state " << s.state << " remaining " << s.remaining;
       ++checked;
     }
+    // Every state reachable from the start (built now, by bytes), each with the table's mask.
+    const uint64_t computed = g->cache_stats().full_masks;
+    for (int32_t s = 0; s < static_cast<int32_t>(g->num_states()); ++s)
+      for (int b = 0; b < 256; ++b) g->Next(s, static_cast<uint8_t>(b));
+    EXPECT_EQ(g->num_states(), g->precompute_stats().states);
+    for (int32_t s = 0; s < static_cast<int32_t>(g->num_states()); ++s) {
+      const uint64_t* m = g->Mask(s, 1 << 20, &scratch);
+      const std::vector<uint64_t> want = g->ComputeMaskForTest(s);
+      ASSERT_TRUE(std::equal(want.begin(), want.end(), m)) << "state " << s;
+      ++all_states;
+    }
+    EXPECT_EQ(g->cache_stats().full_masks, computed);  // no state missed the table
   }
+  EXPECT_GT(all_states, 10000u);
   EXPECT_GT(checked, 2000u);
   EXPECT_GT(by_step, 0u);  // the largest grammars' first steps ran before their table was complete
 }
