@@ -19,8 +19,8 @@
 //     or the whole vocabulary's.
 // Masks are precomputed when the grammar is compiled (mask_table.cc: one walk per class of equivalent
 // states, usually on a background thread), so no decode step walks the vocabulary once that is done; what
-// stays lazy (budget masks, grammars too large to precompute, and the states a step needs before the
-// background thread got to them) is held in an LRU cache bounded in bytes per grammar.
+// stays lazy (budget masks, grammars too large to precompute, and the masks the first steps need before
+// the background thread's table is adopted) is held in an LRU cache bounded in bytes per grammar.
 #pragma once
 
 #include <atomic>
@@ -278,8 +278,8 @@ class CompiledGrammar {
 class GrammarCache {
  public:
   // When a new grammar's masks are precomputed: never (computed lazily, on first use), in Get(), or on a
-  // thread started by Get() (the worker: it overlaps the prefill and the first steps, which compute the
-  // masks it has not stored yet themselves).
+  // thread started by Get() (the worker: it overlaps the prefill and the first steps, which compute their
+  // masks themselves until its table is adopted).
   enum class Precompute { kNever, kAtCompile, kBackground };
   GrammarCache(std::shared_ptr<const Tokenizer> tokenizer, int64_t vocab_size, size_t capacity = 64,
                size_t cache_bytes = CompiledGrammar::kDefaultCacheBytes, Precompute precompute = Precompute::kBackground)
