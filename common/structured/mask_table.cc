@@ -1,8 +1,7 @@
 // CompiledGrammar::Precompute: the masks of every DFA state computed when the grammar is compiled (usually on
 // a thread of its own, beside the steps: PrecomputeInBackground), so that no step of decoding walks the
-// vocabulary once it is done. Costs one trie walk per
-// class of equivalent states; identical masks of different classes are stored once, and so are the budget
-// profiles the same walk yields (token_grammar.h).
+// vocabulary once it is done. Costs one trie walk per class of equivalent states; identical masks of
+// different classes are stored once, and so are the budget profiles the same walk yields (token_grammar.h).
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -78,7 +77,7 @@ const CompiledGrammar::PrecomputeStats& CompiledGrammar::Precompute(size_t max_s
   state_profile_.assign(n, -1);
   std::vector<int32_t> class_profile(classes, -1);
   std::unordered_multimap<uint64_t, int32_t> profile_by_hash;
-  Profile walked, sorted;
+  std::vector<std::pair<int32_t, int32_t>> walked, sorted;
   std::vector<size_t> counts;
   for (size_t s = 0; s < n; ++s) {
     const int32_t c = cls[s];
@@ -87,7 +86,9 @@ const CompiledGrammar::PrecomputeStats& CompiledGrammar::Precompute(size_t max_s
       int32_t after[2];
       if (cancelled()) return pre_stats_;
       walked.clear();
-      ComputeMask(static_cast<int32_t>(s), mask.get(), after, &walk_states_, &walked);
+      collect_ = &walked;
+      ComputeMask(static_cast<int32_t>(s), mask.get(), after);
+      collect_ = nullptr;
       if (after[1] > after[0] && walked.size() <= kMaxProfileTokens) {
         // Tokens end at different distances: budget masks will be needed; keep the walked tokens.
         // Counting sort by distance (a small range), walk order kept within one distance: a comparison

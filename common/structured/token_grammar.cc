@@ -402,10 +402,9 @@ int32_t CompiledGrammar::TextLimit(int32_t state) {
 // that jumps past each subtree the DFA rejects. The state of a node's parent is the one last set at the
 // parent's depth, so a small array by depth replaces a stack.
 template <bool kAfter, bool kLimit>
-void CompiledGrammar::WalkTrie(const ByteTrie& t, int32_t state, uint64_t* mask, int32_t* after, int32_t limit,
-                               std::vector<int32_t>* walk, Profile* collect) {
-  walk->resize(static_cast<size_t>(t.max_depth) + 1);
-  int32_t* at = walk->data();
+void CompiledGrammar::WalkTrie(const ByteTrie& t, int32_t state, uint64_t* mask, int32_t* after, int32_t limit) {
+  walk_states_.resize(static_cast<size_t>(t.max_depth) + 1);
+  int32_t* at = walk_states_.data();
   at[0] = state;
   const ByteTrie::Node* nodes = t.nodes_pre.data();
   const uint32_t n_nodes = static_cast<uint32_t>(t.nodes());
@@ -428,8 +427,8 @@ void CompiledGrammar::WalkTrie(const ByteTrie& t, int32_t state, uint64_t* mask,
       if constexpr (kAfter) {
         after[0] = std::min(after[0], dist_[ns]);
         after[1] = std::max(after[1], dist_[ns]);
-        if (collect && collect->size() <= kMaxProfileTokens)  // past the bound no profile is kept
-          for (int32_t tok = node.token; tok >= 0; tok = trie_->next_same(tok)) collect->push_back({dist_[ns], tok});
+        if (collect_ && collect_->size() <= kMaxProfileTokens)  // past the bound no profile is kept
+          for (int32_t tok = node.token; tok >= 0; tok = trie_->next_same(tok)) collect_->push_back({dist_[ns], tok});
       }
     }
     ++n;
@@ -476,14 +475,13 @@ CompiledGrammar::CacheStats CompiledGrammar::cache_stats() const {
           tail_masks_};
 }
 
-bool CompiledGrammar::ComputeMask(int32_t state, uint64_t* mask, int32_t* after, std::vector<int32_t>* walk,
-                                  Profile* collect) {
+bool CompiledGrammar::ComputeMask(int32_t state, uint64_t* mask, int32_t* after) {
   after[0] = std::numeric_limits<int32_t>::max();
   after[1] = std::numeric_limits<int32_t>::min();
   const int32_t limit = TextLimit(state);
   const bool shortcut = limit != kNoShortcut;
   if (!shortcut) {
-    WalkTrie<true, false>(trie_->all(), state, mask, after, 0, walk, collect);
+    WalkTrie<true, false>(trie_->all(), state, mask, after, 0);
   } else {
     const uint64_t* text = trie_->text_bits_upto(limit);
     for (size_t w = 0; w < words_; ++w) mask[w] |= text[w];
@@ -495,7 +493,7 @@ bool CompiledGrammar::ComputeMask(int32_t state, uint64_t* mask, int32_t* after,
         after[1] = std::max(after[1], dist_[s]);
       }
     }
-    WalkTrie<true, false>(trie_->rest(), state, mask, after, 0, walk, collect);
+    WalkTrie<true, false>(trie_->rest(), state, mask, after, 0);
   }
   const int32_t eos = trie_->eos();
   if (accepting_[state] && eos >= 0) mask[eos >> 6] |= 1ull << (eos & 63);
@@ -514,7 +512,7 @@ void CompiledGrammar::ComputeTailMask(int32_t state, int32_t limit, uint64_t* ma
     }
   }
   if (chars == kNoShortcut) {
-    if (profile < 0) WalkTrie<false, true>(trie_->all(), state, mask, nullptr, limit, &walk_states_, nullptr);
+    if (profile < 0) WalkTrie<false, true>(trie_->all(), state, mask, nullptr, limit);
   } else {
     // Text tokens: each run a..b of character counts whose chain state is close enough is one bitset
     // difference (text_bits_upto(b) minus text_bits_upto(a - 1)).
@@ -532,7 +530,7 @@ void CompiledGrammar::ComputeTailMask(int32_t state, int32_t limit, uint64_t* ma
       if (!fits && run_start) close_run(n - 1);
     }
     if (run_start) close_run(chars);
-    if (profile < 0) WalkTrie<false, true>(trie_->rest(), state, mask, nullptr, limit, &walk_states_, nullptr);
+    if (profile < 0) WalkTrie<false, true>(trie_->rest(), state, mask, nullptr, limit);
   }
   const int32_t eos = trie_->eos();
   if (accepting_[state] && eos >= 0) mask[eos >> 6] |= 1ull << (eos & 63);
@@ -541,7 +539,7 @@ void CompiledGrammar::ComputeTailMask(int32_t state, int32_t limit, uint64_t* ma
 std::vector<uint64_t> CompiledGrammar::ComputeMaskForTest(int32_t state, int64_t remaining) {
   std::vector<uint64_t> mask(words_, 0);
   int32_t after[2];
-  ComputeMask(state, mask.data(), after, &walk_states_);
+  ComputeMask(state, mask.data(), after);
   // The same decisions as Mask(), by the walk.
   const int64_t limit = std::max<int64_t>(remaining - 1, after[0]);
   if (remaining > dist_[state] + 64 || after[1] <= limit) return mask;
@@ -560,7 +558,7 @@ const uint64_t* CompiledGrammar::FullMask(int32_t state) {
   uint64_t* mask = e.bits.get();
   std::fill(mask, mask + words_, 0);
   int32_t after[2];
-  if (ComputeMask(state, mask, after, &walk_states_)) ++text_shortcut_;
+  if (ComputeMask(state, mask, after)) ++text_shortcut_;
   after_min_[state] = after[0];
   after_max_[state] = after[1];
   ++full_masks_;

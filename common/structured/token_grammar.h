@@ -208,19 +208,15 @@ class CompiledGrammar {
   int32_t CharTarget(int32_t state);
   int32_t TextLimit(int32_t state);
   // Adds the allowed tokens of `state` to `mask` (zeroed, words_ long) and sets after[0] / after[1] to the
-  // least / most distance after any allowed token other than EOS; appends (distance, token) of the walked
-  // tokens to *collect while it holds at most kMaxProfileTokens (when not null). `walk` is the walk's
-  // scratch. Returns whether the text table was used.
-  bool ComputeMask(int32_t state, uint64_t* mask, int32_t* after, std::vector<int32_t>* walk,
-                   Profile* collect = nullptr);
+  // least / most distance after any allowed token other than EOS. Returns whether the text table was used.
+  bool ComputeMask(int32_t state, uint64_t* mask, int32_t* after);
   // The same, keeping only the tokens after which the distance is at most `limit` (the budget tail); the
   // walked tokens come from the state's budget profile when it has one and `use_profile`.
   void ComputeTailMask(int32_t state, int32_t limit, uint64_t* mask, bool use_profile = true);
-  // kAfter: track after[0..1] as above (and append (distance, token) to *collect when set); kLimit: keep
-  // only tokens ending at distance <= limit. `walk`: the state at each depth of the current path.
+  // kAfter: track after[0..1] as above (and append (distance, token) to *collect_ when set); kLimit: keep
+  // only tokens ending at distance <= limit.
   template <bool kAfter, bool kLimit>
-  void WalkTrie(const ByteTrie& trie, int32_t state, uint64_t* mask, int32_t* after, int32_t limit,
-                std::vector<int32_t>* walk, Profile* collect);
+  void WalkTrie(const ByteTrie& trie, int32_t state, uint64_t* mask, int32_t* after, int32_t limit);
   const uint64_t* FullMask(int32_t state);
   Entry* Find(uint64_t key);
   Entry& Insert(uint64_t key, Entry entry);
@@ -243,7 +239,7 @@ class CompiledGrammar {
   std::vector<char> in_next_;  // Step: NFA states already in the set being built
   std::vector<std::vector<int32_t>> closures_;
   std::vector<char> closure_done_;
-  std::vector<int32_t> walk_states_;  // WalkTrie's scratch
+  std::vector<int32_t> walk_states_;  // WalkTrie: the state at each depth of the current path
   // Lazily computed masks (key kind 0) and budget masks (2), most recently used first in lru_.
   std::unordered_map<uint64_t, Entry> cache_;
   std::list<uint64_t> lru_;
@@ -263,6 +259,7 @@ class CompiledGrammar {
   // share it. A budget mask is then the text runs plus a prefix of the list: no walk at decode time.
   std::vector<Profile> profiles_;
   std::vector<int32_t> state_profile_;  // per state; -1: none (the budget mask walks)
+  Profile* collect_ = nullptr;
   PrecomputeStats pre_stats_;
   // The background precomputation (PrecomputeInBackground).
   bool started_ = false, adopted_ = false;
