@@ -1,7 +1,7 @@
-// CompiledGrammar::Precompute: the masks of every DFA state computed when the grammar is compiled, so that
-// no step of decoding walks the vocabulary (the first visit of a state included). Costs one trie walk per
-// class of equivalent states; identical masks of different classes are stored once, and so are the budget
-// profiles the same walk yields (token_grammar.h).
+// CompiledGrammar::Precompute: the masks of every DFA state computed when the grammar is compiled (usually on
+// a thread of its own, beside the steps: PrecomputeInBackground), so that no step of decoding walks the
+// vocabulary once it is done. Costs one trie walk per class of equivalent states; identical masks of
+// different classes are stored once, and so are the budget profiles the same walk yields (token_grammar.h).
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -36,8 +36,10 @@ uint64_t HashPairs(const std::vector<std::pair<int32_t, int32_t>>& v) {
 
 }  // namespace
 
-const CompiledGrammar::PrecomputeStats& CompiledGrammar::Precompute(size_t max_states) {
+const CompiledGrammar::PrecomputeStats& CompiledGrammar::Precompute(size_t max_states,
+                                                                    const std::atomic<bool>* cancel) {
   if (pre_stats_.done) return pre_stats_;
+  auto cancelled = [&] { return cancel && cancel->load(std::memory_order_relaxed); };
   auto t0 = std::chrono::steady_clock::now();
   // Every state reachable from the start. Every byte is a token of the vocabulary, so every state can be
   // the state of some step. One transition per class of equivalent bytes (Step fills the class).
@@ -51,6 +53,7 @@ const CompiledGrammar::PrecomputeStats& CompiledGrammar::Precompute(size_t max_s
       return pre_stats_;  // too big to precompute: stays lazy
     }
     for (uint8_t b : reps) Step(static_cast<int32_t>(s), b);
+    if (cancelled()) return pre_stats_;
   }
   const size_t n = sets_.size();
   pre_stats_.states = n;
@@ -81,6 +84,7 @@ const CompiledGrammar::PrecomputeStats& CompiledGrammar::Precompute(size_t max_s
     if (class_mask[c] == -2) {
       std::fill(mask.get(), mask.get() + words_, 0);
       int32_t after[2];
+      if (cancelled()) return pre_stats_;
       walked.clear();
       collect_ = &walked;
       ComputeMask(static_cast<int32_t>(s), mask.get(), after);
@@ -137,20 +141,64 @@ const CompiledGrammar::PrecomputeStats& CompiledGrammar::Precompute(size_t max_s
 }
 
 void CompiledGrammar::PrecomputeInBackground() {
-  if (!ready_.load(std::memory_order_acquire)) return;  // already running
-  ready_.store(false, std::memory_order_release);
+  if (started_) return;
+  started_ = true;
   background_ = std::async(std::launch::async, [this] {
+    // Reads only what does not change after construction (nfa_, trie_, cache_limit_) and writes only
+    // table_, published by ready_.
+    auto table = std::make_unique<Table>();
     try {
-      Precompute();
+      CompiledGrammar builder(nfa_, trie_, cache_limit_);
+      builder.Precompute(kMaxPrecomputeStates, &cancel_);
+      table->stats = builder.pre_stats_;
+      table->index = std::move(builder.index_);
+      table->mask = std::move(builder.state_mask_);
+      table->profile = std::move(builder.state_profile_);
+      table->after_min = std::move(builder.after_min_);
+      table->after_max = std::move(builder.after_max_);
+      table->masks = std::move(builder.pre_masks_);
+      table->profiles = std::move(builder.profiles_);
     } catch (...) {
-      // Out of memory, say: the states without a mask in the table stay lazy.
+      // Out of memory, say: no table, the masks stay lazy.
+      table = std::make_unique<Table>();
     }
+    table_ = std::move(table);
     ready_.store(true, std::memory_order_release);
   });
 }
 
+void CompiledGrammar::Adopt() {
+  adopted_ = true;
+  pre_stats_ = table_->stats;
+  pre_masks_ = std::move(table_->masks);
+  profiles_ = std::move(table_->profiles);
+  state_mask_.assign(sets_.size(), -1);
+  state_profile_.assign(sets_.size(), -1);
+  for (size_t s = 0; s < sets_.size(); ++s) {
+    const std::vector<int32_t>& set = sets_[s];
+    MapState(static_cast<int32_t>(s), std::string(reinterpret_cast<const char*>(set.data()), set.size() * sizeof(int32_t)));
+  }
+}
+
+void CompiledGrammar::MapState(int32_t s, const std::string& key) {
+  auto it = table_->index.find(key);
+  if (it == table_->index.end()) return;  // not built by the precomputation (it stopped early): lazy
+  const size_t t = static_cast<size_t>(it->second);
+  if (t < table_->profile.size()) state_profile_[s] = table_->profile[t];
+  if (t < table_->mask.size() && table_->mask[t] >= 0) {
+    state_mask_[s] = table_->mask[t];
+    after_min_[s] = table_->after_min[t];
+    after_max_[s] = table_->after_max[t];
+  }
+}
+
 void CompiledGrammar::WaitForPrecompute() const {
   if (background_.valid()) background_.wait();
+}
+
+CompiledGrammar::~CompiledGrammar() {
+  cancel_.store(true, std::memory_order_relaxed);
+  WaitForPrecompute();
 }
 
 }  // namespace dsmesh::structured

@@ -330,14 +330,31 @@ class Compiler {
     return nfa_.Alt(options);
   }
 
+  // Decimal strings of a..b. A run of lengths of two digits or more that the bounds leave whole is one
+  // fragment, [1-9][0-9]{m,n}, not one per length: a number without bounds has ~4x fewer NFA states
+  // (a free JSON value nested 3 deep builds 85 of them).
   Frag NonNegative(long long a, long long b) {
     std::vector<Frag> options;
     long long p = 1;
+    int whole_from = 0, whole_to = 0;  // the current run of whole lengths (0: none)
+    auto close_run = [&] {
+      if (!whole_from) return;
+      options.push_back(nfa_.Seq({nfa_.Range('1', '9'),
+                                  nfa_.Repeat([&] { return nfa_.Range('0', '9'); }, whole_from - 1, whole_to - 1)}));
+      whole_from = 0;
+    };
     for (int d = 1; d <= 16 && a <= b; ++d, p *= 10) {
       long long lo = d == 1 ? 0 : p, hi = p * 10 - 1;
       long long x = std::max(a, lo), y = std::min(b, hi);
+      if (d > 1 && x == lo && y == hi) {
+        if (!whole_from) whole_from = d;
+        whole_to = d;
+        continue;
+      }
+      close_run();
       if (x <= y) options.push_back(SameLength(std::to_string(x), std::to_string(y), 0));
     }
+    close_run();
     if (options.empty()) return nfa_.Nothing();
     return nfa_.Alt(options);
   }

@@ -4,8 +4,8 @@
 // states. Near the end of the token budget the mask keeps only tokens after which the text can still be
 // completed in the tokens left (shortest completion counted in bytes, each byte being one token at worst),
 // so even a random model ends with a complete value (a budget mask keeps the tokens whose end state is
-// close enough to acceptance). Not thread-safe: one executor thread uses it (PrecomputeInBackground's
-// thread excepted: every public call waits for it to finish).
+// close enough to acceptance). Not thread-safe: one executor thread uses a grammar (PrecomputeInBackground's
+// thread works on a copy of its own, see there).
 //
 // How a state's mask is computed (once; then cached):
 //   - "Text tokens" are the tokens made only of whole UTF-8 characters that a JSON string holds
@@ -18,8 +18,9 @@
 //     walk of a byte trie that prunes each subtree the DFA rejects: the trie of the other tokens only,
 //     or the whole vocabulary's.
 // Masks are precomputed when the grammar is compiled (mask_table.cc: one walk per class of equivalent
-// states, usually on a background thread), so no decode step walks the vocabulary; what stays lazy (budget
-// masks, grammars too large to precompute) is held in an LRU cache bounded in bytes per grammar.
+// states, usually on a background thread), so no decode step walks the vocabulary once that is done; what
+// stays lazy (budget masks, grammars too large to precompute, and the masks the first steps need before
+// the background thread's table is adopted) is held in an LRU cache bounded in bytes per grammar.
 #pragma once
 
 #include <atomic>
@@ -99,31 +100,22 @@ class CompiledGrammar {
   static constexpr size_t kDefaultCacheBytes = size_t{32} << 20;
 
   CompiledGrammar(Nfa nfa, std::shared_ptr<const VocabTrie> trie, size_t cache_bytes = kDefaultCacheBytes);
-  ~CompiledGrammar() { WaitForPrecompute(); }
+  ~CompiledGrammar();
 
   int32_t start() const { return 0; }
   // State after one byte / a token's bytes; -1 when the language rejects it. EOS leaves the state as is.
   int32_t Next(int32_t state, uint8_t byte);
   int32_t AdvanceToken(int32_t state, int32_t token);
-  bool Accepting(int32_t state) const {
-    WaitReady();
-    return accepting_[state];
-  }
+  bool Accepting(int32_t state) const { return accepting_[state]; }
   // Fewest bytes from `state` to an accepting state.
-  int32_t Distance(int32_t state) const {
-    WaitReady();
-    return dist_[state];
-  }
+  int32_t Distance(int32_t state) const { return dist_[state]; }
 
   // The allowed tokens (bit t of word t / 64) when `remaining` tokens may still be generated (this one
   // included). The pointer stays valid until the next Mask() call on this grammar (the cache may evict
   // it then). `scratch` is unused (kept for callers that pass one).
   const uint64_t* Mask(int32_t state, int64_t remaining, std::vector<uint64_t>* scratch);
   size_t words() const { return words_; }
-  size_t num_states() const {
-    WaitReady();
-    return sets_.size();
-  }
+  size_t num_states() const { return sets_.size(); }  // built so far
 
   struct CacheStats {
     size_t bytes = 0;          // held now: masks and budget tables
@@ -140,7 +132,7 @@ class CompiledGrammar {
   // (state_classes.h) and computes the mask of each class, so that Mask() is a table lookup for every
   // state, including the first visit; identical masks are stored once. Skipped (masks stay lazy) when the
   // DFA has more than `max_states` states; stops storing masks once they would take half the cache bound
-  // (the states left out stay lazy). GrammarCache::Get calls it.
+  // (the states left out stay lazy). GrammarCache::Get calls it, or PrecomputeInBackground.
   static constexpr size_t kMaxPrecomputeStates = 1 << 15;
   // Classes whose walked tokens end at different distances keep them as a budget profile (below) when
   // they are at most this many.
@@ -155,12 +147,22 @@ class CompiledGrammar {
     size_t bytes = 0;           // bytes of masks and profiles
     double expand_ms = 0, classes_ms = 0, masks_ms = 0;
   };
-  const PrecomputeStats& Precompute(size_t max_states = kMaxPrecomputeStates);
+  const PrecomputeStats& Precompute(size_t max_states = kMaxPrecomputeStates,
+                                    const std::atomic<bool>* cancel = nullptr);
   // Precompute() on a thread of its own, started when a request is admitted, so that it overlaps the
-  // prompt's prefill; the first call that needs the grammar waits for what is left of it.
+  // prompt's prefill and the first steps, none of which waits for it. The thread builds a grammar of its
+  // own over the same NFA (this one's DFA is the executor's, built lazily as it goes) and precomputes
+  // that; the first Mask()/AdvanceToken()/Next() after it is done adopts its masks and budget profiles
+  // (a few microseconds per state built so far), matching states by their set of NFA states (the two
+  // DFAs number their states differently), and states built later are matched when they are built.
+  // Until then a step that needs a mask computes it itself (the lazy path, into the bounded cache).
+  // The steps and the thread share nothing mutable but the result, published by one atomic flag.
+  // Started at most once per grammar; the destructor stops it early.
   void PrecomputeInBackground();
-  const PrecomputeStats& precompute_stats() const {
-    WaitReady();
+  // Waits for the background precomputation and adopts its result.
+  const PrecomputeStats& precompute_stats() {
+    WaitForPrecompute();
+    AdoptIfReady();
     return pre_stats_;
   }
   // The mask of `state` by the lazy path (walk, text table), bypassing table, profiles and cache, for
@@ -178,12 +180,26 @@ class CompiledGrammar {
     std::list<uint64_t>::iterator lru;
   };
 
-  // Public calls wait here while PrecomputeInBackground runs (one atomic load once it is done).
-  void WaitReady() const {
-    if (!ready_.load(std::memory_order_acquire)) WaitForPrecompute();
+  using Profile = std::vector<std::pair<int32_t, int32_t>>;
+
+  // What the background precomputation hands over: per state of its own DFA (found by the state's set
+  // of NFA states, as index_ keys it) the index of its mask (-1: lazy) and budget profile, and the
+  // least / most distance after a token; the masks and profiles themselves.
+  struct Table {
+    std::unordered_map<std::string, int32_t> index;
+    std::vector<int32_t> mask, profile, after_min, after_max;
+    std::vector<std::unique_ptr<uint64_t[]>> masks;
+    std::vector<Profile> profiles;
+    PrecomputeStats stats;
+  };
+  void AdoptIfReady() {
+    if (started_ && !adopted_ && ready_.load(std::memory_order_acquire)) Adopt();
   }
+  void Adopt();
+  // State s (index_ key `key`) gets the table's mask and profile, when it has them.
+  void MapState(int32_t s, const std::string& key);
   void WaitForPrecompute() const;
-  // The transition, computed on first use (Next() without the wait, for the precomputation itself).
+  // The transition, computed on first use (Next() without the adoption, for the precomputation itself).
   int32_t Step(int32_t state, uint8_t byte);
   int32_t Intern(std::vector<int32_t> set);
   // The closure of one NFA state (as Closure() leaves it), computed once.
@@ -241,11 +257,15 @@ class CompiledGrammar {
   // tokens (the text tokens of the shortcut excluded) as (distance after the token minus the state's
   // distance, token), sorted by that difference (trie order within one); classes with the same list
   // share it. A budget mask is then the text runs plus a prefix of the list: no walk at decode time.
-  std::vector<std::vector<std::pair<int32_t, int32_t>>> profiles_;
+  std::vector<Profile> profiles_;
   std::vector<int32_t> state_profile_;  // per state; -1: none (the budget mask walks)
-  std::vector<std::pair<int32_t, int32_t>>* collect_ = nullptr;
+  Profile* collect_ = nullptr;
   PrecomputeStats pre_stats_;
-  std::atomic<bool> ready_{true};  // false while PrecomputeInBackground runs
+  // The background precomputation (PrecomputeInBackground).
+  bool started_ = false, adopted_ = false;
+  std::unique_ptr<Table> table_;       // written by the thread before it sets ready_
+  std::atomic<bool> ready_{false};     // table_ is there
+  std::atomic<bool> cancel_{false};    // the destructor asks the thread to stop
   std::future<void> background_;
 };
 
@@ -255,7 +275,8 @@ class CompiledGrammar {
 class GrammarCache {
  public:
   // When a new grammar's masks are precomputed: never (computed lazily, on first use), in Get(), or on a
-  // thread started by Get() (the worker: it overlaps the prefill; the first use waits for the rest).
+  // thread started by Get() (the worker: it overlaps the prefill and the first steps, which compute their
+  // masks themselves until its table is adopted).
   enum class Precompute { kNever, kAtCompile, kBackground };
   GrammarCache(std::shared_ptr<const Tokenizer> tokenizer, int64_t vocab_size, size_t capacity = 64,
                size_t cache_bytes = CompiledGrammar::kDefaultCacheBytes, Precompute precompute = Precompute::kBackground)

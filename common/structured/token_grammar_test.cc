@@ -230,7 +230,7 @@ TEST(TokenGrammar, PrecomputedMasksEqualTokenByTokenAcceptance) { CheckMasksAgai
 // state of every test grammar the mask the lazy path (text table + trie walk) computes for that state,
 // and the budget masks built from the budget profiles equal those built by the walk.
 TEST(TokenGrammar, PrecomputedMasksEqualWalkedMasksForAllStates) {
-  GrammarCache cache(Tok(), kVocab);
+  GrammarCache cache(Tok(), kVocab, 64, CompiledGrammar::kDefaultCacheBytes, GrammarCache::Precompute::kAtCompile);
   size_t states = 0, shared = 0, profiles = 0;
   for (const std::string& spec : MaskTestSpecs()) {
     SCOPED_TRACE(spec);
@@ -261,19 +261,85 @@ TEST(TokenGrammar, PrecomputedMasksEqualWalkedMasksForAllStates) {
   EXPECT_GT(profiles, 100u);
 }
 
-// Background precomputation: a grammar dropped while its thread runs waits for it (no use after free),
-// and one used at once waits and then gives the table's masks.
-TEST(TokenGrammar, BackgroundPrecomputeIsWaitedFor) {
+// Background precomputation: a grammar dropped while its thread runs stops it (no use after free), and one
+// used at once serves its first step without waiting for the thread (the step computes the mask itself),
+// with the mask the table holds once the thread is done.
+TEST(TokenGrammar, BackgroundPrecomputeRunsBesideTheSteps) {
   GrammarCache cache(Tok(), kVocab, 1);  // capacity 1: each Get drops the previous grammar
   cache.Get(R"({"type":"json_object"})");
   cache.Get(json{{"type", "json_schema"}, {"schema", {{"type", "string"}, {"format", "email"}}}}.dump());
   auto g = cache.Get(R"({"type":"json_object"})");
   std::vector<uint64_t> scratch;
-  const uint64_t* m = g->Mask(g->start(), 1 << 20, &scratch);  // waits for the thread
-  EXPECT_TRUE(g->precompute_stats().done);
-  const std::vector<uint64_t> want = g->ComputeMaskForTest(g->start());
-  EXPECT_TRUE(std::equal(want.begin(), want.end(), m));
-  EXPECT_EQ(g->cache_stats().full_masks, 0u);
+  const uint64_t* m = g->Mask(g->start(), 1 << 20, &scratch);
+  const std::vector<uint64_t> first(m, m + g->words());
+  EXPECT_EQ(first, g->ComputeMaskForTest(g->start()));
+  EXPECT_TRUE(g->precompute_stats().done);  // waits for the thread
+  m = g->Mask(g->start(), 1 << 20, &scratch);
+  EXPECT_TRUE(std::equal(first.begin(), first.end(), m));
+}
+
+// The masks a request gets while its grammar's precomputation runs beside its steps (computed by the step
+// itself until the thread's table is adopted, from the table after that; budget masks near the end) equal
+// the reference path's (the walk and the text table for that state alone, no table, no profile), on
+// every state reached over the test specs. Once the thread is done, the adopted table gives the same
+// masks, and every state of the grammar (built after the adoption, matched to the table's states by
+// their NFA sets) gets its mask from the table, equal to the reference path's.
+TEST(TokenGrammar, MasksServedWhilePrecomputingEqualReference) {
+  GrammarCache cache(Tok(), kVocab);  // background precomputation, the worker's mode
+  struct Served {
+    int32_t state;
+    int64_t remaining;
+    std::vector<uint64_t> mask;
+  };
+  size_t checked = 0, all_states = 0;
+  uint64_t by_step = 0;  // masks the steps computed because the table did not hold them yet
+  const int32_t eos = *Tok()->eos_id();
+  for (const std::string& spec : MaskTestSpecs()) {
+    SCOPED_TRACE(spec);
+    auto g = cache.Get(spec);
+    std::vector<Served> served;
+    std::vector<uint64_t> scratch;
+    for (uint64_t seed = 1; seed <= 3; ++seed) {
+      std::mt19937_64 rng(seed);
+      const int budget = 90;
+      int32_t state = g->start();
+      for (int i = 0; i < budget && state >= 0; ++i) {
+        const uint64_t* m = g->Mask(state, budget - i, &scratch);
+        served.push_back({state, budget - i, std::vector<uint64_t>(m, m + g->words())});
+        std::vector<int32_t> allowed;
+        for (size_t w = 0; w < g->words(); ++w)
+          for (uint64_t b = m[w]; b; b &= b - 1) allowed.push_back(static_cast<int32_t>(w * 64 + __builtin_ctzll(b)));
+        ASSERT_FALSE(allowed.empty());
+        const int32_t tok = allowed[rng() % allowed.size()];
+        if (tok == eos) break;
+        state = g->AdvanceToken(state, tok);
+        ASSERT_GE(state, 0);
+      }
+    }
+    by_step += g->cache_stats().full_masks;
+    ASSERT_TRUE(g->precompute_stats().done);
+    for (const Served& s : served) {
+      ASSERT_EQ(s.mask, g->ComputeMaskForTest(s.state, s.remaining)) << "state " << s.state << " remaining " << s.remaining;
+      const uint64_t* m = g->Mask(s.state, s.remaining, &scratch);
+      ASSERT_TRUE(std::equal(s.mask.begin(), s.mask.end(), m)) << "state " << s.state << " remaining " << s.remaining;
+      ++checked;
+    }
+    // Every state reachable from the start (built now, by bytes), each with the table's mask.
+    const uint64_t computed = g->cache_stats().full_masks;
+    for (int32_t s = 0; s < static_cast<int32_t>(g->num_states()); ++s)
+      for (int b = 0; b < 256; ++b) g->Next(s, static_cast<uint8_t>(b));
+    EXPECT_EQ(g->num_states(), g->precompute_stats().states);
+    for (int32_t s = 0; s < static_cast<int32_t>(g->num_states()); ++s) {
+      const uint64_t* m = g->Mask(s, 1 << 20, &scratch);
+      const std::vector<uint64_t> want = g->ComputeMaskForTest(s);
+      ASSERT_TRUE(std::equal(want.begin(), want.end(), m)) << "state " << s;
+      ++all_states;
+    }
+    EXPECT_EQ(g->cache_stats().full_masks, computed);  // no state missed the table
+  }
+  EXPECT_GT(all_states, 10000u);
+  EXPECT_GT(checked, 2000u);
+  EXPECT_GT(by_step, 0u);  // the largest grammars' first steps ran before their table was complete
 }
 
 // Equivalent states of a small DFA: states 1 and 2 accept the same language, 0 and 3 do not.
