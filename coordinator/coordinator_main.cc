@@ -7,6 +7,11 @@
 //                      [--heartbeat-timeout-ms 1500] [--drain-timeout-s 30] [--max-queued 256]
 //                      [--speculative-config '{"method":"mtp","num_speculative_tokens":3}']
 //                      [--mesh-token-file F] [--tls-cert F --tls-key F --tls-ca F]
+//                      [--bench-draft-acceptance 0.85,0.70,0.55]   (bench only, see below)
+// --bench-draft-acceptance is `dsmesh bench --draft-acceptance`'s (coordinator/simulated_acceptance.h):
+// drafts pass by a seeded generator at those per-position rates instead of by verification. Only the
+// bench passes it (`dsmesh up` has no such flag), and only with workers started with
+// --bench-simulated-acceptance, which refuse such plans otherwise.
 // KV blocks and state slots are those of the workers' state pools (WorkerReady: blocks of 256 tokens for
 // V4); --block-size applies only to workers that report a budget without a pool.
 // Every call must carry the mesh token when one is set (UNAUTHENTICATED otherwise); listening beyond
@@ -126,7 +131,7 @@ int Main(const std::vector<std::string>& args) {
                                          "max-model-len", "block-size", "enable-prefix-caching", "register-timeout-s",
                                          "ready-timeout-s", "heartbeat-timeout-ms", "step-timeout-s", "drain-timeout-s",
                                          "long-prefill-token-threshold", "scheduling-policy", "speculative-config",
-                                         "max-queued"}));
+                                         "max-queued", "bench-draft-acceptance"}));
   const std::string listen = f.Get("listen", kDefaultListen);
   const MeshCredentials credentials = MeshCredentialsFromFlags(f);
   if (!IsLoopback(listen) && credentials.token.empty() && !credentials.tls())
@@ -156,6 +161,19 @@ int Main(const std::vector<std::string>& args) {
   ec.block_size = static_cast<int>(f.GetInt("block-size", 16));
   const std::string spec = f.Get("speculative-config", "");
   ec.scheduler.num_speculative_tokens = spec.empty() ? 0 : ParseSpeculativeConfig(spec);
+  if (f.Has("bench-draft-acceptance")) {
+    if (ec.scheduler.num_speculative_tokens == 0)
+      throw UsageError("--bench-draft-acceptance needs --speculative-config (drafts to accept)");
+    try {
+      ec.scheduler.simulated_acceptance = ParseDraftAcceptance(f.Get("bench-draft-acceptance"),
+                                                               ec.scheduler.num_speculative_tokens,
+                                                               "--bench-draft-acceptance");
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());
+    }
+    std::fprintf(stderr, "[coordinator] bench mode: simulated draft acceptance %s (drafts pass by a seeded "
+                 "generator, not by verification; not for serving)\n", f.Get("bench-draft-acceptance").c_str());
+  }
   if (ec.scheduler.max_num_seqs < 1 || ec.scheduler.max_batched_tokens < 1 || ec.scheduler.max_model_len < 2 ||
       ec.block_size < 1)
     throw UsageError("--max-num-seqs, --max-batched-tokens, --block-size must be >= 1 and --max-model-len >= 2");

@@ -21,8 +21,15 @@ const char* SchedulingPolicyName(SchedulingPolicy policy) {
 }
 
 Scheduler::Scheduler(const SchedulerConfig& config, const KvGeometry& geometry)
-    : config_(config), blocks_(geometry), cache_(geometry.block_size) {
+    : config_(config), blocks_(geometry), cache_(geometry.block_size), costs_(config.draft_policy) {
   spec_.accepted_per_pos.assign(std::max(config_.num_speculative_tokens, 0), 0);
+  config_.draft_policy.max_drafts = std::max(config_.num_speculative_tokens, 0);
+  costs_ = StepCostModel(config_.draft_policy);
+  if (!config_.simulated_acceptance.empty()) {
+    if (static_cast<int>(config_.simulated_acceptance.size()) != config_.num_speculative_tokens)
+      throw std::invalid_argument("simulated acceptance needs one rate per draft position");
+    simulated_.emplace(config_.simulated_acceptance, config_.simulated_acceptance_seed);
+  }
 }
 
 int64_t Scheduler::max_seq_tokens() const {
@@ -399,6 +406,17 @@ StepPlan Scheduler::Schedule() {
   for (const auto& c : decodes) {
     SequencePlan* sp = AddChunk(&plan, *c.r, c.n, pinned);
     sp->mutable_draft_tokens()->Add(c.r->drafts.begin(), c.r->drafts.begin() + c.drafts);
+    // Sequences that return logprobs or logits do not speculate (the worker drafts nothing for them).
+    const bool speculates = config_.num_speculative_tokens > 0 && !c.r->return_logits &&
+                            !c.r->params.want_logprobs() && c.r->params.logprobs() <= 0;
+    if (!speculates) continue;
+    if (!c.r->draft_policy) c.r->draft_policy.emplace(config_.draft_policy);
+    DraftDecision decision;
+    const int k = c.r->draft_policy->Decide(costs_, static_cast<int>(decodes.size()), &decision);
+    ++spec_.decisions[static_cast<int>(decision)];
+    sp->set_drafts_withheld(config_.num_speculative_tokens - k);
+    if (simulated_ && c.drafts > 0)
+      sp->mutable_simulated_acceptance()->set_accepted_drafts(simulated_->Draw(static_cast<int>(c.drafts)));
   }
   for (const auto& c : admitted) AddChunk(&plan, *c.r, c.n, pinned);
   for (auto& c : prefills) {
@@ -454,6 +472,7 @@ void Scheduler::Apply(const StepPlan& plan, const StepResult& result) {
           ++spec_.accepted_per_pos[p];
         resp.set_num_draft_tokens(sp.draft_tokens_size());
         resp.set_num_accepted_tokens(accepted);
+        if (r->draft_policy) r->draft_policy->ObserveVerification(sp.draft_tokens_size(), accepted);
       }
       r->drafts.assign(sr.next_drafts().begin(), sr.next_drafts().end());
       if (sr.has_logprobs()) *resp.add_logprobs() = sr.logprobs();
@@ -488,6 +507,18 @@ void Scheduler::Apply(const StepPlan& plan, const StepResult& result) {
   }
   for (auto& s : pending_snapshots_) cache_.Insert(s.id, s.tokens, s.len);
   pending_snapshots_.clear();
+}
+
+void Scheduler::ObserveStepCost(const StepPlan& plan, const StepResult& result, double wall_seconds) {
+  if (config_.num_speculative_tokens <= 0 || plan.seqs_size() == 0) return;
+  int64_t rows = 0;
+  for (const auto& sp : plan.seqs()) {
+    if (sp.is_new() || !sp.sample() || sp.tokens_size() != 1) return;  // a prefill chunk rode along
+    rows += 1 + sp.draft_tokens_size();
+  }
+  int passes = 0;  // Model::Draft chains as many passes as the most drafts asked of it
+  for (const auto& sr : result.seqs()) passes = std::max(passes, sr.next_drafts_size());
+  costs_.Observe(rows, wall_seconds - result.draft_seconds(), passes, result.draft_seconds());
 }
 
 void Scheduler::FailAll(const std::string& error) {

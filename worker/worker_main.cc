@@ -117,6 +117,7 @@ class Worker {
       device_ = "cuda:" + std::to_string(cuda_device_);
     }
     enforce_eager_ = f.Has("enforce-eager");
+    bench_simulated_acceptance_ = f.Has("bench-simulated-acceptance");
     try {
       kv_dtype_ = ParseKvCacheDtype(f.Get("kv-cache-dtype", "auto"));
     } catch (const std::exception& e) {
@@ -325,6 +326,10 @@ class Worker {
         if (!kv_budget_explicit_) kv_budget_ = GpuKvBudget();
         executor_ = std::make_unique<StepExecutor>(model_.get(), &comm_);
         executor_->set_tokenizer_dir(model_dir_);
+        executor_->set_simulated_acceptance_allowed(bench_simulated_acceptance_);
+        if (bench_simulated_acceptance_)
+          std::fprintf(stderr, "[worker %d/%d] bench mode: steps may simulate draft acceptance (not for serving)\n",
+                       rank_, world_);
         std::fprintf(stderr, "[worker %d/%d] weights: %s\n", rank_, world_, model_->WeightsDescription().c_str());
         const auto& c = model_->config();
         const int64_t per_token = model_->StateBytesPerToken();
@@ -451,6 +456,7 @@ class Worker {
 
   std::string model_dir_, device_, data_host_;
   bool enforce_eager_ = false;
+  bool bench_simulated_acceptance_ = false;  // started by `dsmesh bench --draft-acceptance` (LocalMesh)
   KvCacheDtype kv_dtype_ = KvCacheDtype::kF32;  // --kv-cache-dtype: storage of entries and indexer keys
   int cuda_device_ = -1;
   double gpu_memory_utilization_ = 0.9;
@@ -486,7 +492,8 @@ int main(int argc, char** argv) {
       [&] {
         dsmesh::Flags flags(args, dsmesh::WithMeshCredentialFlags({"rank", "world", "coordinator", "model", "device", "kv-memory",
                                    "kv-memory-fraction", "gpu-memory-utilization", "threads", "data-host",
-                                   "collective-timeout-ms", "enforce-eager", "kv-cache-dtype"}), {"enforce-eager"});
+                                   "collective-timeout-ms", "enforce-eager", "kv-cache-dtype",
+                                   "bench-simulated-acceptance"}), {"enforce-eager", "bench-simulated-acceptance"});
         if (!flags.Has("rank") || !flags.Has("world")) throw dsmesh::UsageError("--rank and --world are required");
         dsmesh::Worker worker(flags);
         return worker.Run();
