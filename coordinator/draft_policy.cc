@@ -22,15 +22,18 @@ void StepCostModel::Observe(int64_t rows, double seconds_without_drafts, int dra
   sxx_ = a * sxx_ + x * x;
   sy_ = a * sy_ + y;
   sxy_ = a * sxy_ + x * y;
-  if (draft_passes > 0) {
-    draft_w_ = a * draft_w_ + draft_passes;
-    draft_s_ = a * draft_s_ + std::max(draft_seconds, 0.0);
-  }
+  ObserveDrafts(draft_passes, draft_seconds);
   if (rows_fitted()) {
     const double mx = sx_ / w_;
     fitted_per_row_ = std::max(0.0, (sxy_ / w_ - mx * sy_ / w_) / (sxx_ / w_ - mx * mx));
     ever_fitted_ = true;
   }
+}
+
+void StepCostModel::ObserveDrafts(int draft_passes, double draft_seconds) {
+  if (draft_passes <= 0) return;
+  draft_w_ = config_.cost_decay * draft_w_ + draft_passes;
+  draft_s_ = config_.cost_decay * draft_s_ + std::max(draft_seconds, 0.0);
 }
 
 double StepCostModel::row_spread() const {
@@ -94,9 +97,9 @@ int SequenceDraftPolicy::Decide(const StepCostModel& cost, int decoding_seqs, Dr
     judged_[i] *= config_.acceptance_decay;
   }
   int best = K;
+  const double S = std::max(decoding_seqs, 1);
+  auto seconds = [&](int k) { return (cost.base() + k * cost.draft_pass()) / S + cost.per_row() * (1 + k); };
   if (cost.has_steps() && K > 0) {
-    const double S = std::max(decoding_seqs, 1);
-    auto seconds = [&](int k) { return (cost.base() + k * cost.draft_pass()) / S + cost.per_row() * (1 + k); };
     const double off_rate = 1.0 / seconds(0);
     double best_rate = 0;
     best = 0;
@@ -113,7 +116,11 @@ int SequenceDraftPolicy::Decide(const StepCostModel& cost, int decoding_seqs, Dr
                                            : std::min(2 * probe_interval_, config_.probe_interval_max);
   }
   if (best < K) {
-    if (++below_max_steps_ >= probe_interval_) {
+    // A probe costs at most T(K) - T(0) over a step without drafts: it waits long enough for that to stay
+    // within probe_budget of the time between probes (on a CPU, where three draft passes cost ten plain
+    // steps, ~1000 steps; on an H200 at 1.6x, ~60).
+    const double cost_gap = cost.has_steps() ? (seconds(K) / seconds(0) - 1) / config_.probe_budget : 0;
+    if (++below_max_steps_ >= std::max<double>(probe_interval_, cost_gap)) {
       before_probe_ = best;
       best = K;
       d = DraftDecision::kProbe;

@@ -10,7 +10,8 @@
 // beats it by `margin`. Two forced choices keep the figures honest:
 //   probe:     below max_drafts, every probe interval steps it proposes all of them once, so a sequence
 //              whose text became predictable recovers; the interval doubles while probes change nothing
-//              (probe_interval_min .. probe_interval_max) and resets when one raises the drafts;
+//              (probe_interval_min .. probe_interval_max) and resets when one raises the drafts, and is
+//              never shorter than keeps the probes' extra time within probe_budget;
 //   calibrate: while the rows of recent steps are too alike to separate base from per_row (one stream
 //              always verifying 1 + k rows), a speculating sequence proposes none once every
 //              calibrate_every steps, so the step without drafts is measured too.
@@ -26,11 +27,13 @@ namespace dsmesh {
 
 struct DraftPolicyConfig {
   int max_drafts = 3;               // num_speculative_tokens
+  bool adaptive = true;             // false: always max_drafts (vLLM's behaviour; --draft-policy fixed)
   double acceptance_decay = 0.98;   // per step, the weight older acceptance evidence keeps
   double cost_decay = 0.99;         // per decode step, the weight older cost samples keep
   double margin = 0.03;             // speculate only when it wins by more than this (relative)
   int probe_interval_min = 8;
   int probe_interval_max = 256;
+  double probe_budget = 0.01;       // probes take at most this share of the time (cost-aware interval)
   int calibrate_every = 64;         // at most one step without drafts this often (about 1% of one stream's)
   double min_row_spread = 0.02;     // variance of rows (decayed) needed to fit per_row
 };
@@ -47,6 +50,8 @@ class StepCostModel {
   // One decode-only step: `rows` verified rows (newest tokens + drafts of every sequence), its time
   // without drafting, and the draft passes it ran (most drafts any sequence proposed) and their time.
   void Observe(int64_t rows, double seconds_without_drafts, int draft_passes, double draft_seconds);
+  // Draft passes of a step that is not decode-only (a prefill's last chunk drafts too).
+  void ObserveDrafts(int draft_passes, double draft_seconds);
   bool has_steps() const { return w_ > 0; }
   // Variance of the recent rows (decayed); at min_row_spread or more, base and per_row are told apart.
   double row_spread() const;

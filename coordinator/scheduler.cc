@@ -411,9 +411,12 @@ StepPlan Scheduler::Schedule() {
                             !c.r->params.want_logprobs() && c.r->params.logprobs() <= 0;
     if (!speculates) continue;
     if (!c.r->draft_policy) c.r->draft_policy.emplace(config_.draft_policy);
-    DraftDecision decision;
-    const int k = c.r->draft_policy->Decide(costs_, static_cast<int>(decodes.size()), &decision);
+    DraftDecision decision = DraftDecision::kFull;
+    const int k = config_.draft_policy.adaptive
+                      ? c.r->draft_policy->Decide(costs_, static_cast<int>(decodes.size()), &decision)
+                      : config_.num_speculative_tokens;
     ++spec_.decisions[static_cast<int>(decision)];
+    if (getenv("DSMESH_DEBUG_POLICY")) fprintf(stderr, "policy seq %llu k=%d %s base=%.3fms row=%.3fms draft=%.3fms fitted=%d spread=%.3f acc=%.2f/%.2f/%.2f E3=%.2f\n", (unsigned long long)c.r->seq_id, k, DraftDecisionName(decision), costs_.base()*1e3, costs_.per_row()*1e3, costs_.draft_pass()*1e3, (int)costs_.rows_fitted(), costs_.row_spread(), c.r->draft_policy->acceptance(0), c.r->draft_policy->acceptance(1), c.r->draft_policy->acceptance(2), c.r->draft_policy->ExpectedTokens(3));
     sp->set_drafts_withheld(config_.num_speculative_tokens - k);
     if (simulated_ && c.drafts > 0)
       sp->mutable_simulated_acceptance()->set_accepted_drafts(simulated_->Draw(static_cast<int>(c.drafts)));
@@ -511,13 +514,16 @@ void Scheduler::Apply(const StepPlan& plan, const StepResult& result) {
 
 void Scheduler::ObserveStepCost(const StepPlan& plan, const StepResult& result, double wall_seconds) {
   if (config_.num_speculative_tokens <= 0 || plan.seqs_size() == 0) return;
-  int64_t rows = 0;
-  for (const auto& sp : plan.seqs()) {
-    if (sp.is_new() || !sp.sample() || sp.tokens_size() != 1) return;  // a prefill chunk rode along
-    rows += 1 + sp.draft_tokens_size();
-  }
   int passes = 0;  // Model::Draft chains as many passes as the most drafts asked of it
   for (const auto& sr : result.seqs()) passes = std::max(passes, sr.next_drafts_size());
+  int64_t rows = 0;
+  for (const auto& sp : plan.seqs()) {
+    if (sp.is_new() || !sp.sample() || sp.tokens_size() != 1) {  // a prefill chunk rode along
+      costs_.ObserveDrafts(passes, result.draft_seconds());
+      return;
+    }
+    rows += 1 + sp.draft_tokens_size();
+  }
   costs_.Observe(rows, wall_seconds - result.draft_seconds(), passes, result.draft_seconds());
 }
 
