@@ -44,7 +44,13 @@ double StepCostModel::row_spread() const {
 
 bool StepCostModel::rows_fitted() const { return w_ > 0 && row_spread() >= config_.min_row_spread; }
 
-double StepCostModel::per_row() const { return ever_fitted_ ? fitted_per_row_ : 0.0; }
+// Before the rows ever spread, all of a step's time counts as rows: the pessimistic reading (a CPU's,
+// where rows cost nearly linearly), so drafts are not bought on a guess; the steps that follow (fewer
+// drafts, fewer rows) fit the real slope.
+double StepCostModel::per_row() const {
+  if (ever_fitted_) return fitted_per_row_;
+  return sx_ > 0 ? sy_ / sx_ : 0.0;
+}
 
 double StepCostModel::base() const {
   if (w_ <= 0) return 0;
@@ -88,7 +94,8 @@ double SequenceDraftPolicy::ExpectedTokens(int k) const {
   return e;
 }
 
-int SequenceDraftPolicy::Decide(const StepCostModel& cost, int decoding_seqs, DraftDecision* decision) {
+int SequenceDraftPolicy::Decide(const StepCostModel& cost, int decoding_seqs, int drafting_seqs,
+                                DraftDecision* decision) {
   const int K = static_cast<int>(judged_.size());
   // Evidence fades per step, observed or not: the ratios stay, but after a long time without drafts the
   // next observation (a probe) outweighs the old ones.
@@ -97,8 +104,8 @@ int SequenceDraftPolicy::Decide(const StepCostModel& cost, int decoding_seqs, Dr
     judged_[i] *= config_.acceptance_decay;
   }
   int best = K;
-  const double S = std::max(decoding_seqs, 1);
-  auto seconds = [&](int k) { return (cost.base() + k * cost.draft_pass()) / S + cost.per_row() * (1 + k); };
+  const double S = std::max(decoding_seqs, 1), D = std::max(drafting_seqs, 1);
+  auto seconds = [&](int k) { return cost.base() / S + k * cost.draft_pass() / D + cost.per_row() * (1 + k); };
   if (cost.has_steps() && K > 0) {
     const double off_rate = 1.0 / seconds(0);
     double best_rate = 0;
@@ -116,10 +123,15 @@ int SequenceDraftPolicy::Decide(const StepCostModel& cost, int decoding_seqs, Dr
                                            : std::min(2 * probe_interval_, config_.probe_interval_max);
   }
   if (best < K) {
-    // A probe costs at most T(K) - T(0) over a step without drafts: it waits long enough for that to stay
-    // within probe_budget of the time between probes (on a CPU, where three draft passes cost ten plain
-    // steps, ~1000 steps; on an H200 at 1.6x, ~60).
-    const double cost_gap = cost.has_steps() ? (seconds(K) / seconds(0) - 1) / config_.probe_budget : 0;
+    // A probe adds K draft passes (not shared: the others may not draft) and K verified rows to a step of
+    // S sequences; each sequence waits long enough for its probes to stay within probe_budget / S of the
+    // time (on this CPU, where three draft passes cost ten plain steps, ~1000 steps for one stream; on an
+    // H200 at 1.6x, ~60).
+    const double step0 = cost.base() + S * cost.per_row();
+    const double cost_gap =
+        cost.has_steps() && step0 > 0
+            ? S * K * (cost.draft_pass() + cost.per_row()) / (step0 * config_.probe_budget)
+            : 0;
     if (++below_max_steps_ >= std::max<double>(probe_interval_, cost_gap)) {
       before_probe_ = best;
       best = K;

@@ -5,9 +5,9 @@
 // cost comes from measurement (StepCostModel): the decode step's time (everything but drafting) as
 // base + per_row x rows, fitted over recent decode-only steps, and the time of one draft pass. A
 // sequence proposes the k in 0..max_drafts that maximizes its expected tokens per second,
-//   E(k) = 1 + sum_{i<k} prod_{j<=i} alpha_j    over    T(k) = (base + k x draft_pass) / S + per_row x (1 + k)
-// (S decoding sequences share the step's base and its batched draft passes), and k = 0 unless some k > 0
-// beats it by `margin`. Two forced choices keep the figures honest:
+//   E(k) = 1 + sum_{i<k} prod_{j<=i} alpha_j    over    T(k) = base / S + k x draft_pass / D + per_row x (1 + k)
+// (S decoding sequences share the step's base, the D of them that draft share the batched draft passes),
+// and k = 0 unless some k > 0 beats it by `margin`. Two forced choices keep the figures honest:
 //   probe:     below max_drafts, every probe interval steps it proposes all of them once, so a sequence
 //              whose text became predictable recovers; the interval doubles while probes change nothing
 //              (probe_interval_min .. probe_interval_max) and resets when one raises the drafts, and is
@@ -56,7 +56,8 @@ class StepCostModel {
   // Variance of the recent rows (decayed); at min_row_spread or more, base and per_row are told apart.
   double row_spread() const;
   bool rows_fitted() const;
-  // Seconds per verified row: the last fit (0 before the rows ever spread enough to fit it).
+  // Seconds per verified row: the last fit (before the rows ever spread enough to fit it, the whole
+  // step's time divided by its rows: no drafts bought on a guess).
   double per_row() const;
   // Seconds of a step beside its rows: the line of slope per_row() through the recent mean.
   double base() const;
@@ -80,8 +81,9 @@ class SequenceDraftPolicy {
   double acceptance(int position) const;
   // Expected tokens a step with k drafts produces (1 + accepted drafts).
   double ExpectedTokens(int k) const;
-  // The drafts to propose after this step; `decoding_seqs` share the step. Call once per decode step.
-  int Decide(const StepCostModel& cost, int decoding_seqs, DraftDecision* decision);
+  // The drafts to propose after this step: `decoding_seqs` share the step's base, `drafting_seqs` (this
+  // one counted) its draft passes. Call once per step in which the sequence samples.
+  int Decide(const StepCostModel& cost, int decoding_seqs, int drafting_seqs, DraftDecision* decision);
   int current() const { return current_; }
 
  private:

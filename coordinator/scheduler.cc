@@ -403,31 +403,43 @@ StepPlan Scheduler::Schedule() {
     budget -= n;
   }
 
+  std::vector<std::pair<Request*, SequencePlan*>> sampled;  // chunks that end at the newest token
   for (const auto& c : decodes) {
     SequencePlan* sp = AddChunk(&plan, *c.r, c.n, pinned);
     sp->mutable_draft_tokens()->Add(c.r->drafts.begin(), c.r->drafts.begin() + c.drafts);
-    // Sequences that return logprobs or logits do not speculate (the worker drafts nothing for them).
-    const bool speculates = config_.num_speculative_tokens > 0 && !c.r->return_logits &&
-                            !c.r->params.want_logprobs() && c.r->params.logprobs() <= 0;
-    if (!speculates) continue;
-    if (!c.r->draft_policy) c.r->draft_policy.emplace(config_.draft_policy);
-    DraftDecision decision = DraftDecision::kFull;
-    const int k = config_.draft_policy.adaptive
-                      ? c.r->draft_policy->Decide(costs_, static_cast<int>(decodes.size()), &decision)
-                      : config_.num_speculative_tokens;
-    ++spec_.decisions[static_cast<int>(decision)];
-    if (getenv("DSMESH_DEBUG_POLICY")) fprintf(stderr, "policy seq %llu k=%d %s base=%.3fms row=%.3fms draft=%.3fms fitted=%d spread=%.3f acc=%.2f/%.2f/%.2f E3=%.2f\n", (unsigned long long)c.r->seq_id, k, DraftDecisionName(decision), costs_.base()*1e3, costs_.per_row()*1e3, costs_.draft_pass()*1e3, (int)costs_.rows_fitted(), costs_.row_spread(), c.r->draft_policy->acceptance(0), c.r->draft_policy->acceptance(1), c.r->draft_policy->acceptance(2), c.r->draft_policy->ExpectedTokens(3));
-    sp->set_drafts_withheld(config_.num_speculative_tokens - k);
     if (simulated_ && c.drafts > 0)
       sp->mutable_simulated_acceptance()->set_accepted_drafts(simulated_->Draw(static_cast<int>(c.drafts)));
+    sampled.push_back({c.r.get(), sp});
   }
-  for (const auto& c : admitted) AddChunk(&plan, *c.r, c.n, pinned);
+  for (const auto& c : admitted) sampled.push_back({c.r.get(), AddChunk(&plan, *c.r, c.n, pinned)});
   for (auto& c : prefills) {
     if (fair) {
       c.n = image_safe(*c.r, std::min(c.n, budget), /*grow=*/false);
       budget -= c.n;
     }
-    if (c.n > 0) AddChunk(&plan, *c.r, c.n, pinned);
+    if (c.n > 0) sampled.push_back({c.r.get(), AddChunk(&plan, *c.r, c.n, pinned)});
+  }
+  // The draft policy decides for every sequence that samples this step how many drafts follow it.
+  // Sequences that return logprobs or logits do not speculate (the worker drafts nothing for them).
+  if (config_.num_speculative_tokens > 0) {
+    std::erase_if(sampled, [](const auto& e) {
+      return !e.second->sample() || e.first->return_logits || e.first->params.want_logprobs() ||
+             e.first->params.logprobs() > 0;
+    });
+    int drafting = 0;  // sequences whose last decision proposed drafts: they share the draft passes
+    for (auto& [r, sp] : sampled) {
+      if (!r->draft_policy) r->draft_policy.emplace(config_.draft_policy);
+      drafting += r->draft_policy->current() > 0;
+    }
+    for (auto& [r, sp] : sampled) {
+      DraftDecision decision = DraftDecision::kFull;
+      const int others = drafting - (r->draft_policy->current() > 0 ? 1 : 0);
+      const int k = config_.draft_policy.adaptive
+                        ? r->draft_policy->Decide(costs_, static_cast<int>(sampled.size()), others + 1, &decision)
+                        : config_.num_speculative_tokens;
+      ++spec_.decisions[static_cast<int>(decision)];
+      sp->set_drafts_withheld(config_.num_speculative_tokens - k);
+    }
   }
 
   for (uint64_t id : pending_frees_) plan.add_free_seqs(id);
