@@ -4,6 +4,8 @@
 //   dsmesh-worker --rank R --world N --coordinator HOST:PORT --model DIR --device cpu|cuda:I
 //                 [--kv-memory BYTES[K|M|G] | --kv-memory-fraction F] [--threads T] [--data-host ADDR]
 //                 [--collective-timeout-ms MS] [--mesh-token-file F] [--tls-cert F --tls-key F --tls-ca F]
+//                 [--bench-simulated-acceptance]   (only `dsmesh bench --draft-acceptance` passes it: plans may
+//                                                   then simulate draft acceptance; without it they are refused)
 //
 // Under systemd (Type=notify, deploy/systemd/dsmesh-worker@.service): READY=1 once its shard is loaded
 // and it joined the mesh (the first FormMesh that succeeded), STATUS= on every change (registered,
