@@ -6,7 +6,13 @@
 //                      [--enable-prefix-caching true|false] [--register-timeout-s 120]
 //                      [--heartbeat-timeout-ms 1500] [--drain-timeout-s 30] [--max-queued 256]
 //                      [--speculative-config '{"method":"mtp","num_speculative_tokens":3}']
+//                      [--draft-policy adaptive|fixed]   (coordinator/draft_policy.h; fixed: always all drafts)
 //                      [--mesh-token-file F] [--tls-cert F --tls-key F --tls-ca F]
+//                      [--bench-draft-acceptance 0.85,0.70,0.55]   (bench only, see below)
+// --bench-draft-acceptance is `dsmesh bench --draft-acceptance`'s (coordinator/simulated_acceptance.h):
+// drafts pass by a seeded generator at those per-position rates instead of by verification. Only the
+// bench passes it (`dsmesh up` has no such flag), and only with workers started with
+// --bench-simulated-acceptance, which refuse such plans otherwise.
 // KV blocks and state slots are those of the workers' state pools (WorkerReady: blocks of 256 tokens for
 // V4); --block-size applies only to workers that report a budget without a pool.
 // Every call must carry the mesh token when one is set (UNAUTHENTICATED otherwise); listening beyond
@@ -43,6 +49,7 @@
 #include "common/systemd_notify.h"
 #include "coordinator/engine.h"
 #include "coordinator/services.h"
+#include "coordinator/speculative_config.h"
 #include "model/synthetic_source.h"
 #include "model/v4_flash_config.h"
 
@@ -88,8 +95,6 @@ ModelFacts ReadModelFacts(const std::string& source) {
   return m;
 }
 
-// vLLM's --speculative-config JSON; only method "mtp" (the checkpoint's MTP block) is served here.
-// Returns the drafts per step (num_speculative_tokens, 3 when omitted).
 constexpr char kDefaultListen[] = "127.0.0.1:7000";
 
 // True for an address only this machine can reach (127.x.x.x, [::1], localhost, unix sockets).
@@ -100,33 +105,13 @@ bool IsLoopback(const std::string& listen) {
   return host.rfind("127.", 0) == 0 || host == "localhost" || host == "[::1]" || host == "ipv6:[::1]";
 }
 
-int ParseSpeculativeConfig(const std::string& text) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const std::exception& e) {
-    throw UsageError(std::string("--speculative-config: invalid JSON: ") + e.what());
-  }
-  if (!j.is_object()) throw UsageError("--speculative-config: expected a JSON object");
-  const std::string method = j.contains("method") && j["method"].is_string() ? j["method"].get<std::string>() : "";
-  if (method != "mtp" && method != "deepseek_mtp")
-    throw UsageError("--speculative-config: method \"" + method + "\" is not supported (use \"mtp\")");
-  int k = 3;
-  if (j.contains("num_speculative_tokens")) {
-    if (!j["num_speculative_tokens"].is_number_integer())
-      throw UsageError("--speculative-config: num_speculative_tokens must be an integer");
-    k = j["num_speculative_tokens"].get<int>();
-  }
-  if (k < 1 || k > 16) throw UsageError("--speculative-config: num_speculative_tokens must be in 1..16");
-  return k;
-}
 
 int Main(const std::vector<std::string>& args) {
   Flags f(args, WithMeshCredentialFlags({"listen", "world", "model", "max-num-seqs", "max-batched-tokens",
                                          "max-model-len", "block-size", "enable-prefix-caching", "register-timeout-s",
                                          "ready-timeout-s", "heartbeat-timeout-ms", "step-timeout-s", "drain-timeout-s",
                                          "long-prefill-token-threshold", "scheduling-policy", "speculative-config",
-                                         "max-queued"}));
+                                         "max-queued", "bench-draft-acceptance", "draft-policy"}));
   const std::string listen = f.Get("listen", kDefaultListen);
   const MeshCredentials credentials = MeshCredentialsFromFlags(f);
   if (!IsLoopback(listen) && credentials.token.empty() && !credentials.tls())
@@ -156,6 +141,24 @@ int Main(const std::vector<std::string>& args) {
   ec.block_size = static_cast<int>(f.GetInt("block-size", 16));
   const std::string spec = f.Get("speculative-config", "");
   ec.scheduler.num_speculative_tokens = spec.empty() ? 0 : ParseSpeculativeConfig(spec);
+  const std::string draft_policy = f.Get("draft-policy", "adaptive");
+  if (draft_policy != "adaptive" && draft_policy != "fixed")
+    throw UsageError("--draft-policy must be adaptive (fewer drafts where they do not pay) or fixed (always "
+                     "num_speculative_tokens), got '" + draft_policy + "'");
+  ec.scheduler.draft_policy.adaptive = draft_policy == "adaptive";
+  if (f.Has("bench-draft-acceptance")) {
+    if (ec.scheduler.num_speculative_tokens == 0)
+      throw UsageError("--bench-draft-acceptance needs --speculative-config (drafts to accept)");
+    try {
+      ec.scheduler.simulated_acceptance = ParseDraftAcceptance(f.Get("bench-draft-acceptance"),
+                                                               ec.scheduler.num_speculative_tokens,
+                                                               "--bench-draft-acceptance");
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());
+    }
+    std::fprintf(stderr, "[coordinator] bench mode: simulated draft acceptance %s (drafts pass by a seeded "
+                 "generator, not by verification; not for serving)\n", f.Get("bench-draft-acceptance").c_str());
+  }
   if (ec.scheduler.max_num_seqs < 1 || ec.scheduler.max_batched_tokens < 1 || ec.scheduler.max_model_len < 2 ||
       ec.block_size < 1)
     throw UsageError("--max-num-seqs, --max-batched-tokens, --block-size must be >= 1 and --max-model-len >= 2");
@@ -197,12 +200,13 @@ int Main(const std::vector<std::string>& args) {
   if (!server || port == 0) throw std::runtime_error("cannot listen on " + listen);
   std::fprintf(stderr, "[coordinator] listening on %s (port %d, %s, %s); waiting for %d worker(s); max-num-seqs %d, "
                "max-batched-tokens %d, max-model-len %d, prefix caching %s, scheduling policy %s, "
-               "long-prefill-token-threshold %d, speculative tokens %d (mtp), max queued %d\n",
+               "long-prefill-token-threshold %d, speculative tokens %d (mtp, %s drafts), max queued %d\n",
                listen.c_str(), port, credentials.token.empty() ? "no mesh token" : "mesh token required",
                credentials.tls() ? "TLS with client certificates" : "plaintext", world, ec.scheduler.max_num_seqs, ec.scheduler.max_batched_tokens,
                ec.scheduler.max_model_len, ec.scheduler.prefix_caching ? "on" : "off",
                SchedulingPolicyName(ec.scheduler.policy), ec.scheduler.long_prefill_token_threshold,
-               ec.scheduler.num_speculative_tokens, ec.max_queued);
+               ec.scheduler.num_speculative_tokens, ec.scheduler.draft_policy.adaptive ? "adaptive" : "fixed",
+               ec.max_queued);
 
   std::thread signals([&] {
     sigset_t set;

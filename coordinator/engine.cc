@@ -242,6 +242,7 @@ void Engine::Step() {
   }
   auto t1 = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(mu_);
+  scheduler_->ObserveStepCost(plan, results[0], timing.wall);
   scheduler_->Apply(plan, results[0]);
   sched += Since(t1);
   if (plan.seqs_size() > 0) {
@@ -348,6 +349,9 @@ StatsResponse Engine::Stats() {
     s.set_spec_decode_num_draft_tokens(spec.num_draft_tokens);
     s.set_spec_decode_num_accepted_tokens(spec.num_accepted_tokens);
     for (int64_t n : spec.accepted_per_pos) s.add_spec_decode_num_accepted_tokens_per_pos(n);
+    if (config_.scheduler.num_speculative_tokens > 0)
+      for (int d = 0; d < kNumDraftDecisions; ++d)
+        (*s.mutable_spec_decode_draft_decisions())[DraftDecisionName(static_cast<DraftDecision>(d))] = spec.decisions[d];
   }
   s.set_steps(steps_);
   s.set_step_wall_seconds_sum(timing_sum_.wall);

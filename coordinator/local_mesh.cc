@@ -114,6 +114,7 @@ std::vector<std::string> LocalMesh::WorkerArgv(int rank) const {
     argv.insert(argv.end(), {"--gpu-memory-utilization", opt_.gpu_memory_utilization});
   if (opt_.enforce_eager) argv.push_back("--enforce-eager");
   if (opt_.kv_cache_dtype != "auto") argv.insert(argv.end(), {"--kv-cache-dtype", opt_.kv_cache_dtype});
+  if (!opt_.bench_draft_acceptance.empty()) argv.push_back("--bench-simulated-acceptance");
   return argv;
 }
 
@@ -126,6 +127,7 @@ void LocalMesh::Start() {
   std::vector<std::string> c = {opt_.coordinator_bin, "--listen", coordinator_address(), "--world",
                                 std::to_string(opt_.world), "--model", opt_.model_dir};
   c.insert(c.end(), opt_.coordinator_args.begin(), opt_.coordinator_args.end());
+  if (!opt_.bench_draft_acceptance.empty()) c.insert(c.end(), {"--bench-draft-acceptance", opt_.bench_draft_acceptance});
   c = WithCredentials(std::move(c));
   children_.push_back({"coordinator", Spawn("coordinator", c), c});
   for (int r = 0; r < opt_.world; ++r) {

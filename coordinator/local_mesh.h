@@ -32,6 +32,11 @@ struct LocalMeshOptions {
   bool enforce_eager = false;   // workers run every step eagerly (no CUDA graphs), as vLLM's --enforce-eager
   std::string kv_cache_dtype = "auto";  // --kv-cache-dtype for every worker
   std::vector<std::string> coordinator_args;  // extra flags, e.g. {"--max-num-seqs", "8"}
+  // Bench only (`dsmesh bench --draft-acceptance`, coordinator/simulated_acceptance.h): per-position
+  // acceptance rates such as "0.85,0.70,0.55". The coordinator gets --bench-draft-acceptance and every
+  // worker --bench-simulated-acceptance (without which a worker refuses simulated plans); `dsmesh up`
+  // never sets it.
+  std::string bench_draft_acceptance;
   std::vector<std::string> gateway_args;      // extra flags, e.g. {"--api-key", "k", "--max-queued", "64"}
   std::string log_dir;          // empty: children inherit stderr; else they append to LOG_DIR/NAME.log
   MeshCredentials credentials;  // no token and no TLS: the process's token, in a file of the mesh's own

@@ -14,9 +14,11 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "coordinator/draft_policy.h"
 #include "proto/mesh.pb.h"
 
 namespace dsmesh {
@@ -74,6 +76,7 @@ struct Request {
   int64_t cached_tokens = 0;
   bool reported_first = false;
   std::vector<int32_t> drafts;  // MTP drafts for the next step (rank 0's last result)
+  std::optional<SequenceDraftPolicy> draft_policy;  // with speculation, from the first decode step on
   int32_t num_generated() const { return static_cast<int32_t>(tokens.size()) - prompt_len; }
 };
 

@@ -21,8 +21,15 @@ const char* SchedulingPolicyName(SchedulingPolicy policy) {
 }
 
 Scheduler::Scheduler(const SchedulerConfig& config, const KvGeometry& geometry)
-    : config_(config), blocks_(geometry), cache_(geometry.block_size) {
+    : config_(config), blocks_(geometry), cache_(geometry.block_size), costs_(config.draft_policy) {
   spec_.accepted_per_pos.assign(std::max(config_.num_speculative_tokens, 0), 0);
+  config_.draft_policy.max_drafts = std::max(config_.num_speculative_tokens, 0);
+  costs_ = StepCostModel(config_.draft_policy);
+  if (!config_.simulated_acceptance.empty()) {
+    if (static_cast<int>(config_.simulated_acceptance.size()) != config_.num_speculative_tokens)
+      throw std::invalid_argument("simulated acceptance needs one rate per draft position");
+    simulated_.emplace(config_.simulated_acceptance, config_.simulated_acceptance_seed);
+  }
 }
 
 int64_t Scheduler::max_seq_tokens() const {
@@ -396,17 +403,43 @@ StepPlan Scheduler::Schedule() {
     budget -= n;
   }
 
+  std::vector<std::pair<Request*, SequencePlan*>> sampled;  // chunks that end at the newest token
   for (const auto& c : decodes) {
     SequencePlan* sp = AddChunk(&plan, *c.r, c.n, pinned);
     sp->mutable_draft_tokens()->Add(c.r->drafts.begin(), c.r->drafts.begin() + c.drafts);
+    if (simulated_ && c.drafts > 0)
+      sp->mutable_simulated_acceptance()->set_accepted_drafts(simulated_->Draw(static_cast<int>(c.drafts)));
+    sampled.push_back({c.r.get(), sp});
   }
-  for (const auto& c : admitted) AddChunk(&plan, *c.r, c.n, pinned);
+  for (const auto& c : admitted) sampled.push_back({c.r.get(), AddChunk(&plan, *c.r, c.n, pinned)});
   for (auto& c : prefills) {
     if (fair) {
       c.n = image_safe(*c.r, std::min(c.n, budget), /*grow=*/false);
       budget -= c.n;
     }
-    if (c.n > 0) AddChunk(&plan, *c.r, c.n, pinned);
+    if (c.n > 0) sampled.push_back({c.r.get(), AddChunk(&plan, *c.r, c.n, pinned)});
+  }
+  // The draft policy decides for every sequence that samples this step how many drafts follow it.
+  // Sequences that return logprobs or logits do not speculate (the worker drafts nothing for them).
+  if (config_.num_speculative_tokens > 0) {
+    std::erase_if(sampled, [](const auto& e) {
+      return !e.second->sample() || e.first->return_logits || e.first->params.want_logprobs() ||
+             e.first->params.logprobs() > 0;
+    });
+    int drafting = 0;  // sequences whose last decision proposed drafts: they share the draft passes
+    for (auto& [r, sp] : sampled) {
+      if (!r->draft_policy) r->draft_policy.emplace(config_.draft_policy);
+      drafting += r->draft_policy->current() > 0;
+    }
+    for (auto& [r, sp] : sampled) {
+      DraftDecision decision = DraftDecision::kFull;
+      const int others = drafting - (r->draft_policy->current() > 0 ? 1 : 0);
+      const int k = config_.draft_policy.adaptive
+                        ? r->draft_policy->Decide(costs_, static_cast<int>(sampled.size()), others + 1, &decision)
+                        : config_.num_speculative_tokens;
+      ++spec_.decisions[static_cast<int>(decision)];
+      sp->set_drafts_withheld(config_.num_speculative_tokens - k);
+    }
   }
 
   for (uint64_t id : pending_frees_) plan.add_free_seqs(id);
@@ -454,6 +487,7 @@ void Scheduler::Apply(const StepPlan& plan, const StepResult& result) {
           ++spec_.accepted_per_pos[p];
         resp.set_num_draft_tokens(sp.draft_tokens_size());
         resp.set_num_accepted_tokens(accepted);
+        if (r->draft_policy) r->draft_policy->ObserveVerification(sp.draft_tokens_size(), accepted);
       }
       r->drafts.assign(sr.next_drafts().begin(), sr.next_drafts().end());
       if (sr.has_logprobs()) *resp.add_logprobs() = sr.logprobs();
@@ -489,6 +523,21 @@ void Scheduler::Apply(const StepPlan& plan, const StepResult& result) {
   }
   for (auto& s : pending_snapshots_) cache_.Insert(s.id, s.tokens, s.len);
   pending_snapshots_.clear();
+}
+
+void Scheduler::ObserveStepCost(const StepPlan& plan, const StepResult& result, double wall_seconds) {
+  if (config_.num_speculative_tokens <= 0 || plan.seqs_size() == 0) return;
+  int passes = 0;  // Model::Draft chains as many passes as the most drafts asked of it
+  for (const auto& sr : result.seqs()) passes = std::max(passes, sr.next_drafts_size());
+  int64_t rows = 0;
+  for (const auto& sp : plan.seqs()) {
+    if (sp.is_new() || !sp.sample() || sp.tokens_size() != 1) {  // a prefill chunk rode along
+      costs_.ObserveDrafts(passes, result.draft_seconds());
+      return;
+    }
+    rows += 1 + sp.draft_tokens_size();
+  }
+  costs_.Observe(rows, wall_seconds - result.draft_seconds(), passes, result.draft_seconds());
 }
 
 void Scheduler::FailAll(const std::string& error) {

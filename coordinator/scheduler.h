@@ -22,9 +22,11 @@
 // With speculation a decoding sequence feeds its newest token plus the drafts rank 0 returned last step
 // (blocks reserved for all of them first; the drafts count against the budget with the decode rows);
 // Apply appends the accepted tokens one at a time, so stop conditions end the sequence at the first
-// token that meets one and drop the rest.
+// token that meets one and drop the rest. Each decoding sequence's draft policy (draft_policy.h) decides
+// in every plan how many drafts the worker proposes after the step (SequencePlan.drafts_withheld).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -36,9 +38,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include "coordinator/draft_policy.h"
 #include "coordinator/kv_blocks.h"
 #include "coordinator/prefix_cache.h"
 #include "coordinator/request.h"
+#include "coordinator/simulated_acceptance.h"
 #include "proto/mesh.pb.h"
 
 namespace dsmesh {
@@ -65,6 +69,13 @@ struct SchedulerConfig {
   int long_prefill_token_threshold = kDefaultLongPrefillTokenThreshold;  // 0: vLLM's default order
   SchedulingPolicy policy = SchedulingPolicy::kFcfs;
   int num_speculative_tokens = 0;  // MTP drafts per decoding sequence and step (0: no speculation)
+  // How many of them each sequence proposes (coordinator/draft_policy.h); max_drafts comes from
+  // num_speculative_tokens.
+  DraftPolicyConfig draft_policy;
+  // Bench only (coordinator/simulated_acceptance.h): per-position acceptance rates that decide the drafts
+  // (empty: verification decides, as in serving) and the generator's seed.
+  std::vector<double> simulated_acceptance;
+  uint64_t simulated_acceptance_seed = 1;
 };
 
 // Speculative decoding counters (vLLM's vllm:spec_decode_* meanings).
@@ -73,6 +84,7 @@ struct SpecDecodeStats {
   int64_t num_draft_tokens = 0;
   int64_t num_accepted_tokens = 0;
   std::vector<int64_t> accepted_per_pos;  // [i]: drafts accepted at position i
+  std::array<int64_t, kNumDraftDecisions> decisions{};  // the draft policy's, by DraftDecision
 };
 
 class Scheduler {
@@ -92,6 +104,10 @@ class Scheduler {
   StepPlan Schedule();
   // Applies rank 0's result for `plan`: appends tokens, streams responses, finishes requests.
   void Apply(const StepPlan& plan, const StepResult& result);
+  // With speculation: the step's measured time (plan written -> every result back), for the draft
+  // policy's cost model. Decode-only steps count; others are ignored.
+  void ObserveStepCost(const StepPlan& plan, const StepResult& result, double wall_seconds);
+  const StepCostModel& step_costs() const { return costs_; }
   // Fails every request (running and waiting) with `error`, and forgets all worker-side state.
   void FailAll(const std::string& error);
   // Starts over on a (re)formed mesh; requires no requests.
@@ -153,6 +169,8 @@ class Scheduler {
   int64_t preemptions_ = 0;
   int64_t steps_ = 0;
   SpecDecodeStats spec_;
+  StepCostModel costs_;
+  std::optional<AcceptanceSimulator> simulated_;
 };
 
 }  // namespace dsmesh

@@ -1,5 +1,7 @@
 #include "gateway/serving_metrics.h"
 
+#include <map>
+
 namespace dsmesh {
 
 namespace {
@@ -127,6 +129,19 @@ std::string ServingMetrics::Render(const std::optional<StatsResponse>& stats, in
       l.emplace_back("position", std::to_string(pos));
       PromSample("vllm:spec_decode_num_accepted_tokens_per_pos_total", l,
                  stats->spec_decode_num_accepted_tokens_per_pos(pos), &out);
+    }
+    if (!stats->spec_decode_draft_decisions().empty()) {
+      // The speculation policy's decisions (coordinator/draft_policy.h), one per decoding sequence and step.
+      PromFamilyHeader("vllm:spec_decode_draft_decisions_total", "counter",
+                       "Draft policy decisions per decoding sequence and step: full, reduced, off (fewer or no "
+                       "drafts where acceptance does not pay for them), probe, calibrate.", &out);
+      const std::map<std::string, int64_t> sorted(stats->spec_decode_draft_decisions().begin(),
+                                                  stats->spec_decode_draft_decisions().end());
+      for (const auto& [decision, n] : sorted) {
+        Labels l = base;
+        l.emplace_back("decision", decision);
+        PromSample("vllm:spec_decode_draft_decisions_total", l, n, &out);
+      }
     }
     PromFamilyHeader("dsmesh_worker_step_time_seconds_total", "counter", "Time workers spent executing steps, per rank.",
                      &out);

@@ -2,7 +2,10 @@
 """MTP speculative acceptance of a served model on held-out text, per draft position, read from the
 gateway's vLLM counters (vllm:spec_decode_*) around greedy completions of held-out prompts.
 
-    dsmesh up --model MODEL --speculative-config '{"method":"mtp","num_speculative_tokens":3}' ...
+    dsmesh up --model MODEL --speculative-config '{"method":"mtp","num_speculative_tokens":3}' --draft-policy fixed ...
+
+(--draft-policy fixed: every step proposes all drafts, so the counters measure the MTP head itself; the
+adaptive default proposes fewer where they do not pay, which lowers the later positions' rates.)
     python3 training/mtp_acceptance.py --url http://127.0.0.1:8000 --file HELDOUT.txt [--prompts 24] [--tokens 64]
 
 Prompts are consecutive 1,200-character pieces of the file, cut at a space; each is continued for --tokens

@@ -5,6 +5,7 @@
 #include "worker/rejection_sampler.h"
 #include "kernels/backend.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <limits>
@@ -150,6 +151,14 @@ StepResult StepExecutor::Run(const StepPlan& plan) {
       throw std::runtime_error("plan: sequence " + std::to_string(sp.seq_id()) + " starts at " +
                                std::to_string(sp.start_pos()) + " but its state holds " +
                                std::to_string(it->second.state->length()) + " tokens");
+    // Simulated acceptance is the bench's (`dsmesh bench --draft-acceptance`): only a worker started by the
+    // bench (--bench-simulated-acceptance) takes it, so a serving mesh can never emit tokens it decided.
+    if (sp.has_simulated_acceptance() && !simulated_acceptance_allowed_)
+      throw std::runtime_error("plan: sequence " + std::to_string(sp.seq_id()) +
+                               " carries simulated draft acceptance, a bench-only path (dsmesh bench "
+                               "--draft-acceptance); this worker was not started for the bench");
+    if (sp.has_simulated_acceptance() && sp.simulated_acceptance().accepted_drafts() < 0)
+      throw std::runtime_error("plan: sequence " + std::to_string(sp.seq_id()) + " simulates a negative acceptance");
     if (sp.draft_tokens_size() > 0 &&
         (sp.tokens_size() != 1 || !sp.sample() || sp.draft_tokens_size() > it->second.speculative_tokens))
       throw std::runtime_error("plan: sequence " + std::to_string(sp.seq_id()) + " has " +
@@ -229,6 +238,11 @@ StepResult StepExecutor::Run(const StepPlan& plan) {
     const int64_t position = sp.start_pos() + sp.tokens_size();  // where the first sampled token will sit
     const int n = sp.draft_tokens_size();
     const bool greedy = s.params.temperature() < 1e-5f;
+    // Simulated acceptance (bench only): drafts 0 .. sim-1 pass whatever they were, each emitting the
+    // target's own token at its row (what a passing draft emits); draft sim, if any, is rejected and its row's
+    // token is the correction. The rows after a substituted draft were computed on the draft as fed, which
+    // changes the text, not the work. -1: verify for real.
+    const int sim = sp.has_simulated_acceptance() ? std::min(sp.simulated_acceptance().accepted_drafts(), n) : -1;
     int accepted = 0;
     CountSampledRows(on_device, n + 1, on_device ? nullptr : host_reason ? host_reason : "tensor-parallel step");
     for (int r = 0; r <= n; ++r) {
@@ -237,7 +251,7 @@ StepResult StepExecutor::Run(const StepPlan& plan) {
         const SampledRow& row = sampled[first + r];
         if (r == n && r == 0 && rank0 && (s.params.want_logprobs() || s.params.logprobs() > 0))
           ToTokenLogprobs(row, out->mutable_logprobs());
-        const bool pass = r < n && row.token == sp.draft_tokens(r);
+        const bool pass = r < n && (sim >= 0 ? r < sim : row.token == sp.draft_tokens(r));
         if (r == 0) out->set_token_id(row.token);
         out->add_token_ids(row.token);
         if (!pass) break;
@@ -258,9 +272,10 @@ StepResult StepExecutor::Run(const StepPlan& plan) {
         // Only a row without drafts gets here with r == 0 (requests with logprobs do not speculate).
         if (r == 0 && rank0 && (s.params.want_logprobs() || s.params.logprobs() > 0))
           *out->mutable_logprobs() = std::move(sr.logprobs);
-      } else if (greedy) {
+      } else if (greedy || sim >= 0) {
+        // (simulated: the target's own token, a plain sample at this position for a sampled request)
         token = SampleToken(row, vocab, s.params, s.seed, position + r, s.penalties).token_id;
-        pass = token == sp.draft_tokens(r);
+        pass = sim >= 0 ? r < sim : token == sp.draft_tokens(r);
       } else {
         // q is the distribution this executor drew the draft from; a draft it did not draw (the test hook
         // replaced it) counts as greedy (one-hot q).
@@ -282,8 +297,11 @@ StepResult StepExecutor::Run(const StepPlan& plan) {
     s.draft_dists.clear();
     out->set_num_accepted_drafts(accepted);
     if (sp.draft_tokens_size() > 0) s.state->Rollback(sp.start_pos() + sp.tokens_size() + accepted);
-    if (s.speculative_tokens > 0) {
-      DraftRequest dq{s.state.get(), out->token_ids(out->token_ids_size() - 1), s.speculative_tokens};
+    // The speculation policy may withhold drafts (down to none: the MTP block then skips this step and
+    // catches up on its window when drafting resumes).
+    const int want = s.speculative_tokens - std::clamp(sp.drafts_withheld(), 0, s.speculative_tokens);
+    if (want > 0) {
+      DraftRequest dq{s.state.get(), out->token_ids(out->token_ids_size() - 1), want};
       if (!greedy) {
         // Sampled drafts: draft i (at position length + 1 + i) is drawn from the MTP head's processed
         // distribution (the request's penalties, temperature, min_p, top_k, top_p, with the tokens before it
@@ -304,7 +322,9 @@ StepResult StepExecutor::Run(const StepPlan& plan) {
     }
   }
   if (!drafts.empty()) {
+    const auto td = std::chrono::steady_clock::now();
     std::vector<DraftResult> dr = model_->Draft(drafts);
+    result.set_draft_seconds(Since(td));
     for (size_t k = 0; k < dr.size(); ++k) {
       if (draft_hook_) draft_hook_(draft_out[k]->seq_id(), drafts[k].state->length() + 1, &dr[k].tokens);
       for (int32_t t : dr[k].tokens) draft_out[k]->add_next_drafts(t);

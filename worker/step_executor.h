@@ -39,6 +39,11 @@ class StepExecutor {
     draft_hook_ = std::move(hook);
   }
 
+  // Whether plans may carry simulated draft acceptance (SequencePlan.simulated_acceptance): only a worker
+  // that `dsmesh bench --draft-acceptance` started (dsmesh-worker --bench-simulated-acceptance); any other
+  // refuses such a plan, so serving never emits tokens the bench's generator chose.
+  void set_simulated_acceptance_allowed(bool on) { simulated_acceptance_allowed_ = on; }
+
   // Where the tokenizer for constrained decoding is loaded from (the model directory), on first use.
   void set_tokenizer_dir(std::string dir) { tokenizer_dir_ = std::move(dir); }
   void set_tokenizer(std::shared_ptr<const Tokenizer> tokenizer) { tokenizer_ = std::move(tokenizer); }
@@ -95,6 +100,7 @@ class StepExecutor {
   std::unique_ptr<structured::GrammarCache> grammars_;
   std::vector<float> masked_;
   bool device_sampling_ = true;
+  bool simulated_acceptance_allowed_ = false;
   SamplingCounts sampling_counts_;
   std::set<std::string> logged_sampling_paths_;
   std::vector<uint64_t> mask_scratch_;

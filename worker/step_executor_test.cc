@@ -1,7 +1,11 @@
 // Speculative decoding in the step executor, driven the way the coordinator drives it: greedy output with
 // MTP drafts verified (and the state rolled back after every rejection) equals plain greedy decoding over
-// 200+ tokens, with the real MTP drafts and with drafts forced to be right for 0..3 positions per step.
+// 200+ tokens, with the real MTP drafts, with drafts forced to be right for 0..3 positions per step, and
+// with the draft policy withholding 0..3 drafts (the MTP block skipping steps). Simulated acceptance (the
+// bench's) passes exactly the planned drafts, and only on an executor the bench allowed it.
 #include <gtest/gtest.h>
+
+#include <functional>
 
 #include "kernels/cpu/cpu_backend.h"
 #include "model/test_util.h"
@@ -42,8 +46,10 @@ class StepExecutorTest : public ::testing::Test {
   }
 
   // The coordinator's loop for one greedy request with k drafts per step.
+  // `withheld(step)`: the draft policy's drafts_withheld; `simulate(step)`: simulated acceptance (-1: none).
   std::vector<int32_t> Speculative(StepExecutor& ex, const std::vector<int32_t>& prompt, int n, int k,
-                                   std::vector<int>* accepted) {
+                                   std::vector<int>* accepted, std::function<int(int)> withheld = nullptr,
+                                   std::function<int(int)> simulate = nullptr) {
     std::vector<int32_t> tokens = prompt, drafts;
     int64_t computed = 0;
     for (int step = 0; (int)tokens.size() - (int)prompt.size() < n; ++step) {
@@ -61,13 +67,16 @@ class StepExecutorTest : public ::testing::Test {
       }
       sp->mutable_tokens()->Add(tokens.begin() + computed, tokens.end());
       sp->mutable_draft_tokens()->Add(drafts.begin(), drafts.end());
+      const int withhold = withheld ? withheld(step) : 0;
+      sp->set_drafts_withheld(withhold);
+      if (simulate && simulate(step) >= 0) sp->mutable_simulated_acceptance()->set_accepted_drafts(simulate(step));
       StepResult r = ex.Run(plan);
       const SequenceResult& sr = r.seqs(0);
       computed = tokens.size() + sr.num_accepted_drafts();
       if (step > 0) accepted->push_back(sr.num_accepted_drafts());
       tokens.insert(tokens.end(), sr.token_ids().begin(), sr.token_ids().end());
       drafts.assign(sr.next_drafts().begin(), sr.next_drafts().end());
-      EXPECT_EQ(static_cast<int>(drafts.size()), k);
+      EXPECT_EQ(static_cast<int>(drafts.size()), k - withhold);
     }
     return std::vector<int32_t>(tokens.begin() + prompt.size(), tokens.begin() + prompt.size() + n);
   }
@@ -127,6 +136,39 @@ TEST_F(StepExecutorTest, ForcedAcceptanceOfEveryCountEqualsPlainGreedy) {
   EXPECT_EQ(Speculative(ex, prompt, n, 3, &accepted), std::vector<int32_t>(want.begin(), want.begin() + n));
   ASSERT_GT(accepted.size(), 50u);
   for (size_t i = 0; i < accepted.size(); ++i) EXPECT_EQ(accepted[i], static_cast<int>(i % 4)) << "step " << i + 1;
+}
+
+TEST_F(StepExecutorTest, WithheldDraftsAreNotProposedAndGreedyStillEqualsPlain) {
+  const auto prompt = Tokens(29, 512, 6);
+  StepExecutor ex(model_.get(), &comm_);
+  std::vector<int> accepted;
+  // 0..3 withheld, and runs of steps with no drafts at all (the MTP window catches up when drafting resumes).
+  const auto withheld = [](int step) { return step % 40 < 20 ? step % 4 : 3; };
+  EXPECT_EQ(Speculative(ex, prompt, 210, 3, &accepted, withheld), PlainGreedy(prompt, 210));
+}
+
+TEST_F(StepExecutorTest, SimulatedAcceptanceIsRefusedUnlessTheBenchAllowedIt) {
+  const auto prompt = Tokens(11, 512, 2);
+  StepExecutor serving(model_.get(), &comm_);
+  std::vector<int> accepted;
+  try {
+    Speculative(serving, prompt, 20, 3, &accepted, nullptr, [](int step) { return step > 0 ? 2 : -1; });
+    FAIL() << "a serving executor ran a simulated plan";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("bench-only"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(StepExecutorTest, SimulatedAcceptancePassesExactlyThePlannedDrafts) {
+  const auto prompt = Tokens(17, 512, 3);
+  StepExecutor ex(model_.get(), &comm_);
+  ex.set_simulated_acceptance_allowed(true);
+  std::vector<int> accepted;
+  const auto plan = [](int step) { return step == 0 ? -1 : (step * 7) % 5; };  // 0..4: 4 is capped at 3 drafts
+  const auto out = Speculative(ex, prompt, 150, 3, &accepted, nullptr, plan);
+  ASSERT_GT(accepted.size(), 40u);
+  for (size_t i = 0; i < accepted.size(); ++i) EXPECT_EQ(accepted[i], std::min(plan(i + 1), 3)) << "step " << i + 1;
+  EXPECT_EQ(out.size(), 150u);
 }
 
 }  // namespace

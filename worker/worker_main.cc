@@ -4,6 +4,8 @@
 //   dsmesh-worker --rank R --world N --coordinator HOST:PORT --model DIR --device cpu|cuda:I
 //                 [--kv-memory BYTES[K|M|G] | --kv-memory-fraction F] [--threads T] [--data-host ADDR]
 //                 [--collective-timeout-ms MS] [--mesh-token-file F] [--tls-cert F --tls-key F --tls-ca F]
+//                 [--bench-simulated-acceptance]   (only `dsmesh bench --draft-acceptance` passes it: plans may
+//                                                   then simulate draft acceptance; without it they are refused)
 //
 // Under systemd (Type=notify, deploy/systemd/dsmesh-worker@.service): READY=1 once its shard is loaded
 // and it joined the mesh (the first FormMesh that succeeded), STATUS= on every change (registered,
@@ -117,6 +119,7 @@ class Worker {
       device_ = "cuda:" + std::to_string(cuda_device_);
     }
     enforce_eager_ = f.Has("enforce-eager");
+    bench_simulated_acceptance_ = f.Has("bench-simulated-acceptance");
     try {
       kv_dtype_ = ParseKvCacheDtype(f.Get("kv-cache-dtype", "auto"));
     } catch (const std::exception& e) {
@@ -325,6 +328,10 @@ class Worker {
         if (!kv_budget_explicit_) kv_budget_ = GpuKvBudget();
         executor_ = std::make_unique<StepExecutor>(model_.get(), &comm_);
         executor_->set_tokenizer_dir(model_dir_);
+        executor_->set_simulated_acceptance_allowed(bench_simulated_acceptance_);
+        if (bench_simulated_acceptance_)
+          std::fprintf(stderr, "[worker %d/%d] bench mode: steps may simulate draft acceptance (not for serving)\n",
+                       rank_, world_);
         std::fprintf(stderr, "[worker %d/%d] weights: %s\n", rank_, world_, model_->WeightsDescription().c_str());
         const auto& c = model_->config();
         const int64_t per_token = model_->StateBytesPerToken();
@@ -451,6 +458,7 @@ class Worker {
 
   std::string model_dir_, device_, data_host_;
   bool enforce_eager_ = false;
+  bool bench_simulated_acceptance_ = false;  // started by `dsmesh bench --draft-acceptance` (LocalMesh)
   KvCacheDtype kv_dtype_ = KvCacheDtype::kF32;  // --kv-cache-dtype: storage of entries and indexer keys
   int cuda_device_ = -1;
   double gpu_memory_utilization_ = 0.9;
@@ -486,7 +494,8 @@ int main(int argc, char** argv) {
       [&] {
         dsmesh::Flags flags(args, dsmesh::WithMeshCredentialFlags({"rank", "world", "coordinator", "model", "device", "kv-memory",
                                    "kv-memory-fraction", "gpu-memory-utilization", "threads", "data-host",
-                                   "collective-timeout-ms", "enforce-eager", "kv-cache-dtype"}), {"enforce-eager"});
+                                   "collective-timeout-ms", "enforce-eager", "kv-cache-dtype",
+                                   "bench-simulated-acceptance"}), {"enforce-eager", "bench-simulated-acceptance"});
         if (!flags.Has("rank") || !flags.Has("world")) throw dsmesh::UsageError("--rank and --world are required");
         dsmesh::Worker worker(flags);
         return worker.Run();

@@ -23,6 +23,7 @@ const REQUIRED = {
   'vllm:prefix_cache_queries_total': 'counter', 'vllm:prefix_cache_hits_total': 'counter',
   'vllm:spec_decode_num_drafts_total': 'counter', 'vllm:spec_decode_num_draft_tokens_total': 'counter',
   'vllm:spec_decode_num_accepted_tokens_total': 'counter', 'vllm:spec_decode_num_accepted_tokens_per_pos_total': 'counter',
+  'vllm:spec_decode_draft_decisions_total': 'counter',
   'dsmesh_worker_step_time_seconds_total': 'counter', 'dsmesh_worker_collective_time_seconds_total': 'counter',
   'dsmesh_image_inputs_total': 'counter', 'dsmesh_image_tokens_total': 'counter',
   'dsmesh_malformed_tool_call_blocks_total': 'counter', 'dsmesh_suppressed_tool_calls_total': 'counter',
@@ -126,6 +127,9 @@ const cases = [
     for (const reason of ['stop', 'length', 'abort'])
       assert(metricValue(text, `vllm:request_success_total{${LABELS},finished_reason="${reason}"}`) !== undefined, `finished_reason=${reason}`);
     assert(metricValue(text, `vllm:spec_decode_num_accepted_tokens_per_pos_total{${LABELS},position="0"}`) > 0, 'per-position acceptance');
+    for (const decision of ['full', 'reduced', 'off', 'probe', 'calibrate'])
+      assert(metricValue(text, `vllm:spec_decode_draft_decisions_total{${LABELS},decision="${decision}"}`) !== undefined,
+        `draft policy decision=${decision}`);
   }],
 
   ['counters agree with the usage the client saw', async ({ mesh }) => {

@@ -167,6 +167,9 @@ class ParrotService final : public Generate::Service {
     out->set_spec_decode_num_draft_tokens(draft_tokens_);
     out->set_spec_decode_num_accepted_tokens(accepted_);
     for (int64_t n : accepted_per_pos_) out->add_spec_decode_num_accepted_tokens_per_pos(n);
+    // Every verification step of the fixture keeps all drafts: a "full" decision each.
+    for (const char* d : {"full", "reduced", "off", "probe", "calibrate"})
+      (*out->mutable_spec_decode_draft_decisions())[d] = std::string(d) == "full" ? drafts_ : 0;
     out->set_max_model_len(o_.max_model_len);
     out->set_max_num_seqs(o_.slots);
     out->set_num_requests_rejected(rejected_);

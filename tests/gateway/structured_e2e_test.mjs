@@ -32,7 +32,7 @@ async function startUp() {
   const port = await freePort();
   const up = track(spawn(DSMESH, ['up', '--model', model, '--world', TRAINED ? '1' : '2', '--port', String(port), '--kv-memory', '64M',
     '--max-num-seqs', '4', '--served-model-name', 'tiny-model',
-    ...(SPECULATIVE ? ['--speculative-config', '{"method":"mtp","num_speculative_tokens":3}'] : [])], { stdio: ['ignore', 'ignore', 'pipe'] }), 'SIGINT');
+    ...(SPECULATIVE ? ['--speculative-config', '{"method":"mtp","num_speculative_tokens":3}', '--draft-policy', 'fixed'] : [])], { stdio: ['ignore', 'ignore', 'pipe'] }), 'SIGINT');
   let log = '';
   up.stderr.on('data', (d) => { log += d; if (process.env.GATEWAY_TEST_VERBOSE) process.stderr.write(d); });
   const base = `http://127.0.0.1:${port}`;

@@ -168,7 +168,7 @@ if [[ $PARTS == *serve* ]]; then
     port=$((8110 + world))
     step "dsmesh up --device cuda --world $world, 3 MTP blocks: greedy with speculation (3 drafts) equals speculation off"
     for spec in off on; do
-      sflag=(); [[ $spec == on ]] && sflag=(--speculative-config '{"method":"mtp","num_speculative_tokens":3}')
+      sflag=(); [[ $spec == on ]] && sflag=(--speculative-config '{"method":"mtp","num_speculative_tokens":3}' --draft-policy fixed)
       $DS up --model $TINY3 --device cuda --world $world --port $port --kv-memory 2G "${sflag[@]}" > "$OUT/up_mtp3_w${world}_$spec.log" 2>&1 &
       up=$!
       for _ in $(seq 1 240); do curl -sf localhost:$port/health >/dev/null && break; sleep 0.5; done

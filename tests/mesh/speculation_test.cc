@@ -1,8 +1,8 @@
 // Speculative decoding through the real coordinator and workers: with
 // --speculative-config '{"method":"mtp","num_speculative_tokens":3}' greedy output is token-identical to
 // speculation off (the in-process oracle), at world 1 and 2, for 4 concurrent streams of different prompt
-// lengths over 200+ tokens; stop ids and max_tokens end the output at the right token; the spec counters
-// move.
+// lengths over 200+ tokens, with every draft proposed and with the adaptive draft policy; stop ids and
+// max_tokens end the output at the right token; the spec counters move.
 #include <thread>
 
 #include "tests/mesh/mesh_fixture.h"
@@ -10,9 +10,11 @@
 namespace dsmesh::mesh_test {
 namespace {
 
-void RunStreams(int world) {
+// `policy` fixed: every step verifies 3 drafts (the rollback path all the way); adaptive: the draft policy
+// (coordinator/draft_policy.h) proposes fewer, on this CPU mostly none, and the output must not change.
+void RunStreams(int world, const std::string& policy = "fixed") {
   LocalMesh mesh(MeshOptions(world, {"--max-num-seqs", "4", "--speculative-config",
-                                     "{\"method\":\"mtp\",\"num_speculative_tokens\":3}"}));
+                                     "{\"method\":\"mtp\",\"num_speculative_tokens\":3}", "--draft-policy", policy}));
   mesh.Start();
   MeshClient client(mesh.coordinator_address());
   client.WaitReady(std::chrono::seconds(60));
@@ -50,6 +52,15 @@ void RunStreams(int world) {
   EXPECT_EQ(shortreq.tokens, reference.Greedy(prompts[2], 5));
 
   StatsResponse s = client.Stats();
+  int64_t decisions = 0;
+  for (const auto& [kind, n] : s.spec_decode_draft_decisions()) decisions += n;
+  EXPECT_GT(decisions, 200);  // one per sampled step of every speculating sequence
+  if (policy == "adaptive") {
+    EXPECT_GT(s.spec_decode_draft_decisions().at("off"), 0);
+    EXPECT_EQ(s.num_requests_running(), 0);
+    return;
+  }
+  EXPECT_EQ(s.spec_decode_draft_decisions().at("full"), decisions);
   EXPECT_GT(s.spec_decode_num_drafts(), 100);
   EXPECT_LE(s.spec_decode_num_draft_tokens(), 3 * s.spec_decode_num_drafts());  // fewer where max_tokens clips
   EXPECT_GT(s.spec_decode_num_draft_tokens(), 3 * s.spec_decode_num_drafts() - 3 * 6);
@@ -63,6 +74,7 @@ void RunStreams(int world) {
 
 TEST(MeshSpeculation, GreedyOnEqualsOffAtWorld1) { RunStreams(1); }
 TEST(MeshSpeculation, GreedyOnEqualsOffAtWorld2) { RunStreams(2); }
+TEST(MeshSpeculation, GreedyOnEqualsOffWithTheAdaptiveDraftPolicy) { RunStreams(1, "adaptive"); }
 
 }  // namespace
 }  // namespace dsmesh::mesh_test
