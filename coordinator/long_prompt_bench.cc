@@ -167,7 +167,9 @@ int RunLongPromptPlusChat(const Flags& f) {
   const int world = static_cast<int>(f.GetInt("world", 2));
   if (world < 1) throw UsageError("--world must be >= 1");
   const std::string model = f.Has("model") ? f.Get("model") : DefaultModel();
-  LocalMeshOptions options = OptionsFromFlags(f, model, world);
+  const DeviceChoice device = ChooseDevice(f);
+  std::fprintf(stderr, "bench: %s\n", device.Line().c_str());
+  LocalMeshOptions options = OptionsFromFlags(f, model, world, device);
   const int ready_timeout_s = static_cast<int>(f.GetInt("ready-timeout-s", 300));
   const int fair_threshold = f.Has("long-prefill-token-threshold")
                                  ? static_cast<int>(f.GetInt("long-prefill-token-threshold", 0)) : -1;

@@ -1,9 +1,12 @@
 // CLI commands of the mesh:
-//   dsmesh up [--model DIR] [--world N] [--port 8000] ...      local coordinator + N CPU workers (+ gateway,
+//   dsmesh up [--model DIR] [--world N] [--port 8000] ...      local coordinator + N workers (+ gateway,
 //                                                              with --served-model-name/--api-key[-file]; --max-queued
 //                                                              goes to the coordinator, which holds admission),
 //                                                              supervised: a child that fails is started again
-//                                                              (coordinator/supervisor.h)
+//                                                              (coordinator/supervisor.h); the workers run on
+//                                                              ChooseDevice's device (a CUDA GPU when one is
+//                                                              visible: then one worker by default, else 2 on
+//                                                              the CPU)
 //   dsmesh bench --coordinator HOST:PORT | --world N [...]     per-step time split at 1 and 4 streams; with
 //                                                              --speculative-config (and --world) speculation on
 //                                                              and off in one run, with --draft-acceptance at
@@ -42,6 +45,7 @@
 #include "coordinator/mesh_commands.h"
 #include "coordinator/simulated_acceptance.h"
 #include "coordinator/speculative_config.h"
+#include "kernels/cuda/device_choice.h"
 #include "model/tiny_model.h"
 
 namespace dsmesh {
@@ -114,20 +118,22 @@ const std::vector<std::string> kCoordinatorFlags = {"max-num-seqs", "max-batched
                                                     "max-queued",
                                                     "heartbeat-timeout-ms"};
 
-LocalMeshOptions OptionsFromFlags(const Flags& f, const std::string& model, int world) {
+LocalMeshOptions OptionsFromFlags(const Flags& f, const std::string& model, int world, const DeviceChoice& device) {
   LocalMeshOptions o;
   o.coordinator_bin = Sibling("coordinator", "dsmesh-coordinator");
   o.worker_bin = Sibling("worker", "dsmesh-worker");
   o.model_dir = model;
   o.world = world;
-  o.device = f.Get("device", "cpu");
+  o.device = device.device;
   // One worker alone on a GPU sizes its KV pool from --gpu-memory-utilization (vLLM's default, 0.9 of the
   // device) unless --kv-memory is given. Several workers sharing one device cannot each take a share of
   // what the device has free while the others are still loading, so they keep an explicit budget.
   const bool gpu = o.device.rfind("cuda", 0) == 0;
   o.kv_memory = f.Has("kv-memory") ? f.Get("kv-memory") : (gpu && world == 1 ? "" : "1G");
   if (f.Has("gpu-memory-utilization")) {
-    if (!gpu) throw UsageError("--gpu-memory-utilization applies to --device cuda workers");
+    if (!gpu)
+      throw UsageError("--gpu-memory-utilization applies to --device cuda workers; these run on the CPU (" +
+                       device.reason + ")");
     if (f.Has("kv-memory")) throw UsageError("give --kv-memory or --gpu-memory-utilization, not both");
     if (world > 1)
       throw UsageError("--gpu-memory-utilization sizes one worker per GPU; with --world > 1 on one GPU give --kv-memory");
@@ -161,11 +167,14 @@ int RunUp(const std::vector<std::string>& args) {
   known.insert(kCoordinatorFlags.begin(), kCoordinatorFlags.end());
   known = WithMeshCredentialFlags(known);
   Flags f(args, known, {"no-gateway", "enforce-eager"});
-  const int world = static_cast<int>(f.GetInt("world", 2));
+  // One worker owns a GPU (its KV pool sized from the device); on the CPU two workers show the mesh at work.
+  const DeviceChoice device = ChooseDevice(f);
+  std::fprintf(stderr, "dsmesh up: %s\n", device.Line().c_str());
+  const int world = static_cast<int>(f.GetInt("world", device.cuda() ? 1 : 2));
   if (world < 1) throw UsageError("--world must be >= 1");
   const std::string model = f.Has("model") ? f.Get("model") : DefaultModel();
   if (!IsFile(model + "/config.json")) throw std::runtime_error(model + "/config.json: not found (is --model a model directory?)");
-  LocalMeshOptions o = OptionsFromFlags(f, model, world);
+  LocalMeshOptions o = OptionsFromFlags(f, model, world, device);
   o.gateway_port = static_cast<int>(f.GetInt("port", 8000));
   const std::string gateway = Sibling("gateway", "dsmesh-gateway");
   if (access(gateway.c_str(), X_OK) == 0 && !f.GetBool("no-gateway", false)) o.gateway_bin = gateway;
@@ -236,7 +245,9 @@ MeshTarget Connect(const Flags& f, const std::function<void(LocalMeshOptions&)>&
     // A synthetic source (model/synthetic.h) has no directory: the workers build its weights.
     if (!IsSyntheticSource(model) && !IsFile(model + "/config.json"))
       throw std::runtime_error(model + "/config.json: not found");
-    LocalMeshOptions o = OptionsFromFlags(f, model, world);
+    const DeviceChoice device = ChooseDevice(f);
+    std::fprintf(stderr, "mesh: %s\n", device.Line().c_str());
+    LocalMeshOptions o = OptionsFromFlags(f, model, world, device);
     if (adjust) adjust(o);
     t.local = std::make_unique<LocalMesh>(o);
     t.local->Start();
@@ -596,7 +607,8 @@ int RunBench(const std::vector<std::string>& args) {
 
 }  // namespace
 
-DSMESH_REGISTER_COMMAND(up, "up [--model DIR] [--world N] [--port 8000] [--device cpu|cuda[:N]] "
+DSMESH_REGISTER_COMMAND(up, "up [--model DIR] [--world N (default 1 on a GPU, 2 on the CPU)] [--port 8000] "
+                            "[--device cpu|cuda[:N] (default: a CUDA GPU when one is visible)] "
                             "[--kv-memory 1G | --gpu-memory-utilization 0.9] [--threads T] "
                             "[--max-num-seqs 4] [--max-batched-tokens 512] [--max-model-len L] "
                             "[--long-prefill-token-threshold 128] [--scheduling-policy fcfs|priority] "

@@ -8,6 +8,7 @@
 
 #include "common/flags.h"
 #include "coordinator/local_mesh.h"
+#include "kernels/cuda/device_choice.h"
 
 namespace dsmesh {
 
@@ -24,8 +25,9 @@ extern const std::set<std::string> kMeshFlags;
 // Coordinator flags that `up` and `bench --world` pass through unchanged (the coordinator checks them).
 extern const std::vector<std::string> kCoordinatorFlags;
 
-// A local mesh of `world` CPU workers on `model`, with the --kv-memory/--threads/coordinator flags of `f`.
-LocalMeshOptions OptionsFromFlags(const Flags& f, const std::string& model, int world);
+// A local mesh of `world` workers on `model`, all on `device` (ChooseDevice(f): several workers share one
+// GPU), with the --kv-memory/--threads/coordinator flags of `f`.
+LocalMeshOptions OptionsFromFlags(const Flags& f, const std::string& model, int world, const DeviceChoice& device);
 
 // `dsmesh bench --scenario NAME ...`.
 int RunBenchScenario(const std::vector<std::string>& args);

@@ -78,7 +78,8 @@ int Supervisor::OnExit(const std::string& name, int status, Clock::time_point no
                    what.c_str());
       return StopAll(ExitCode(status) == 0 ? 1 : ExitCode(status));
     case ExitKind::kUsageError:
-      std::fprintf(stderr, "dsmesh up: %s, a usage error that a restart would repeat; stopping the others\n",
+      std::fprintf(stderr, "dsmesh up: %s, a usage error or refusal (such as a model too large for the GPU) that a "
+                           "restart would repeat; stopping the others\n",
                    what.c_str());
       PrintLastLines(name);
       return StopAll(ExitCode(status));

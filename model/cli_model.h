@@ -1,6 +1,8 @@
 // The model a single-process CLI command runs: `--model DIR|synthetic:...`, `--device cpu|cuda[:N]`
-// (default cpu), `--threads T` (CPU), `--enforce-eager` (no CUDA graphs). Throws UsageError on a bad
-// --device, and names the device when no GPU is visible.
+// (default: ChooseDevice's, a CUDA GPU when one is visible, else the CPU; "[load] device: ..." on stderr
+// says which and why), `--threads T` (CPU), `--enforce-eager` (no CUDA graphs). Throws UsageError on a bad
+// --device, names the device when no GPU is visible, and refuses a model too large for the GPU before
+// uploading it (model/gpu_fit.h).
 #pragma once
 
 #include <memory>

@@ -52,6 +52,15 @@ mkdir -p "$tmp/llama" && cp "$tmp/a/model.safetensors" "$tmp/llama/" && echo '{"
 expect 1 "unsupported model_type \"llama\"" -- "$dsmesh" generate --model "$tmp/llama" --tokens 1 --max-new-tokens 1
 [[ -e "$tmp/x.safetensors" ]] && fail "a failed logits run left an output file"
 expect 1 "no CUDA GPU is visible" -- env CUDA_VISIBLE_DEVICES= "$dsmesh" generate --model "$tmp/a" --tokens 1 --device cuda
+
+# The device: without --device and without a visible GPU the CPU, with the reason; --device as given.
+for cmd in "generate --max-new-tokens 1" "logits --out $tmp/d.safetensors"; do
+  err=$(env CUDA_VISIBLE_DEVICES= "$dsmesh" $cmd --model "$tmp/a" --tokens 5,17 2>&1 >/dev/null) || fail "$cmd without a GPU: $err"
+  [[ $err == *"[load] device: cpu (no CUDA GPU is visible"*"CUDA_VISIBLE_DEVICES is set to \"\""*"--device cuda to require a GPU)"* ]] ||
+    fail "$cmd without a GPU said '$err'"
+done
+err=$("$dsmesh" generate --model "$tmp/a" --tokens 5,17 --max-new-tokens 1 --device cpu 2>&1 >/dev/null)
+[[ $err == *"[load] device: cpu (given by --device)"* ]] || fail "generate --device cpu said '$err'"
 expect 2 "--device cuda:x: expected cpu, cuda or cuda:N" -- "$dsmesh" generate --model "$tmp/a" --tokens 1 --device cuda:x
 expect 1 "seed must be a non-negative integer" -- "$dsmesh" generate --model synthetic:v4-flash:seed=x --tokens 1
 

@@ -14,6 +14,8 @@
 #include "kernels/cpu/argmax.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/device_choice.h"
+#include "model/gpu_fit.h"
 #include "model/kv_layout.h"
 #include "model/cli_model.h"
 #include "model/model.h"
@@ -126,13 +128,24 @@ int RunMakeTiny(const std::vector<std::string>& args) {
 std::unique_ptr<Model> LoadForCli(const Flags& f) {
   std::string dir = f.Require("model");
   int threads = static_cast<int>(f.GetInt("threads", 0));
+  const DeviceChoice choice = ChooseDevice(f);
   int device = -1;
   try {
-    device = ParseDeviceFlag(f.Get("device", "cpu"));
+    device = ParseDeviceFlag(choice.device);
   } catch (const std::exception& e) {
     throw UsageError(e.what());
   }
-  if (device >= 0) RequireCudaDevice(device, "--device " + f.Get("device", "cpu"));
+  std::fprintf(stderr, "[load] %s\n", choice.Line().c_str());
+  KvCacheDtype kv_dtype = KvCacheDtype::kF32;
+  try {
+    if (f.Has("kv-cache-dtype")) kv_dtype = ParseKvCacheDtype(f.Get("kv-cache-dtype"));
+  } catch (const std::exception& e) {
+    throw UsageError(e.what());
+  }
+  if (device >= 0) {
+    RequireCudaDevice(device, "--device " + choice.device);
+    RequireModelFitsGpu(dir, 1, device, 0, kv_dtype);
+  }
   CudaBackendOptions cuda = CudaBackendOptionsFromEnvironment();  // DSMESH_CUDA_* / DSMESH_EXL3_* A/B variants and tuning
   cuda.cuda_graphs = !f.Has("enforce-eager");
   cuda.concurrent_linears = f.Has("concurrent-linears");
@@ -140,18 +153,14 @@ std::unique_ptr<Model> LoadForCli(const Flags& f) {
   std::fprintf(stderr, "[load] %s: %s\n", dir.c_str(), model->WeightsDescription().c_str());
   if (f.Has("kv-cache-dtype")) {
     StatePoolOptions pool;
-    try {
-      pool.kv_dtype = ParseKvCacheDtype(f.Get("kv-cache-dtype"));
-    } catch (const std::exception& e) {
-      throw UsageError(e.what());
-    }
+    pool.kv_dtype = kv_dtype;
     std::fprintf(stderr, "[load] %s\n", model->ConfigureStatePool(pool).Describe().c_str());
   }
   return model;
 }
 
-DSMESH_REGISTER_COMMAND(logits, "logits --model DIR --tokens 5,17,9 --out FILE.safetensors [--threads N] [--world N | --coordinator HOST:PORT]", RunLogits);
-DSMESH_REGISTER_COMMAND(generate, "generate --model DIR --tokens 5,17,9 --max-new-tokens N [--ignore-eos] [--threads N] [--world N | --coordinator HOST:PORT]",
+DSMESH_REGISTER_COMMAND(logits, "logits --model DIR --tokens 5,17,9 --out FILE.safetensors [--device cpu|cuda[:N] (default: a CUDA GPU when one is visible)] [--threads N] [--world N | --coordinator HOST:PORT]", RunLogits);
+DSMESH_REGISTER_COMMAND(generate, "generate --model DIR --tokens 5,17,9 --max-new-tokens N [--ignore-eos] [--device cpu|cuda[:N] (default: a CUDA GPU when one is visible)] [--threads N] [--world N | --coordinator HOST:PORT]",
                         RunGenerate);
 // The macro names commands after a C identifier; "make-tiny" has a dash, so register it directly.
 static CommandRegistration make_tiny_registration(

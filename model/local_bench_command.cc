@@ -138,7 +138,7 @@ int RunLocalBench(const std::vector<std::string>& args) {
         break;
       }
   }
-  std::fprintf(stderr, "bench: loading %s on %s\n", source.c_str(), f.Get("device", "cpu").c_str());
+  std::fprintf(stderr, "bench: loading %s\n", source.c_str());  // on the device LoadForCli names
   auto model = LoadForCli(f);
   const ModelConfig& c = model->config();
   {

@@ -2,6 +2,9 @@
 // told to form the mesh, loads only its shard, and executes step plans until drained.
 //
 //   dsmesh-worker --rank R --world N --coordinator HOST:PORT --model DIR --device cpu|cuda:I
+//
+// On a GPU the worker first checks that its shard and KV pool fit the device's free memory
+// (model/gpu_fit.h) and exits with status 2 and a message naming both sizes when they do not.
 //                 [--kv-memory BYTES[K|M|G] | --kv-memory-fraction F] [--threads T] [--data-host ADDR]
 //                 [--collective-timeout-ms MS] [--mesh-token-file F] [--tls-cert F --tls-key F --tls-ca F]
 //                 [--bench-simulated-acceptance]   (only `dsmesh bench --draft-acceptance` passes it: plans may
@@ -35,6 +38,7 @@
 #include "common/systemd_notify.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "model/gpu_fit.h"
 #include "model/kv_layout.h"
 #include "model/model.h"
 #include "proto/mesh.grpc.pb.h"
@@ -136,6 +140,21 @@ class Worker {
   }
 
   int Run() {
+    // A model too large for the GPU is refused before anything is uploaded, with the sizes named; exit
+    // status 2 tells `dsmesh up` that a restart would repeat it.
+    if (cuda_device_ >= 0) {
+      try {
+        RequireModelFitsGpu(model_dir_, world_, cuda_device_, kv_budget_explicit_ ? kv_budget_ : 0, kv_dtype_,
+                            /*settle_s=*/5);
+      } catch (const ModelDoesNotFitGpu& e) {
+        std::fprintf(stderr, "[worker %d] %s\n", rank_, e.what());
+        NotifyStopping(std::string("refused: ") + e.what());
+        return 2;
+      } catch (const std::exception& e) {
+        // An unreadable pack: the load at mesh formation reports it to the coordinator, as without a GPU.
+        std::fprintf(stderr, "[worker %d] could not check that the model fits the GPU: %s\n", rank_, e.what());
+      }
+    }
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(-1);
     args.SetMaxSendMessageSize(-1);

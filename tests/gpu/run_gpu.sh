@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
 # The model forward on the GPU machine, from a bundle made by tests/gpu/make_bundle.sh: the GPU tests
 # (a skip is a failure here), compute-sanitizer on a full forward, the CLI on the GPU (golden logits and
-# greedy tokens with 1 and 2 worker processes on one GPU), and `dsmesh up --device cuda` serving the
-# OpenAI API (chat, streaming, a client disconnect) checked with curl. Logs go to $OUT (or /tmp/out).
+# greedy tokens with 1 and 2 worker processes on one GPU), `dsmesh up --device cuda` serving the
+# OpenAI API (chat, streaming, a client disconnect) checked with curl, and `dsmesh up` with no device flag
+# choosing the GPU and surviving a worker killed mid-stream (how long serving was down). Logs go to $OUT
+# (or /tmp/out).
 #   usage (repository root on the GPU machine): tests/gpu/run_gpu.sh [parts]
-#   parts: any of tests,sanitize,cli,serve,flash,flashbench,profile,specbench (default: all but the benches)
+#   parts: any of tests,sanitize,cli,serve,survive,flash,flashbench,profile,specbench (default: all but the benches)
 #   env: GPU_TESTS (test binaries of the tests part), GTEST_FILTER (passed through to them)
 set -uo pipefail
 B=.bundle/gpu
-PARTS=${1:-tests,sanitize,cli,serve,flash}
+PARTS=${1:-tests,sanitize,cli,serve,survive,flash}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 fail=0
 step() { echo; echo "=== $*"; }
 check() { if "$@"; then echo "PASS: $*"; else echo "FAIL: $*"; fail=1; fi; }
-for z in $(find "$B" -name '*.xz'); do xz -dc "$z" > "${z%.xz}" && chmod +x "${z%.xz}" && rm "$z"; done
+find "$B" -name '*.xz' | while read -r z; do xz -dc "$z" > "${z%.xz}" && chmod +x "${z%.xz}" && rm "$z"; done
 CUBLAS_DIR=$(dirname "$(ls /usr/local/cuda/lib64/libcublas.so.13 2>/dev/null ||
   find "$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null)" /usr -name 'libcublas.so.13' 2>/dev/null | head -1)")
 export LD_LIBRARY_PATH=$B/lib:$CUBLAS_DIR
@@ -69,11 +71,14 @@ if [[ $PARTS == *cli* ]]; then
   timeout 200 $DS make-tiny --out /tmp/tiny >/dev/null 2>&1
   prompt=0,128803,1024,77,2048,9000,128804
   g=$(timeout 120 $DS generate --model /tmp/tiny --tokens $prompt --max-new-tokens 64 --ignore-eos --device cuda 2>"$OUT/tiny_gpu.log")
-  c=$(timeout 300 $DS generate --model /tmp/tiny --tokens $prompt --max-new-tokens 64 --ignore-eos 2>"$OUT/tiny_cpu.log")
+  c=$(timeout 300 $DS generate --model /tmp/tiny --tokens $prompt --max-new-tokens 64 --ignore-eos --device cpu 2>"$OUT/tiny_cpu.log")
   tail -1 "$OUT/tiny_gpu.log"; tail -1 "$OUT/tiny_cpu.log"
   check test "$g" = "$c"
+  step "no device flag: the GPU, said so"
+  $DS generate --model /tmp/tiny --tokens 1,2 --max-new-tokens 1 2>&1 >/dev/null | grep "device:" | tee "$OUT/default_device.txt"
+  check grep -q "^\[load\] device: cuda:0 (" "$OUT/default_device.txt"
   step "no GPU visible: a clear error"
-  CUDA_VISIBLE_DEVICES= $DS generate --model /tmp/tiny --tokens 1,2 --device cuda 2>&1 | tail -1 | tee "$OUT/nogpu.txt"
+  CUDA_VISIBLE_DEVICES='' $DS generate --model /tmp/tiny --tokens 1,2 --device cuda 2>&1 | tail -1 | tee "$OUT/nogpu.txt"
   check grep -q "no CUDA GPU is visible" "$OUT/nogpu.txt"
 fi
 
@@ -190,6 +195,60 @@ print('greedy equal over', len(a), 'requests of 64 tokens')"
     check grep -qE '^vllm:spec_decode_num_draft_tokens_total(\{[^}]*\})? [1-9]' "$OUT/spec_metrics_w${world}_on.txt"
   done
 fi
+if [[ $PARTS == *survive* ]]; then
+  # `dsmesh up` without --device or --world: one worker on the GPU. A long stream runs, the worker gets
+  # SIGKILL in the middle of it; the stream must end at once with an error, `up` restarts the worker (its
+  # weights reloaded onto the GPU), and the figure is how long serving was down: from the kill until a new
+  # request succeeds.
+  step "dsmesh up (no device flag) on the GPU: a worker killed mid-stream, time until serving again"
+  TINY=/tmp/tiny-model
+  [[ -f $TINY/config.json ]] || $DS make-tiny --out $TINY > /dev/null
+  port=8120
+  ulog=$OUT/up_survive.log
+  $DS up --model $TINY --port $port --log-dir "$OUT/up_survive_logs" > "$ulog" 2>&1 &
+  up=$!
+  for _ in $(seq 1 240); do curl -sf localhost:$port/health >/dev/null && break; sleep 0.5; done
+  grep -E "dsmesh up: device|worker\(s\) on|backend" "$ulog" | head -4
+  check grep -q "dsmesh up: device: cuda:0 (" "$ulog"
+  check grep -q "1 worker(s) on cuda:0" "$ulog"
+  worker=$(sed -nE 's/.*dsmesh up: started .*worker0 pid ([0-9]+).*/\1/p' "$ulog" | head -1)
+  lbody='{"model":"tiny-model","messages":[{"role":"user","content":"Go on forever"}],"max_tokens":4000,"stream":true,"ignore_eos":true}'
+  stream=$OUT/survive_stream.txt
+  curl -sN --max-time 60 localhost:$port/v1/chat/completions -H 'content-type: application/json' -d "$lbody" > "$stream" &
+  client=$!
+  for _ in $(seq 1 100); do (( $(grep -c '^data: ' "$stream") >= 5 )) && break; sleep 0.05; done
+  chunks_before=$(grep -c '^data: ' "$stream")
+  t0=$(date +%s.%N)
+  check test -n "$worker"
+  kill -KILL "$worker"
+  wait $client
+  t_stream=$(date +%s.%N)
+  check grep -q '"error"' "$stream"
+  check grep -q "data: \[DONE\]" "$stream"
+  body='{"model":"tiny-model","messages":[{"role":"user","content":"Hello"}],"max_tokens":8}'
+  t1=
+  for _ in $(seq 1 1200); do
+    code=$(curl -s -o "$OUT/survive_after.json" -w '%{http_code}' --max-time 30 localhost:$port/v1/chat/completions \
+      -H 'content-type: application/json' -d "$body")
+    if [[ $code == 200 ]]; then t1=$(date +%s.%N); break; fi
+    sleep 0.1
+  done
+  check test -n "$t1"
+  check python3 -c "import json; r=json.load(open('$OUT/survive_after.json')); assert r['usage']['completion_tokens'] > 0"
+  check grep -q "worker0 restarted as pid" "$ulog"
+  for _ in $(seq 1 50); do grep -q "dsmesh up: serving again" "$ulog" && break; sleep 0.1; done  # up polls every 200 ms
+  check grep -q "dsmesh up: serving again" "$ulog"
+  check test "$(grep -c 'backend cuda' "$ulog")" -ge 2
+  python3 - "$t0" "$t_stream" "${t1:-nan}" "$chunks_before" <<'PY' | tee "$OUT/survive.txt"
+import sys
+t0, ts, t1, n = float(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+print(f"worker SIGKILLed after {n} stream chunks: the stream ended {ts - t0:.2f} s later (with an error event); "
+      f"serving was down for {t1 - t0:.2f} s (kill -> the first request that succeeded)")
+PY
+  grep -E "exited|restarted|serving again" "$ulog" | head -4
+  kill -INT $up; wait $up
+fi
+
 echo
 [[ $fail == 0 ]] && echo "ALL GPU CHECKS PASSED" || echo "SOME GPU CHECKS FAILED"
 exit $fail

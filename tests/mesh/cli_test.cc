@@ -1,5 +1,6 @@
 // The CLI on a mesh: `dsmesh logits/generate --world N` print what the single-process path prints,
-// `dsmesh up` starts a mesh, answers, and stops every child on SIGINT (no orphans), and
+// `dsmesh up` starts a mesh, answers, and stops every child on SIGINT (no orphans); without a visible GPU
+// both choose the CPU and say why (`up` then starts its default 2 workers); and
 // `dsmesh bench --scenario long-prompt-plus-chat` prints the fair and the off column side by side.
 #include <signal.h>
 #include <sys/stat.h>
@@ -67,11 +68,18 @@ TEST(MeshCli, LogitsAndGenerateOnAMeshMatchTheSingleProcessPath) {
   const std::string single = Capture(Dsmesh() + " generate --model " + model + " --tokens " + tokens +
                                          " --max-new-tokens 6 --ignore-eos 2>/dev/null", &rc);
   ASSERT_EQ(rc, 0);
-  const std::string mesh = Capture(Dsmesh() + " generate --model " + model + " --world 2 --kv-memory 64M --tokens " +
-                                       tokens + " --max-new-tokens 6 --ignore-eos 2>/dev/null", &rc);
+  // No device flag and no GPU visible: the workers run on the CPU, and the command says so and why.
+  const std::string err = dir + "/generate_mesh.err";
+  const std::string mesh = Capture("CUDA_VISIBLE_DEVICES= " + Dsmesh() + " generate --model " + model +
+                                       " --world 2 --kv-memory 64M --tokens " + tokens +
+                                       " --max-new-tokens 6 --ignore-eos 2>" + err, &rc);
   ASSERT_EQ(rc, 0);
   EXPECT_EQ(mesh, single);
   EXPECT_NE(single.find("{\"tokens\": ["), std::string::npos) << single;
+  std::ifstream err_file(err);
+  std::stringstream err_text;
+  err_text << err_file.rdbuf();
+  EXPECT_NE(err_text.str().find("mesh: device: cpu (no CUDA GPU is visible"), std::string::npos) << err_text.str();
 }
 
 // A synthetic model (weights built by each worker from a seed, model/synthetic.h) on a mesh of two worker
@@ -103,12 +111,13 @@ TEST(MeshCli, SyntheticModelOnAMeshOfTwoWorkers) {
 // starts.
 TEST(MeshCli, UpRejectsKvBudgetFlagsThatCannotApply) {
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"--gpu-memory-utilization 0.5", "applies to --device cuda"},
+      {"--gpu-memory-utilization 0.5", "applies to --device cuda workers; these run on the CPU (no CUDA GPU is visible"},
       {"--device cuda --world 1 --kv-memory 1G --gpu-memory-utilization 0.5", "not both"},
       {"--device cuda --world 2 --gpu-memory-utilization 0.5", "with --world > 1 on one GPU give --kv-memory"}};
   for (const auto& [flags, message] : cases) {
     int rc = 0;
-    const std::string out = Capture(Dsmesh() + " up --model " + TinyModelDir() + " " + flags + " 2>&1", &rc);
+    const std::string out =
+        Capture("CUDA_VISIBLE_DEVICES= " + Dsmesh() + " up --model " + TinyModelDir() + " " + flags + " 2>&1", &rc);
     EXPECT_NE(rc, 0) << flags;
     EXPECT_NE(out.find(message), std::string::npos) << flags << ": " << out;
   }
@@ -139,8 +148,10 @@ TEST(MeshCli, UpServesAndStopsEveryChildOnSigint) {
   pid_t pid = fork();
   if (pid == 0) {
     if (!freopen(log.c_str(), "w", stderr)) _exit(126);
+    // No GPU visible, no --device and no --world: the CPU and its default of 2 workers.
+    setenv("CUDA_VISIBLE_DEVICES", "", 1);
     const std::string bin = Dsmesh(), model = TinyModelDir(), p = std::to_string(port);
-    execl(bin.c_str(), bin.c_str(), "up", "--model", model.c_str(), "--world", "2", "--coordinator-port", p.c_str(),
+    execl(bin.c_str(), bin.c_str(), "up", "--model", model.c_str(), "--coordinator-port", p.c_str(),
           "--kv-memory", "64M", "--no-gateway", "--log-dir", log_dir.c_str(), (char*)nullptr);
     _exit(127);
   }
@@ -182,6 +193,9 @@ TEST(MeshCli, UpServesAndStopsEveryChildOnSigint) {
   std::stringstream ss;
   ss << f.rdbuf();
   EXPECT_NE(ss.str().find("dsmesh up: ready"), std::string::npos) << ss.str();
+  EXPECT_NE(ss.str().find("dsmesh up: device: cpu (no CUDA GPU is visible"), std::string::npos) << ss.str();
+  EXPECT_NE(ss.str().find("--device cuda to require a GPU)"), std::string::npos) << ss.str();
+  EXPECT_NE(ss.str().find(", 2 worker(s) on cpu;"), std::string::npos) << ss.str();
   EXPECT_NE(ss.str().find("[coordinator] drained; exiting"), std::string::npos) << ss.str();
   // Every child is gone: the coordinator port is free again and no process has up as parent.
   int rc = 0;
