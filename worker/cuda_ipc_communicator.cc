@@ -198,11 +198,11 @@ void CudaIpcCommunicator::Release() noexcept {
   barrier_ = nullptr;
 }
 
-void CudaIpcCommunicator::set_stream(void* stream) {
+void CudaIpcCommunicator::set_stream(DeviceStream stream) {
   // Reads of the last collective may still be queued on the stream being replaced (which may be gone):
   // wait for the whole device, so that the next staging's wait on the new stream covers everything.
   Check(cudaDeviceSynchronize(), "set_stream");
-  borrowed_stream_ = static_cast<cudaStream_t>(stream);
+  borrowed_stream_ = static_cast<cudaStream_t>(stream.cuda_stream);
 }
 
 void CudaIpcCommunicator::Barrier(const char* what) {

@@ -38,6 +38,7 @@
 #include <gloo/rendezvous/store.h>
 
 #include "common/communicator.h"
+#include "common/device_stream.h"
 
 namespace dsmesh {
 
@@ -60,12 +61,12 @@ class CudaIpcCommunicator final : public Communicator {
   void AllGather(const float* in, size_t n, float* out) override;
   void Broadcast(void* data, size_t bytes, int root) override;
 
-  // The cudaStream_t (on `device`) that produces the buffers and consumes the results: the collectives
-  // are enqueued on it from now on (see "Streams" above). nullptr: back to the communicator's own stream.
+  // The stream (on `device`) that produces the buffers and consumes the results: the collectives are
+  // enqueued on it from now on (see "Streams" above). {} (no stream): back to the communicator's own.
   // Waits for the whole device first (reads of the last collective may be queued on the former stream).
   // The stream must outlive the collectives that use it, not the communicator: its destructor waits for
   // the whole device instead.
-  void set_stream(void* stream);
+  void set_stream(DeviceStream stream);
 
   // Whether all `world` ranks sit on one physical device: each publishes the UUID of its `device` under
   // KEY_PREFIX.RANK and reads everyone's, so every rank reaches the same answer (device -1: this rank is

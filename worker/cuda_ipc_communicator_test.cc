@@ -196,9 +196,9 @@ int RunRank(const std::string& spec) {
       cudaStream_t producer = nullptr;
       CudaCheck(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking), "cudaStreamCreate");
       Collectives(comm, producer, nullptr, 1);
-      comm.set_stream(producer);  // as the worker hands over the CUDA backend's stream
+      comm.set_stream(DeviceStream{producer});  // as the worker hands over the CUDA backend's stream
       Collectives(comm, producer, producer, 2);
-      comm.set_stream(nullptr);
+      comm.set_stream(DeviceStream{});
       cudaStreamDestroy(producer);
       std::printf("rank %d/%d: %lld collectives, %lld bytes staged, %d failures\n", rank, world,
                   static_cast<long long>(comm.collectives()), static_cast<long long>(comm.bytes_staged()), failures);

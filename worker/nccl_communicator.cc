@@ -55,8 +55,8 @@ void NcclCommunicator::Check(int result, const char* what) const {
                              lib_->GetErrorString(result));
 }
 
-NcclCommunicator::NcclCommunicator(int rank, int world, gloo::rendezvous::Store& store, void* stream)
-    : rank_(rank), world_(world), stream_(stream), lib_(Load()) {
+NcclCommunicator::NcclCommunicator(int rank, int world, gloo::rendezvous::Store& store, DeviceStream stream)
+    : rank_(rank), world_(world), stream_(stream.cuda_stream), lib_(Load()) {
   nccl::UniqueId id;
   const std::string key = "nccl_unique_id";
   if (rank == 0) {

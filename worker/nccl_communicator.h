@@ -1,8 +1,8 @@
 // Communicator over NCCL for GPU workers. libnccl.so.2 is opened at run time (dlopen), so binaries link
 // without NCCL and a CPU-only machine runs them; asking for NCCL where it cannot load fails loudly with
 // the loader's message. Rank 0 creates the unique id and publishes it through the rendezvous store.
-// Collectives are enqueued on `stream` (a cudaStream_t owned by the CUDA backend; nullptr = default
-// stream); buffers are device pointers.
+// Collectives are enqueued on `stream` (the CUDA backend's; {} = the default stream); buffers are device
+// pointers.
 #pragma once
 
 #include <memory>
@@ -11,6 +11,7 @@
 #include <gloo/rendezvous/store.h>
 
 #include "common/communicator.h"
+#include "common/device_stream.h"
 
 namespace dsmesh {
 
@@ -18,7 +19,7 @@ struct NcclLibrary;  // the dlopen'd entry points
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(int rank, int world, gloo::rendezvous::Store& store, void* stream);
+  NcclCommunicator(int rank, int world, gloo::rendezvous::Store& store, DeviceStream stream);
   ~NcclCommunicator() override;
 
   int rank() const override { return rank_; }
@@ -34,7 +35,7 @@ class NcclCommunicator final : public Communicator {
   void Check(int result, const char* what) const;
 
   int rank_, world_;
-  void* stream_;
+  void* stream_;  // a cudaStream_t, as NCCL's entry points take it (nccl_abi.h)
   std::shared_ptr<NcclLibrary> lib_;
   void* comm_ = nullptr;  // ncclComm_t
 };

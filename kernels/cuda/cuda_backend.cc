@@ -873,9 +873,9 @@ std::shared_ptr<Backend> MakeCudaBackend(int device, const CudaBackendOptions& o
   return std::make_shared<CudaBackend>(device, options);
 }
 
-void* CudaBackendStream(Backend& backend) {
+DeviceStream CudaBackendStream(Backend& backend) {
   auto* cuda = dynamic_cast<CudaBackend*>(&backend);
-  return cuda ? cuda->stream() : nullptr;
+  return DeviceStream{cuda ? static_cast<void*>(cuda->stream()) : nullptr};
 }
 
 CudaBackendStatistics CudaBackendStats(Backend& backend) {

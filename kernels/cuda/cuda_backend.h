@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "common/device_stream.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend_options.h"
 #include "kernels/cuda/gpu_presence.h"  // RequireCudaDevice
@@ -17,10 +18,10 @@ namespace dsmesh {
 
 std::shared_ptr<Backend> MakeCudaBackend(int device, const CudaBackendOptions& options = {});
 
-// The stream (a cudaStream_t) every op of `backend` runs on when it is a CUDA backend, else nullptr. Work
-// that must be ordered with the forward's kernels without waiting for them (the worker's CUDA-IPC
-// collectives) is enqueued there.
-void* CudaBackendStream(Backend& backend);
+// The stream every op of `backend` runs on when it is a CUDA backend, else {} (no stream). Work that must
+// be ordered with the forward's kernels without waiting for them (the worker's CUDA-IPC collectives) is
+// enqueued there.
+DeviceStream CudaBackendStream(Backend& backend);
 
 // What the graph segments did: captured, replayed, failed captures (then eager), segments run eagerly
 // (first sight of a key, steps too large for graphs, graphs off), and arena overflows.

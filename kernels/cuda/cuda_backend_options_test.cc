@@ -150,7 +150,7 @@ TEST(CudaBackendStatsTest, ZeroForABackendThatIsNotCuda) {
   EXPECT_EQ(s.moe.fused_launches, 0);
   EXPECT_EQ(s.gemv_batches.launches, 0);
   EXPECT_EQ(s.per_sequence_fallbacks, 0);
-  EXPECT_EQ(CudaBackendStream(*cpu), nullptr);
+  EXPECT_EQ(CudaBackendStream(*cpu).cuda_stream, nullptr);
 }
 
 }  // namespace

@@ -1,0 +1,108 @@
+// One tensor-parallel rank's life with the coordinator: dials it, holds the Session stream (hello,
+// heartbeats, results), joins the data-plane communicator and loads its shard when told to form the mesh,
+// executes step plans (StepExecutor) and answers each with its result or its error, until drained or
+// terminated. worker_main.cc parses the flags and runs it. On a GPU it first checks that its shard and KV pool
+// fit the device's free memory (model/gpu_fit.h) and exits with status 2, naming both sizes, when they do not.
+//
+// Under systemd (Type=notify, deploy/systemd/dsmesh-worker@.service): READY=1 once its shard is loaded
+// and it joined the mesh (the first FormMesh that succeeded), STATUS= on every change (registered,
+// joined epoch E, mesh reset), STOPPING=1 when drained or terminated. WATCHDOG=1 only while the
+// session with the coordinator is healthy (SessionHealth): the coordinator answered a heartbeat
+// recently, or the worker is inside a step/formation that has not outlived its bound.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "common/communicator.h"
+#include "common/flags.h"
+#include "common/mesh/mesh_credentials.h"
+#include "model/kv_layout.h"
+#include "model/model.h"
+#include "proto/mesh.grpc.pb.h"
+#include "worker/mesh_communicator.h"
+#include "worker/step_executor.h"
+
+namespace gloo::rendezvous {
+class Store;
+}
+
+namespace dsmesh {
+
+class Worker {
+ public:
+  // Reads the dsmesh-worker flags (see worker_main.cc); throws UsageError on a bad one.
+  explicit Worker(const Flags& f);
+
+  // Connects and serves the session until drained (0), terminated by SIGTERM/SIGINT (0), refused or
+  // cut off by the coordinator (1). SIGTERM, SIGINT and SIGUSR1 must be blocked in every thread of the
+  // process (BlockShutdownSignals) before it starts: a dedicated thread takes them with sigwait.
+  int Run();
+
+ private:
+  static int64_t SteadyNow() { return std::chrono::steady_clock::now().time_since_epoch().count(); }
+
+  // "" while the session with the coordinator is healthy, else why not. Healthy: the coordinator
+  // answered a heartbeat within `ack_limit` (clamped to [1 s, 5 s]; heartbeats go out every 250 ms).
+  // Acks are read by the same loop that runs steps, so during a step (or a mesh formation) they queue
+  // up; then the step itself is the evidence, for up to twice the collective timeout: every wait on a
+  // peer inside it gives up after one collective timeout, so a step older than that is wedged.
+  std::string SessionHealth(std::chrono::steady_clock::duration ack_limit);
+
+  // RAII: marks the loop busy (a step or a formation) for SessionHealth().
+  struct Busy {
+    explicit Busy(Worker* w) : w_(w) { w_->busy_since_ = SteadyNow(); }
+    ~Busy() { w_->busy_since_ = 0; }
+    Worker* w_;
+  };
+
+  bool Send(const WorkerMessage& m);
+  // Reads the coordinator's messages until the session ends; returns Run's exit code.
+  int Loop();
+  // Joins the mesh of `form` (loading the shard the first time) and answers Ready (or its error).
+  void FormMesh(const dsmesh::FormMesh& form);
+  // Runs one plan and answers its result (or the error, naming this rank).
+  void RunStep(const StepPlan& plan);
+  // The data-plane communicator of this formation: CUDA IPC when every rank is a process on this one
+  // GPU (NCCL refuses that, and Gloo would stage every activation through the host), else Gloo over TCP.
+  // DSMESH_TP_COMM=gloo forces Gloo; =cuda-ipc fails loudly where it cannot be used. Every rank reads
+  // the same UUIDs from the store, so all reach the same choice.
+  std::unique_ptr<Communicator> MakeCommunicator(gloo::rendezvous::Store& store);
+  // The GPU's KV budget without --kv-memory: what --gpu-memory-utilization of the device leaves after
+  // everything already resident (this worker's weights, other processes on the same GPU).
+  int64_t GpuKvBudget() const;
+
+  int rank_, world_;
+  std::string coordinator_;
+  MeshCredentials credentials_;
+  std::string model_dir_, device_, data_host_;
+  bool enforce_eager_ = false;
+  bool bench_simulated_acceptance_ = false;  // started by `dsmesh bench --draft-acceptance` (LocalMesh)
+  KvCacheDtype kv_dtype_ = KvCacheDtype::kF32;  // --kv-cache-dtype: storage of entries and indexer keys
+  int cuda_device_ = -1;
+  double gpu_memory_utilization_ = 0.9;
+  bool kv_budget_explicit_ = true;
+  int threads_;
+  std::chrono::milliseconds collective_timeout_;
+  std::string comm_description_;  // which communicator this formation uses, for the startup line
+  int64_t kv_budget_ = 0;
+  MeshCommunicator comm_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<StepExecutor> executor_;
+  std::shared_ptr<WorkerControl::Stub> stub_;
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<WorkerMessage, CoordinatorMessage>> stream_;
+  std::mutex write_mu_;
+  std::atomic<bool> stop_{false}, terminated_{false};
+  std::atomic<int64_t> last_ack_{0};     // steady_clock ticks of the last heartbeat ack
+  std::atomic<int64_t> busy_since_{0};   // steady_clock ticks when the running step/formation began; 0: idle
+  bool notified_ready_ = false;
+};
+
+}  // namespace dsmesh
