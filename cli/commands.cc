@@ -1,11 +1,11 @@
 // The table of `dsmesh` commands, and the two dispatches that pick between layers: `logits` / `generate`
-// in this process (model/) or on a mesh (coordinator/), and `bench`'s modes (gateway/, coordinator/, model/).
-// They live here so that model/ needs no coordinator/ and no command looks another up by name.
+// in this process (model/) or on a mesh (cli/mesh_commands.h), and `bench`'s modes (gateway/, cli/, model/).
+// They live here so that model/ needs nothing from the mesh side and no command looks another up by name.
 #include "cli/commands.h"
 
 #include "common/chat/chat_prompt_command.h"
 #include "common/tokenizer/tokenizer_commands.h"
-#include "coordinator/mesh_commands.h"
+#include "cli/mesh_commands.h"
 #include "gateway/bench_command.h"
 #include "kernels/exl3/exl3_check_command.h"
 #include "kernels/exl3/quantize_command.h"

@@ -1,5 +1,5 @@
 // The CLI commands of the model, each run in this process (the table of commands is cli/commands.cc;
-// `logits` and `generate` with --world N / --coordinator HOST:PORT go to the mesh variants there instead).
+// `logits` and `generate` with --world N / --coordinator HOST:PORT go to cli/mesh_commands.h instead).
 #pragma once
 
 #include <cstdint>

@@ -3,7 +3,7 @@
 //                                                              with --served-model-name/--api-key[-file]; --max-queued
 //                                                              goes to the coordinator, which holds admission),
 //                                                              supervised: a child that fails is started again
-//                                                              (coordinator/supervisor.h); the workers run on
+//                                                              (cli/launcher/supervisor.h); the workers run on
 //                                                              ChooseDevice's device (a CUDA GPU when one is
 //                                                              visible: then one worker by default, else 2 on
 //                                                              the CPU)
@@ -33,19 +33,19 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/launcher/local_mesh.h"
+#include "cli/launcher/supervisor.h"
+#include "cli/mesh_commands.h"
 #include "common/flags.h"
-#include "common/repo_file.h"
-#include "common/safetensors.h"
-#include "coordinator/local_mesh.h"
-#include "model/synthetic_source.h"
 #include "common/mesh/mesh_client.h"
 #include "common/mesh/mesh_credentials.h"
-#include "coordinator/supervisor.h"
-#include "coordinator/mesh_commands.h"
+#include "common/repo_file.h"
+#include "common/safetensors.h"
 #include "coordinator/simulated_acceptance.h"
 #include "coordinator/speculative_config.h"
 #include "kernels/cuda/device_choice.h"
 #include "model/commands.h"
+#include "model/synthetic_source.h"
 #include "model/tiny_model.h"
 
 namespace dsmesh {

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "common/flags.h"
-#include "coordinator/local_mesh.h"
+#include "cli/launcher/local_mesh.h"
 #include "kernels/cuda/device_choice.h"
 
 namespace dsmesh {
