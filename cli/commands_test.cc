@@ -45,7 +45,8 @@ TEST(CommandTable, LogitsAndGenerateRunInProcessWithoutMeshFlags) {
   // The in-process commands know no --world flag; the mesh variants check its value.
   EXPECT_NE(UsageMessage("logits", {"--tokens", "1", "--out", "/dev/null", "--bogus", "1"}).find("bogus"),
             std::string::npos);
-  EXPECT_NE(UsageMessage("logits", {"--world", "0", "--tokens", "1", "--out", "/dev/null"}).find("--world must be >= 1"),
+  EXPECT_NE(UsageMessage("logits", {"--world", "0", "--tokens", "1", "--out", "/dev/null"})
+                .find("--world must be >= 1"),
             std::string::npos);
   EXPECT_NE(UsageMessage("generate", {"--world", "0", "--tokens", "1"}).find("--world must be >= 1"),
             std::string::npos);

@@ -1,5 +1,5 @@
-// CLI commands of the model: `logits`, `generate` (greedy) and `make-tiny` (model/commands.h). Flags are stable: other
-// issues' tests and users call them.
+// CLI commands of the model (model/commands.h): `logits`, `generate` (greedy) and `make-tiny`. Flags are
+// stable: other issues' tests and users call them.
 #include <sys/stat.h>
 
 #include <chrono>
