@@ -1,18 +1,23 @@
-// `dsmesh`: one CLI whose subcommands register themselves (common/cli_registry.h).
+// `dsmesh`: one CLI; the commands are the table in cli/commands.cc.
 #include <cstdio>
 #include <exception>
 #include <string>
 #include <vector>
 
-#include "common/cli_registry.h"
+#include "cli/commands.h"
 #include "common/flags.h"
 
 namespace {
 
 void PrintUsage() {
   std::fprintf(stderr, "usage: dsmesh COMMAND [FLAGS]\n\ncommands:\n");
-  for (const auto& [name, info] : dsmesh::CommandRegistry())
-    std::fprintf(stderr, "  %-12s %s\n", name.c_str(), info.usage.c_str());
+  for (const auto& [name, info] : dsmesh::CommandRegistry()) {
+    // A usage of several lines (bench's modes) continues under its first line.
+    std::string usage = info.usage;
+    for (size_t at = usage.find('\n'); at != std::string::npos; at = usage.find('\n', at + 1))
+      usage.insert(at + 1, std::string(15, ' '));
+    std::fprintf(stderr, "  %-12s %s\n", name.c_str(), usage.c_str());
+  }
 }
 
 }  // namespace
@@ -23,7 +28,7 @@ int main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   const std::string command = argv[1];
-  auto& registry = dsmesh::CommandRegistry();
+  const auto& registry = dsmesh::CommandRegistry();
   auto it = registry.find(command);
   if (it == registry.end()) {
     std::fprintf(stderr, "dsmesh: unknown command '%s'\n", command.c_str());

@@ -25,7 +25,7 @@
 #include <sstream>
 #include <thread>
 
-#include "common/cli_registry.h"
+#include "gateway/bench_command.h"
 #include "common/flags.h"
 #include "common/http_client.h"
 
@@ -381,7 +381,9 @@ int RunLoad(const Flags& flags, const Endpoint& endpoint, const std::string& mod
   return errors > 0 ? 1 : 0;
 }
 
-int RunBench(const std::vector<std::string>& args) {
+}  // namespace
+
+int RunUrlBench(const std::vector<std::string>& args) {
   Flags flags(args, {"url", "model", "max-tokens", "streams", "api-key", "thinking", "prompts", "runs", "json",
                      "clients", "requests", "prompt-words", "long-prompt-bytes", "long-prompts", "timeout-s"});
   if (!flags.Has("url"))
@@ -500,17 +502,5 @@ int RunBench(const std::vector<std::string>& args) {
   }
   return failed ? 1 : 0;
 }
-
-}  // namespace
-
-// `dsmesh bench` belongs to the mesh commands (coordinator/mesh_commands.cc); it hands `--url` runs to
-// the command registered under "bench-url" (a dash, so registered directly, not by the macro).
-static CommandRegistration bench_url_registration(
-    "bench-url",
-    "bench --url http://HOST:PORT [--model NAME] [--max-tokens 256] [--streams 1,4] [--prompts en,ja,code] "
-    "[--runs N] [--thinking true|false] [--api-key K] [--json FILE]\n"
-    "  load: bench --url http://HOST:PORT --clients 64 [--requests N] [--max-tokens 64] [--prompt-words 32] "
-    "[--long-prompt-bytes B [--long-prompts K]] [--timeout-s 600] [--json FILE]",
-    RunBench);
 
 }  // namespace dsmesh

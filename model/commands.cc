@@ -1,5 +1,5 @@
-// CLI commands of the model: `logits`, `generate` (greedy) and `make-tiny`. Flags are stable: other
-// issues' tests and users call them.
+// CLI commands of the model (model/commands.h): `logits`, `generate` (greedy) and `make-tiny`. Flags are
+// stable: other issues' tests and users call them.
 #include <sys/stat.h>
 
 #include <chrono>
@@ -8,7 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "common/cli_registry.h"
+#include "model/commands.h"
+
 #include "common/flags.h"
 #include "common/safetensors.h"
 #include "kernels/cpu/argmax.h"
@@ -19,7 +20,6 @@
 #include "model/kv_layout.h"
 #include "model/cli_model.h"
 #include "model/model.h"
-#include "model/tiny_model.h"
 
 namespace dsmesh {
 namespace {
@@ -28,21 +28,9 @@ double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// `--world N` / `--coordinator HOST:PORT` run the command on a mesh instead of in this process; that path
-// lives in coordinator/mesh_commands.cc, registered as "<command>-mesh", and prints the same output.
-const CommandInfo* MeshVariant(const std::string& command, const std::vector<std::string>& args) {
-  for (const auto& a : args) {
-    if (a.rfind("--world", 0) != 0 && a.rfind("--coordinator", 0) != 0) continue;
-    auto it = CommandRegistry().find(command + "-mesh");
-    if (it == CommandRegistry().end())
-      throw UsageError(a + ": this dsmesh was built without the mesh commands (//coordinator:mesh_commands)");
-    return &it->second;
-  }
-  return nullptr;
-}
+}  // namespace
 
 int RunLogits(const std::vector<std::string>& args) {
-  if (const CommandInfo* mesh = MeshVariant("logits", args)) return mesh->run(args);
   Flags f(args, {"model", "tokens", "out", "threads", "device", "enforce-eager", "kv-cache-dtype"}, {"enforce-eager"});
   std::vector<int32_t> tokens = ParseIntList("tokens", f.Require("tokens"), "integer token id");
   std::string out_path = f.Require("out");
@@ -56,7 +44,6 @@ int RunLogits(const std::vector<std::string>& args) {
 }
 
 int RunGenerate(const std::vector<std::string>& args) {
-  if (const CommandInfo* mesh = MeshVariant("generate", args)) return mesh->run(args);
   Flags f(args, {"model", "tokens", "max-new-tokens", "threads", "ignore-eos", "device", "enforce-eager", "kv-cache-dtype"},
           {"ignore-eos", "enforce-eager"});
   std::vector<int32_t> prompt = ParseIntList("tokens", f.Require("tokens"), "integer token id");
@@ -89,6 +76,21 @@ int RunGenerate(const std::vector<std::string>& args) {
   return 0;
 }
 
+void MakeTinyModel(const std::string& dir, uint64_t seed, const TinyModelSpec& spec) {
+  WriteTinyModel(dir, seed, spec);
+  // Ship the real DeepSeek tokenizer beside the weights when this checkout has it, so the demo serves text.
+  const char* root = std::getenv("DSMESH_ROOT");
+  std::string tok = std::string(root ? root : ".") + "/common/tokenizer/data/deepseek_v4";
+  struct stat st;
+  if (stat(tok.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    std::string cmd = "cp -r '" + tok + "'/. '" + dir + "'/";
+    if (std::system(cmd.c_str()) != 0) throw std::runtime_error("make-tiny: copying tokenizer files from " + tok + " failed");
+    std::cerr << "make-tiny: copied the DeepSeek-V4 tokenizer files from " << tok << std::endl;
+  } else {
+    std::cerr << "make-tiny: no tokenizer copied (" << tok << " not found; set DSMESH_ROOT to the repository)" << std::endl;
+  }
+}
+
 int RunMakeTiny(const std::vector<std::string>& args) {
   Flags f(args, {"out", "seed", "vision", "mtp-layers", "vocab", "sliding-layers"}, {"vision"});
   std::string dir = f.Require("out");
@@ -107,23 +109,10 @@ int RunMakeTiny(const std::vector<std::string>& args) {
     spec.compress_ratios.assign(static_cast<size_t>(n), 0);
     spec.num_mtp_layers = 0;
   }
-  WriteTinyModel(dir, static_cast<uint64_t>(seed), spec);
-  // Ship the real DeepSeek tokenizer beside the weights when this checkout has it, so the demo serves text.
-  const char* root = std::getenv("DSMESH_ROOT");
-  std::string tok = std::string(root ? root : ".") + "/common/tokenizer/data/deepseek_v4";
-  struct stat st;
-  if (stat(tok.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-    std::string cmd = "cp -r '" + tok + "'/. '" + dir + "'/";
-    if (std::system(cmd.c_str()) != 0) throw std::runtime_error("make-tiny: copying tokenizer files from " + tok + " failed");
-    std::cerr << "make-tiny: copied the DeepSeek-V4 tokenizer files from " << tok << std::endl;
-  } else {
-    std::cerr << "make-tiny: no tokenizer copied (" << tok << " not found; set DSMESH_ROOT to the repository)" << std::endl;
-  }
+  MakeTinyModel(dir, static_cast<uint64_t>(seed), spec);
   std::cout << "wrote " << dir << " (seed " << seed << ")" << std::endl;
   return 0;
 }
-
-}  // namespace
 
 std::unique_ptr<Model> LoadForCli(const Flags& f) {
   std::string dir = f.Require("model");
@@ -158,12 +147,5 @@ std::unique_ptr<Model> LoadForCli(const Flags& f) {
   }
   return model;
 }
-
-DSMESH_REGISTER_COMMAND(logits, "logits --model DIR --tokens 5,17,9 --out FILE.safetensors [--device cpu|cuda[:N] (default: a CUDA GPU when one is visible)] [--threads N] [--world N | --coordinator HOST:PORT]", RunLogits);
-DSMESH_REGISTER_COMMAND(generate, "generate --model DIR --tokens 5,17,9 --max-new-tokens N [--ignore-eos] [--device cpu|cuda[:N] (default: a CUDA GPU when one is visible)] [--threads N] [--world N | --coordinator HOST:PORT]",
-                        RunGenerate);
-// The macro names commands after a C identifier; "make-tiny" has a dash, so register it directly.
-static CommandRegistration make_tiny_registration(
-    "make-tiny", "make-tiny --out DIR [--seed S] [--vision] [--mtp-layers N] [--vocab V] [--sliding-layers N]", RunMakeTiny);
 
 }  // namespace dsmesh

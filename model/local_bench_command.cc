@@ -12,7 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/cli_registry.h"
+#include "model/commands.h"
 #include "common/flags.h"
 #include "common/safetensors.h"
 #include "kernels/backend.h"
@@ -107,6 +107,8 @@ void PrintKvCosts(const ModelConfig& c, int64_t context) {
                 l.SequenceBytes(380000) / 1073741824.0, d == KvCacheDtype::kF32 ? " (as stored today)" : "");
   }
 }
+
+}  // namespace
 
 int RunLocalBench(const std::vector<std::string>& args) {
   Flags f(args, {"model", "device", "threads", "streams", "contexts", "rows", "steps", "bits", "json", "enforce-eager", "profile", "concurrent-linears", "kv-cache-dtype"},
@@ -272,14 +274,5 @@ int RunLocalBench(const std::vector<std::string>& args) {
   }
   return 0;
 }
-
-}  // namespace
-
-static CommandRegistration local_bench_registration(
-    "bench-local",
-    "bench-local (= bench --device cpu|cuda[:N]) --model DIR|synthetic:v4-flash [--streams 1,4] [--contexts 4096] "
-    "[--rows 1] [--steps 20] [--bits experts=2,dense=6] [--json F] [--enforce-eager] [--concurrent-linears] [--profile: time every op "
-    "with device events in extra eager steps and print the split per phase]",
-    RunLocalBench);
 
 }  // namespace dsmesh

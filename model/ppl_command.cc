@@ -15,7 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/cli_registry.h"
+#include "model/commands.h"
 #include "common/flags.h"
 #include "common/tokenizer/tokenizer.h"
 #include "model/cli_model.h"
@@ -42,6 +42,8 @@ double ModelWindowNll(Model& model, const std::vector<int32_t>& window) {
   }
   return nll;
 }
+
+}  // namespace
 
 int RunPpl(const std::vector<std::string>& args) {
   Flags f(args, {"model", "url", "file", "ctx", "chunks", "threads", "device", "tokenizer", "enforce-eager", "kv-cache-dtype", "api-key",
@@ -95,12 +97,5 @@ int RunPpl(const std::vector<std::string>& args) {
   std::cout << j.dump() << std::endl;
   return 0;
 }
-
-}  // namespace
-
-DSMESH_REGISTER_COMMAND(ppl,
-                        "ppl --model DIR|--url http://HOST:PORT --file F [--ctx 512] [--chunks N] [--threads N] "
-                        "[--device cpu|cuda] [--tokenizer DIR] [--api-key K] [--timeout-s 600]",
-                        RunPpl);
 
 }  // namespace dsmesh

@@ -8,13 +8,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/cli_registry.h"
+#include "model/commands.h"
 #include "common/flags.h"
 #include "model/seat_projection.h"
 #include "model/v4_flash_config.h"
 
 namespace dsmesh {
-namespace {
 
 int RunProjectSeat(const std::vector<std::string>& args) {
   Flags f(args, {"profile", "bits"}, {});
@@ -48,13 +47,5 @@ int RunProjectSeat(const std::vector<std::string>& args) {
   if (shown == 0) throw UsageError("--profile " + path + ": no row with a profile (run dsmesh bench with --profile)");
   return 0;
 }
-
-}  // namespace
-
-static CommandRegistration project_seat_registration(
-    "project-seat",
-    "project-seat --profile BENCH.json [--bits experts=2,dense=6]: the H200 decode profile of the full-size "
-    "V4-Flash projected onto 8 x RTX PRO 2000 (TP8)",
-    RunProjectSeat);
 
 }  // namespace dsmesh

@@ -9,7 +9,6 @@
 #include "common/chat/chat_format.h"
 #include "common/chat/chat_request_parser.h"
 #include "common/chat/python_json.h"
-#include "common/cli_registry.h"
 #include "common/flags.h"
 #include "common/tokenizer/tokenizer.h"
 
@@ -41,11 +40,6 @@ std::optional<ChatFormat> FormatFromModelDir(const std::string& tokenizer_arg) {
     throw std::runtime_error(config.string() + ": model_type '" + model_type +
                              "' has no chat format here; pass --format v4|v3");
   return format;
-}
-
-int RunChatPrompt(const std::vector<std::string>& args) {
-  std::cout << ChatPromptCommandOutput(args).dump() << "\n";
-  return 0;
 }
 
 }  // namespace
@@ -105,11 +99,9 @@ nlohmann::ordered_json ChatPromptCommandOutput(const std::vector<std::string>& a
   return nlohmann::ordered_json{{"prompt", prompt}, {"ids", ids}};
 }
 
-// The command name has a dash, which DSMESH_REGISTER_COMMAND cannot spell; register directly.
-static CommandRegistration chat_prompt_registration(
-    "chat-prompt",
-    "chat-prompt --tokenizer DIR --messages FILE.json [--thinking true|false] [--tools FILE.json] "
-    "[--format v4|v3] [--add-generation-prompt true|false]",
-    RunChatPrompt);
+int RunChatPrompt(const std::vector<std::string>& args) {
+  std::cout << ChatPromptCommandOutput(args).dump() << "\n";
+  return 0;
+}
 
 }  // namespace dsmesh

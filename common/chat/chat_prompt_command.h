@@ -20,4 +20,7 @@ namespace dsmesh {
 // for bad input.
 nlohmann::ordered_json ChatPromptCommandOutput(const std::vector<std::string>& args);
 
+// The command (cli/commands.cc): prints ChatPromptCommandOutput as one JSON line.
+int RunChatPrompt(const std::vector<std::string>& args);
+
 }  // namespace dsmesh

@@ -5,12 +5,11 @@
 #include <sstream>
 #include <iostream>
 
-#include "common/cli_registry.h"
+#include "common/tokenizer/tokenizer_commands.h"
 #include "common/flags.h"
 #include "common/tokenizer/tokenizer.h"
 
 namespace dsmesh {
-namespace {
 
 int RunTokenize(const std::vector<std::string>& args) {
   const Flags flags(args, {"tokenizer", "text-file", "add-special-tokens"}, {"add-special-tokens"});
@@ -51,10 +50,5 @@ int RunDetokenize(const std::vector<std::string>& args) {
   std::cout << nlohmann::json{{"text", text}}.dump() << "\n";
   return 0;
 }
-
-}  // namespace
-
-DSMESH_REGISTER_COMMAND(tokenize, "tokenize --tokenizer DIR --text-file F [--add-special-tokens]", RunTokenize);
-DSMESH_REGISTER_COMMAND(detokenize, "detokenize --tokenizer DIR --ids 1,2,3 [--skip-special-tokens]", RunDetokenize);
 
 }  // namespace dsmesh

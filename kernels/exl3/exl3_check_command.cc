@@ -2,13 +2,12 @@
 // vectors, one line per group, non-zero exit on any mismatch.
 #include <iostream>
 
-#include "common/cli_registry.h"
+#include "kernels/exl3/exl3_check_command.h"
 #include "common/flags.h"
 #include "common/safetensors.h"
 #include "kernels/exl3/vector_check.h"
 
 namespace dsmesh {
-namespace {
 
 int RunExl3Check(const std::vector<std::string>& args) {
   Flags flags(args, {"vectors"});
@@ -27,10 +26,5 @@ int RunExl3Check(const std::vector<std::string>& args) {
   std::cout << path << ": " << checks.size() - failed << " of " << checks.size() << " groups match\n";
   return failed ? 1 : 0;
 }
-
-}  // namespace
-
-// (The macro pastes the name into an identifier, so a hyphenated name registers directly.)
-static CommandRegistration exl3_check_command("exl3-check", "exl3-check --vectors FILE.safetensors", RunExl3Check);
 
 }  // namespace dsmesh

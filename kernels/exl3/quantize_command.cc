@@ -5,14 +5,13 @@
 #include <cstdio>
 #include <iostream>
 
-#include "common/cli_registry.h"
+#include "kernels/exl3/quantize_command.h"
 #include "common/flags.h"
 #include "kernels/exl3/parallel.h"
 #include "kernels/exl3/quantize_checkpoint.h"
 #include "kernels/exl3/viterbi.h"
 
 namespace dsmesh {
-namespace {
 
 int RunQuantize(const std::vector<std::string>& args) {
   Flags flags(args, {"model", "out", "bits", "codebook", "force", "shard-size-mb", "quiet", "size-only"},
@@ -50,12 +49,5 @@ int RunQuantize(const std::vector<std::string>& args) {
               s.bytes.ToString().c_str(), static_cast<long long>(s.bytes.total()), static_cast<long long>(s.file_bytes));
   return 0;
 }
-
-}  // namespace
-
-DSMESH_REGISTER_COMMAND(quantize,
-                        "quantize --model IN_DIR --out OUT_DIR --bits experts=2,dense=6[,layer.13=3][,mtp=2][,head=6][,embed=fp8] "
-                        "[--codebook mcg|mul1|3inst] [--force] [--shard-size-mb 8192] [--quiet] [--size-only]",
-                        RunQuantize);
 
 }  // namespace dsmesh

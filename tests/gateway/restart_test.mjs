@@ -1,4 +1,4 @@
-// `dsmesh up` keeps the mesh up when a child dies (coordinator/supervisor.h): on the real CPU mesh
+// `dsmesh up` keeps the mesh up when a child dies (cli/launcher/supervisor.h): on the real CPU mesh
 // (coordinator + 2 workers + gateway, tiny model), a worker SIGKILLed during a stream fails that stream
 // with an error event within 2 s, /health answers 503 (with Retry-After) until the restarted worker has
 // joined the re-formed mesh and 200 after, a new request succeeds within 15 s, the gateway and `up`

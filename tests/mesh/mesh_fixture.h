@@ -15,7 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "coordinator/kv_blocks.h"
-#include "coordinator/local_mesh.h"
+#include "cli/launcher/local_mesh.h"
 #include "common/mesh/mesh_client.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "model/model.h"

@@ -13,10 +13,10 @@
 #include <map>
 #include <string>
 
-#include "coordinator/local_mesh.h"
-#include "coordinator/log_follower.h"
+#include "cli/launcher/local_mesh.h"
+#include "cli/launcher/log_follower.h"
 #include "common/mesh/mesh_client.h"
-#include "coordinator/restart_policy.h"
+#include "cli/launcher/restart_policy.h"
 
 namespace dsmesh {
 

@@ -1,6 +1,6 @@
 // LogFollower: copies only complete new lines, keeps a partial line until it ends (or the writer is
 // gone), starts at a file's end, and LastLines reads a tail.
-#include "coordinator/log_follower.h"
+#include "cli/launcher/log_follower.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-#include "coordinator/supervisor.h"
+#include "cli/launcher/supervisor.h"
 
 #include <sys/wait.h>
 

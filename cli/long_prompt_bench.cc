@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "common/mesh/mesh_client.h"
-#include "coordinator/mesh_commands.h"
+#include "cli/mesh_commands.h"
 
 namespace dsmesh {
 namespace {

@@ -1,6 +1,6 @@
 // RestartPolicy: backoff 0.5, 1, 2, 2 s; the 5th failure within 60 s gives up; old failures age out;
 // children are counted apart. ClassifyExit: what counts as a failure.
-#include "coordinator/restart_policy.h"
+#include "cli/launcher/restart_policy.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>

@@ -3,7 +3,7 @@
 //                                                              with --served-model-name/--api-key[-file]; --max-queued
 //                                                              goes to the coordinator, which holds admission),
 //                                                              supervised: a child that fails is started again
-//                                                              (coordinator/supervisor.h); the workers run on
+//                                                              (cli/launcher/supervisor.h); the workers run on
 //                                                              ChooseDevice's device (a CUDA GPU when one is
 //                                                              visible: then one worker by default, else 2 on
 //                                                              the CPU)
@@ -12,8 +12,8 @@
 //                                                              and off in one run, with --draft-acceptance at
 //                                                              simulated acceptance (coordinator/simulated_acceptance.h)
 //   dsmesh bench --scenario NAME [...]                         scheduling scenarios (long_prompt_bench.cc)
-//   logits-mesh / generate-mesh: the `--world N` / `--coordinator HOST:PORT` variants of `dsmesh logits` and
-//   `dsmesh generate` (model/commands.cc hands those flags over here); same output as the single-process path.
+//   RunLogitsMesh / RunGenerateMesh: the `--world N` / `--coordinator HOST:PORT` variants of `dsmesh logits`
+//   and `dsmesh generate` (cli/commands.cc picks them for those flags); same output as the in-process path.
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -33,19 +33,19 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/cli_registry.h"
+#include "cli/launcher/local_mesh.h"
+#include "cli/launcher/supervisor.h"
+#include "cli/mesh_commands.h"
 #include "common/flags.h"
-#include "common/repo_file.h"
-#include "common/safetensors.h"
-#include "coordinator/local_mesh.h"
-#include "model/synthetic_source.h"
 #include "common/mesh/mesh_client.h"
 #include "common/mesh/mesh_credentials.h"
-#include "coordinator/supervisor.h"
-#include "coordinator/mesh_commands.h"
+#include "common/repo_file.h"
+#include "common/safetensors.h"
 #include "coordinator/simulated_acceptance.h"
 #include "coordinator/speculative_config.h"
 #include "kernels/cuda/device_choice.h"
+#include "model/commands.h"
+#include "model/synthetic_source.h"
 #include "model/tiny_model.h"
 
 namespace dsmesh {
@@ -89,8 +89,6 @@ std::string DefaultModel() {
   }
   const std::string dir = DataDir() + "/tiny-model";
   if (IsCurrentTinyModel(dir)) return dir;
-  auto it = CommandRegistry().find("make-tiny");
-  if (it == CommandRegistry().end()) throw std::runtime_error("no --model given and this dsmesh lacks make-tiny");
   const bool stale = IsFile(dir + "/config.json");
   std::fprintf(stderr, "dsmesh up: making the tiny demo model in %s (%s)\n", dir.c_str(),
                stale ? "the cached one was made by another version of make-tiny" : "once");
@@ -98,7 +96,7 @@ std::string DefaultModel() {
   const std::string tmp = dir + ".partial";
   if (std::system(("rm -rf '" + tmp + "' && mkdir -p '" + tmp + "'").c_str()) != 0)
     throw std::runtime_error("cannot create " + tmp);
-  if (it->second.run({"--out", tmp}) != 0) throw std::runtime_error("make-tiny failed writing " + tmp);
+  MakeTinyModel(tmp, /*seed=*/0, TinyModelSpec{});
   if (std::rename(tmp.c_str(), dir.c_str()) != 0) throw std::runtime_error("cannot move " + tmp + " to " + dir);
   return dir;
 }
@@ -159,6 +157,8 @@ std::string MakeLogDir() {
   if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("cannot create a log directory " + pattern);
   return pattern;
 }
+
+}  // namespace
 
 int RunUp(const std::vector<std::string>& args) {
   std::set<std::string> known = {"model", "world", "port", "coordinator-port", "kv-memory", "threads", "device",
@@ -228,6 +228,8 @@ int RunUp(const std::vector<std::string>& args) {
   return supervisor.Run(set);
 }
 
+namespace {
+
 // Either connects to --coordinator or starts a local mesh of --world N workers on --model for the call.
 struct MeshTarget {
   std::unique_ptr<LocalMesh> local;
@@ -275,8 +277,6 @@ const std::set<std::string> kMeshFlags = WithMeshCredentialFlags({"model", "toke
                                                                    "coordinator", "kv-memory", "coordinator-port",
                                                                    "gpu-memory-utilization", "ready-timeout-s",
                                                                    "enforce-eager"});
-
-namespace {
 
 int RunLogitsMesh(const std::vector<std::string>& args) {
   auto known = kMeshFlags;
@@ -338,6 +338,8 @@ int RunGenerateMesh(const std::vector<std::string>& args) {
   std::cout << json << "]}" << std::endl;
   return 0;
 }
+
+namespace {
 
 // One measurement: `streams` concurrent greedy requests; the coordinator's step split and speculation
 // counters over the window.
@@ -472,26 +474,9 @@ nlohmann::json BenchJson(const BenchFigures& b, const std::string& speculation, 
   return j;
 }
 
-int RunBench(const std::vector<std::string>& args) {
-  for (const auto& a : args)
-    if (a.rfind("--url", 0) == 0) {
-      auto it = CommandRegistry().find("bench-url");
-      if (it == CommandRegistry().end()) throw UsageError("--url: the HTTP benchmark (gateway) is not in this dsmesh");
-      return it->second.run(args);
-    }
-  for (const auto& a : args)
-    if (a.rfind("--scenario", 0) == 0) return RunBenchScenario(args);
-  // --device without a mesh: decode steps in this process beside their floor (model/local_bench_command.cc).
-  bool device = false, mesh = false;
-  for (const auto& a : args) {
-    device |= a.rfind("--device", 0) == 0;
-    mesh |= a.rfind("--world", 0) == 0 || a.rfind("--coordinator", 0) == 0;
-  }
-  if (device && !mesh) {
-    auto it = CommandRegistry().find("bench-local");
-    if (it == CommandRegistry().end()) throw UsageError("--device: the local benchmark is not in this dsmesh");
-    return it->second.run(args);
-  }
+}  // namespace
+
+int RunMeshBench(const std::vector<std::string>& args) {
   auto known = kMeshFlags;
   known.insert({"streams", "prompt-tokens", "max-tokens", "draft-acceptance", "json", "repeat"});
   known.insert(kCoordinatorFlags.begin(), kCoordinatorFlags.end());
@@ -604,31 +589,5 @@ int RunBench(const std::vector<std::string>& args) {
   }
   return 0;
 }
-
-}  // namespace
-
-DSMESH_REGISTER_COMMAND(up, "up [--model DIR] [--world N (default 1 on a GPU, 2 on the CPU)] [--port 8000] "
-                            "[--device cpu|cuda[:N] (default: a CUDA GPU when one is visible)] "
-                            "[--kv-memory 1G | --gpu-memory-utilization 0.9] [--threads T] "
-                            "[--max-num-seqs 4] [--max-batched-tokens 512] [--max-model-len L] "
-                            "[--long-prefill-token-threshold 128] [--scheduling-policy fcfs|priority] "
-                            "[--speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":3}'] "
-                            "[--draft-policy adaptive|fixed] [--no-gateway] "
-                            "[--served-model-name NAME] [--api-key KEY | --api-key-file F] [--max-queued N] [--log-dir DIR]", RunUp);
-DSMESH_REGISTER_COMMAND(bench, "bench --coordinator HOST:PORT | --world N --model DIR [--streams 1,4] "
-                               "[--prompt-tokens 32] [--max-tokens 64] [--repeat N] [--json F] [--speculative-config "
-                               "'{\"method\":\"mtp\",\"num_speculative_tokens\":3}' (with --world: on and off in one "
-                               "run) [--draft-acceptance 0.85,0.70,0.55 (simulated acceptance, bench only)]] "
-                               "| --scenario long-prompt-plus-chat "
-                               "[--world 2] [--model DIR] [--long-prompt-tokens 16384] [--chat-every-s 1] | --device cpu|cuda[:N] "
-                               "--model DIR|synthetic:v4-flash [--contexts 4096] [--rows 1] [--steps 20] [--json F]",
-                        RunBench);
-static CommandRegistration logits_mesh_registration(
-    "logits-mesh", "logits-mesh (= logits --world N | --coordinator HOST:PORT) --model DIR --tokens 5,17,9 --out F",
-    RunLogitsMesh);
-static CommandRegistration generate_mesh_registration(
-    "generate-mesh",
-    "generate-mesh (= generate --world N | --coordinator HOST:PORT) --model DIR --tokens 5,17,9 --max-new-tokens N",
-    RunGenerateMesh);
 
 }  // namespace dsmesh

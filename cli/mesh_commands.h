@@ -1,5 +1,6 @@
-// Pieces the mesh CLI commands share: mesh_commands.cc (up, bench, logits/generate on a mesh) and
-// long_prompt_bench.cc (`dsmesh bench --scenario ...`).
+// The CLI commands of the mesh (the table of commands is cli/commands.cc) and the pieces they share:
+// mesh_commands.cc (up, bench on a mesh, logits/generate on a mesh) and long_prompt_bench.cc
+// (`dsmesh bench --scenario ...`).
 #pragma once
 
 #include <set>
@@ -7,7 +8,7 @@
 #include <vector>
 
 #include "common/flags.h"
-#include "coordinator/local_mesh.h"
+#include "cli/launcher/local_mesh.h"
 #include "kernels/cuda/device_choice.h"
 
 namespace dsmesh {
@@ -29,7 +30,15 @@ extern const std::vector<std::string> kCoordinatorFlags;
 // GPU), with the --kv-memory/--threads/coordinator flags of `f`.
 LocalMeshOptions OptionsFromFlags(const Flags& f, const std::string& model, int world, const DeviceChoice& device);
 
+// `dsmesh up`: a supervised local mesh (coordinator, workers, gateway) until Ctrl-C.
+int RunUp(const std::vector<std::string>& args);
+// `dsmesh bench --coordinator HOST:PORT | --world N`: per-step time split at each stream count.
+int RunMeshBench(const std::vector<std::string>& args);
 // `dsmesh bench --scenario NAME ...`.
 int RunBenchScenario(const std::vector<std::string>& args);
+// `dsmesh logits` / `dsmesh generate` with --world N or --coordinator HOST:PORT: the same output as the
+// in-process commands of model/commands.h, computed by a mesh.
+int RunLogitsMesh(const std::vector<std::string>& args);
+int RunGenerateMesh(const std::vector<std::string>& args);
 
 }  // namespace dsmesh

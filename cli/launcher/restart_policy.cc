@@ -1,4 +1,4 @@
-#include "coordinator/restart_policy.h"
+#include "cli/launcher/restart_policy.h"
 
 #include <signal.h>
 #include <sys/wait.h>

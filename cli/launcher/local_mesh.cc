@@ -1,4 +1,4 @@
-#include "coordinator/local_mesh.h"
+#include "cli/launcher/local_mesh.h"
 
 #include <fcntl.h>
 #include <netinet/in.h>

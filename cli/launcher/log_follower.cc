@@ -1,4 +1,4 @@
-#include "coordinator/log_follower.h"
+#include "cli/launcher/log_follower.h"
 
 #include <sys/stat.h>
 
