@@ -43,7 +43,7 @@
 #include "common/systemd_notify.h"
 #include "coordinator/engine.h"
 #include "coordinator/services.h"
-#include "model/synthetic_source.h"
+#include "model/testing/synthetic_source.h"
 #include "model/v4_flash_config.h"
 
 namespace dsmesh {
@@ -55,7 +55,7 @@ struct ModelFacts {
   int64_t max_position_embeddings = 0;
 };
 
-// --model DIR reads DIR/config.json; a synthetic source (model/synthetic_source.h: weights made by the
+// --model DIR reads DIR/config.json; a synthetic source (model/testing/synthetic_source.h: weights made by the
 // workers from a seed) has DeepSeek-V4-Flash's config or its base directory's.
 ModelFacts ReadModelFacts(const std::string& source) {
   std::string path = source + "/config.json";

@@ -30,12 +30,12 @@
 #include "common/repo_file.h"
 #include "common/safetensors.h"
 #include "coordinator/local_mesh.h"
-#include "model/synthetic_source.h"
+#include "model/testing/synthetic_source.h"
 #include "common/mesh/mesh_client.h"
 #include "common/mesh/mesh_credentials.h"
 #include "coordinator/supervisor.h"
 #include "coordinator/mesh_commands.h"
-#include "model/tiny_model.h"
+#include "model/testing/tiny_model.h"
 
 namespace dsmesh {
 namespace {
@@ -224,7 +224,7 @@ MeshTarget Connect(const Flags& f) {
     const int world = static_cast<int>(f.GetInt("world", 1));
     if (world < 1) throw UsageError("--world must be >= 1");
     const std::string model = f.Require("model");
-    // A synthetic source (model/synthetic.h) has no directory: the workers build its weights.
+    // A synthetic source (model/testing/synthetic.h) has no directory: the workers build its weights.
     if (!IsSyntheticSource(model) && !IsFile(model + "/config.json"))
       throw std::runtime_error(model + "/config.json: not found");
     t.local = std::make_unique<LocalMesh>(OptionsFromFlags(f, model, world));

@@ -17,7 +17,7 @@
 #include "model/kv_layout.h"
 #include "model/cli_model.h"
 #include "model/model.h"
-#include "model/tiny_model.h"
+#include "model/testing/tiny_model.h"
 
 namespace dsmesh {
 namespace {

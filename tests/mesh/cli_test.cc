@@ -74,7 +74,7 @@ TEST(MeshCli, LogitsAndGenerateOnAMeshMatchTheSingleProcessPath) {
   EXPECT_NE(single.find("{\"tokens\": ["), std::string::npos) << single;
 }
 
-// A synthetic model (weights built by each worker from a seed, model/synthetic.h) on a mesh of two worker
+// A synthetic model (weights built by each worker from a seed, model/testing/synthetic.h) on a mesh of two worker
 // processes: `generate` equals the single-process path on the same source, and `bench --world 2` runs on
 // it (the coordinator takes the model's facts from the source, not from a directory).
 TEST(MeshCli, SyntheticModelOnAMeshOfTwoWorkers) {

@@ -1,4 +1,4 @@
-#include "model/tiny_model.h"
+#include "model/testing/tiny_model.h"
 
 #include <sys/stat.h>
 

@@ -1,4 +1,4 @@
-#include "model/synthetic_source.h"
+#include "model/testing/synthetic_source.h"
 
 #include <stdexcept>
 
