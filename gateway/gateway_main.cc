@@ -43,7 +43,7 @@
 #include "common/mesh/mesh_credentials.h"
 #include "gateway/mesh_monitor.h"
 #include "gateway/openai_server.h"
-#include "model/vision_config.h"
+#include "common/vision/vision_config.h"
 #include "gateway/serving_metrics.h"
 
 namespace dsmesh {

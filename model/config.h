@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "model/vision_config.h"
+#include "common/vision/vision_config.h"
 
 namespace dsmesh {
 

@@ -1,4 +1,4 @@
-#include "model/vision_config.h"
+#include "common/vision/vision_config.h"
 
 #include <stdexcept>
 #include <string>

@@ -1,5 +1,5 @@
 // VisionConfig: the vision_* keys of a DeepSeek-V4(-Flash-Vision) config.json, shared by the image
-// preprocessing (model/vision_preprocess.h) and the vision tower (model/vision_tower.h).
+// preprocessing (common/vision/vision_preprocess.h) and the vision tower (model/vision_tower.h).
 #pragma once
 
 #include <cstdint>
