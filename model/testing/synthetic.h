@@ -3,7 +3,8 @@
 // backend generates EXL3 trellises on the device), each rank only its shard. NAME is `v4-flash` (the
 // DeepSeek-V4-Flash config of docs/model-v4.md section 1) or a directory holding a config.json. The linears a
 // pack quantizes (kernels/exl3/quant_plan.h) become synthetic MCG EXL3 of the given bits (defaults: the
-// seat's experts=2, dense=6); router, norms, hyper-connections, embedding and head are bf16/f32.
+// reference deployment's experts=2, dense=6: docs/reference-deployment.md); router, norms,
+// hyper-connections, embedding and head are bf16/f32.
 // Values are scaled so activations stay finite through every layer (see synthetic.cc).
 #pragma once
 
