@@ -54,7 +54,8 @@ TEST(ModelCard, ReadsTheGoldenFixtures) {
   }
   const ModelCard vision = ModelCard::FromDirectory(Root() + "/tests/golden/vision_v4");
   EXPECT_EQ(vision.vision.n_layers, 2);
-  EXPECT_EQ(vision.vision.patch_size, 14);
+  EXPECT_EQ(vision.vision.patch_size, 4);
+  EXPECT_EQ(vision.vision.dim, 64);
 }
 
 TEST(ModelCard, AbsentFieldsStayEmptyUntilRequired) {
