@@ -86,7 +86,7 @@ std::map<std::string, CommandInfo> BuildTable() {
         RunPpl}},
       {"project-seat",
        {"project-seat --profile BENCH.json [--bits experts=2,dense=6]: the H200 decode profile of the full-size "
-        "V4-Flash projected onto 8 x RTX PRO 2000 (TP8)",
+        "V4-Flash projected onto the reference deployment (vLLM + exllamav3 on 8 x RTX PRO 2000, TP8)",
         RunProjectSeat}},
       {"tokenize", {"tokenize --tokenizer DIR --text-file F [--add-special-tokens]", RunTokenize}},
       {"detokenize", {"detokenize --tokenizer DIR --ids 1,2,3 [--skip-special-tokens]", RunDetokenize}},

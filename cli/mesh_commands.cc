@@ -45,8 +45,8 @@
 #include "coordinator/speculative_config.h"
 #include "kernels/cuda/device_choice.h"
 #include "model/commands.h"
-#include "model/synthetic_source.h"
-#include "model/tiny_model.h"
+#include "model/testing/synthetic_source.h"
+#include "model/testing/tiny_model.h"
 
 namespace dsmesh {
 namespace {
@@ -244,7 +244,7 @@ MeshTarget Connect(const Flags& f, const std::function<void(LocalMeshOptions&)>&
     const int world = static_cast<int>(f.GetInt("world", 1));
     if (world < 1) throw UsageError("--world must be >= 1");
     const std::string model = f.Require("model");
-    // A synthetic source (model/synthetic.h) has no directory: the workers build its weights.
+    // A synthetic source (model/testing/synthetic.h) has no directory: the workers build its weights.
     if (!IsSyntheticSource(model) && !IsFile(model + "/config.json"))
       throw std::runtime_error(model + "/config.json: not found");
     const DeviceChoice device = ChooseDevice(f);

@@ -34,9 +34,7 @@
 
 #include <atomic>
 #include <cstdio>
-#include <fstream>
 #include <limits>
-#include <sstream>
 #include <thread>
 
 #include <grpcpp/grpcpp.h>
@@ -45,54 +43,25 @@
 #include "common/flags.h"
 #include "common/mesh/mesh_credentials.h"
 #include "common/mesh/mesh_token_check.h"
+#include "common/model_card.h"
 #include "common/program.h"
 #include "common/systemd_notify.h"
 #include "coordinator/engine.h"
 #include "coordinator/services.h"
 #include "coordinator/speculative_config.h"
-#include "model/synthetic_source.h"
+#include "model/testing/synthetic_source.h"
 #include "model/v4_flash_config.h"
 
 namespace dsmesh {
 namespace {
 
-struct ModelFacts {
-  int64_t vocab_size = 0;
-  int32_t eos_token_id = -1;
-  int64_t max_position_embeddings = 0;
-};
-
-// --model DIR reads DIR/config.json; a synthetic source (model/synthetic_source.h: weights made by the
-// workers from a seed) has DeepSeek-V4-Flash's config or its base directory's.
-ModelFacts ReadModelFacts(const std::string& source) {
-  std::string path = source + "/config.json";
-  nlohmann::json j;
-  try {
-    if (IsSyntheticSource(source)) {
-      const SyntheticSpec spec = ParseSyntheticSource(source);
-      if (spec.base == "v4-flash") {
-        path = source;
-        j = nlohmann::json::parse(kV4FlashConfigJson);
-      } else {
-        path = spec.base + "/config.json";
-      }
-    }
-    if (j.is_null()) {
-      std::ifstream f(path);
-      if (!f) throw std::runtime_error(path + ": cannot open (is --model a model directory?)");
-      f >> j;
-    }
-  } catch (const nlohmann::json::exception& e) {
-    throw std::runtime_error(path + ": invalid JSON: " + e.what());
-  }
-  ModelFacts m;
-  if (!j.contains("vocab_size") || !j["vocab_size"].is_number_integer())
-    throw std::runtime_error(path + ": missing integer field vocab_size");
-  m.vocab_size = j["vocab_size"].get<int64_t>();
-  if (j.contains("eos_token_id") && j["eos_token_id"].is_number_integer()) m.eos_token_id = j["eos_token_id"].get<int32_t>();
-  if (j.contains("max_position_embeddings") && j["max_position_embeddings"].is_number_integer())
-    m.max_position_embeddings = j["max_position_embeddings"].get<int64_t>();
-  return m;
+// --model DIR reads DIR/config.json; a synthetic source (model/testing/synthetic_source.h: weights made by
+// the workers from a seed) has DeepSeek-V4-Flash's config or its base directory's.
+ModelCard ReadModelCard(const std::string& source) {
+  if (!IsSyntheticSource(source)) return ModelCard::FromDirectory(source);
+  const SyntheticSpec spec = ParseSyntheticSource(source);
+  if (spec.base == "v4-flash") return ModelCard::FromJson(kV4FlashConfigJson, source);
+  return ModelCard::FromDirectory(spec.base);
 }
 
 constexpr char kDefaultListen[] = "127.0.0.1:7000";
@@ -119,12 +88,12 @@ int Main(const std::vector<std::string>& args) {
                      "--tls-ca) so that only the mesh's own processes are served");
   const int world = static_cast<int>(f.GetInt("world", 0));
   if (world < 1) throw UsageError("--world must be >= 1");
-  const ModelFacts facts = ReadModelFacts(f.Require("model"));
+  const ModelCard card = ReadModelCard(f.Require("model"));
 
   EngineConfig ec;
   ec.scheduler.max_num_seqs = static_cast<int>(f.GetInt("max-num-seqs", 4));
   ec.scheduler.max_batched_tokens = static_cast<int>(f.GetInt("max-batched-tokens", 512));
-  const int64_t default_len = facts.max_position_embeddings > 0 ? facts.max_position_embeddings : 4096;
+  const int64_t default_len = card.max_position_embeddings.value_or(4096);
   ec.scheduler.max_model_len = static_cast<int>(f.GetInt("max-model-len", default_len));
   ec.scheduler.prefix_caching = f.GetBool("enable-prefix-caching", true);
   const long long threshold = f.GetInt("long-prefill-token-threshold", kDefaultLongPrefillTokenThreshold);
@@ -136,8 +105,8 @@ int Main(const std::vector<std::string>& args) {
   } catch (const std::invalid_argument& e) {
     throw UsageError(std::string("--scheduling-policy: ") + e.what());
   }
-  ec.scheduler.vocab_size = facts.vocab_size;
-  ec.scheduler.eos_token_id = facts.eos_token_id;
+  ec.scheduler.vocab_size = card.Required(card.vocab_size, "vocab_size");
+  ec.scheduler.eos_token_id = card.eos_token_id ? static_cast<int32_t>(*card.eos_token_id) : -1;
   ec.block_size = static_cast<int>(f.GetInt("block-size", 16));
   const std::string spec = f.Get("speculative-config", "");
   ec.scheduler.num_speculative_tokens = spec.empty() ? 0 : ParseSpeculativeConfig(spec);

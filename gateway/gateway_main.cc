@@ -22,17 +22,18 @@
 #include <signal.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <future>
 #include <limits>
 #include <optional>
-#include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
 
 #include "common/chat/chat_format.h"
 #include "common/flags.h"
+#include "common/model_card.h"
 #include "common/program.h"
 #include "common/systemd_notify.h"
 #include "common/tokenizer/tokenizer.h"
@@ -43,7 +44,6 @@
 #include "common/mesh/mesh_credentials.h"
 #include "gateway/mesh_monitor.h"
 #include "gateway/openai_server.h"
-#include "model/vision_config.h"
 #include "gateway/serving_metrics.h"
 
 namespace dsmesh {
@@ -100,33 +100,22 @@ std::set<std::string> ReadApiKeys(const Flags& flags) {
 struct ModelInfo {
   ChatFormat chat_format = ChatFormat::kDeepSeekV4;
   int max_position_embeddings = 1 << 20;
-  int vision_layers = 0;  // config.json vision_n_layers (DeepSeek-V4-Flash-Vision); 0: text only
-  VisionConfig vision;    // its vision_* keys (the preprocessing of image parts)
+  VisionConfig vision;  // the vision_* keys (the preprocessing of image parts); n_layers 0: text only
 };
 
 ModelInfo ReadModelInfo(const std::string& dir, const std::string& chat_format_flag) {
+  const ModelCard card = ModelCard::FromDirectory(dir);
   ModelInfo info;
-  std::string path = dir + "/config.json";
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error(path + ": cannot read (--model must be a model directory)");
-  nlohmann::json config;
-  try {
-    config = nlohmann::json::parse(in);
-  } catch (const std::exception& e) {
-    throw std::runtime_error(path + ": not valid JSON: " + e.what());
-  }
-  if (config.contains("max_position_embeddings") && config["max_position_embeddings"].is_number_integer())
-    info.max_position_embeddings = config["max_position_embeddings"].get<int>();
-  if (config.contains("vision_n_layers") && config["vision_n_layers"].is_number_integer())
-    info.vision_layers = config["vision_n_layers"].get<int>();
-  info.vision = VisionConfig::FromJson(config);
+  if (card.max_position_embeddings)
+    info.max_position_embeddings =
+        static_cast<int>(std::min<int64_t>(*card.max_position_embeddings, std::numeric_limits<int>::max()));
+  info.vision = card.vision;
   if (!chat_format_flag.empty()) {
     info.chat_format = ParseChatFormatName(chat_format_flag);
   } else {
-    std::string model_type = config.value("model_type", "");
-    auto format = ChatFormatForModelType(model_type);
+    auto format = ChatFormatForModelType(card.model_type);
     if (!format)
-      throw std::runtime_error(path + ": model_type '" + model_type +
+      throw std::runtime_error(card.source + ": model_type '" + card.model_type +
                                "' has no chat format here; pass --chat-format v4|v3");
     info.chat_format = *format;
   }

@@ -1,6 +1,6 @@
 // Image inputs of a chat request: each image_url part decoded (common/image) under the gateway's limits,
 // every failure an HTTP 400 whose param names the content part ("messages[0].content[1].image_url").
-// The decoded images are what a vision model's preprocessing (model/vision_preprocess.h) consumes; a
+// The decoded images are what a vision model's preprocessing (common/vision/vision_preprocess.h) consumes; a
 // model without a vision path refuses them with a 400 of its own (RefuseImages).
 #pragma once
 

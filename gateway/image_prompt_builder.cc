@@ -5,8 +5,8 @@
 
 #include "common/chat/chat_request.h"
 #include "gateway/api_error.h"
-#include "model/image_prompt.h"
-#include "model/vision_preprocess.h"
+#include "common/vision/image_prompt.h"
+#include "common/vision/vision_preprocess.h"
 
 namespace dsmesh {
 

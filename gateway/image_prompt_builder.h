@@ -9,7 +9,7 @@
 
 #include "common/tokenizer/tokenizer.h"
 #include "gateway/image_inputs.h"
-#include "model/vision_config.h"
+#include "common/vision/vision_config.h"
 #include "proto/mesh.pb.h"
 
 namespace dsmesh {

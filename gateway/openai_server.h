@@ -17,7 +17,7 @@
 #include "gateway/generation_session.h"
 #include "gateway/http_server.h"
 #include "gateway/image_inputs.h"
-#include "model/vision_config.h"
+#include "common/vision/vision_config.h"
 #include "common/mesh/mesh_client.h"
 #include "gateway/mesh_monitor.h"
 #include "gateway/serving_metrics.h"

@@ -1,8 +1,9 @@
 // The gateway's /metrics: vLLM's metric names, types, labels and buckets
 // (vllm/v1/metrics/loggers.py, summarized in docs/openai-api.md, "Errors and metrics"), so
-// vLLM's Grafana dashboard and the seat's bench scripts work unchanged. Per-request figures are
-// observed here as responses stream through; scheduler, KV and speculative figures come from the
-// coordinator's Stats RPC at scrape time. Names outside vLLM's set use the `dsmesh_` prefix: so do the
+// vLLM's Grafana dashboard and the bench scripts of the reference deployment (vLLM on 8 x RTX PRO 2000)
+// work unchanged. Per-request figures are observed here as responses stream through; scheduler, KV and
+// speculative figures come from the coordinator's Stats RPC at scrape time.
+// Names outside vLLM's set use the `dsmesh_` prefix: so do the
 // image counters (dsmesh_image_inputs_total, dsmesh_image_tokens_total), since vLLM counts no image inputs
 // (its only multimodal families, vllm:mm_cache_queries/hits, count its processor cache, which dsmesh does
 // not have); the image tokens are a part of vllm:prompt_tokens_total. vLLM counts no tool-call parse

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "model/tiny_model.h"
+#include "model/testing/tiny_model.h"
 
 namespace dsmesh {
 
@@ -21,7 +21,7 @@ int RunPpl(const std::vector<std::string>& args);
 // `dsmesh bench --device cpu|cuda[:N]` without a mesh: decode steps in this process beside their floor
 // (model/local_bench_command.cc).
 int RunLocalBench(const std::vector<std::string>& args);
-// `dsmesh project-seat --profile BENCH.json` (model/seat_projection_command.cc).
+// `dsmesh project-seat --profile BENCH.json` (model/reference_deployment_projection_command.cc).
 int RunProjectSeat(const std::vector<std::string>& args);
 
 // Writes the tiny model of `spec` into `dir` and, when this checkout has it ($DSMESH_ROOT or the working

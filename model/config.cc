@@ -1,8 +1,6 @@
 #include "model/config.h"
 
 #include <cmath>
-#include <fstream>
-#include <sstream>
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
@@ -37,15 +35,6 @@ T Opt(const json& j, const char* key, T fallback, const std::string& src) {
     if (!it->is_number()) Fail(src, std::string("field \"") + key + "\" must be a number");
   }
   return it->get<T>();
-}
-
-// bos/eos may be an int or a list of ints (the first is used).
-int64_t TokenId(const json& j, const char* key, int64_t fallback, const std::string& src) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return fallback;
-  if (it->is_number_integer()) return it->get<int64_t>();
-  if (it->is_array() && !it->empty() && (*it)[0].is_number_integer()) return (*it)[0].get<int64_t>();
-  Fail(src, std::string("field \"") + key + "\" must be an integer or a list of integers");
 }
 
 void ParseYarn(const json& r, YarnScaling* y, const std::string& src, const std::string& where) {
@@ -96,14 +85,13 @@ MlpKind ModelConfig::mlp_kind(int layer) const {
 }
 
 ModelConfig ModelConfig::FromJson(const std::string& text, const std::string& src) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const std::exception& e) {
-    Fail(src, std::string("not valid JSON: ") + e.what());
-  }
-  if (!j.is_object()) Fail(src, "config must be a JSON object");
-  std::string type = j.value("model_type", std::string());
+  return FromCard(ModelCard::FromJson(text, src));
+}
+
+ModelConfig ModelConfig::FromCard(const ModelCard& card) {
+  const std::string& src = card.source;
+  const json& j = card.document;
+  const std::string& type = card.model_type;
   if (type.empty()) Fail(src, "missing field \"model_type\"");
   if (type != "deepseek_v4")
     Fail(src, "unsupported model_type \"" + type + "\" (this build supports \"deepseek_v4\")");
@@ -111,10 +99,10 @@ ModelConfig ModelConfig::FromJson(const std::string& text, const std::string& sr
   ModelConfig c;
   c.model_type = type;
   c.source = src;
-  c.vocab_size = Need<int64_t>(j, "vocab_size", src);
+  c.vocab_size = card.Required(card.vocab_size, "vocab_size");
   c.hidden_size = Need<int64_t>(j, "hidden_size", src);
   c.num_layers = Need<int>(j, "num_hidden_layers", src);
-  c.num_mtp_layers = Opt<int>(j, "num_nextn_predict_layers", 0, src);
+  c.num_mtp_layers = card.num_mtp_layers;
   c.num_heads = Need<int>(j, "num_attention_heads", src);
   int kv_heads = Opt<int>(j, "num_key_value_heads", 1, src);
   if (kv_heads != 1) Fail(src, "num_key_value_heads must be 1 for deepseek_v4 (shared K=V head)");
@@ -138,8 +126,8 @@ ModelConfig ModelConfig::FromJson(const std::string& text, const std::string& sr
   c.hc_sinkhorn_iters = Opt<int>(j, "hc_sinkhorn_iters", 20, src);
   c.hc_eps = Opt<double>(j, "hc_eps", 1e-6, src);
   c.rms_norm_eps = Opt<double>(j, "rms_norm_eps", 1e-6, src);
-  c.bos_token_id = TokenId(j, "bos_token_id", 0, src);
-  c.eos_token_id = TokenId(j, "eos_token_id", 1, src);
+  c.bos_token_id = card.bos_token_id.value_or(0);
+  c.eos_token_id = card.eos_token_id.value_or(1);
   c.tie_word_embeddings = Opt<bool>(j, "tie_word_embeddings", false, src);
   c.rope_theta = Opt<double>(j, "rope_theta", 10000.0, src);
   c.compress_rope_theta = Opt<double>(j, "compress_rope_theta", 160000.0, src);
@@ -244,13 +232,7 @@ ModelConfig ModelConfig::FromJson(const std::string& text, const std::string& sr
     c.num_hash_layers = Opt<int>(j, "num_hash_layers", 0, src);
   }
 
-  try {
-    c.vision = VisionConfig::FromJson(j);
-  } catch (const std::exception& e) {
-    std::string what = e.what();  // VisionConfig names "config.json: "; src says which one
-    if (what.rfind("config.json: ", 0) == 0) what = what.substr(13);
-    Fail(src, what);
-  }
+  c.vision = card.vision;
 
   // Sanity: the shapes the forward relies on.
   auto check = [&](bool ok, const std::string& what) {
@@ -273,12 +255,7 @@ ModelConfig ModelConfig::FromJson(const std::string& text, const std::string& sr
 }
 
 ModelConfig ModelConfig::FromDirectory(const std::string& dir) {
-  std::string path = dir + "/config.json";
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error(path + ": cannot open (is " + dir + " a model directory?)");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return FromJson(ss.str(), path);
+  return FromCard(ModelCard::FromDirectory(dir));
 }
 
 }  // namespace dsmesh

@@ -1,4 +1,5 @@
-// ModelConfig: the DeepSeek-V4 hyper-parameters, parsed from a model directory's config.json.
+// ModelConfig: the DeepSeek-V4 hyper-parameters, parsed from a model directory's config.json through its model
+// card (common/model_card.h: the facts every process reads; the rest of the file is parsed here).
 // Both spellings found in the wild are accepted and mapped onto one description:
 //   - the checkpoint's (compress_ratios, num_hash_layers, qk_rope_head_dim, rope_scaling {type: yarn, ...}),
 //   - transformers' (layer_types, mlp_layer_types, partial_rotary_factor, rope_parameters {main, compress},
@@ -10,7 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "model/vision_config.h"
+#include "common/model_card.h"
+#include "common/vision/vision_config.h"
 
 namespace dsmesh {
 
@@ -82,6 +84,7 @@ struct ModelConfig {
   // deepseek_v4.
   static ModelConfig FromJson(const std::string& json_text, const std::string& source);
   static ModelConfig FromDirectory(const std::string& dir);  // reads dir/config.json
+  static ModelConfig FromCard(const ModelCard& card);        // the card's facts and its document
 };
 
 }  // namespace dsmesh

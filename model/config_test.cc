@@ -6,9 +6,9 @@
 #include <fstream>
 
 #include "model/rope.h"
-#include "model/test_util.h"
+#include "model/testing/test_util.h"
 #include "model/v4_flash_config.h"
-#include "model/tiny_model.h"
+#include "model/testing/tiny_model.h"
 
 namespace dsmesh {
 namespace {

@@ -13,7 +13,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/thread_pool.h"
 #include "model/model.h"
-#include "model/tiny_model.h"
+#include "model/testing/tiny_model.h"
 
 namespace dsmesh {
 namespace {

@@ -12,7 +12,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "model/model.h"
 #include "model/sequence_state.h"
-#include "model/test_util.h"
+#include "model/testing/test_util.h"
 
 namespace dsmesh {
 namespace {

@@ -10,7 +10,7 @@
 
 #include "common/safetensors.h"
 #include "model/config.h"
-#include "model/synthetic_source.h"
+#include "model/testing/synthetic_source.h"
 
 namespace dsmesh {
 namespace {

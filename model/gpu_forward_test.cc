@@ -23,8 +23,8 @@
 #include "kernels/exl3/quantize_checkpoint.h"
 #include "model/model.h"
 #include "model/sequence_state.h"
-#include "model/test_util.h"
-#include "model/tiny_model.h"
+#include "model/testing/test_util.h"
+#include "model/testing/tiny_model.h"
 
 namespace dsmesh {
 namespace {
@@ -132,7 +132,7 @@ TEST(GpuForward, GoldenTensorParallelTwoRanksOnOneGpu) {
   EXPECT_EQ(tokens[1], greedy);
 }
 
-// A tiny model with every layer kind, quantized the way the seat's pack is (experts K2, dense K6, MCG),
+// A tiny model with every layer kind, quantized the way the reference deployment's pack is (experts K2, dense K6, MCG),
 // at sizes where the routed experts take the single-launch MoE kernel (hidden and intermediate
 // multiples of 128).
 std::string Exl3PackDir() {

@@ -24,8 +24,8 @@
 #include "kernels/cuda/gpu_test_util.h"
 #include "model/config.h"
 #include "model/model.h"
-#include "model/test_util.h"
-#include "model/tiny_model.h"
+#include "model/testing/test_util.h"
+#include "model/testing/tiny_model.h"
 #include "model/vision_tower.h"
 #include "model/weights.h"
 

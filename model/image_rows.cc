@@ -5,7 +5,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "model/vision_preprocess.h"
+#include "common/vision/vision_preprocess.h"
 
 namespace dsmesh {
 

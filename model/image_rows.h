@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/image_prompt.h"
+#include "common/vision/image_prompt.h"
 #include "model/model.h"
 #include "model/weights.h"
 

@@ -20,7 +20,7 @@
 #include "model/kv_layout.h"
 #include "model/model.h"
 #include "model/roofline.h"
-#include "model/synthetic.h"
+#include "model/testing/synthetic.h"
 
 namespace dsmesh {
 namespace {

@@ -9,7 +9,7 @@
 #include "model/kv_layout.h"
 #include "model/model_impl.h"
 #include "model/rope.h"
-#include "model/synthetic.h"
+#include "model/testing/synthetic.h"
 
 namespace dsmesh {
 

@@ -196,7 +196,7 @@ class Model {
 
 // Loads config.json and the safetensors (DeepSeek or transformers tensor naming, dense or EXL3 linears)
 // from `dir`, keeping only `shard`'s slice. `dir` may instead be a synthetic source
-// ("synthetic:v4-flash[:seed=S,experts=2,dense=6]", model/synthetic.h): weights built from a seed. `comm` must outlive the model; nullptr means a
+// ("synthetic:v4-flash[:seed=S,experts=2,dense=6]", model/testing/synthetic.h): weights built from a seed. `comm` must outlive the model; nullptr means a
 // LocalCommunicator (then shard.world must be 1). Throws std::runtime_error naming the directory, file,
 // tensor or config field on any problem (missing dir, unsupported config, missing tensor, bad shape).
 std::unique_ptr<Model> LoadModel(const std::string& dir, const ShardSpec& shard,

@@ -10,7 +10,7 @@
 #include "model/config.h"
 #include "model/model.h"
 #include "model/sequence_state.h"
-#include "model/synthetic.h"
+#include "model/testing/synthetic.h"
 #include "model/weights.h"
 
 namespace dsmesh {

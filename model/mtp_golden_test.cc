@@ -13,7 +13,7 @@
 #include "common/safetensors.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "model/model.h"
-#include "model/test_util.h"
+#include "model/testing/test_util.h"
 
 namespace dsmesh {
 namespace {

@@ -18,8 +18,8 @@
 #include "kernels/exl3/quantize_checkpoint.h"
 #include "model/model.h"
 #include "model/model_impl.h"
-#include "model/test_util.h"
-#include "model/tiny_model.h"
+#include "model/testing/test_util.h"
+#include "model/testing/tiny_model.h"
 
 namespace dsmesh {
 namespace {

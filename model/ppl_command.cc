@@ -1,5 +1,5 @@
 // `dsmesh ppl --model DIR|--url http://H:P --file F [--ctx N] [--chunks N]`: perplexity of a text file
-// with the semantics of the seat's ppl-vllm.py: the file is tokenized without special tokens, cut into
+// with the semantics of the reference deployment's ppl-vllm.py: the file is tokenized without special tokens, cut into
 // disjoint windows of --ctx tokens, and each window is scored from its second token on (the first has no
 // context). --model runs the model in process ([--threads N] [--device cpu|cuda] [--enforce-eager]
 // [--tokenizer DIR]); --url asks a running gateway (ours or vLLM) through /tokenize and /v1/completions

@@ -1,6 +1,6 @@
 // `dsmesh ppl --url`: the windows of `dsmesh ppl` scored by an OpenAI-compatible gateway (ours or vLLM)
-// through /v1/completions with vLLM's `prompt_logprobs=0` and `max_tokens=1` (the seat's ppl-vllm.py), the
-// text tokenized by the gateway's /tokenize (no special tokens). Every HTTP or format problem is a
+// through /v1/completions with vLLM's `prompt_logprobs=0` and `max_tokens=1` (the reference deployment's
+// ppl-vllm.py), the text tokenized by the gateway's /tokenize (no special tokens). Every HTTP or format problem is a
 // std::runtime_error naming the URL and what came back.
 #pragma once
 

@@ -1,4 +1,4 @@
-// The decode-step floor of V4-Flash with the seat's pack (experts K2, dense K6): the estimate is
+// The decode-step floor of V4-Flash with the reference deployment's pack (experts K2, dense K6): the estimate is
 // about 7.4 GB per single-stream step at 4K context; 4 streams touch more experts; TP8 divides the split
 // parts; the KV read grows with context.
 #include "model/roofline.h"
@@ -13,7 +13,7 @@
 namespace dsmesh {
 namespace {
 
-TEST(Roofline, V4FlashSeatPack) {
+TEST(Roofline, V4FlashReferenceDeploymentPack) {
   const ModelConfig c = ModelConfig::FromJson(kV4FlashConfigJson, "v4-flash");
   const Exl3BitsSpec bits = Exl3BitsSpec::Parse("experts=2,dense=6");
   DecodeStepShape one;

@@ -9,8 +9,8 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "model/model.h"
-#include "model/test_util.h"
-#include "model/tiny_model.h"
+#include "model/testing/test_util.h"
+#include "model/testing/tiny_model.h"
 
 namespace dsmesh {
 namespace {

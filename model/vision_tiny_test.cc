@@ -9,12 +9,12 @@
 
 #include "common/safetensors.h"
 #include "kernels/cpu/cpu_backend.h"
-#include "model/image_prompt.h"
+#include "common/vision/image_prompt.h"
 #include "model/image_rows.h"
 #include "model/model_impl.h"
-#include "model/test_util.h"
-#include "model/tiny_model.h"
-#include "model/vision_preprocess.h"
+#include "model/testing/test_util.h"
+#include "model/testing/tiny_model.h"
+#include "common/vision/vision_preprocess.h"
 #include "model/vision_tower.h"
 #include "model/weights.h"
 

@@ -30,7 +30,7 @@
 #include "common/communicator.h"
 #include "common/tensor.h"
 #include "kernels/backend.h"
-#include "model/vision_config.h"
+#include "common/vision/vision_config.h"
 #include "model/weights.h"
 
 namespace dsmesh {

@@ -11,7 +11,7 @@
 #include "common/fp8_blocks.h"
 #include "common/half.h"
 #include "kernels/exl3/synthetic_hash.h"
-#include "model/synthetic.h"
+#include "model/testing/synthetic.h"
 #include "model/tensor_names.h"
 
 namespace dsmesh {

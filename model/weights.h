@@ -140,8 +140,8 @@ VisionWeights LoadVisionWeights(const Checkpoint& ckpt, const ModelConfig& confi
 VisionWeights LoadVisionWeights(const Checkpoint& ckpt, const ModelConfig& config, const ShardLayout& layout,
                                 Backend& backend);
 
-struct SyntheticSpec;  // model/synthetic.h
-// The same weights built from a seed (model/synthetic.h), printing progress per layer on stderr.
+struct SyntheticSpec;  // model/testing/synthetic.h
+// The same weights built from a seed (model/testing/synthetic.h), printing progress per layer on stderr.
 ModelWeights LoadSyntheticWeights(const SyntheticSpec& spec, const ModelConfig& config, const ShardLayout& layout,
                                   Backend& backend);
 

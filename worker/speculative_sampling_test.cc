@@ -17,8 +17,8 @@
 #include <map>
 
 #include "kernels/cpu/cpu_backend.h"
-#include "model/test_util.h"
-#include "model/tiny_model.h"
+#include "model/testing/test_util.h"
+#include "model/testing/tiny_model.h"
 #include "worker/step_executor.h"
 
 namespace dsmesh {

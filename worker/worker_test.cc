@@ -16,8 +16,8 @@
 #include "common/mesh/store_service.h"
 #include "common/program.h"
 #include "kernels/cpu/cpu_backend.h"
-#include "model/test_util.h"
-#include "model/tiny_model.h"
+#include "model/testing/test_util.h"
+#include "model/testing/tiny_model.h"
 #include "worker/worker.h"
 
 namespace dsmesh {

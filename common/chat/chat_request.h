@@ -60,7 +60,7 @@ struct ChatRequest {
   // OpenAI tool definitions ({"type":"function","function":{...}}) with key order kept: V4 writes each
   // "function" object into the prompt through Python's json.dumps.
   std::vector<nlohmann::ordered_json> tools;
-  bool thinking = true;               // chat_template_kwargs.thinking; on by default, as in the seat
+  bool thinking = true;               // chat_template_kwargs.thinking; on by default, as in the reference deployment (vLLM)
   // false: the V3 template ends without "<｜Assistant｜>"; V4 refuses it (its encoder always opens
   // the assistant turn after a user turn).
   bool add_generation_prompt = true;

@@ -78,7 +78,7 @@ TEST(ChatRequestParserTest, ImageParts) {
 
 TEST(ChatRequestParserTest, ThinkingSwitch) {
   const std::string m = R"("messages": [{"role": "user", "content": "hi"}])";
-  EXPECT_TRUE(Parse("{" + m + "}").thinking);  // on by default, as in the seat
+  EXPECT_TRUE(Parse("{" + m + "}").thinking);  // on by default, as in the reference deployment (vLLM)
   EXPECT_TRUE(Parse("{" + m + R"(, "chat_template_kwargs": {"thinking": true}})").thinking);
   EXPECT_FALSE(Parse("{" + m + R"(, "chat_template_kwargs": {"thinking": false}})").thinking);
   EXPECT_FALSE(Parse("{" + m + R"(, "chat_template_kwargs": {"enable_thinking": false}})").thinking);

@@ -13,7 +13,7 @@
 #include "kernels/exl3/exl3_linear.h"
 #include "kernels/exl3/quant_plan.h"
 #include "kernels/exl3/quantize_checkpoint.h"
-#include "model/tiny_model.h"
+#include "model/testing/tiny_model.h"
 
 namespace dsmesh {
 namespace {

@@ -82,7 +82,7 @@ TEST(MeshCli, LogitsAndGenerateOnAMeshMatchTheSingleProcessPath) {
   EXPECT_NE(err_text.str().find("mesh: device: cpu (no CUDA GPU is visible"), std::string::npos) << err_text.str();
 }
 
-// A synthetic model (weights built by each worker from a seed, model/synthetic.h) on a mesh of two worker
+// A synthetic model (weights built by each worker from a seed, model/testing/synthetic.h) on a mesh of two worker
 // processes: `generate` equals the single-process path on the same source, and `bench --world 2` runs on
 // it (the coordinator takes the model's facts from the source, not from a directory).
 TEST(MeshCli, SyntheticModelOnAMeshOfTwoWorkers) {

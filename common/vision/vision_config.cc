@@ -1,4 +1,4 @@
-#include "model/vision_config.h"
+#include "common/vision/vision_config.h"
 
 #include <stdexcept>
 #include <string>
@@ -12,7 +12,7 @@ VisionConfig VisionConfig::FromJson(const nlohmann::json& j) {
     auto it = j.find(key);
     if (it == j.end() || it->is_null()) return;
     if (!it->is_number_integer() || it->get<long long>() < min)
-      throw std::runtime_error(std::string("config.json: ") + key + " must be an integer >= " + std::to_string(min));
+      throw std::runtime_error(std::string("field \"") + key + "\" must be an integer >= " + std::to_string(min));
     *out = static_cast<std::remove_pointer_t<decltype(out)>>(it->get<long long>());
   };
   get_int("vision_n_layers", &c.n_layers, 0);
@@ -24,20 +24,20 @@ VisionConfig VisionConfig::FromJson(const nlohmann::json& j) {
   get_int("vision_max_n_token", &c.max_n_token, 8);
   get_int("vision_min_pixels", &c.min_pixels, 0);
   if (auto it = j.find("vision_rope_theta"); it != j.end() && !it->is_null()) {
-    if (!it->is_number() || it->get<double>() <= 0) throw std::runtime_error("config.json: vision_rope_theta must be > 0");
+    if (!it->is_number() || it->get<double>() <= 0) throw std::runtime_error("field \"vision_rope_theta\" must be > 0");
     c.rope_theta = it->get<double>();
   }
   if (auto it = j.find("vision_max_wh_ratio"); it != j.end()) {
     if (it->is_null()) {
       c.max_wh_ratio = std::nullopt;
     } else if (!it->is_number() || it->get<double>() <= 0) {
-      throw std::runtime_error("config.json: vision_max_wh_ratio must be a number > 0 or null");
+      throw std::runtime_error("field \"vision_max_wh_ratio\" must be a number > 0 or null");
     } else {
       c.max_wh_ratio = it->get<double>();
     }
   }
   if (c.dim % c.n_heads != 0 || (c.dim / c.n_heads) % 4 != 0)
-    throw std::runtime_error("config.json: vision_dim / vision_n_heads must be a multiple of 4 (2D rotary halves)");
+    throw std::runtime_error("vision_dim / vision_n_heads must be a multiple of 4 (2D rotary halves)");
   return c;
 }
 

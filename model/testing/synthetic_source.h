@@ -1,4 +1,4 @@
-// The `synthetic:NAME[:seed=S,experts=K,dense=K,layer.N=K,mtp=K]` model source (model/synthetic.h builds
+// The `synthetic:NAME[:seed=S,experts=K,dense=K,layer.N=K,mtp=K]` model source (model/testing/synthetic.h builds
 // its weights): parsing only, so that processes that never build weights (the coordinator, the mesh
 // commands) can recognise and check it without the model library.
 #pragma once

@@ -1,4 +1,4 @@
-#include "model/tiny_model.h"
+#include "model/testing/tiny_model.h"
 
 #include <sys/stat.h>
 
@@ -14,7 +14,7 @@
 #include "common/half.h"
 #include "common/safetensors.h"
 #include "model/tensor_names.h"
-#include "model/vision_config.h"
+#include "common/vision/vision_config.h"
 
 namespace dsmesh {
 namespace {

@@ -1,7 +1,7 @@
-// Vision preprocessing against an independent Python implementation (model/testdata/
+// Vision preprocessing against an independent Python implementation (common/vision/testdata/
 // vision_preprocess_reference.py: Pillow resizes and pads, numpy reshapes, run at test time with Debian's
 // python3-pil and python3-numpy), plus hand-worked cases of the size rule and the token block.
-#include "model/vision_preprocess.h"
+#include "common/vision/vision_preprocess.h"
 
 #include <sys/wait.h>
 
@@ -16,7 +16,7 @@ namespace dsmesh {
 namespace {
 
 std::string RunReference(const std::string& args) {
-  const std::string command = "/usr/bin/python3 model/testdata/vision_preprocess_reference.py " + args;
+  const std::string command = "/usr/bin/python3 common/vision/testdata/vision_preprocess_reference.py " + args;
   FILE* pipe = popen(command.c_str(), "r");
   if (!pipe) throw std::runtime_error("cannot run " + command);
   std::string out;

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "common/image/image_decode.h"
-#include "model/vision_config.h"
+#include "common/vision/vision_config.h"
 
 namespace dsmesh {
 

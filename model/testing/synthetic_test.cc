@@ -1,7 +1,7 @@
-// Synthetic models (model/synthetic.h): the source spelling, the V4-Flash config, and a small synthetic
+// Synthetic models (model/testing/synthetic.h): the source spelling, the V4-Flash config, and a small synthetic
 // model that runs with finite, seed-determined logits on the CPU backend (the GPU twin is checked
 // against this one in gpu_forward_test).
-#include "model/synthetic.h"
+#include "model/testing/synthetic.h"
 
 #include <gtest/gtest.h>
 
@@ -11,8 +11,8 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "model/model.h"
-#include "model/test_util.h"
-#include "model/tiny_model.h"
+#include "model/testing/test_util.h"
+#include "model/testing/tiny_model.h"
 
 namespace dsmesh {
 namespace {

@@ -1,5 +1,6 @@
-// `dsmesh project-seat --profile BENCH.json`: the seat projection (model/seat_projection.h) of every
-// profiled shape in a `dsmesh bench --profile --json` file of the full-size V4-Flash (seat pack bits).
+// `dsmesh project-seat --profile BENCH.json`: the projection onto the reference deployment ("the seat": vLLM +
+// exllamav3 on 8 x RTX PRO 2000; model/reference_deployment_projection.h) of every profiled shape in a
+// `dsmesh bench --profile --json` file of the full-size V4-Flash (the deployment's pack bits).
 #include <cstdio>
 #include <fstream>
 #include <stdexcept>
@@ -10,7 +11,7 @@
 
 #include "model/commands.h"
 #include "common/flags.h"
-#include "model/seat_projection.h"
+#include "model/reference_deployment_projection.h"
 #include "model/v4_flash_config.h"
 
 namespace dsmesh {
@@ -39,7 +40,7 @@ int RunProjectSeat(const std::vector<std::string>& args) {
       phases.push_back({op.at("op").get<std::string>(), op.at("ms").get<double>()});
     phases.push_back({"(host gaps between ops)", prof.value("between_ops_ms", 0.0)});
     const int streams = r.at("streams").get<int>();
-    const SeatProjection p = ProjectToSeat(c, bits, streams, r.at("context").get<int64_t>(), phases,
+    const ReferenceDeploymentProjection p = ProjectToReferenceDeployment(c, bits, streams, r.at("context").get<int64_t>(), phases,
                                            r.at("ms_per_step").get<double>(), prof.at("step_ms").get<double>());
     std::printf("%s\n", p.Describe(streams).c_str());
     ++shown;

@@ -1,4 +1,4 @@
-#include "model/synthetic_source.h"
+#include "model/testing/synthetic_source.h"
 
 #include <stdexcept>
 
@@ -30,7 +30,7 @@ SyntheticSpec ParseSyntheticSource(const std::string& source) {
       }
     }
   }
-  // Items other than seed are the pack's bits; experts and dense default to the seat's 2 and 6.
+  // Items other than seed are the pack's bits; experts and dense default to the reference deployment's 2 and 6.
   std::string spec = extra;
   if (extra.find("experts=") == std::string::npos) spec = "experts=2" + std::string(spec.empty() ? "" : ",") + spec;
   if (spec.find("dense=") == std::string::npos) spec += ",dense=6";

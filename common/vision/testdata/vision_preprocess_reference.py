@@ -3,7 +3,7 @@
 description of vLLM's port (vllm/models/deepseek_v4/common/mm_preprocess.py: grid_tokens,
 solve_resize_ratio, safe_resize, load_image, build_image_block) with Pillow doing the resizing and padding
 the way the reference does (Image.resize / ImageOps.pad) and numpy the tensor reshapes. Used at test time
-by model/vision_preprocess_test.cc.
+by common/vision/vision_preprocess_test.cc.
 
   grid  W H [W H ...]        -> one line per size: best_w best_h vit_h vit_w llm_h llm_w tokens
   patches W H [W H ...]      -> per size: the grid line, then float32 patches [vit_h*vit_w, 3, p, p]

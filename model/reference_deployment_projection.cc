@@ -1,4 +1,4 @@
-#include "model/seat_projection.h"
+#include "model/reference_deployment_projection.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -34,20 +34,20 @@ KindFloors FloorsOf(const DecodeStepFloor& f, double bytes_per_s, double ops_per
 
 }  // namespace
 
-SeatProjection ProjectToSeat(const ModelConfig& c, const Exl3BitsSpec& bits, int streams, int64_t context,
+ReferenceDeploymentProjection ProjectToReferenceDeployment(const ModelConfig& c, const Exl3BitsSpec& bits, int streams, int64_t context,
                              const std::vector<MeasuredPhase>& phases, double graphs_ms, double eager_ms,
-                             const SeatHardware& seat, const RooflineCeilings& h200) {
-  SeatProjection p;
-  p.seat = seat;
+                             const ReferenceDeploymentHardware& hardware, const RooflineCeilings& h200) {
+  ReferenceDeploymentProjection p;
+  p.hardware = hardware;
   DecodeStepShape shape;
   shape.streams = streams;
   shape.context = context;
   shape.kv = KvCacheDtype::kF32;
   const KindFloors hf = FloorsOf(ComputeDecodeStepFloor(c, bits, shape, h200), h200.copy_bytes_per_s,
                                  h200.int_ops_per_s);
-  shape.world = seat.world;
-  const KindFloors sf = FloorsOf(ComputeDecodeStepFloor(c, bits, shape, h200), seat.copy_bytes_per_s,
-                                 seat.int_ops_per_s);
+  shape.world = hardware.world;
+  const KindFloors sf = FloorsOf(ComputeDecodeStepFloor(c, bits, shape, h200), hardware.copy_bytes_per_s,
+                                 hardware.int_ops_per_s);
   const double scale = eager_ms > 0 ? graphs_ms / eager_ms : 1.0;
   std::map<std::string, ProjectedKind> by_kind;
   for (const char* k : {"dense linears", "routed experts", "head", "latency-bound"}) by_kind[k].kind = k;
@@ -56,63 +56,63 @@ SeatProjection ProjectToSeat(const ModelConfig& c, const Exl3BitsSpec& bits, int
     k.phases.push_back(m.phase);
     k.h200_ms += m.ms * scale;
   }
-  auto set = [&](const char* kind, double h200_floor_s, double seat_floor_s) {
+  auto set = [&](const char* kind, double h200_floor_s, double rtx_floor_s) {
     ProjectedKind& k = by_kind[kind];
     k.h200_floor_ms = h200_floor_s * 1e3;
-    k.seat_floor_ms = seat_floor_s * 1e3;
-    k.seat_ms = k.efficiency() * k.seat_floor_ms;
-    k.seat_fixed_cost_ms = std::max(k.h200_ms, k.seat_floor_ms);
+    k.rtx_floor_ms = rtx_floor_s * 1e3;
+    k.rtx_ms = k.efficiency() * k.rtx_floor_ms;
+    k.rtx_fixed_cost_ms = std::max(k.h200_ms, k.rtx_floor_ms);
   };
   set("dense linears", hf.dense, sf.dense);
   set("routed experts", hf.experts, sf.experts);
   set("head", hf.head, sf.head);
-  by_kind["latency-bound"].seat_ms = by_kind["latency-bound"].seat_fixed_cost_ms = by_kind["latency-bound"].h200_ms;
+  by_kind["latency-bound"].rtx_ms = by_kind["latency-bound"].rtx_fixed_cost_ms = by_kind["latency-bound"].h200_ms;
   for (const char* k : {"dense linears", "routed experts", "head", "latency-bound"}) {
     p.kinds.push_back(by_kind[k]);
     p.h200_ms += by_kind[k].h200_ms;
-    p.seat_ms += by_kind[k].seat_ms;
-    p.seat_fixed_cost_ms += by_kind[k].seat_fixed_cost_ms;
+    p.rtx_ms += by_kind[k].rtx_ms;
+    p.rtx_fixed_cost_ms += by_kind[k].rtx_fixed_cost_ms;
   }
-  p.allreduces = seat.world > 1 ? 2 * c.num_layers : 0;
-  p.collectives_ms = p.allreduces * seat.allreduce_s * 1e3;
-  p.seat_ms += p.collectives_ms;
-  p.seat_fixed_cost_ms += p.collectives_ms;
+  p.allreduces = hardware.world > 1 ? 2 * c.num_layers : 0;
+  p.collectives_ms = p.allreduces * hardware.allreduce_s * 1e3;
+  p.rtx_ms += p.collectives_ms;
+  p.rtx_fixed_cost_ms += p.collectives_ms;
   return p;
 }
 
-std::string SeatProjection::Describe(int streams) const {
+std::string ReferenceDeploymentProjection::Describe(int streams) const {
   std::string out;
   char line[512];
   std::snprintf(line, sizeof(line),
-                "projection to the seat (%d x RTX PRO 2000, TP%d), %d stream(s): H200 phase efficiency x seat floor\n",
-                seat.world, seat.world, streams);
+                "projection to the reference deployment (%d x RTX PRO 2000, TP%d), %d stream(s): H200 phase efficiency x RTX floor\n",
+                hardware.world, hardware.world, streams);
   out += line;
   std::snprintf(line, sizeof(line), "  %-16s %10s %10s %8s %11s %10s %14s\n", "kind", "H200 ms", "floor ms",
-                "x floor", "seat floor", "seat ms", "(fixed cost)");
+                "x floor", "RTX floor", "RTX ms", "(fixed cost)");
   out += line;
   for (const ProjectedKind& k : kinds) {
     if (k.kind == "latency-bound") {
       std::snprintf(line, sizeof(line), "  %-16s %10.3f %10s %8s %11s %10.3f %14.3f  (as measured)\n",
-                    k.kind.c_str(), k.h200_ms, "-", "-", "-", k.seat_ms, k.seat_fixed_cost_ms);
+                    k.kind.c_str(), k.h200_ms, "-", "-", "-", k.rtx_ms, k.rtx_fixed_cost_ms);
     } else {
       std::snprintf(line, sizeof(line), "  %-16s %10.3f %10.3f %8.1f %11.3f %10.3f %14.3f\n", k.kind.c_str(),
-                    k.h200_ms, k.h200_floor_ms, k.efficiency(), k.seat_floor_ms, k.seat_ms, k.seat_fixed_cost_ms);
+                    k.h200_ms, k.h200_floor_ms, k.efficiency(), k.rtx_floor_ms, k.rtx_ms, k.rtx_fixed_cost_ms);
     }
     out += line;
   }
   std::snprintf(line, sizeof(line),
-                "  %-16s %10s %10s %8s %11s %10.3f %14.3f  (2 x %d all-reduces x %.1f us, the seat's)\n", "collectives",
-                "-", "-", "-", "-", collectives_ms, collectives_ms, allreduces / 2, seat.allreduce_s * 1e6);
+                "  %-16s %10s %10s %8s %11s %10.3f %14.3f  (2 x %d all-reduces x %.1f us, the deployment's)\n", "collectives",
+                "-", "-", "-", "-", collectives_ms, collectives_ms, allreduces / 2, hardware.allreduce_s * 1e6);
   out += line;
   std::snprintf(line, sizeof(line),
-                "  total: H200 %.2f ms/step -> seat %.2f ms/step (efficiency model), %.2f ms/step (fixed-cost reading); "
-                "the seat today: 21.03 ms (1 stream), target <= 14 ms\n",
-                h200_ms, seat_ms, seat_fixed_cost_ms);
+                "  total: H200 %.2f ms/step -> RTX PRO 2000 x8 %.2f ms/step (efficiency model), %.2f ms/step (fixed-cost reading); "
+                "the deployment today (vLLM + exllamav3): 21.03 ms (1 stream), target <= 14 ms\n",
+                h200_ms, rtx_ms, rtx_fixed_cost_ms);
   out += line;
   std::snprintf(line, sizeof(line),
-                "  inputs: seat bandwidth %.0f GB/s (measured cold read), integer rate %.2f Tops/s (assumed: the H200's "
-                "per-SM-clock rate x 34 SMs x 2.6 GHz), all-reduce %.1f us (the seat's NCCL share of its step)\n",
-                seat.copy_bytes_per_s / 1e9, seat.int_ops_per_s / 1e12, seat.allreduce_s * 1e6);
+                "  inputs: RTX PRO 2000 bandwidth %.0f GB/s (measured cold read), integer rate %.2f Tops/s (assumed: the H200's "
+                "per-SM-clock rate x 34 SMs x 2.6 GHz), all-reduce %.1f us (the deployment's NCCL share of its step)\n",
+                hardware.copy_bytes_per_s / 1e9, hardware.int_ops_per_s / 1e12, hardware.allreduce_s * 1e6);
   out += line;
   return out;
 }

@@ -1,4 +1,4 @@
-#include "model/image_prompt.h"
+#include "common/vision/image_prompt.h"
 
 #include <stdexcept>
 #include <string>

@@ -1,5 +1,5 @@
 // The prompt layout of images (DeepSeek-V4-Flash-Vision): after the chat encoding has been tokenized, every
-// image placeholder token becomes the image's sentinel block (model/vision_preprocess.h BuildImageBlock):
+// image placeholder token becomes the image's sentinel block (common/vision/vision_preprocess.h BuildImageBlock):
 // 3 - start % 4 IMAGE_PAD (so the grid starts on a multiple of the compressor ratio), IMAGE_START, the
 // aligner grid's rows each ending in IMAGE_NEWLINE and read two rows at a time column by column, IMAGE_PAD
 // where the layout needs them, IMAGE_END. Ids are kImageSentinelBaseId + type.
@@ -7,13 +7,13 @@
 // This follows vLLM (common/mm_preprocess.py): the placeholder "<｜deepseek_image｜>" is one token of the
 // vision model's tokenizer (PromptReplacement target [placeholder id]); the alignment pad is prepended at
 // splice time, when the block's position in the final prompt is known (_apply_token_matches_with_placeholders).
-// It lives here rather than in common/chat because the block is the model's (grids from the vision config).
+// It lives beside BuildImageBlock rather than in common/chat because the block comes from the vision config.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
-#include "model/vision_preprocess.h"
+#include "common/vision/vision_preprocess.h"
 
 namespace dsmesh {
 

@@ -1,5 +1,5 @@
 // The image placeholder's expansion, on blocks worked by hand from vLLM's build_image_block description.
-#include "model/image_prompt.h"
+#include "common/vision/image_prompt.h"
 
 #include <gtest/gtest.h>
 

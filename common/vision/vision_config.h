@@ -1,5 +1,5 @@
 // VisionConfig: the vision_* keys of a DeepSeek-V4(-Flash-Vision) config.json, shared by the image
-// preprocessing (model/vision_preprocess.h) and the vision tower (model/vision_tower.h).
+// preprocessing (common/vision/vision_preprocess.h) and the vision tower (model/vision_tower.h).
 #pragma once
 
 #include <cstdint>
@@ -28,7 +28,8 @@ struct VisionConfig {
   int head_dim() const { return dim / n_heads; }
   bool enabled() const { return n_layers > 0; }
 
-  // Throws std::runtime_error naming the key for a wrong type or a value out of range.
+  // Throws std::runtime_error naming the field for a wrong type or a value out of range (the message does not
+  // name the file: common/model_card.h, which reads these keys for every process, prefixes it).
   static VisionConfig FromJson(const nlohmann::json& config);
 };
 

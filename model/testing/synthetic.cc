@@ -1,4 +1,4 @@
-#include "model/synthetic.h"
+#include "model/testing/synthetic.h"
 
 #include <stdexcept>
 

@@ -1,4 +1,4 @@
-#include "model/vision_preprocess.h"
+#include "common/vision/vision_preprocess.h"
 
 #include <cmath>
 #include <stdexcept>
