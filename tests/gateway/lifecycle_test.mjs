@@ -53,10 +53,16 @@ const cases = [
   ['not ready: /health 503 with the reason, requests 503', async () => {
     const mesh = await startMesh({ notReady: true });
     try {
-      await new Promise((r) => setTimeout(r, 1500));  // one poll of the coordinator
-      const h = await fetch(`${mesh.base}/health`);
+      // Until the gateway's first poll of the coordinator the reason says "starting"; wait for that poll
+      // (a deadline, not a fixed sleep: a loaded machine can delay it).
+      let h, body;
+      for (const deadline = Date.now() + 30000; ;) {
+        h = await fetch(`${mesh.base}/health`);
+        body = await h.json();
+        if (!/^starting/.test(body.reason) || Date.now() > deadline) break;
+        await new Promise((r) => setTimeout(r, 50));
+      }
       assertEq(h.status, 503, '/health');
-      const body = await h.json();
       assert(/not ready/.test(body.reason), `reason: ${body.reason}`);
       const c = new OpenAI({ baseURL: mesh.url, apiKey: 'x', maxRetries: 0 });
       try {
@@ -91,12 +97,17 @@ const cases = [
       const err = JSON.parse(events[events.length - 2].slice(6));
       assert(err.error && /mesh error/.test(err.error.message), `error event: ${events[events.length - 2]}`);
       const c = new OpenAI({ baseURL: mesh.url, apiKey: 'x', maxRetries: 0 });
-      await new Promise((r) => setTimeout(r, 1500));
+      // Once the gateway's own poll has seen the coordinator gone (/health 503; a deadline, not a fixed sleep),
+      // requests are refused with 503.
+      for (const deadline = Date.now() + 30000; ;) {
+        if ((await fetch(`${mesh.base}/health`)).status === 503 || Date.now() > deadline) break;
+        await new Promise((r) => setTimeout(r, 50));
+      }
+      assertEq((await fetch(`${mesh.base}/health`)).status, 503, '/health');
       try {
         await c.chat.completions.create({ model: MODEL, messages: msg('hi') });
         throw new Error('expected 503');
       } catch (e) { assertEq(e.status, 503, 'after the coordinator is gone'); }
-      assertEq((await fetch(`${mesh.base}/health`)).status, 503, '/health');
     } finally { await mesh.stop(); }
   }],
 
