@@ -176,16 +176,28 @@ const cases = [
     try {
       const c = new OpenAI({ baseURL: mesh.url, apiKey: 'x', maxRetries: 0 });
       const words = Array.from({ length: 20 }, (_, i) => `y${i}`).join(' ');
-      const inflight = c.chat.completions.create({ model: MODEL, temperature: 0, chat_template_kwargs: { thinking: false }, messages: msg(words) });
-      await new Promise((r) => setTimeout(r, 200));
+      // A streamed request, SIGTERM once its first chunk arrived: then it is surely in flight (a fixed wait
+      // was not: on a loaded machine the request could still be on its way when the signal came).
+      const stream = await c.chat.completions.create({ model: MODEL, temperature: 0, stream: true,
+                                                       chat_template_kwargs: { thinking: false }, messages: msg(words) });
+      const it = stream[Symbol.asyncIterator]();
+      const first = await it.next();
+      assert(!first.done, 'the stream sent a first chunk');
+      const inflight = (async () => {
+        let content = first.value.choices[0]?.delta?.content ?? '';
+        for (let n = await it.next(); !n.done; n = await it.next()) content += n.value.choices[0]?.delta?.content ?? '';
+        return { choices: [{ message: { content } }] };
+      })();
       const exited = new Promise((r) => mesh.gateway.once('exit', (code) => r(code)));
       mesh.gateway.kill('SIGTERM');
-      await new Promise((r) => setTimeout(r, 100));
-      // The listener is closed while draining, so a new connection is refused (or sees 503 if it raced in).
-      try {
-        const h = await fetch(`${mesh.base}/health`);
-        assertEq(h.status, 503, '/health while draining');
-      } catch (e) { /* connection refused: also correct */ }
+      // The listener is closed while draining, so /health is refused (or answers 503 if it raced in); until the
+      // gateway has handled the signal it still answers 200, so poll (a deadline, not a measurement).
+      let health = 200;
+      for (const deadline = Date.now() + 30000; health === 200 && Date.now() < deadline;) {
+        try { health = (await fetch(`${mesh.base}/health`)).status; } catch (e) { health = 'refused'; }
+        if (health === 200) await new Promise((r) => setTimeout(r, 20));
+      }
+      assert(health === 503 || health === 'refused', `/health while draining: ${health}`);
       const r = await inflight;
       assertEq(r.choices[0].message.content, words, 'in-flight request finished');
       assertEq(await exited, 0, 'exit code');
