@@ -123,7 +123,7 @@ const cases = [
           s.on('data', (d) => { got += d; if (got.endsWith('0\r\n\r\n')) { s.destroy(); resolve(); } });
           s.on('error', reject);
           s.write(`POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
-          setTimeout(() => reject(new Error(`no complete answer: ${got.slice(-200)}`)), 5000);
+          setTimeout(() => reject(new Error(`no complete answer: ${got.slice(-200)}`)), 30000);  // a deadline for a loaded machine
         });
       }
       await new Promise((r) => setTimeout(r, 200));
@@ -146,7 +146,7 @@ const cases = [
         s.on('end', () => resolve(got));
         s.on('error', reject);
         s.write(`POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
-        setTimeout(() => reject(new Error(`connection not closed: ${got.slice(-200)}`)), 5000);
+        setTimeout(() => reject(new Error(`connection not closed: ${got.slice(-200)}`)), 30000);  // a deadline for a loaded machine
       });
       const [head, rest] = answer.split('\r\n\r\n');
       assert(head.startsWith('HTTP/1.0 200'), `status line: ${head}`);
