@@ -25,6 +25,16 @@
 #include "worker/grpc_store.h"
 
 namespace dsmesh {
+
+Flags ParseWorkerFlags(const std::vector<std::string>& args) {
+  Flags flags(args,
+              WithMeshCredentialFlags({"rank", "world", "coordinator", "model", "device", "kv-memory", "kv-memory-fraction",
+                                       "gpu-memory-utilization", "threads", "data-host", "collective-timeout-ms",
+                                       "enforce-eager", "kv-cache-dtype", "bench-simulated-acceptance"}),
+              {"enforce-eager", "bench-simulated-acceptance"});
+  if (!flags.Has("rank") || !flags.Has("world")) throw UsageError("--rank and --world are required");
+  return flags;
+}
 namespace {
 
 int64_t NowNs() {

@@ -17,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include <grpcpp/grpcpp.h>
 
@@ -34,6 +35,10 @@ class Store;
 }
 
 namespace dsmesh {
+
+// dsmesh-worker's flags (the mesh credential flags included); throws UsageError for an unknown flag or a missing
+// --rank / --world.
+Flags ParseWorkerFlags(const std::vector<std::string>& args);
 
 class Worker {
  public:

@@ -24,11 +24,7 @@ int main(int argc, char** argv) {
       "dsmesh-worker --rank R --world N --coordinator HOST:PORT --model DIR --device cpu|cuda[:I] [--gpu-memory-utilization F] [--enforce-eager] [--kv-cache-dtype auto|bf16|fp8] "
       "[--kv-memory BYTES | --kv-memory-fraction F] [--threads T]",
       [&] {
-        dsmesh::Flags flags(args, dsmesh::WithMeshCredentialFlags({"rank", "world", "coordinator", "model", "device", "kv-memory",
-                                   "kv-memory-fraction", "gpu-memory-utilization", "threads", "data-host",
-                                   "collective-timeout-ms", "enforce-eager", "kv-cache-dtype",
-                                   "bench-simulated-acceptance"}), {"enforce-eager", "bench-simulated-acceptance"});
-        if (!flags.Has("rank") || !flags.Has("world")) throw dsmesh::UsageError("--rank and --world are required");
+        const dsmesh::Flags flags = dsmesh::ParseWorkerFlags(args);
         dsmesh::Worker worker(flags);
         return worker.Run();
       });

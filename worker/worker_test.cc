@@ -86,9 +86,7 @@ std::string ModelDir() {
   return dir;
 }
 
-Flags WorkerFlags(const std::vector<std::string>& args) {
-  return Flags(args, {"rank", "world", "coordinator", "model", "device", "kv-memory", "threads", "data-host"});
-}
+Flags WorkerFlags(const std::vector<std::string>& args) { return ParseWorkerFlags(args); }
 
 TEST(Worker, FormsTheMeshAnswersAPlanAndRefusesABadOne) {
   BlockShutdownSignals();  // as dsmesh-worker's main does: Run takes them on its own thread
