@@ -70,13 +70,21 @@ bool Flags::GetBool(const std::string& name, bool fallback) const {
   throw UsageError("flag --" + name + ": expected true or false, got " + it->second);
 }
 
-std::vector<int32_t> ParseIntList(const std::string& flag, const std::string& text, const std::string& what) {
-  std::vector<int32_t> out;
+std::vector<std::string> SplitCommaList(const std::string& text) {
+  std::vector<std::string> items;
   size_t i = 0;
   while (i <= text.size()) {
     size_t j = text.find(',', i);
     if (j == std::string::npos) j = text.size();
-    const std::string item = text.substr(i, j - i);
+    items.push_back(text.substr(i, j - i));
+    i = j + 1;
+  }
+  return items;
+}
+
+std::vector<int32_t> ParseIntList(const std::string& flag, const std::string& text, const std::string& what) {
+  std::vector<int32_t> out;
+  for (const std::string& item : SplitCommaList(text)) {
     size_t used = 0;
     long long v = 0;
     try {
@@ -88,7 +96,6 @@ std::vector<int32_t> ParseIntList(const std::string& flag, const std::string& te
       throw UsageError("--" + flag + ": \"" + item + "\" is not an " + what + " (expected e.g. 5,17,9)");
     if (v < 0 || v > INT32_MAX) throw UsageError("--" + flag + ": " + what + " " + item + " is out of range");
     out.push_back(static_cast<int32_t>(v));
-    i = j + 1;
   }
   return out;
 }

@@ -36,6 +36,9 @@ struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The items of a comma-separated list, empty ones included ("1,,2" -> "1", "", "2"; "" -> one empty item).
+std::vector<std::string> SplitCommaList(const std::string& text);
+
 // The value of --flag as a comma-separated list of non-negative 32-bit integers ("5,17,9"). Throws
 // UsageError naming the flag: an item that is not an integer ("--tokens: \"x\" is not an integer
 // token id" with what = "integer token id"; an empty value or item is one) or one out of range.

@@ -3,15 +3,14 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "common/flags.h"
+
 namespace dsmesh {
 
 std::vector<double> ParseDraftAcceptance(const std::string& text, int drafts, const std::string& flag) {
   std::vector<double> rates;
-  size_t i = 0;
-  while (i <= text.size()) {
-    size_t j = text.find(',', i);
-    if (j == std::string::npos) j = text.size();
-    const std::string item = text.substr(i, j - i);
+  std::string before;  // the items already read, for the error message
+  for (const std::string& item : SplitCommaList(text)) {
     size_t used = 0;
     double v = 0;
     try {
@@ -24,9 +23,9 @@ std::vector<double> ParseDraftAcceptance(const std::string& text, int drafts, co
     if (v < 0 || v > 1) throw std::invalid_argument(flag + ": rate " + item + " is outside [0, 1]");
     if (!rates.empty() && v > rates.back())
       throw std::invalid_argument(flag + ": rates must be non-increasing (draft i+1 can pass only where draft i "
-                                  "did), got " + item + " after " + text.substr(0, i - 1));
+                                  "did), got " + item + " after " + before);
     rates.push_back(v);
-    i = j + 1;
+    before += (before.empty() ? "" : ",") + item;
   }
   if (static_cast<int>(rates.size()) != drafts)
     throw std::invalid_argument(flag + ": " + std::to_string(rates.size()) + " rate(s) for " + std::to_string(drafts) +

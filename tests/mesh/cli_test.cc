@@ -21,15 +21,6 @@ namespace {
 
 std::string Dsmesh() { return Runfile("cli/dsmesh"); }
 
-std::string Capture(const std::string& cmd, int* rc) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  *rc = pclose(p);
-  return out;
-}
-
 std::vector<float> ReadLogits(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   std::stringstream ss;

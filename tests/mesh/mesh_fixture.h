@@ -3,6 +3,9 @@
 // logits comparison.
 #pragma once
 
+#include <array>
+#include <cstdio>
+
 #include <signal.h>
 
 #include <algorithm>
@@ -52,6 +55,16 @@ inline std::vector<int32_t> Tokens(int n, uint32_t seed, int vocab = 512) {
     t[i] = static_cast<int32_t>(2 + (x >> 8) % (vocab - 2));  // avoid bos/eos
   }
   return t;
+}
+
+// Runs a shell command; returns what it wrote to stdout and sets *rc to its wait status.
+inline std::string Capture(const std::string& cmd, int* rc) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  *rc = pclose(p);
+  return out;
 }
 
 inline LocalMeshOptions MeshOptions(int world, std::vector<std::string> coordinator_args = {}) {

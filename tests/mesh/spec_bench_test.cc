@@ -14,15 +14,6 @@
 namespace dsmesh::mesh_test {
 namespace {
 
-std::string Capture(const std::string& cmd, int* rc) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  *rc = pclose(p);
-  return out;
-}
-
 const char kSpec[] = "--speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":3}'";
 
 TEST(SpecBench, SimulatedAcceptanceMatchesTheRatesBesideSpeculationOff) {
