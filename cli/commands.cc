@@ -1,12 +1,12 @@
-// The table of `dsmesh` commands, and the two dispatches that pick between layers: `logits` / `generate`
-// in this process (model/) or on a mesh (cli/mesh_commands.h), and `bench`'s modes (gateway/, cli/, model/).
-// They live here so that model/ needs nothing from the mesh side and no command looks another up by name.
+// The table of `dsmesh` commands, and the dispatch that picks between layers for `logits` / `generate`: in
+// this process (model/) or on a mesh (cli/mesh_commands.h). It lives here so that model/ needs nothing from
+// the mesh side and no command looks another up by name. (`bench` picks its mode in cli/bench/bench_mode.cc.)
 #include "cli/commands.h"
 
+#include "cli/bench/bench_command.h"
+#include "cli/mesh_commands.h"
 #include "common/chat/chat_prompt_command.h"
 #include "common/tokenizer/tokenizer_commands.h"
-#include "cli/mesh_commands.h"
-#include "gateway/bench_command.h"
 #include "kernels/exl3/exl3_check_command.h"
 #include "kernels/exl3/quantize_command.h"
 #include "model/commands.h"
@@ -29,15 +29,6 @@ CommandFn InProcessOrMesh(CommandFn in_process, CommandFn mesh) {
   return [in_process, mesh](const std::vector<std::string>& args) {
     return WantsMesh(args) ? mesh(args) : in_process(args);
   };
-}
-
-// One `dsmesh bench`, four modes: --url (an HTTP endpoint), --scenario (scheduling scenarios on a local
-// mesh), --device without a mesh (decode steps in this process), else the mesh's per-step split.
-int RunBench(const std::vector<std::string>& args) {
-  if (HasFlag(args, "--url")) return RunUrlBench(args);
-  if (HasFlag(args, "--scenario")) return RunBenchScenario(args);
-  if (HasFlag(args, "--device") && !WantsMesh(args)) return RunLocalBench(args);
-  return RunMeshBench(args);
 }
 
 constexpr char kDeviceFlag[] = "[--device cpu|cuda[:N] (default: a CUDA GPU when one is visible)]";

@@ -55,13 +55,20 @@ TEST(CommandTable, LogitsAndGenerateRunInProcessWithoutMeshFlags) {
 }
 
 TEST(CommandTable, BenchPicksItsModeByFlag) {
-  // --url: the HTTP benchmark (gateway/) parses it.
+  // --url: the HTTP benchmark (cli/bench/url_bench.cc) parses it.
   EXPECT_NE(UsageMessage("bench", {"--url"}).find("--url"), std::string::npos);
-  // --scenario: the scenarios (cli/long_prompt_bench.cc) name the ones they know.
+  EXPECT_NE(UsageMessage("bench", {"--url", "ftp://x"}).find("--url must start with http://"), std::string::npos);
+  // --url --clients N: the load run (cli/bench/url_load_bench.cc) checks its counts.
+  EXPECT_NE(UsageMessage("bench", {"--url", "http://127.0.0.1:1", "--clients", "0"}).find("--clients must be in"),
+            std::string::npos);
+  // --scenario: the scenarios (cli/bench/scenario_bench.cc) name the ones they know.
   EXPECT_NE(UsageMessage("bench", {"--scenario", "no-such", "--world", "1"}).find("unknown scenario 'no-such'"),
             std::string::npos);
-  // --device without a mesh: the in-process bench (model/) needs --model.
+  // --device without a mesh: the in-process bench (cli/bench/in_process_bench.cc) needs --model.
   EXPECT_NE(UsageMessage("bench", {"--device", "cpu"}).find("--model"), std::string::npos);
+  // Flags of two modes: the usage error names both (cli/bench/bench_mode.cc).
+  EXPECT_NE(UsageMessage("bench", {"--url", "http://h:1", "--world", "2"}).find("give --url or --world, not both"),
+            std::string::npos);
   // Otherwise the mesh's bench, which needs a mesh to measure.
   EXPECT_NE(UsageMessage("bench", {"--device", "cpu", "--world", "0", "--model", "x"}).find("--world must be >= 1"),
             std::string::npos);

@@ -18,9 +18,6 @@ int RunGenerate(const std::vector<std::string>& args);
 int RunMakeTiny(const std::vector<std::string>& args);
 // `dsmesh ppl --model DIR|--url URL --file F` (model/ppl_command.cc).
 int RunPpl(const std::vector<std::string>& args);
-// `dsmesh bench --device cpu|cuda[:N]` without a mesh: decode steps in this process beside their floor
-// (model/local_bench_command.cc).
-int RunLocalBench(const std::vector<std::string>& args);
 // `dsmesh project-seat --profile BENCH.json` (model/reference_deployment_projection_command.cc).
 int RunProjectSeat(const std::vector<std::string>& args);
 

@@ -1,9 +1,12 @@
 // `dsmesh bench --device cpu|cuda[:N] --model DIR|synthetic:...`: decode steps of the model in this
 // process (no mesh), ms/step and tok/s at each stream count and context, beside the step's floor
-// (model/roofline.h) and measured / floor. Contexts are filled by 512-token prefill chunks first
-// (untimed); `--rows 4` times the verification shape (each stream 1 + 3 draft rows).
+// (model/roofline.h) and measured / floor. Contexts are filled by 512-token prefill chunks first (the first
+// stream's chunks timed: the prefill line); `--rows 4` times the verification shape (each stream 1 + 3 draft
+// rows). On the CPU with a make-tiny model, `--contexts 64 --steps 64` is the tiny model's CPU decode speed
+// (docs/cpu-forward.md).
+#include "cli/bench/in_process_bench.h"
+
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -12,7 +15,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/commands.h"
+#include "cli/bench/bench_clock.h"
+#include "cli/bench/synthetic_prompts.h"
 #include "common/flags.h"
 #include "common/safetensors.h"
 #include "kernels/backend.h"
@@ -24,10 +28,6 @@
 
 namespace dsmesh {
 namespace {
-
-double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-int32_t TokenAt(int64_t i, int64_t vocab) { return static_cast<int32_t>((i * 7919 + 1000) % vocab); }
 
 // Prints the profiled steps per phase (the forward's Phase scopes) and the costliest ops, in ms per
 // step; returns the same as JSON.
@@ -110,7 +110,7 @@ void PrintKvCosts(const ModelConfig& c, int64_t context) {
 
 }  // namespace
 
-int RunLocalBench(const std::vector<std::string>& args) {
+int RunInProcessBench(const std::vector<std::string>& args) {
   Flags f(args, {"model", "device", "threads", "streams", "contexts", "rows", "steps", "bits", "json", "enforce-eager", "profile", "concurrent-linears", "kv-cache-dtype"},
           {"enforce-eager", "profile", "concurrent-linears"});
   const bool profile = f.Has("profile");
@@ -179,35 +179,35 @@ int RunLocalBench(const std::vector<std::string>& args) {
       for (int s = 0; s < ns; ++s) {
         st.push_back(model->NewState());
         const int64_t chunks = (ctx + 511) / 512;
-        const double fill0 = Now();
+        const auto fill0 = BenchClock::now();
         for (int64_t pos = 0, n = 0; pos < ctx; pos += 512, ++n) {
           std::vector<int32_t> chunk;
-          for (int64_t i = pos; i < std::min<int64_t>(ctx, pos + 512); ++i) chunk.push_back(TokenAt(i + s, c.vocab_size));
-          const double t0 = Now();
+          for (int64_t i = pos; i < std::min<int64_t>(ctx, pos + 512); ++i) chunk.push_back(TokenAtPosition(i + s, c.vocab_size));
+          const auto t0 = BenchClock::now();
           model->Forward({{st.back().get(), chunk, false}});
-          const double tok_s = chunk.size() / (Now() - t0);
+          const double tok_s = chunk.size() / SecondsSince(t0);
           if (s == 0 && n == 0) prefill.first_chunk_tok_s = tok_s;
           if (s == 0 && n == chunks - 1) prefill.last_chunk_tok_s = tok_s;
           if (chunks >= 20 && (n + 1) % (chunks / 10) == 0)
             std::fprintf(stderr, "bench: stream %d/%d: %lld/%d tokens\n", s + 1, ns,
                          static_cast<long long>(std::min<int64_t>(ctx, pos + 512)), ctx);
         }
-        if (s == 0) prefill.seconds = Now() - fill0;
+        if (s == 0) prefill.seconds = SecondsSince(fill0);
         std::fprintf(stderr, "bench: stream %d/%d filled to %d tokens\n", s + 1, ns, ctx);
       }
       auto step = [&](int i) {
         std::vector<SequenceStep> batch;
         for (int s = 0; s < ns; ++s) {
           std::vector<int32_t> t;
-          for (int r = 0; r < rows; ++r) t.push_back(TokenAt(ctx + i * rows + r + s, c.vocab_size));
+          for (int r = 0; r < rows; ++r) t.push_back(TokenAtPosition(ctx + i * rows + r + s, c.vocab_size));
           batch.push_back({st[s].get(), t, false});
         }
         model->Forward(batch);
       };
       step(0);  // warm-up: first-call allocations and lazily built device parts
-      const double t0 = Now();
+      const auto t0 = BenchClock::now();
       for (int i = 1; i <= steps; ++i) step(i);
-      const double ms = (Now() - t0) * 1e3 / steps;
+      const double ms = SecondsSince(t0) * 1e3 / steps;
       DecodeStepShape shape;
       shape.streams = ns;
       shape.rows_per_stream = rows;
@@ -249,7 +249,7 @@ int RunLocalBench(const std::vector<std::string>& args) {
           // One 512-token prefill chunk of stream 0 at this context, timed the same two ways.
           auto chunk = [&](int k) {
             std::vector<int32_t> t;
-            for (int i = 0; i < 512; ++i) t.push_back(TokenAt(ctx + 100000 * (k + 1) + i, c.vocab_size));
+            for (int i = 0; i < 512; ++i) t.push_back(TokenAtPosition(ctx + 100000 * (k + 1) + i, c.vocab_size));
             model->Forward({{st[0].get(), t, false}});
           };
           std::printf("  one 512-token prefill chunk of stream 0 after its context (ms per chunk):\n");

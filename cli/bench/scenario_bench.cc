@@ -10,45 +10,34 @@
 //                      TTFT is compared with the steps around it)
 // A long prompt of the same length runs first, unmeasured. Prompts are random token ids, a different one per
 // phase, so no phase hits another's prefix cache.
-#include <algorithm>
+#include "cli/bench/scenario_bench.h"
+
 #include <atomic>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "common/mesh/mesh_client.h"
+#include "cli/bench/bench_clock.h"
+#include "cli/bench/percentile.h"
+#include "cli/bench/synthetic_prompts.h"
 #include "cli/mesh_commands.h"
+#include "common/mesh/mesh_client.h"
 
 namespace dsmesh {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
+// A greedy request of `tokens` random token ids (distinct per seed) that generates exactly `max_tokens`.
 GenerateRequest RandomPrompt(const std::string& id, int tokens, uint32_t seed, int max_tokens) {
   GenerateRequest req;
   req.set_request_id(id);
-  uint32_t x = seed * 2654435761u + 12345u;
-  for (int i = 0; i < tokens; ++i) {
-    x = x * 1664525u + 1013904223u;
-    req.add_prompt_token_ids(static_cast<int32_t>(2 + (x >> 8) % 500));
-  }
+  for (int32_t t : RandomTokenIds(tokens, seed)) req.add_prompt_token_ids(t);
   req.mutable_sampling()->set_temperature(0);
   req.mutable_sampling()->set_max_tokens(max_tokens);
   req.mutable_sampling()->set_ignore_eos(true);
   return req;
-}
-
-// Nearest-rank percentile of `v` (not empty).
-double Percentile(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
-  size_t k = static_cast<size_t>(std::ceil(p / 100.0 * v.size()));
-  return v[std::min(v.size() - 1, k == 0 ? 0 : k - 1)];
 }
 
 struct ScenarioOptions {
@@ -116,10 +105,10 @@ Column RunOne(LocalMeshOptions options, int threshold, const ScenarioOptions& so
   std::vector<GenerateResult> chat_results(4096);
   std::vector<std::string> chat_errors(4096);
   std::vector<double> chat_local_step_s(4096, 0);
-  const auto t0 = Clock::now();
+  const auto t0 = BenchClock::now();
   for (int i = 0; i < 4096; ++i) {
     const double at = so.chat_every_s * (i + 0.5);
-    while (!long_done && Since(t0) < at) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    while (!long_done && SecondsSince(t0) < at) std::this_thread::sleep_for(std::chrono::milliseconds(2));
     if (long_done) break;
     chats.emplace_back([&, i] {
       try {
@@ -221,14 +210,12 @@ int RunLongPromptPlusChat(const Flags& f) {
 
 }  // namespace
 
-int RunBenchScenario(const std::vector<std::string>& args) {
+int RunScenarioBench(const std::vector<std::string>& args) {
   auto known = kMeshFlags;
   known.insert({"scenario", "long-prompt-tokens", "chat-prompt-tokens", "chat-max-tokens", "chat-every-s"});
   known.insert(kCoordinatorFlags.begin(), kCoordinatorFlags.end());
   Flags f(args, known);
-  const std::string scenario = f.Require("scenario");
-  if (f.Has("coordinator"))
-    throw UsageError("--scenario starts its own local meshes (policy on and off): give --world N, not --coordinator");
+  const std::string scenario = f.Require("scenario");  // (--coordinator is refused by ChooseBenchMode)
   if (scenario == "long-prompt-plus-chat") return RunLongPromptPlusChat(f);
   throw UsageError("--scenario: unknown scenario '" + scenario + "' (known: long-prompt-plus-chat)");
 }
