@@ -90,9 +90,13 @@ TEST(GpuProfile, StepGraphsCountNodesAndChainsAndReplayFasterEmptied) {
   d.Step();  // the model steps on after the replays
 }
 
-double ElementBytes(const std::string& op) {
-  if (op.find("[bf16]") != std::string::npos || op.find("[f16]") != std::string::npos) return 2;
-  if (op.find("[f32]") != std::string::npos) return 4;
+// The bytes of a weight of `in` x `out` from the op's name ("[bf16]", "[f32]", "[exl3 K6]"; sizes here are
+// multiples of 128, so an EXL3 part is the whole matrix); 0 for a name without a kind.
+double WeightBytesFromName(const std::string& op, int64_t in, int64_t out) {
+  if (op.find("[bf16]") != std::string::npos || op.find("[f16]") != std::string::npos) return 2.0 * in * out;
+  if (op.find("[f32]") != std::string::npos) return 4.0 * in * out;
+  const size_t k = op.find("[exl3 K");
+  if (k != std::string::npos) return op_bytes::Exl3Weight(in, out, std::stoi(op.substr(k + 7)));
   return 0;
 }
 
@@ -131,10 +135,10 @@ TEST(GpuProfile, OpBytesAreTheSameInBothPassesAndMatchTheShapes) {
     sum += t.bytes;
     if (t.op.find("Linear") != std::string::npos) EXPECT_GT(t.bytes, 0);
     const double per_call = t.bytes / t.calls;
-    if (t.op.find("Linear head ") != std::string::npos) {
+    if (t.op.rfind("head + logits / Linear", 0) == 0) {  // the head's phase (model/forward.cc) holds one linear
       head = true;
-      ASSERT_GT(ElementBytes(t.op), 0);
-      EXPECT_DOUBLE_EQ(per_call, V * D * ElementBytes(t.op) + op_bytes::LinearActivations(1, D, V, false));
+      ASSERT_GT(WeightBytesFromName(t.op, D, V), 0);
+      EXPECT_DOUBLE_EQ(per_call, WeightBytesFromName(t.op, D, V) + op_bytes::LinearActivations(1, D, V, false));
     }
     if (t.op.find("MoeExperts") != std::string::npos) {
       experts = true;

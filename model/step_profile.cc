@@ -70,8 +70,9 @@ StepGraphProfile TraceDecodeGraphs(Backend& backend, const std::function<void()>
       step();
       traced = backend.TakeStepGraphs(0);
       const bool settled = traced.captures == 0 && traced.eager_segments == 0;
-      const bool no_graphs = traced.graphs.empty() && traced.captures == 0;
-      if (settled || (no_graphs && i > 0) || (no_graphs && traced.eager_segments == 0)) break;
+      // Two steps without a graph or a capture: graphs are off (--enforce-eager), not yet to be recorded.
+      const bool no_graphs = traced.graphs.empty() && traced.captures == 0 && i > 0;
+      if (settled || no_graphs) break;
     }
     if (!traced.graphs.empty() && replays > 0) traced = backend.TakeStepGraphs(replays);
   } catch (...) {
