@@ -41,8 +41,8 @@ struct StepGraphProfile {
   int64_t captures = 0;        // segments recorded in the traced step (0 once every key was seen twice)
   // With replays > 0: the step's graphs launched back to back `replays` times, ms per step: as recorded,
   // and with every kernel replaced by an empty one of the same launch shape and every copy and set cut
-  // to one byte (the chain of dependent launches alone). kept_nodes: kernel nodes that could not be
-  // emptied (left as recorded; 0 on the graphs the backend records today).
+  // to one byte (the chain of dependent launches alone). kept_nodes: nodes that could not be emptied or
+  // cut (left as recorded).
   int replays = 0;
   double replay_ms = 0, chain_ms = 0;
   int64_t kept_nodes = 0;

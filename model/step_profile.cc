@@ -132,13 +132,13 @@ nlohmann::json PrintStepGraphs(const StepGraphProfile& g, double step_ms, std::F
                  "with empty kernels and 1-byte copies (the chain alone: %.2f us per dependent node); the step as "
                  "timed above: %.3f ms%s\n",
                  g.replays, g.replay_ms, g.chain_ms, all.chain ? 1e3 * g.chain_ms / all.chain : 0.0, step_ms,
-                 g.kept_nodes ? (", " + std::to_string(g.kept_nodes) + " kernel nodes could not be emptied").c_str()
+                 g.kept_nodes ? (", " + std::to_string(g.kept_nodes) + " nodes could not be emptied").c_str()
                               : "");
     j["replays"] = g.replays;
     j["replay_ms"] = g.replay_ms;
     j["chain_ms"] = g.chain_ms;
     j["chain_us_per_dependent_node"] = all.chain ? 1e3 * g.chain_ms / all.chain : 0.0;
-    j["kept_kernel_nodes"] = g.kept_nodes;
+    j["kept_nodes"] = g.kept_nodes;
   }
   return j;
 }

@@ -66,7 +66,7 @@ class GraphRecorder {
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr, emptied = nullptr;
     GraphShape shape;
-    int64_t emptied_kept = 0;  // kernel nodes the empty-kernel copy left as recorded
+    int64_t emptied_kept = 0;  // nodes the empty-kernel copy left as recorded
     void Destroy();
   };
   struct Graph {

@@ -62,10 +62,11 @@ cudaGraphExec_t InstantiateEmptied(cudaGraph_t graph, int64_t* kept) {
   cudaGraph_t clone = nullptr;
   CudaCheck(cudaGraphClone(&clone, graph), "cudaGraphClone");
   for (cudaGraphNode_t n : NodesOf(clone)) {
+    bool done = true;
     switch (KindOf(n)) {
       case GraphNodeKind::kKernel: {
         cudaKernelNodeParams p{};
-        bool done = cudaGraphKernelNodeGetParams(n, &p) == cudaSuccess;
+        done = cudaGraphKernelNodeGetParams(n, &p) == cudaSuccess;
         if (done) {
           p.func = const_cast<void*>(cuda_ops::EmptyKernelFunction());
           p.kernelParams = nullptr;
@@ -73,29 +74,29 @@ cudaGraphExec_t InstantiateEmptied(cudaGraph_t graph, int64_t* kept) {
           if (!allowed) p.sharedMemBytes = 0;
           done = cudaGraphKernelNodeSetParams(n, &p) == cudaSuccess;
         }
-        if (!done) {
-          cudaGetLastError();
-          ++*kept;
-        }
         break;
       }
       case GraphNodeKind::kMemcpy: {
         cudaMemcpy3DParms p{};
-        CudaCheck(cudaGraphMemcpyNodeGetParams(n, &p), "cudaGraphMemcpyNodeGetParams");
+        done = cudaGraphMemcpyNodeGetParams(n, &p) == cudaSuccess;
         p.extent = make_cudaExtent(1, 1, 1);
-        CudaCheck(cudaGraphMemcpyNodeSetParams(n, &p), "cudaGraphMemcpyNodeSetParams (one byte)");
+        done = done && cudaGraphMemcpyNodeSetParams(n, &p) == cudaSuccess;
         break;
       }
       case GraphNodeKind::kMemset: {
         cudaMemsetParams p{};
-        CudaCheck(cudaGraphMemsetNodeGetParams(n, &p), "cudaGraphMemsetNodeGetParams");
+        done = cudaGraphMemsetNodeGetParams(n, &p) == cudaSuccess;
         p.width = 1;
         p.height = 1;
-        CudaCheck(cudaGraphMemsetNodeSetParams(n, &p), "cudaGraphMemsetNodeSetParams (one element)");
+        done = done && cudaGraphMemsetNodeSetParams(n, &p) == cudaSuccess;
         break;
       }
       case GraphNodeKind::kOther:
         break;
+    }
+    if (!done) {
+      cudaGetLastError();
+      ++*kept;
     }
   }
   cudaGraphExec_t exec = nullptr;

@@ -18,8 +18,8 @@ namespace dsmesh {
 GraphShape ShapeOfGraph(cudaGraph_t graph);
 
 // `graph` with every kernel node running the empty kernel at its launch shape and every memcpy / memset
-// node cut to one byte, instantiated. Kernel nodes whose parameters cannot be read or replaced stay as
-// recorded and are counted in *kept.
+// node cut to one byte (one element), instantiated. Nodes whose parameters cannot be read or replaced stay
+// as recorded and are counted in *kept.
 cudaGraphExec_t InstantiateEmptied(cudaGraph_t graph, int64_t* kept);
 
 // Launches `execs` in order on `stream`, once to warm up and then `replays` times, and returns the device
