@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "common/tensor.h"
+#include "kernels/graph_shape.h"           // StepGraphProfile
 #include "kernels/sampling/row_sampler.h"  // RowSampling, SampledRow
 
 namespace dsmesh {
@@ -95,13 +96,15 @@ inline LinearWeight Exl3LinearWeight(const std::string& name, int64_t out_begin,
   return lw;
 }
 
-// Device time of one kind of op, summed over its calls (Backend::TakeOpProfile), and the host's time
-// inside the op's call (argument checks, metadata, launches).
+// Device time of one kind of op, summed over its calls (Backend::TakeOpProfile), the host's time
+// inside the op's call (argument checks, metadata, launches), and the bytes the calls must move
+// (kernels/op_bytes.h; 0 where the backend counts none for the op).
 struct OpTiming {
   std::string op;
   int64_t calls = 0;
   double ms = 0;
   double host_ms = 0;
+  double bytes = 0;
 };
 
 // How a device backend times its ops (Backend::SetOpProfiling):
@@ -117,6 +120,9 @@ struct OpProfile {
   int64_t steps = 0;
   double step_ms = 0;      // the steps' device timelines, summed
   double between_ms = 0;   // of which no op's interval (the host's gaps between ops)
+  // The device's memory bandwidth the ops' bytes are measured against, and where it came from.
+  double peak_bytes_per_s = 0;
+  std::string peak_source;
 };
 
 class Backend {
@@ -196,6 +202,12 @@ class Backend {
   // time ops returns nothing.
   virtual void SetOpProfiling(OpProfiling mode) {}
   virtual OpProfile TakeOpProfile() { return {}; }
+  // While on, a backend that replays graphs notes which graphs each step replays (and their shapes);
+  // TakeStepGraphs returns the last traced step's (kernels/graph_shape.h) and, with replays > 0, times
+  // them replayed back to back as recorded and with empty kernels (the chain of dependent launches
+  // alone). A backend without graphs returns an empty profile.
+  virtual void TraceStepGraphs(bool on) {}
+  virtual StepGraphProfile TakeStepGraphs(int replays) { return {}; }
   // The forward names the phase its next ops belong to (OpTiming::op is then "phase / op"); phases nest
   // by replacement, EndPhase restores the enclosing one.
   virtual void BeginPhase(const char* phase) {}

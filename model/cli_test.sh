@@ -75,6 +75,7 @@ grep -qE "^# KV bf16: [0-9]+ B/token" "$tmp/bench.txt" || fail "bench KV costs: 
 # --profile on a backend that cannot time ops still runs (CPU: no op timings, an empty split).
 "$dsmesh" bench --device cpu --model "$tmp/a" --contexts 40 --streams 1 --steps 1 --profile > "$tmp/prof.txt" 2>/dev/null ||
   fail "bench --profile on the CPU"
+grep -q "^  step graphs: none (this backend records no graphs)" "$tmp/prof.txt" || fail "bench --profile graphs line: $(cat "$tmp/prof.txt")"
 # project-seat: a clear error for a missing or profile-less file.
 expect 2 "cannot open the file" -- "$dsmesh" project-seat --profile "$tmp/none.json"
 expect 2 "no row with a profile" -- "$dsmesh" project-seat --profile "$tmp/bench.json"

@@ -24,6 +24,7 @@
 #include "model/kv_layout.h"
 #include "model/model.h"
 #include "model/roofline.h"
+#include "model/step_profile.h"
 #include "model/testing/synthetic.h"
 
 namespace dsmesh {
@@ -146,8 +147,8 @@ int RunInProcessBench(const std::vector<std::string>& args) {
   {
     // The state pool holds the largest shape's streams at the longest context (and the measured steps).
     const StatePool& probe = model->state_pool();
-    // (the warm-up step, the timed steps, and with --profile the two profiled passes)
-    const int64_t all_steps = 1 + (profile ? 3 : 1) * static_cast<int64_t>(steps);
+    // (the warm-up step, the timed steps, and with --profile the two profiled passes and the graph trace)
+    const int64_t all_steps = 1 + (profile ? 3 : 1) * static_cast<int64_t>(steps) + (profile ? 4 : 0);
     // (with --profile also two profiled 512-token prefill chunks after the steps)
     const int64_t max_ctx =
         *std::max_element(contexts.begin(), contexts.end()) + all_steps * rows + (profile ? 1024 : 0);
@@ -245,6 +246,10 @@ int RunInProcessBench(const std::vector<std::string>& args) {
         const OpProfile alone = model->backend().TakeOpProfile();
         model->backend().SetOpProfiling(OpProfiling::kOff);
         row["profile"] = PrintProfile(prof, alone);
+        row["op_bytes"] = PrintOpBytes(alone);
+        int trace_step = 3 * steps;  // the graphs one step replays, and the chain alone (model/step_profile.h)
+        row["step_graphs"] =
+            PrintStepGraphs(TraceDecodeGraphs(model->backend(), [&] { step(++trace_step); }, 20), ms);
         if (ns == streams.front()) {
           // One 512-token prefill chunk of stream 0 at this context, timed the same two ways.
           auto chunk = [&](int k) {
@@ -261,6 +266,7 @@ int RunInProcessBench(const std::vector<std::string>& args) {
           const OpProfile chunk_alone = model->backend().TakeOpProfile();
           model->backend().SetOpProfiling(OpProfiling::kOff);
           row["prefill_chunk_profile"] = PrintProfile(chunk_prof, chunk_alone);
+          row["prefill_chunk_op_bytes"] = PrintOpBytes(chunk_alone);
         }
       }
       out.push_back(row);

@@ -27,6 +27,7 @@
 #include "kernels/cuda/cuda_exl3_weights.h"
 #include "kernels/cuda/cuda_graph_recorder.h"
 #include "kernels/cuda/cuda_moe_dispatch.h"
+#include "kernels/cuda/cuda_op_bytes.h"
 #include "kernels/cuda/cuda_side_streams.h"
 #include "kernels/cuda/cuda_step_arena.h"
 #include "kernels/cuda/cuda_table_cache.h"
@@ -35,6 +36,7 @@
 #include "kernels/cuda/op_profiler.h"
 #include "kernels/cuda/sampling_ops.h"
 #include "kernels/kv_rows.h"
+#include "kernels/op_bytes.h"
 
 namespace dsmesh {
 namespace {
@@ -69,6 +71,7 @@ class CudaBackend final : public Backend {
   void Zero(Tensor* t) override {
     const ProfileScope ps = Profile("Zero");
     Use();
+    ps.Bytes(static_cast<double>(t->nbytes()));
     if (t->nbytes() > 0) CudaCheck(cudaMemsetAsync(t->data, 0, t->nbytes(), ctx_->stream), "Zero");
   }
 
@@ -77,11 +80,13 @@ class CudaBackend final : public Backend {
     Use();
     Require(!arena_.capturing(), "BeginStep", "called inside a graph segment");
     if (profiler_) profiler_->BeginStep();
+    recorder_.BeginStep();
     arena_.Begin(step);
   }
 
   void EndStep() override {
     if (profiler_) profiler_->EndStep();
+    recorder_.EndStep();
     arena_.End();
   }
 
@@ -119,6 +124,8 @@ class CudaBackend final : public Backend {
   }
 
   OpProfile TakeOpProfile() override { return profiler_ ? profiler_->Take() : OpProfile{}; }
+  void TraceStepGraphs(bool on) override { recorder_.Trace(on); }
+  StepGraphProfile TakeStepGraphs(int replays) override { return recorder_.TakeTrace(replays); }
   void BeginPhase(const char* phase) override {
     if (profiler_) profiler_->BeginPhase(phase);
   }
@@ -164,6 +171,7 @@ class CudaBackend final : public Backend {
               "rows out of range");
       bytes.push_back({static_cast<const char*>(c.src->data) + c.src_row * row_bytes,
                        static_cast<char*>(c.dst->data) + c.dst_row * row_bytes, c.rows * row_bytes});
+      ps.Bytes(op_bytes::Copy(c.rows * row_bytes));
     }
     const int most = cuda_ops::CopyBytesBatchMax();
     for (size_t i = 0; i < bytes.size(); i += most)
@@ -178,6 +186,7 @@ class CudaBackend final : public Backend {
     const int64_t row_bytes = RowWidth(src) * static_cast<int64_t>(DTypeSize(src.dtype));
     Require(row_bytes == RowWidth(*dst) * static_cast<int64_t>(DTypeSize(dst->dtype)), "CopyRows", "row sizes differ");
     Require(src_row + rows <= src.shape[0] && dst_row + rows <= dst->shape[0], "CopyRows", "rows out of range");
+    ps.Bytes(op_bytes::Copy(rows * row_bytes));
     cuda_ops::CopyRows(src.data, src_row, dst->data, dst_row, rows, row_bytes, ctx_->stream);
     CheckLaunch("CopyRows");
   }
@@ -202,6 +211,7 @@ class CudaBackend final : public Backend {
     Require(out->shape[0] == n && RowWidth(*out) == D, "Embedding", "output shape");
     for (int64_t i = 0; i < n; ++i)
       Require(tokens[i] >= 0 && tokens[i] < table.shape[0], "Embedding", "token id out of range");
+    ps.Bytes(op_bytes::Embedding(n, D, static_cast<int64_t>(DTypeSize(table.dtype))));
     Tensor ids;
     const int32_t* dev = arena_.StepTokens(tokens, n, &ids);
     cuda_ops::Embedding(table.data, WTypeOf(table.dtype, "the embedding"), D, dev, n, F(*out), ctx_->stream);
@@ -212,6 +222,7 @@ class CudaBackend final : public Backend {
     const ProfileScope ps = Profile("RmsNorm");
     const int64_t groups = x.numel() / dim;
     Require(groups * dim == x.numel() && out->numel() == x.numel(), "RmsNorm", "shape");
+    ps.Bytes(op_bytes::RmsNorm(x.numel(), dim, weight != nullptr));
     Use();
     cuda_ops::RmsNorm(F(x), groups, dim, weight ? F(*weight) : nullptr, eps, F(*out), ctx_->stream);
     CheckLaunch("RmsNorm");
@@ -220,6 +231,7 @@ class CudaBackend final : public Backend {
   void Add(const Tensor& a, Tensor* acc) override {
     const ProfileScope ps = Profile("Add");
     Require(a.numel() == acc->numel(), "Add", "sizes differ");
+    ps.Bytes(op_bytes::Add(a.numel()));
     Use();
     cuda_ops::Add(F(a), a.numel(), F(*acc), ctx_->stream);
     CheckLaunch("Add");
@@ -227,6 +239,7 @@ class CudaBackend final : public Backend {
 
   void Scale(Tensor* x, float s) override {
     const ProfileScope ps = Profile("Scale");
+    ps.Bytes(op_bytes::Scale(x->numel()));
     Use();
     cuda_ops::Scale(F(*x), x->numel(), s, ctx_->stream);
     CheckLaunch("Scale");
@@ -238,6 +251,7 @@ class CudaBackend final : public Backend {
     const int64_t m = x.shape[0];
     Require(RowWidth(x) == w.in, "Linear", w.name + ": input width " + std::to_string(RowWidth(x)) + " != " + std::to_string(w.in));
     Require(RowWidth(*out) == w.out && out->shape[0] == m, "Linear", w.name + ": output shape");
+    if (ps.on()) ps.Bytes(LinearBytes(m, w));
     Use();
     LinearOn(x, w, out, ctx_->stream, exl3_.MainGemvWorkspace());
   }
@@ -254,6 +268,8 @@ class CudaBackend final : public Backend {
       return;
     }
     const ProfileScope ps = Profile("LinearBatch");
+    if (ps.on())
+      for (const LinearJob& j : rest) ps.Bytes(LinearBytes(j.x->shape[0], *j.w));
     Use();
     side_.Run(static_cast<int>(rest.size()), [&](int i, cudaStream_t stream, Exl3GemvWorkspace& ws) {
       LinearOn(*rest[i].x, *rest[i].w, rest[i].out, stream, ws);
@@ -265,6 +281,7 @@ class CudaBackend final : public Backend {
     const int64_t m = x.shape[0], out_g = w.out / groups;
     Require(RowWidth(x) == groups * w.in && RowWidth(*out) == w.out && w.out % groups == 0, "GroupedLinear",
             w.name + ": shape");
+    if (ps.on()) ps.Bytes(WeightBytes(w, groups) + op_bytes::LinearActivations(m, groups * w.in, w.out, false));
     Use();
     if (w.is_exl3() && m <= kExl3GemvMaxRows && exl3_.GroupedRows(x, w, groups, out)) return;
     for (int g = 0; g < groups; ++g) {
@@ -295,6 +312,7 @@ class CudaBackend final : public Backend {
     const ProfileScope ps = Profile("Rope");
     const int64_t n = x->shape[0];
     Require(RowWidth(*x) == heads * head_dim && static_cast<int64_t>(inv_freq.size()) == rope_dim / 2, "Rope", "shape");
+    ps.Bytes(op_bytes::Rope(n, heads, rope_dim));
     Tensor pos;
     const int64_t* dev = arena_.StepPositions(positions, n, &pos);
     cuda_ops::Rope(F(*x), n, heads, head_dim, rope_dim, dev, tables_.Floats(inv_freq), inverse, ctx_->stream);
@@ -308,6 +326,7 @@ class CudaBackend final : public Backend {
     Require(hc <= 16, "HcPre", "hc_mult above 16");
     const int64_t n = X.shape[0], D = RowWidth(X) / hc;
     Require(fn.shape.size() == 2 && fn.shape[0] == (2 + hc) * hc && fn.shape[1] == hc * D, "HcPre", "fn shape");
+    ps.Bytes(op_bytes::HcPre(n, D, hc));
     Use();
     Tensor mixes = arena_.Temp(DType::kF32, {cuda_ops::HcPreScratchFloats(n, D, hc)});
     cuda_ops::HcPre(F(X), n, D, hc, F(fn), F(base), F(scale), iters, eps, norm_eps, F(mixes), F(*y), F(*post), F(*comb),
@@ -317,6 +336,7 @@ class CudaBackend final : public Backend {
 
   void HcExpand(const Tensor& h, int hc, Tensor* X) override {
     const ProfileScope ps = Profile("HcExpand");
+    ps.Bytes(op_bytes::HcExpand(h.shape[0], RowWidth(h), hc));
     Use();
     cuda_ops::HcExpand(F(h), h.shape[0], RowWidth(h), hc, F(*X), ctx_->stream);
     CheckLaunch("HcExpand");
@@ -324,6 +344,7 @@ class CudaBackend final : public Backend {
 
   void HcPost(const Tensor& X, const Tensor& f, const Tensor& post, const Tensor& comb, int hc, Tensor* out) override {
     const ProfileScope ps = Profile("HcPost");
+    ps.Bytes(op_bytes::HcPost(X.shape[0], RowWidth(f), hc));
     Use();
     cuda_ops::HcPost(F(X), F(f), F(post), F(comb), X.shape[0], RowWidth(f), hc, F(*out), ctx_->stream);
     CheckLaunch("HcPost");
@@ -335,6 +356,7 @@ class CudaBackend final : public Backend {
     Require(hc <= 16, "HcHead", "hc_mult above 16");
     const int64_t n = X.shape[0], D = RowWidth(X) / hc;
     Require(fn.shape.size() == 2 && fn.shape[0] == hc && fn.shape[1] == hc * D, "HcHead", "fn shape");
+    ps.Bytes(op_bytes::HcHead(n, D, hc));
     Use();
     Tensor mixes = arena_.Temp(DType::kF32, {n, static_cast<int64_t>(hc)});
     cuda_ops::HcHead(F(X), n, D, hc, F(fn), F(base), F(scale), eps, norm_eps, F(mixes), F(*y), ctx_->stream);
@@ -346,6 +368,7 @@ class CudaBackend final : public Backend {
     const ProfileScope ps = ProfileStaged("AddPositionBias");
     const int64_t w = RowWidth(*score), n = score->shape[0];
     Require(RowWidth(ape) == w && ape.shape[0] == ratio, "AddPositionBias", "ape shape");
+    ps.Bytes(op_bytes::Scale(score->numel()) + static_cast<double>(ape.nbytes()));
     Use();
     Tensor pos;
     const int64_t* dev = arena_.StepPositions(positions, n, &pos);
@@ -362,6 +385,7 @@ class CudaBackend final : public Backend {
     const int64_t first_row = (overlap && first_window >= 1 ? first_window - 1 : first_window) * ratio - base_pos;
     const int64_t last_row = (first_window + num_windows) * ratio - 1 - base_pos;
     Require(num_windows <= 0 || (first_row >= 0 && last_row < rows), "CompressorPool", "window rows not provided");
+    ps.Bytes(static_cast<double>(kv.nbytes() + score.nbytes()) + op_bytes::kF32 * std::max<int64_t>(num_windows, 0) * d);
     Use();
     cuda_ops::CompressorPool(F(kv), F(score), width, base_pos, first_window, num_windows, ratio, overlap, d, F(*out),
                              ctx_->stream);
@@ -385,6 +409,7 @@ class CudaBackend final : public Backend {
       return;
     }
     const ProfileScope ps = ProfileStaged("CompressorStep");
+    ps.Bytes(op_bytes::Copy(static_cast<int64_t>(kv.nbytes() + score.nbytes())));  // the step's rows into the rings
     Use();
     cuda_ops::CompressorStepArgs args;
     args.kv = F(kv);
@@ -444,6 +469,7 @@ class CudaBackend final : public Backend {
       Require(RowWidth(*w.ring) == width, "RingWriteBatch", "row widths differ");
       Require(w.n <= slots && w.src_row + w.n <= w.src->shape[0], "RingWriteBatch", "rows out of range");
       dev.push_back({F(*w.src), w.src_row, w.pos, w.n, F(*w.ring), slots, width});
+      ps.Bytes(op_bytes::Copy(w.n * width * static_cast<int64_t>(sizeof(float))));
     }
     if (!dev.empty()) cuda_ops::RingWriteBatch(dev.data(), static_cast<int>(dev.size()), arena_.stager(), ctx_->stream);
     CheckLaunch("RingWriteBatch");
@@ -456,6 +482,7 @@ class CudaBackend final : public Backend {
     const int64_t n = q.shape[0];
     Require(RowWidth(*out) == top_k && out->dtype == DType::kI32, "IndexerTopK", "output shape");
     Require(num_keys <= keys.capacity(), "IndexerTopK", "more keys than the block table holds");
+    ps.Bytes(op_bytes::IndexerTopK(n, heads, dim, num_keys, PoolRowBytes(keys), top_k));
     Tensor pos, table;
     const int64_t* dev = arena_.StepPositions(positions, n, &pos);
     const cuda_ops::PagedRowsDev paged = arena_.Paged(keys, num_keys, dim, &table);
@@ -490,6 +517,7 @@ class CudaBackend final : public Backend {
       dev[i].keys = arena_.Paged(*a.keys, a.num_keys, dim, &tables[i]);
       dev[i].num_keys = a.num_keys;
       max_keys = std::max(max_keys, a.num_keys);
+      ps.Bytes(op_bytes::IndexerTopK(a.count, heads, dim, a.num_keys, PoolRowBytes(*a.keys), top_k));
     }
     Tensor pos;
     const int64_t* dev_pos = arena_.StepPositions(positions, n, &pos);
@@ -507,6 +535,9 @@ class CudaBackend final : public Backend {
     const ProfileScope ps = ProfileStaged("Attention");
     Require(RowWidth(q) == heads * d && RowWidth(*out) == heads * d, "Attention", "shape");
     Require(!entries || num_entries <= entries->capacity(), "Attention", "more entries than the block table holds");
+    if (ps.on())
+      ps.Bytes(op_bytes::Attention(q.shape[0], heads, d, 0, 0) +
+               AttentionKvBytes(q.shape[0], window, ring, entries, num_entries, topk));
     Use();
     Tensor table;
     const cuda_ops::PagedRowsDev paged = entries ? arena_.Paged(*entries, num_entries, d, &table) : cuda_ops::PagedRowsDev{};
@@ -557,6 +588,7 @@ class CudaBackend final : public Backend {
     Require(RowWidth(*dst) * static_cast<int64_t>(DTypeSize(dst->dtype)) == bytes, "StoreKvRows",
             "destination rows are not the storage's row size");
     Require(src_row + rows <= src.shape[0] && dst_row + rows <= dst->shape[0], "StoreKvRows", "rows out of range");
+    ps.Bytes(op_bytes::kF32 * rows * dim + static_cast<double>(rows) * bytes);
     cuda_ops::EncodeKvRows(F(src) + src_row * dim, rows, dim, rope_dim, RowKindOf(dst->dtype), bytes,
                            static_cast<uint8_t*>(dst->data) + dst_row * bytes, ctx_->stream);
     CheckLaunch("StoreKvRows");
@@ -592,6 +624,9 @@ class CudaBackend final : public Backend {
       dev[i].ring_slots = a.ring->shape[0];
       if (a.entries) dev[i].entries = arena_.Paged(*a.entries, a.num_entries, d, &tables[i]);
       dev[i].num_entries = a.entries ? a.num_entries : 0;
+      if (ps.on())
+        ps.Bytes(op_bytes::Attention(a.count, heads, d, 0, 0) +
+                 AttentionKvBytes(a.count, window, *a.ring, a.entries, a.num_entries, topk));
     }
     Tensor split = arena_.Temp(DType::kF32, {cuda_ops::AttentionSplitScratchFloats(n, heads, d)});
     cuda_ops::AttentionBatch(F(q), n, heads, d, F(new_kv), window, ratio, topk ? I32(*topk) : nullptr,
@@ -603,6 +638,7 @@ class CudaBackend final : public Backend {
   void UpdateRing(const Tensor& new_kv, int64_t start, int window, Tensor* ring) override {
     const ProfileScope ps = Profile("UpdateRing");
     Require(ring->shape[0] >= window, "UpdateRing", "ring has fewer slots than the window");
+    ps.Bytes(op_bytes::Copy(static_cast<int64_t>(new_kv.nbytes())));
     Use();
     cuda_ops::UpdateRing(F(new_kv), new_kv.shape[0], RowWidth(new_kv), start, ring->shape[0], F(*ring), ctx_->stream);
     CheckLaunch("UpdateRing");
@@ -692,6 +728,7 @@ class CudaBackend final : public Backend {
     const int64_t n = logits.shape[0], E = RowWidth(logits);
     Require(RowWidth(*idx) == p.top_k && RowWidth(*weight) == p.top_k, "MoeRoute", "output shape");
     Require(!p.image_rows || (p.bias_vl && p.bias_vl->numel() == E), "MoeRoute", "image rows without bias_vl [E]");
+    ps.Bytes(op_bytes::MoeRoute(n, E, p.top_k, !p.hash && p.bias && p.bias->data) + (p.hash ? 4.0 * n * p.top_k : 0));
     Tensor toks;
     const int32_t* table = nullptr;
     const int32_t* dev_tokens = nullptr;
@@ -725,13 +762,22 @@ class CudaBackend final : public Backend {
                   float limit, Tensor* out) override {
     const ProfileScope ps = Profile("MoeExperts");
     Use();
+    const int64_t fused_before = counters_.fused_moe;
     moe_.Run(x, idx, weight, experts, limit, out, *this);
+    // The fused kernel reads the experts the rows chose (known on the device: counted from the ids after
+    // the op); the per-expert path's Linear calls count their own bytes.
+    if (ps.on() && counters_.fused_moe != fused_before && !experts.empty()) {
+      const ExpertWeights& e = experts.front();  // the fused kernel takes one K and shape for every expert
+      ps.Bytes(op_bytes::MoeExpertsActivations(x.shape[0], RowWidth(x), static_cast<int>(RowWidth(idx))));
+      profiler_->AddDistinctIdBytes(I32(idx), idx.numel(), WeightBytes(e.w1) + WeightBytes(e.w3) + WeightBytes(e.w2));
+    }
   }
 
   void SharedExpert(const Tensor& x, const ExpertWeights& expert, float limit, Tensor* out) override {
     const ProfileScope ps = Profile("SharedExpert");
     const int64_t m = x.shape[0], D = RowWidth(x), I = expert.w1.out;
     Tensor g = arena_.Temp(DType::kF32, {m, I}), u = arena_.Temp(DType::kF32, {m, I}), y = arena_.Temp(DType::kF32, {m, D});
+    ps.Bytes(op_bytes::SwiGlu(m * I) + op_bytes::Add(m * D));  // the linears count theirs
     LinearBatch({{&x, &expert.w1, &g}, {&x, &expert.w3, &u}});
     cuda_ops::SwiGlu(F(g), F(u), m * I, limit, ctx_->stream);
     Linear(g, expert.w2, &y);
@@ -746,6 +792,7 @@ class CudaBackend final : public Backend {
     Require(logits.dtype == DType::kF32 && logits.shape[0] == n, "SampleRows", "logits must be f32 [rows, vocab]");
     Require(vocab < (int64_t{1} << 31), "SampleRows", "vocabulary too large for 32-bit token ids");
     if (n == 0) return {};
+    ps.Bytes(static_cast<double>(logits.nbytes()));
     Use();
     if (arena_.capturing()) throw std::runtime_error("SampleRows inside a graph segment (its results go to the host)");
     std::vector<cuda_ops::SampleRowParams> params(n);
@@ -804,13 +851,20 @@ class CudaBackend final : public Backend {
     CheckLaunch("Linear");
   }
 
-  // Brackets an op for the profiler (a no-op unless profiling is on and a step is open).
+  // Brackets an op for the profiler (a no-op unless profiling is on and a step is open), and takes the
+  // bytes the op moves (kernels/op_bytes.h).
   struct ProfileScope {
     OpProfiler* profiler;
     ~ProfileScope() {
       if (profiler) profiler->End();
     }
+    bool on() const { return profiler != nullptr; }
+    void Bytes(double bytes) const {
+      if (profiler) profiler->AddBytes(bytes);
+    }
   };
+  double WeightBytes(const LinearWeight& w, int groups = 1) { return HeldWeightBytes(exl3_, w, groups); }
+  double LinearBytes(int64_t m, const LinearWeight& w) { return HeldLinearBytes(exl3_, m, w); }
   // Ops whose launches take their parameters by value call Profile: inside a stateful segment that is
   // recorded they cannot run (Unrecordable). Ops that stage their parameters call ProfileStaged.
   ProfileScope Profile(const std::string& op) { return Profile(op.c_str()); }
@@ -847,7 +901,12 @@ class CudaBackend final : public Backend {
     if (!plan.shares_a_launch()) return jobs;  // no two linears to put in one launch
     const ProfileScope ps = Profile("LinearBatch (batched EXL3 GEMV)");
     Use();
-    return exl3_.RunGemvBatches(plan);
+    std::vector<LinearJob> left = exl3_.RunGemvBatches(plan);
+    if (ps.on()) {  // the jobs it ran: all but those it left
+      for (const LinearJob& j : jobs) ps.Bytes(LinearBytes(j.x->shape[0], *j.w));
+      for (const LinearJob& j : left) ps.Bytes(-LinearBytes(j.x->shape[0], *j.w));
+    }
+    return left;
   }
 
   std::shared_ptr<StreamContext> ctx_;

@@ -4,17 +4,25 @@
 #include <stdexcept>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/graph_chain.h"
 
 namespace dsmesh {
 
 GraphRecorder::GraphRecorder(std::shared_ptr<StreamContext> ctx, StepArena& arena, CudaBackendCounters& counters)
     : ctx_(std::move(ctx)), arena_(arena), counters_(counters) {}
 
+void GraphRecorder::Recorded::Destroy() {
+  if (exec) cudaGraphExecDestroy(exec);
+  if (emptied) cudaGraphExecDestroy(emptied);
+  if (graph) cudaGraphDestroy(graph);
+  exec = emptied = nullptr;
+  graph = nullptr;
+}
+
 GraphRecorder::~GraphRecorder() {
-  for (auto& [k, g] : graphs_)
-    if (g.exec) cudaGraphExecDestroy(g.exec);
+  for (auto& [k, g] : graphs_) g.rec.Destroy();
   for (auto& [k, g] : stateful_graphs_) {
-    if (g.exec) cudaGraphExecDestroy(g.exec);
+    g.rec.Destroy();
     if (g.uploaded) cudaEventDestroy(g.uploaded);
     cudaFreeHost(g.params.host);
     cudaFree(g.params.dev);
@@ -34,17 +42,18 @@ void GraphRecorder::Segment(const Backend::SegmentKey& key, bool graphs, const s
     ops();
     return;
   }
-  if (g.exec) {
+  if (g.rec.exec) {
     if (arena_.top() != g.scratch_begin)
       throw std::runtime_error("cuda backend: graph segment (site " + std::to_string(key.site) + ", layer " +
                                std::to_string(key.layer) + ", rows " + std::to_string(key.rows) +
                                ") replayed at scratch offset " + std::to_string(arena_.top()) + ", captured at " +
                                std::to_string(g.scratch_begin));
     ctx_->Use();
-    CudaCheck(cudaGraphLaunch(g.exec, ctx_->stream), "cudaGraphLaunch");
+    CudaCheck(cudaGraphLaunch(g.rec.exec, ctx_->stream), "cudaGraphLaunch");
     arena_.SetTop(g.scratch_end);
     ++counters_.graph_replays;
-    counters_.replayed_nodes += g.nodes;
+    counters_.replayed_nodes += g.rec.shape.nodes;
+    NoteReplay(key, false, &g.rec);
     return;
   }
   Capture(key, &g, ops);
@@ -86,7 +95,7 @@ void GraphRecorder::StatefulSegment(const Backend::SegmentKey& key, bool graphs,
     }
     return;
   }
-  if (!g.exec) {
+  if (!g.rec.exec) {
     CaptureStateful(key, &g, ops);
     return;
   }
@@ -109,12 +118,12 @@ void GraphRecorder::StatefulSegment(const Backend::SegmentKey& key, bool graphs,
   LaunchStateful(&g);
   ++counters_.graph_replays;
   ++counters_.stateful_replays;
-  counters_.replayed_nodes += g.nodes;
+  counters_.replayed_nodes += g.rec.shape.nodes;
+  NoteReplay(key, true, &g.rec);
 }
 
-// Records `ops` on the stream into *exec and counts its nodes (launches and copies) into *nodes; returns
-// why that failed ("" on success).
-std::string GraphRecorder::CaptureGraph(const std::function<void()>& ops, cudaGraphExec_t* exec, int64_t* nodes) {
+// Records `ops` on the stream into *rec (graph, executable, shape); returns why that failed ("" on success).
+std::string GraphRecorder::CaptureGraph(const std::function<void()>& ops, Recorded* rec) {
   std::string why;
   cudaGraph_t graph = nullptr;
   CudaCheck(cudaStreamBeginCapture(ctx_->stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
@@ -128,16 +137,25 @@ std::string GraphRecorder::CaptureGraph(const std::function<void()>& ops, cudaGr
   const cudaError_t end = cudaStreamEndCapture(ctx_->stream, &graph);
   if (why.empty() && end != cudaSuccess) why = std::string("cudaStreamEndCapture: ") + cudaGetErrorString(end);
   if (why.empty()) {
-    size_t count = 0;
-    if (cudaGraphGetNodes(graph, nullptr, &count) == cudaSuccess) *nodes = static_cast<int64_t>(count);
-    const cudaError_t inst = cudaGraphInstantiate(exec, graph, 0);
-    if (inst != cudaSuccess) {
-      why = std::string("cudaGraphInstantiate: ") + cudaGetErrorString(inst);
-      *exec = nullptr;
+    try {
+      rec->shape = ShapeOfGraph(graph);
+    } catch (const std::exception& e) {
+      why = e.what();
     }
   }
-  if (graph) cudaGraphDestroy(graph);
-  if (!why.empty()) cudaGetLastError();
+  if (why.empty()) {
+    const cudaError_t inst = cudaGraphInstantiate(&rec->exec, graph, 0);
+    if (inst != cudaSuccess) {
+      why = std::string("cudaGraphInstantiate: ") + cudaGetErrorString(inst);
+      rec->exec = nullptr;
+    }
+  }
+  if (why.empty()) {
+    rec->graph = graph;  // kept: the empty-kernel copy is cloned from it
+  } else {
+    if (graph) cudaGraphDestroy(graph);
+    cudaGetLastError();
+  }
   return why;
 }
 
@@ -146,7 +164,7 @@ std::string GraphRecorder::CaptureGraph(const std::function<void()>& ops, cudaGr
 void GraphRecorder::Capture(const Backend::SegmentKey& key, Graph* g, const std::function<void()>& ops) {
   ctx_->Use();
   const size_t begin = arena_.top();
-  const std::string why = CaptureGraph(ops, &g->exec, &g->nodes);
+  const std::string why = CaptureGraph(ops, &g->rec);
   if (!why.empty()) {
     g->failed = true;
     ++counters_.graph_failures;
@@ -168,7 +186,7 @@ void GraphRecorder::Capture(const Backend::SegmentKey& key, Graph* g, const std:
     logged_graphs_ = true;
   }
   ++counters_.graph_captures;
-  CudaCheck(cudaGraphLaunch(g->exec, ctx_->stream), "cudaGraphLaunch");
+  CudaCheck(cudaGraphLaunch(g->rec.exec, ctx_->stream), "cudaGraphLaunch");
 }
 
 void GraphRecorder::LaunchStateful(StatefulGraph* g) {
@@ -176,7 +194,7 @@ void GraphRecorder::LaunchStateful(StatefulGraph* g) {
     CudaCheck(cudaMemcpyAsync(g->params.dev, g->params.host, g->params.used, cudaMemcpyHostToDevice, ctx_->stream),
               "stateful segment parameters upload");
   CudaCheck(cudaEventRecord(g->uploaded, ctx_->stream), "cudaEventRecord");
-  CudaCheck(cudaGraphLaunch(g->exec, ctx_->stream), "cudaGraphLaunch");
+  CudaCheck(cudaGraphLaunch(g->rec.exec, ctx_->stream), "cudaGraphLaunch");
   arena_.SetTop(g->scratch_end);
 }
 
@@ -193,7 +211,7 @@ void GraphRecorder::CaptureStateful(const Backend::SegmentKey& key, StatefulGrap
   std::string why;
   {
     StepArena::StagingInto into(&arena_, &g->params, StatefulMode::kRecording);
-    why = CaptureGraph(ops, &g->exec, &g->nodes);
+    why = CaptureGraph(ops, &g->rec);
   }
   if (!why.empty()) {
     // The first run showed every op recordable, so this is unexpected. The ops ran their host logic
@@ -215,6 +233,50 @@ void GraphRecorder::CaptureStateful(const Backend::SegmentKey& key, StatefulGrap
   }
   ++counters_.graph_captures;
   LaunchStateful(g);
+}
+
+void GraphRecorder::NoteReplay(const Backend::SegmentKey& key, bool stateful, Recorded* rec) {
+  if (in_traced_step_) trace_.push_back({rec, {key.layer, key.site, stateful, rec->shape}});
+}
+
+void GraphRecorder::BeginStep() {
+  in_traced_step_ = tracing_;
+  if (!in_traced_step_) return;
+  trace_.clear();
+  step_eager_ = counters_.eager_segments;
+  step_captures_ = counters_.graph_captures;
+}
+
+void GraphRecorder::EndStep() {
+  if (!in_traced_step_) return;
+  in_traced_step_ = false;
+  last_trace_ = std::move(trace_);
+  trace_.clear();
+  last_eager_ = counters_.eager_segments - step_eager_;
+  last_captures_ = counters_.graph_captures - step_captures_;
+}
+
+StepGraphProfile GraphRecorder::TakeTrace(int replays) {
+  StepGraphProfile out;
+  out.eager_segments = last_eager_;
+  out.captures = last_captures_;
+  for (const Traced& t : last_trace_) out.graphs.push_back(t.graph);
+  if (replays <= 0 || last_trace_.empty()) return out;
+  ctx_->Use();
+  std::vector<cudaGraphExec_t> real, emptied;
+  int64_t kept = 0;
+  for (const Traced& t : last_trace_) {
+    if (!t.rec->emptied) t.rec->emptied = InstantiateEmptied(t.rec->graph, &t.rec->emptied_kept);  // built once
+    kept += t.rec->emptied_kept;
+    real.push_back(t.rec->exec);
+    emptied.push_back(t.rec->emptied);
+  }
+  CudaCheck(cudaStreamSynchronize(ctx_->stream), "graph replays: the step before");
+  out.replays = replays;
+  out.replay_ms = TimeGraphReplays(real, replays, ctx_->stream);
+  out.chain_ms = TimeGraphReplays(emptied, replays, ctx_->stream);
+  out.kept_nodes = kept;
+  return out;
 }
 
 }  // namespace dsmesh

@@ -13,6 +13,10 @@
 // fixed arena addresses); a stateful replay also checks that it staged as many parameter bytes, ended at
 // the same offset and needed the same launch shapes (StepArena::LaunchShape) as its record. It lives apart
 // from the ops because recording is about the order and addresses of launches, never what they compute.
+//
+// Each record keeps its cudaGraph_t and shape (nodes, longest chain). With tracing on (`dsmesh bench
+// --profile`), every step notes the graphs it replays; TakeTrace returns the last traced step's and can
+// time them replayed back to back, as recorded and with empty kernels (kernels/cuda/graph_chain.h).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -23,8 +27,10 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/graph_shape.h"
 #include "kernels/cuda/cuda_backend_util.h"
 #include "kernels/cuda/cuda_step_arena.h"
 
@@ -46,26 +52,45 @@ class GraphRecorder {
   // bucket / ratio keys; StepArena::IndexerKeysLd). With `graphs` false it runs eagerly.
   void StatefulSegment(const Backend::SegmentKey& key, bool graphs, const std::function<void()>& ops);
 
+  // Backend::TraceStepGraphs: while on, BeginStep .. EndStep note the graphs the step replays.
+  void Trace(bool on) { tracing_ = on; }
+  void BeginStep();
+  void EndStep();
+  // Backend::TakeStepGraphs: the last traced step's graphs, and with replays > 0 their replay times.
+  StepGraphProfile TakeTrace(int replays);
+
  private:
+  // What every record holds: the graph as captured (kept for its shape and its empty-kernel copy), its
+  // executable, and the empty-kernel executable once built.
+  struct Recorded {
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr, emptied = nullptr;
+    GraphShape shape;
+    int64_t emptied_kept = 0;  // nodes the empty-kernel copy left as recorded
+    void Destroy();
+  };
   struct Graph {
-    cudaGraphExec_t exec = nullptr;
-    int64_t nodes = 0;
+    Recorded rec;
     size_t scratch_begin = 0, scratch_end = 0;
     bool failed = false;
   };
   // A recorded stateful segment: its graph, and the buffers its launches' parameter blocks are staged in.
   struct StatefulGraph {
-    cudaGraphExec_t exec = nullptr;
-    int64_t nodes = 0;
+    Recorded rec;
     size_t scratch_begin = 0, scratch_end = 0;
     bool failed = false;
     StagedParams params;
     cudaEvent_t uploaded = nullptr;
   };
+  // A graph a traced step replayed (records live in the maps below, whose elements never move).
+  struct Traced {
+    Recorded* rec;
+    StepGraph graph;
+  };
 
-  // Records `ops` on the stream into *exec and counts its nodes (launches and copies) into *nodes; returns
-  // why that failed ("" on success).
-  std::string CaptureGraph(const std::function<void()>& ops, cudaGraphExec_t* exec, int64_t* nodes);
+  // Records `ops` on the stream into *rec (graph, executable, shape); returns why that failed ("" on success).
+  std::string CaptureGraph(const std::function<void()>& ops, Recorded* rec);
+  void NoteReplay(const Backend::SegmentKey& key, bool stateful, Recorded* rec);
   // Records `ops` as a CUDA graph and launches it; on failure (an op that syncs or copies host metadata,
   // such as the per-expert MoE path) runs `ops` eagerly and never tries the key again.
   void Capture(const Backend::SegmentKey& key, Graph* g, const std::function<void()>& ops);
@@ -82,6 +107,10 @@ class GraphRecorder {
   std::map<std::pair<Backend::SegmentKey, int64_t>, StatefulGraph> stateful_graphs_;
   bool logged_graphs_ = false, logged_capture_failure_ = false;
   bool logged_stateful_graphs_ = false, logged_stateful_failure_ = false;
+  bool tracing_ = false, in_traced_step_ = false;
+  std::vector<Traced> trace_, last_trace_;
+  int64_t step_eager_ = 0, step_captures_ = 0;  // the counters at the traced step's start, then its counts
+  int64_t last_eager_ = 0, last_captures_ = 0;
 };
 
 }  // namespace dsmesh

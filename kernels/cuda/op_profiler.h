@@ -7,7 +7,10 @@
 // never see it: the backend runs segments eagerly while profiling. With `device_only`, each op's begin
 // event waits behind a spin kernel (kernels/cuda/model_ops.h Spin) that outlasts the host's enqueueing
 // of the op, so the interval is the op's device time alone (the step total then counts the spins too).
-// Either way the host's time inside each op is measured with a steady clock.
+// Either way the host's time inside each op is measured with a steady clock. Ops also declare the bytes
+// they must move (kernels/op_bytes.h), summed per op beside the time; the routed experts' bytes depend on
+// the ids the router chose on the device, which are copied (after the op's end event, so outside its
+// interval) to pinned memory and counted when the step is collected.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -24,7 +27,8 @@ namespace dsmesh {
 
 class OpProfiler {
  public:
-  OpProfiler(cudaStream_t stream, bool device_only) : stream_(stream), device_only_(device_only) {}
+  // The device is the current one (its memory bandwidth is the peak the bytes are measured against).
+  OpProfiler(cudaStream_t stream, bool device_only);
   ~OpProfiler();
   OpProfiler(const OpProfiler&) = delete;
   OpProfiler& operator=(const OpProfiler&) = delete;
@@ -37,6 +41,11 @@ class OpProfiler {
   // Brackets one op; nested Begin/End pairs are folded into the outermost one.
   void Begin(const std::string& op);
   void End();
+  // Adds to the open outermost op's bytes (a nested op's bytes count in the op that called it).
+  void AddBytes(double bytes);
+  // Adds bytes_each for every distinct non-negative id among the n int32 ids at dev_ids (device memory
+  // the op's launches have written or read by its end): the routed experts an op must read.
+  void AddDistinctIdBytes(const int32_t* dev_ids, int64_t n, double bytes_each);
   // Brackets a whole step (BeginStep .. EndStep); the intervals of ops inside it are Collected at End.
   void BeginStep();
   void EndStep();
@@ -48,10 +57,22 @@ class OpProfiler {
   cudaEvent_t NewEvent();
   void Collect();
 
+  // Ids copied to the pinned staging buffer at `offset`, each distinct one worth bytes_each.
+  struct DeferredIds {
+    int64_t offset, n;
+    double bytes_each;
+  };
   struct Interval {
     std::string op;
     cudaEvent_t begin, end;
     double host_ms;
+    double bytes;
+    std::vector<DeferredIds> ids;
+  };
+  struct IdsRequest {
+    const int32_t* dev;
+    int64_t n;
+    double bytes_each;
   };
   cudaStream_t stream_;
   bool device_only_;
@@ -60,6 +81,15 @@ class OpProfiler {
   std::string open_op_;
   cudaEvent_t open_begin_ = nullptr;
   std::chrono::steady_clock::time_point open_host_;
+  double open_bytes_ = 0;
+  std::vector<IdsRequest> open_ids_;
+  // Pinned staging of the deferred ids, refilled every step (kIdsCapacity ids; past that an op counts
+  // each id as distinct, an upper bound).
+  static constexpr int64_t kIdsCapacity = 1 << 18;
+  int32_t* ids_host_ = nullptr;
+  int64_t ids_used_ = 0;
+  double peak_bytes_per_s_ = 0;
+  std::string peak_source_;
   cudaEvent_t step_begin_ = nullptr;
   std::vector<Interval> pending_;
   std::vector<cudaEvent_t> free_, used_;
@@ -70,5 +100,9 @@ class OpProfiler {
 
 // "layers.12.attn.wq_b" -> "attn.wq_b": the op name of a linear without its layer (and expert) numbers.
 std::string LinearOpName(const std::string& weight_name);
+
+// The device's memory bandwidth from its attributes (memory clock x bus width x 2 transfers per clock),
+// with `source` saying so; where the attributes are missing, the H200's data-sheet 4.8 TB/s, said too.
+double DeviceMemoryBandwidth(int device, std::string* source);
 
 }  // namespace dsmesh
