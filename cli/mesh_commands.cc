@@ -36,6 +36,7 @@
 #include "cli/launcher/local_mesh.h"
 #include "cli/launcher/supervisor.h"
 #include "cli/mesh_commands.h"
+#include "cli/model_commands/model_commands.h"
 #include "common/flags.h"
 #include "common/mesh/mesh_client.h"
 #include "common/mesh/mesh_credentials.h"
@@ -44,7 +45,6 @@
 #include "coordinator/simulated_acceptance.h"
 #include "coordinator/speculative_config.h"
 #include "kernels/cuda/device_choice.h"
-#include "model/commands.h"
 #include "model/testing/synthetic_source.h"
 #include "model/testing/tiny_model.h"
 

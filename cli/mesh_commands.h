@@ -37,7 +37,7 @@ int RunMeshBench(const std::vector<std::string>& args);
 // `dsmesh bench --scenario NAME ...`.
 int RunBenchScenario(const std::vector<std::string>& args);
 // `dsmesh logits` / `dsmesh generate` with --world N or --coordinator HOST:PORT: the same output as the
-// in-process commands of model/commands.h, computed by a mesh.
+// in-process commands of cli/model_commands/model_commands.h, computed by a mesh.
 int RunLogitsMesh(const std::vector<std::string>& args);
 int RunGenerateMesh(const std::vector<std::string>& args);
 

@@ -1,6 +1,6 @@
 // `dsmesh bench --device cpu|cuda[:N] --model DIR|synthetic:...`: decode steps of the model in this
 // process (no mesh), ms/step and tok/s at each stream count and context, beside the step's floor
-// (model/roofline.h) and measured / floor. Contexts are filled by 512-token prefill chunks first
+// (cli/perf/roofline.h) and measured / floor. Contexts are filled by 512-token prefill chunks first
 // (untimed); `--rows 4` times the verification shape (each stream 1 + 3 draft rows).
 #include <algorithm>
 #include <chrono>
@@ -12,14 +12,14 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/commands.h"
+#include "cli/model_commands/model_commands.h"
 #include "common/flags.h"
 #include "common/safetensors.h"
 #include "kernels/backend.h"
-#include "model/cli_model.h"
+#include "cli/model_commands/load_model.h"
 #include "model/kv_layout.h"
 #include "model/model.h"
-#include "model/roofline.h"
+#include "cli/perf/roofline.h"
 #include "model/testing/synthetic.h"
 
 namespace dsmesh {
