@@ -1,15 +1,16 @@
 // The table of `dsmesh` commands, and the dispatch that picks between layers for `logits` / `generate`: in
-// this process (model/) or on a mesh (cli/mesh_commands.h). It lives here so that model/ needs nothing from
+// this process (cli/model_commands/) or on a mesh (cli/mesh_commands.h). It lives here so that model/ needs nothing from
 // the mesh side and no command looks another up by name. (`bench` picks its mode in cli/bench/bench_mode.cc.)
 #include "cli/commands.h"
 
 #include "cli/bench/bench_command.h"
 #include "cli/mesh_commands.h"
+#include "cli/model_commands/model_commands.h"
+#include "cli/perf/reference_deployment_projection_command.h"
 #include "common/chat/chat_prompt_command.h"
 #include "common/tokenizer/tokenizer_commands.h"
 #include "kernels/exl3/exl3_check_command.h"
 #include "kernels/exl3/quantize_command.h"
-#include "model/commands.h"
 
 namespace dsmesh {
 namespace {
@@ -75,10 +76,15 @@ std::map<std::string, CommandInfo> BuildTable() {
        {"ppl --model DIR|--url http://HOST:PORT --file F [--ctx 512] [--chunks N] [--threads N] "
         "[--device cpu|cuda] [--tokenizer DIR] [--api-key K] [--timeout-s 600]",
         RunPpl}},
+      {"project-reference",
+       {"project-reference --profile BENCH.json [--bits experts=2,dense=6]: the H200 decode profile of the "
+        "full-size V4-Flash projected onto the reference deployment (vLLM + exllamav3 on 8 x RTX PRO 2000, TP8)",
+        RunProjectReference}},
+      // The same command under the reference deployment's project name, "the seat".
       {"project-seat",
-       {"project-seat --profile BENCH.json [--bits experts=2,dense=6]: the H200 decode profile of the full-size "
-        "V4-Flash projected onto the reference deployment (vLLM + exllamav3 on 8 x RTX PRO 2000, TP8)",
-        RunProjectSeat}},
+       {"project-seat --profile BENCH.json [--bits experts=2,dense=6]: project-reference under its other name "
+        "(\"the seat\" is the reference deployment)",
+        RunProjectReference}},
       {"tokenize", {"tokenize --tokenizer DIR --text-file F [--add-special-tokens]", RunTokenize}},
       {"detokenize", {"detokenize --tokenizer DIR --ids 1,2,3 [--skip-special-tokens]", RunDetokenize}},
       {"chat-prompt",

@@ -36,8 +36,8 @@ TEST(CommandTable, EveryUsageLineStartsWithItsCommand) {
 }
 
 TEST(CommandTable, ReadmeCommandsAreListed) {
-  for (const char* name : {"up", "bench", "logits", "generate", "make-tiny", "ppl", "project-seat", "tokenize",
-                           "detokenize", "chat-prompt", "quantize", "exl3-check"})
+  for (const char* name : {"up", "bench", "logits", "generate", "make-tiny", "ppl", "project-reference",
+                           "project-seat", "tokenize", "detokenize", "chat-prompt", "quantize", "exl3-check"})
     EXPECT_EQ(CommandRegistry().count(name), 1u) << name;
 }
 
@@ -52,6 +52,13 @@ TEST(CommandTable, LogitsAndGenerateRunInProcessWithoutMeshFlags) {
             std::string::npos);
   EXPECT_NE(UsageMessage("generate", {"--tokens", "1", "--max-new-tokens", "-1"}).find("--max-new-tokens"),
             std::string::npos);
+}
+
+TEST(CommandTable, ProjectSeatIsProjectReference) {
+  for (const char* name : {"project-reference", "project-seat"})
+    EXPECT_NE(UsageMessage(name, {"--profile", "/nonexistent/bench.json"}).find("cannot open the file"),
+              std::string::npos)
+        << name;
 }
 
 TEST(CommandTable, BenchPicksItsModeByFlag) {

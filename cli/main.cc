@@ -1,4 +1,5 @@
 // `dsmesh`: one CLI; the commands are the table in cli/commands.cc.
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -11,12 +12,14 @@ namespace {
 
 void PrintUsage() {
   std::fprintf(stderr, "usage: dsmesh COMMAND [FLAGS]\n\ncommands:\n");
+  size_t width = 0;  // the longest name: usages start in one column
+  for (const auto& entry : dsmesh::CommandRegistry()) width = std::max(width, entry.first.size());
   for (const auto& [name, info] : dsmesh::CommandRegistry()) {
     // A usage of several lines (bench's modes) continues under its first line.
     std::string usage = info.usage;
     for (size_t at = usage.find('\n'); at != std::string::npos; at = usage.find('\n', at + 1))
-      usage.insert(at + 1, std::string(15, ' '));
-    std::fprintf(stderr, "  %-12s %s\n", name.c_str(), usage.c_str());
+      usage.insert(at + 1, std::string(width + 3, ' '));
+    std::fprintf(stderr, "  %-*s %s\n", static_cast<int>(width), name.c_str(), usage.c_str());
   }
 }
 

@@ -49,7 +49,7 @@ MeshTarget ConnectMesh(const Flags& f, const std::function<void(LocalMeshOptions
 // `dsmesh up`: a supervised local mesh (coordinator, workers, gateway) until Ctrl-C.
 int RunUp(const std::vector<std::string>& args);
 // `dsmesh logits` / `dsmesh generate` with --world N or --coordinator HOST:PORT: the same output as the
-// in-process commands of model/commands.h, computed by a mesh.
+// in-process commands of cli/model_commands/model_commands.h, computed by a mesh.
 int RunLogitsMesh(const std::vector<std::string>& args);
 int RunGenerateMesh(const std::vector<std::string>& args);
 

@@ -1,6 +1,6 @@
 // `dsmesh bench --device cpu|cuda[:N] --model DIR|synthetic:...`: decode steps of the model in this
 // process (no mesh), ms/step and tok/s at each stream count and context, beside the step's floor
-// (model/roofline.h) and measured / floor. Contexts are filled by 512-token prefill chunks first (the first
+// (cli/perf/roofline.h) and measured / floor. Contexts are filled by 512-token prefill chunks first (the first
 // stream's chunks timed: the prefill line); `--rows 4` times the verification shape (each stream 1 + 3 draft
 // rows). On the CPU with a make-tiny model, `--contexts 64 --steps 64` is the tiny model's CPU decode speed
 // (docs/cpu-forward.md).
@@ -16,15 +16,15 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/bench/bench_clock.h"
+#include "cli/bench/step_profile.h"
 #include "cli/bench/synthetic_prompts.h"
+#include "cli/model_commands/load_model.h"
+#include "cli/perf/roofline.h"
 #include "common/flags.h"
 #include "common/safetensors.h"
 #include "kernels/backend.h"
-#include "model/cli_model.h"
 #include "model/kv_layout.h"
 #include "model/model.h"
-#include "model/roofline.h"
-#include "model/step_profile.h"
 #include "model/testing/synthetic.h"
 
 namespace dsmesh {
@@ -124,8 +124,8 @@ int RunInProcessBench(const std::vector<std::string>& args) {
     if (s < 1) throw UsageError("--streams: counts must be >= 1");
   for (int32_t c : contexts)
     if (c < 1) throw UsageError("--contexts: lengths must be >= 1");
-  // The floor needs the pack's bits: a synthetic source says them; for a directory --bits, else the seat's
-  // when it holds EXL3 tensors and bf16 everywhere when it holds none.
+  // The floor needs the pack's bits: a synthetic source says them; for a directory --bits, else the reference
+  // deployment's when it holds EXL3 tensors and bf16 everywhere when it holds none.
   Exl3BitsSpec bits;  // experts = dense = 0: every linear bf16
   if (f.Has("bits")) {
     bits = Exl3BitsSpec::Parse(f.Get("bits"));
@@ -247,7 +247,7 @@ int RunInProcessBench(const std::vector<std::string>& args) {
         model->backend().SetOpProfiling(OpProfiling::kOff);
         row["profile"] = PrintProfile(prof, alone);
         row["op_bytes"] = PrintOpBytes(alone);
-        int trace_step = 3 * steps;  // the graphs one step replays, and the chain alone (model/step_profile.h)
+        int trace_step = 3 * steps;  // the graphs one step replays, and the chain alone (cli/bench/step_profile.h)
         row["step_graphs"] =
             PrintStepGraphs(TraceDecodeGraphs(model->backend(), [&] { step(++trace_step); }, 20), ms);
         if (ns == streams.front()) {

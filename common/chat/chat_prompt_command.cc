@@ -10,6 +10,7 @@
 #include "common/chat/chat_request_parser.h"
 #include "common/chat/python_json.h"
 #include "common/flags.h"
+#include "common/model_card.h"
 #include "common/tokenizer/tokenizer.h"
 
 namespace dsmesh {
@@ -25,19 +26,18 @@ Json ReadJsonFile(const std::string& path) {
   return ParseJsonText(text.str(), path);
 }
 
-// The chat format a model directory asks for through config.json, if it has one.
+// The chat format a model directory asks for through its config.json's model_type (common/model_card.h), if
+// the directory has a config.json.
 std::optional<ChatFormat> FormatFromModelDir(const std::string& tokenizer_arg) {
   std::filesystem::path dir(tokenizer_arg);
   if (!std::filesystem::is_directory(dir)) dir = dir.parent_path();
-  const std::filesystem::path config = dir / "config.json";
-  if (!std::filesystem::exists(config)) return std::nullopt;
-  Json cfg = ReadJsonFile(config.string());
-  if (!cfg.is_object() || !cfg.contains("model_type") || !cfg["model_type"].is_string())
-    throw std::runtime_error(config.string() + ": no model_type; pass --format v4|v3");
-  const std::string model_type = cfg["model_type"].get<std::string>();
-  auto format = ChatFormatForModelType(model_type);
+  if (dir.empty()) dir = ".";  // a bare tokenizer.json: the working directory
+  if (!std::filesystem::exists(dir / "config.json")) return std::nullopt;
+  const ModelCard card = ModelCard::FromDirectory(dir.string());
+  if (card.model_type.empty()) throw std::runtime_error(card.source + ": no model_type; pass --format v4|v3");
+  auto format = ChatFormatForModelType(card.model_type);
   if (!format)
-    throw std::runtime_error(config.string() + ": model_type '" + model_type +
+    throw std::runtime_error(card.source + ": model_type '" + card.model_type +
                              "' has no chat format here; pass --format v4|v3");
   return format;
 }

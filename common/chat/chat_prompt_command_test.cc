@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 
 #include "common/chat/chat_test_util.h"
@@ -73,6 +75,52 @@ TEST(ChatPromptCommandTest, V3FormatWithToolsFile) {
   // V4 puts the tools into the system message.
   out = ChatPromptCommandOutput({"--tokenizer", V4TokenizerDir(), "--messages", messages, "--tools", tools});
   EXPECT_NE(out["prompt"].get<std::string>().find("S\n\n## Tools\n"), std::string::npos);
+}
+
+// A tokenizer directory holding the V4 tokenizer files and a config.json of the given text.
+std::string TokenizerDirWithConfig(const std::string& name, const std::string& config_json) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::filesystem::path dir = std::filesystem::path(tmp ? tmp : "/tmp") / name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  for (const char* file : {"tokenizer.json", "tokenizer_config.json"})
+    std::filesystem::create_symlink(V4TokenizerDir() + "/" + file, dir / file);
+  std::ofstream(dir / "config.json") << config_json;
+  return dir.string();
+}
+
+// Without --format the format is config.json's model_type, read by the one model-card reader.
+TEST(ChatPromptCommandTest, FormatFromConfigModelType) {
+  std::string messages = WriteTemp("system.json", R"([{"role": "system", "content": "S"},
+      {"role": "user", "content": "Hi"}])");
+  const std::string v3_dir = TokenizerDirWithConfig("v3_model", R"({"model_type": "deepseek_v3"})");
+  const auto from_config = ChatPromptCommandOutput({"--tokenizer", v3_dir, "--messages", messages});
+  EXPECT_EQ(from_config["prompt"], "<｜begin▁of▁sentence｜>S<｜User｜>Hi<｜Assistant｜>");
+  EXPECT_EQ(from_config, ChatPromptCommandOutput({"--tokenizer", v3_dir, "--messages", messages, "--format", "v3"}));
+  // The directory of a tokenizer.json path counts too.
+  EXPECT_EQ(from_config,
+            ChatPromptCommandOutput({"--tokenizer", v3_dir + "/tokenizer.json", "--messages", messages}));
+  // --format wins over the config.
+  EXPECT_EQ(ChatPromptCommandOutput({"--tokenizer", v3_dir, "--messages", messages, "--format", "v4"}),
+            ChatPromptCommandOutput({"--tokenizer", V4TokenizerDir(), "--messages", messages}));
+
+  auto error = [&](const std::string& dir) -> std::string {
+    try {
+      ChatPromptCommandOutput({"--tokenizer", dir, "--messages", messages});
+    } catch (const std::runtime_error& e) {
+      return e.what();
+    }
+    ADD_FAILURE() << dir << ": no error";
+    return "";
+  };
+  const std::string llama = TokenizerDirWithConfig("llama_model", R"({"model_type": "llama"})");
+  EXPECT_EQ(error(llama), llama + "/config.json: model_type 'llama' has no chat format here; pass --format v4|v3");
+  const std::string untyped = TokenizerDirWithConfig("untyped_model", R"({"vocab_size": 129280})");
+  EXPECT_EQ(error(untyped), untyped + "/config.json: no model_type; pass --format v4|v3");
+  const std::string wrong = TokenizerDirWithConfig("wrong_model", R"({"model_type": 3})");
+  EXPECT_EQ(error(wrong), wrong + "/config.json: field \"model_type\" must be a string");
+  const std::string broken = TokenizerDirWithConfig("broken_model", "{oops");
+  EXPECT_NE(error(broken).find(broken + "/config.json: not valid JSON"), std::string::npos);
 }
 
 TEST(ChatPromptCommandTest, BadInputNamesTheFile) {

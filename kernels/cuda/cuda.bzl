@@ -1,7 +1,7 @@
 """cuda_library: compile .cu files with nvcc from /usr/local/cuda and wrap the objects in a cc_library.
 
 Each .cu becomes one genrule (so Bazel compiles them in parallel) producing a relocatable object with
-machine code for sm_90 (H200, where we measure) and sm_120 (RTX PRO 2000, where the seat runs). The
+machine code for sm_90 (H200, where we measure) and sm_120 (RTX PRO 2000, the reference deployment's card). The
 objects are then linked like any C++ object; the cc_library depends on //third_party:cuda_runtime.
 Headers listed in `hdrs` and `cu_hdrs` are visible to nvcc; `cu_hdrs` stay private to the .cu files.
 """

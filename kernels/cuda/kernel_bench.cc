@@ -16,7 +16,7 @@
 //
 // batch cases (not in the default run: --only batch) time V4-Flash's sets of EXL3 linears that a decode
 // step runs together (the attention inputs of x, the two projections of q_a, the shared expert's w1/w3,
-// wo_a's 8 groups; K6 as the seat pack's dense linears) as separate GEMV launches and as one batched
+// wo_a's 8 groups; K6 as the reference deployment pack's dense linears) as separate GEMV launches and as one batched
 // launch (Exl3GemvBatch), side by side, beside the set's byte floor.
 //
 // gemm cases (prefill, m = 32..512 on the anchor table's six dense shapes, K 2/3/6) print our time

@@ -194,7 +194,7 @@ const cases = [
     const other = `${r.stdout}${r.stderr}`.split('\n').filter((l) => l.trim() && !/^vllm:\S+ metric names should not contain ':'$/.test(l));
     assertEq(other, [], 'promtool findings');
   }],
-  ['dsmesh bench --url runs the seat method against the mesh', async ({ m }) => {
+  ['dsmesh bench --url runs the reference deployment\'s method against the mesh', async ({ m }) => {
     const r = spawnSync(DSMESH, ['bench', '--url', m.base, '--api-key', API_KEY, '--max-tokens', '8', '--prompts', 'en,ja', '--streams', '1,2'], { encoding: 'utf8' });
     assertEq(r.status, 0, `bench exit status: ${r.stderr}`);
     const rows = r.stdout.split('\n').filter((l) => /^(en|ja)\s+\d/.test(l));

@@ -1,24 +1,21 @@
-// CLI commands of the model (model/commands.h): `logits`, `generate` (greedy) and `make-tiny`. Flags are
-// stable: other issues' tests and users call them.
+// The model's single-process commands (cli/model_commands/model_commands.h): `logits`, `generate` (greedy)
+// and `make-tiny`. Flags are stable: tests and users call them.
 #include <sys/stat.h>
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
-#include "model/commands.h"
+#include "cli/model_commands/model_commands.h"
 
+#include "cli/model_commands/load_model.h"
 #include "common/flags.h"
 #include "common/safetensors.h"
 #include "kernels/cpu/argmax.h"
-#include "kernels/cpu/cpu_backend.h"
-#include "kernels/cuda/cuda_backend.h"
-#include "kernels/cuda/device_choice.h"
-#include "model/gpu_fit.h"
-#include "model/kv_layout.h"
-#include "model/cli_model.h"
 #include "model/model.h"
 
 namespace dsmesh {
@@ -112,40 +109,6 @@ int RunMakeTiny(const std::vector<std::string>& args) {
   MakeTinyModel(dir, static_cast<uint64_t>(seed), spec);
   std::cout << "wrote " << dir << " (seed " << seed << ")" << std::endl;
   return 0;
-}
-
-std::unique_ptr<Model> LoadForCli(const Flags& f) {
-  std::string dir = f.Require("model");
-  int threads = static_cast<int>(f.GetInt("threads", 0));
-  const DeviceChoice choice = ChooseDevice(f);
-  int device = -1;
-  try {
-    device = ParseDeviceFlag(choice.device);
-  } catch (const std::exception& e) {
-    throw UsageError(e.what());
-  }
-  std::fprintf(stderr, "[load] %s\n", choice.Line().c_str());
-  KvCacheDtype kv_dtype = KvCacheDtype::kF32;
-  try {
-    if (f.Has("kv-cache-dtype")) kv_dtype = ParseKvCacheDtype(f.Get("kv-cache-dtype"));
-  } catch (const std::exception& e) {
-    throw UsageError(e.what());
-  }
-  if (device >= 0) {
-    RequireCudaDevice(device, "--device " + choice.device);
-    RequireModelFitsGpu(dir, 1, device, 0, kv_dtype);
-  }
-  CudaBackendOptions cuda = CudaBackendOptionsFromEnvironment();  // DSMESH_CUDA_* / DSMESH_EXL3_* A/B variants and tuning
-  cuda.cuda_graphs = !f.Has("enforce-eager");
-  cuda.concurrent_linears = f.Has("concurrent-linears");
-  auto model = LoadModel(dir, ShardSpec{0, 1}, device >= 0 ? MakeCudaBackend(device, cuda) : MakeCpuBackend(threads));
-  std::fprintf(stderr, "[load] %s: %s\n", dir.c_str(), model->WeightsDescription().c_str());
-  if (f.Has("kv-cache-dtype")) {
-    StatePoolOptions pool;
-    pool.kv_dtype = kv_dtype;
-    std::fprintf(stderr, "[load] %s\n", model->ConfigureStatePool(pool).Describe().c_str());
-  }
-  return model;
 }
 
 }  // namespace dsmesh

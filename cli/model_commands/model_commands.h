@@ -1,5 +1,5 @@
-// The CLI commands of the model, each run in this process (the table of commands is cli/commands.cc;
-// `logits` and `generate` with --world N / --coordinator HOST:PORT go to cli/mesh_commands.h instead).
+// The model's commands that run in this process (the table of commands is cli/commands.cc; `logits` and
+// `generate` with --world N / --coordinator HOST:PORT go to cli/mesh_commands.h instead).
 #pragma once
 
 #include <cstdint>
@@ -16,10 +16,8 @@ int RunLogits(const std::vector<std::string>& args);
 int RunGenerate(const std::vector<std::string>& args);
 // `dsmesh make-tiny --out DIR`: a random tiny model (MakeTinyModel).
 int RunMakeTiny(const std::vector<std::string>& args);
-// `dsmesh ppl --model DIR|--url URL --file F` (model/ppl_command.cc).
+// `dsmesh ppl --model DIR|--url URL --file F` (cli/model_commands/ppl_command.cc).
 int RunPpl(const std::vector<std::string>& args);
-// `dsmesh project-seat --profile BENCH.json` (model/reference_deployment_projection_command.cc).
-int RunProjectSeat(const std::vector<std::string>& args);
 
 // Writes the tiny model of `spec` into `dir` and, when this checkout has it ($DSMESH_ROOT or the working
 // directory), the DeepSeek-V4 tokenizer beside it so the model serves text.

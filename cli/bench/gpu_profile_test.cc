@@ -14,7 +14,7 @@
 #include "kernels/op_bytes.h"
 #include "model/model.h"
 #include "model/sequence_state.h"
-#include "model/step_profile.h"
+#include "cli/bench/step_profile.h"
 #include "model/testing/test_util.h"
 #include "model/testing/tiny_model.h"
 

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The model's CLI commands end to end: make-tiny (deterministic per seed), logits (file shape, agrees with
-# generate's first token), generate (JSON of generated tokens only), and the errors a user can provoke
-# (missing model directory, bad token id, malformed --tokens, unsupported config) with their exit codes.
+# The model's single-process commands end to end: make-tiny (deterministic per seed), logits (file shape,
+# agrees with generate's first token), generate (JSON of generated tokens only), bench --device, and the
+# errors a user can provoke (missing model directory, bad token id, malformed --tokens, unsupported config)
+# with their exit codes; project-reference (and its other name project-seat) on bad profiles.
 set -u
 dsmesh=cli/dsmesh
 [[ -x $dsmesh ]] || { echo "FAIL: $dsmesh not found in runfiles" >&2; exit 1; }
-tmp="${TEST_TMPDIR:-$(mktemp -d)}/cli_test"
+tmp="${TEST_TMPDIR:-$(mktemp -d)}/model_commands_test"
 rm -rf "$tmp" && mkdir -p "$tmp"
 status=0
 fail() { echo "FAIL: $*" >&2; status=1; }
@@ -76,9 +77,11 @@ grep -qE "^# KV bf16: [0-9]+ B/token" "$tmp/bench.txt" || fail "bench KV costs: 
 "$dsmesh" bench --device cpu --model "$tmp/a" --contexts 40 --streams 1 --steps 1 --profile > "$tmp/prof.txt" 2>/dev/null ||
   fail "bench --profile on the CPU"
 grep -q "^  step graphs: none (this backend records no graphs)" "$tmp/prof.txt" || fail "bench --profile graphs line: $(cat "$tmp/prof.txt")"
-# project-seat: a clear error for a missing or profile-less file.
-expect 2 "cannot open the file" -- "$dsmesh" project-seat --profile "$tmp/none.json"
-expect 2 "no row with a profile" -- "$dsmesh" project-seat --profile "$tmp/bench.json"
+# project-reference (also named project-seat): a clear error for a missing or profile-less file.
+for cmd in project-reference project-seat; do
+  expect 2 "cannot open the file" -- "$dsmesh" $cmd --profile "$tmp/none.json"
+  expect 2 "no row with a profile" -- "$dsmesh" $cmd --profile "$tmp/bench.json"
+done
 
 [[ $status == 0 ]] && echo "PASS"
 exit $status

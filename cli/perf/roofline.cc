@@ -1,4 +1,4 @@
-#include "model/roofline.h"
+#include "cli/perf/roofline.h"
 
 #include <cmath>
 #include <cstdio>

@@ -3,7 +3,7 @@
 // each phase's efficiency on the H200 (measured time / its floor there) times the phase's floor on one
 // RTX PRO 2000 for that card's shard, plus the all-reduces the TP8 split adds.
 //
-//   op kind           its floor (model/roofline.h, per rank)          projected on the RTX cards
+//   op kind           its floor (cli/perf/roofline.h, per rank)       projected on the RTX cards
 //   dense linears     dense bytes (+ bf16 router, hc weights) and      efficiency x RTX floor
 //   (Linear, LinearBatch, GroupedLinear, SharedExpert)  EXL3 decode ops
 //   routed experts    expected experts' bytes and decode ops           efficiency x RTX floor
@@ -22,7 +22,7 @@
 
 #include "kernels/exl3/quant_plan.h"
 #include "model/config.h"
-#include "model/roofline.h"
+#include "cli/perf/roofline.h"
 
 namespace dsmesh {
 

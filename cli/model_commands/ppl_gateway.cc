@@ -1,4 +1,4 @@
-#include "model/ppl_gateway.h"
+#include "cli/model_commands/ppl_gateway.h"
 
 #include <nlohmann/json.hpp>
 #include <stdexcept>

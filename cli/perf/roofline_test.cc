@@ -1,7 +1,7 @@
 // The decode-step floor of V4-Flash with the reference deployment's pack (experts K2, dense K6): the estimate is
 // about 7.4 GB per single-stream step at 4K context; 4 streams touch more experts; TP8 divides the split
 // parts; the KV read grows with context.
-#include "model/roofline.h"
+#include "cli/perf/roofline.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "model/reference_deployment_projection.h"
+#include "cli/perf/reference_deployment_projection.h"
 
 #include <gtest/gtest.h>
 

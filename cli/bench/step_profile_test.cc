@@ -1,6 +1,6 @@
-// The printing and JSON of model/step_profile.h on made-up profiles (the numbers worked out by hand), and
+// The printing and JSON of cli/bench/step_profile.h on made-up profiles (the numbers worked out by hand), and
 // the graph trace on a backend that records no graphs.
-#include "model/step_profile.h"
+#include "cli/bench/step_profile.h"
 
 #include <gtest/gtest.h>
 

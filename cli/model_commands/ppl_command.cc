@@ -3,7 +3,7 @@
 // disjoint windows of --ctx tokens, and each window is scored from its second token on (the first has no
 // context). --model runs the model in process ([--threads N] [--device cpu|cuda] [--enforce-eager]
 // [--tokenizer DIR]); --url asks a running gateway (ours or vLLM) through /tokenize and /v1/completions
-// with prompt_logprobs (model/ppl_gateway.h; [--api-key K] [--timeout-s S], --tokenizer DIR tokenizes
+// with prompt_logprobs (cli/model_commands/ppl_gateway.h; [--api-key K] [--timeout-s S], --tokenizer DIR tokenizes
 // locally instead). Prints a progress line per window on stderr and one JSON line on stdout.
 #include <chrono>
 #include <cmath>
@@ -15,12 +15,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/commands.h"
+#include "cli/model_commands/load_model.h"
+#include "cli/model_commands/model_commands.h"
+#include "cli/model_commands/ppl_gateway.h"
 #include "common/flags.h"
 #include "common/tokenizer/tokenizer.h"
-#include "model/cli_model.h"
 #include "model/model.h"
-#include "model/ppl_gateway.h"
 
 namespace dsmesh {
 namespace {

@@ -1,4 +1,4 @@
-#include "model/step_profile.h"
+#include "cli/bench/step_profile.h"
 
 #include <algorithm>
 #include <string>

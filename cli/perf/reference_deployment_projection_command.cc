@@ -1,6 +1,7 @@
-// `dsmesh project-seat --profile BENCH.json`: the projection onto the reference deployment ("the seat": vLLM +
-// exllamav3 on 8 x RTX PRO 2000; model/reference_deployment_projection.h) of every profiled shape in a
-// `dsmesh bench --profile --json` file of the full-size V4-Flash (the deployment's pack bits).
+// `dsmesh project-reference` (cli/perf/reference_deployment_projection_command.h): reads the profiled rows
+// and prints ProjectToReferenceDeployment's projection of each for the pack of --bits (default: the deployment's).
+#include "cli/perf/reference_deployment_projection_command.h"
+
 #include <cstdio>
 #include <fstream>
 #include <stdexcept>
@@ -9,14 +10,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/commands.h"
+#include "cli/perf/reference_deployment_projection.h"
 #include "common/flags.h"
-#include "model/reference_deployment_projection.h"
 #include "model/v4_flash_config.h"
 
 namespace dsmesh {
 
-int RunProjectSeat(const std::vector<std::string>& args) {
+int RunProjectReference(const std::vector<std::string>& args) {
   Flags f(args, {"profile", "bits"}, {});
   const std::string path = f.Require("profile");
   std::ifstream in(path);
