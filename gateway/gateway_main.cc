@@ -220,13 +220,11 @@ int Run(int argc, char** argv) {
   OpenAiServer api(api_options, tokenizer, &mesh, &monitor, &metrics, &admission);
   api_ptr = &api;
 
-  // Signals are taken by sigwait below; block them before any thread starts.
+  // Blocked in every thread since main() (BlockShutdownSignals); taken here by sigwait.
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
 
   uint16_t bound = server.Listen();
   server.Start();
@@ -267,5 +265,9 @@ int Run(int argc, char** argv) {
 }  // namespace dsmesh
 
 int main(int argc, char** argv) {
+  // Before any thread starts (gRPC's, the handler pool's, the HTTP threads): a thread started with SIGTERM
+  // unblocked could be the one the kernel hands the signal to, and its default action would end the process
+  // at once, dropping every in-flight request, instead of the drain that sigwait in Run starts.
+  dsmesh::BlockShutdownSignals();
   return dsmesh::RunProgram("dsmesh-gateway", dsmesh::kUsage, [&] { return dsmesh::Run(argc, argv); });
 }

@@ -2,12 +2,29 @@
 // a coordinator that dies mid-stream (the stream must end with an error event and [DONE], never go
 // silent; non-streaming requests get 503), and SIGTERM draining (/health 503, in-flight requests
 // finish, the process exits 0).
+import fs from 'node:fs';
 import net from 'node:net';
-import { assert, assertEq, loadOpenAI, rawStream, runCases, startMesh } from './harness.mjs';
+import { assert, assertEq, loadOpenAI, metricsText, metricValue, rawStream, runCases, startMesh } from './harness.mjs';
 
 const OpenAI = await loadOpenAI();
 const MODEL = 'dsmesh-test';
 const msg = (content) => [{ role: 'user', content }];
+
+// The threads of process `pid` that would take SIGTERM or SIGINT with its default action (the process dies at
+// once, no drain): every thread must block both, so that only the gateway's sigwait takes them. The main thread
+// is left out: while it waits in sigwait the kernel shows those two unblocked (sigwait's own doing).
+function threadsTakingShutdownSignals(pid) {
+  const bits = (1n << BigInt(15 - 1)) | (1n << BigInt(2 - 1));  // SIGTERM, SIGINT
+  const open = [];
+  for (const tid of fs.readdirSync(`/proc/${pid}/task`)) {
+    if (tid === String(pid)) continue;
+    let status;
+    try { status = fs.readFileSync(`/proc/${pid}/task/${tid}/status`, 'utf8'); } catch (e) { continue; }  // exited
+    const blocked = BigInt(`0x${status.match(/^SigBlk:\s*([0-9a-f]+)/m)[1]}`);
+    if ((blocked & bits) !== bits) open.push(`${status.match(/^Name:\s*(.*)/m)[1]} (tid ${tid}, SigBlk ${blocked.toString(16)})`);
+  }
+  return open;
+}
 
 const cases = [
   ['API key: /v1/* needs it, /health and /metrics stay open; keys and bodies never reach logs or metrics', async () => {
@@ -200,6 +217,34 @@ const cases = [
       assert(health === 503 || health === 'refused', `/health while draining: ${health}`);
       const r = await inflight;
       assertEq(r.choices[0].message.content, words, 'in-flight request finished');
+      assertEq(await exited, 0, 'exit code');
+    } finally { await mesh.stop(); }
+  }],
+
+  ['SIGTERM drains a non-streamed request: taken (in-flight gauge 1), then signalled, it still gets its whole answer', async () => {
+    const mesh = await startMesh({ stepMs: 30 });
+    try {
+      const c = new OpenAI({ baseURL: mesh.url, apiKey: 'x', maxRetries: 0 });
+      const words = Array.from({ length: 40 }, (_, i) => `z${i}`).join(' ');
+      const answer = c.chat.completions.create({ model: MODEL, temperature: 0, chat_template_kwargs: { thinking: false },
+                                                 messages: msg(words) });
+      answer.catch(() => {});  // awaited below; a rejection before then is not unhandled
+      // SIGTERM once the gateway counts the request as in flight (its own gauge; a deadline, not a fixed wait).
+      let inFlight = 0;
+      for (const deadline = Date.now() + 30000; inFlight !== 1 && Date.now() < deadline;) {
+        inFlight = metricValue(await metricsText(mesh.base), 'dsmesh_gateway_requests_in_flight');
+        if (inFlight !== 1) await new Promise((r) => setTimeout(r, 10));
+      }
+      assertEq(inFlight, 1, 'dsmesh_gateway_requests_in_flight before the signal');
+      // Whether the kernel hands the signal to such a thread depends on timing (it killed the gateway in about
+      // 1 of 4 tries of this case); the masks show the fault every time.
+      const open = threadsTakingShutdownSignals(mesh.gateway.pid);
+      assert(open.length === 0, `gateway threads with SIGTERM/SIGINT unblocked: ${open.join(', ')}`);
+      const exited = new Promise((r) => mesh.gateway.once('exit', (code) => r(code)));
+      mesh.gateway.kill('SIGTERM');
+      const r = await answer;
+      assertEq(r.choices[0].message.content, words, 'the in-flight request got its whole answer');
+      assertEq(r.choices[0].finish_reason, 'stop', 'finish_reason');
       assertEq(await exited, 0, 'exit code');
     } finally { await mesh.stop(); }
   }],
