@@ -59,7 +59,7 @@ const cases = [
         await r.text();
       }
       const exposition = await (await fetch(`${mesh.base}/metrics`)).text();
-      const log = mesh.gatewayStderr();
+      const log = mesh.gatewayLog();
       for (const secret of ['sekret', 'sekreu', marker]) {
         assert(!log.includes(secret), `gateway log holds '${secret}':\n${log}`);
         assert(!exposition.includes(secret), `metrics hold '${secret}'`);
@@ -245,6 +245,58 @@ const cases = [
       const r = await answer;
       assertEq(r.choices[0].message.content, words, 'the in-flight request got its whole answer');
       assertEq(r.choices[0].finish_reason, 'stop', 'finish_reason');
+      assertEq(await exited, 0, 'exit code');
+    } finally { await mesh.stop(); }
+  }],
+
+  ['SIGTERM drain waits until a response is written to its last byte (a large non-streamed answer to a slow reader)', async () => {
+    // Its generation ends in the mesh (the gauge drops to 0) long before the 11 MB answer, more than the kernel's
+    // socket buffers take, has reached a client that does not read yet: the drain must wait for the answer.
+    const mesh = await startMesh({ stepMs: 10, tokensPerStep: 1000, maxModelLen: 65536 });
+    try {
+      const port = Number(mesh.base.split(':').pop());
+      const text = '.'.repeat(128 * 30000);  // 30000 tokens of 128 dots each, echoed by the fixture
+      const id = 'drain-slow-reader';
+      const body = JSON.stringify({ model: MODEL, temperature: 0, n: 3, chat_template_kwargs: { thinking: false }, messages: msg(text) });
+      const s = net.connect(port, '127.0.0.1');
+      s.pause();  // reads nothing until resumed below
+      const chunks = [];
+      const ended = new Promise((resolve, reject) => {
+        s.on('data', (d) => chunks.push(d));
+        s.on('end', resolve);
+        s.on('close', resolve);
+        s.on('error', reject);
+      });
+      s.write(`POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Request-Id: ${id}\r\nContent-Type: application/json\r\n` +
+              `Content-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
+      let inFlight = 0;
+      for (const deadline = Date.now() + 30000; inFlight !== 1 && Date.now() < deadline;) {
+        inFlight = metricValue(await metricsText(mesh.base), 'dsmesh_gateway_requests_in_flight');
+        if (inFlight !== 1) await new Promise((r) => setTimeout(r, 10));
+      }
+      assertEq(inFlight, 1, 'dsmesh_gateway_requests_in_flight before the signal');
+      const exited = new Promise((r) => mesh.gateway.once('exit', (code, signal) => r(signal ?? code)));
+      mesh.gateway.kill('SIGTERM');
+      // The gateway logs the request's end once its answer is queued; then the mesh lets go of it. A drain that
+      // waited only for the mesh would exit within a few of its 20 ms polls of that, cutting the answer: give it
+      // a second to do so (a deadline for the fault to show, not a measurement), then read.
+      for (const deadline = Date.now() + 30000; !mesh.gatewayLog().includes(`request ${id}: stop`) && Date.now() < deadline;)
+        await new Promise((r) => setTimeout(r, 20));
+      assert(mesh.gatewayLog().includes(`request ${id}: stop`), 'the gateway finished the request');
+      const early = await Promise.race([exited, new Promise((r) => setTimeout(() => r('running'), 1000))]);
+      assertEq(early, 'running', 'the gateway, while its answer is still unread');
+      s.resume();
+      await ended;
+      const raw = Buffer.concat(chunks).toString();
+      const split = raw.indexOf('\r\n\r\n');
+      const head = raw.slice(0, split);
+      assert(head.startsWith('HTTP/1.1 200'), `status line: ${head.slice(0, 100)}`);
+      const length = Number(head.match(/content-length: (\d+)/i)?.[1]);
+      assertEq(Buffer.byteLength(raw.slice(split + 4)), length, 'body bytes (Content-Length)');
+      assert(length > 10e6, `an answer larger than socket buffers: ${length} bytes`);
+      assert(/^connection: close$/im.test(head), `a response sent while draining closes its connection: ${head}`);
+      const answer = JSON.parse(raw.slice(split + 4));
+      assertEq(answer.choices.map((c) => c.message.content === text), [true, true, true], 'every choice whole');
       assertEq(await exited, 0, 'exit code');
     } finally { await mesh.stop(); }
   }],
