@@ -159,6 +159,15 @@ int RunUp(const std::vector<std::string>& args) {
   known.insert(kCoordinatorFlags.begin(), kCoordinatorFlags.end());
   known = WithMeshCredentialFlags(known);
   Flags f(args, known, {"no-gateway", "enforce-eager"});
+  // Ctrl-C / SIGTERM come to us (children run in their own process groups) and we stop them in order. Blocked
+  // before any thread starts (the CUDA probe below starts the driver's): a thread with them unblocked could
+  // take one with its default action, ending `up` at once and leaving its children to stop all together
+  // (PR_SET_PDEATHSIG), the workers under the gateway's in-flight requests.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  sigprocmask(SIG_BLOCK, &set, nullptr);
   // One worker owns a GPU (its KV pool sized from the device); on the CPU two workers show the mesh at work.
   const DeviceChoice device = ChooseDevice(f);
   std::fprintf(stderr, "dsmesh up: %s\n", device.Line().c_str());
@@ -184,13 +193,6 @@ int RunUp(const std::vector<std::string>& args) {
   if (any_gateway_flag && o.gateway_bin.empty())
     throw UsageError("--served-model-name, --api-key and --api-key-file are gateway flags; there is no "
                      "gateway here (--no-gateway, or no binary at " + gateway + ")");
-
-  // Ctrl-C / SIGTERM come to us (children run in their own process groups) and we stop them in order.
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  sigprocmask(SIG_BLOCK, &set, nullptr);
 
   o.log_dir = f.Has("log-dir") ? f.Get("log-dir") : MakeLogDir();
   std::filesystem::create_directories(o.log_dir);

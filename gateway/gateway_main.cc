@@ -18,7 +18,8 @@
 //
 // Startup: load the tokenizer from DIR, listen, then poll the coordinator; /health answers 503 until
 // the mesh is ready, and systemd gets READY=1 only then. SIGTERM/SIGINT: /health turns 503
-// (draining), new connections are refused, in-flight requests get up to --drain-timeout-s to finish.
+// (draining), new connections are refused, responses close their connection, and every request already
+// read gets up to --drain-timeout-s to be answered to its last byte.
 #include <signal.h>
 #include <spdlog/spdlog.h>
 
@@ -220,13 +221,11 @@ int Run(int argc, char** argv) {
   OpenAiServer api(api_options, tokenizer, &mesh, &monitor, &metrics, &admission);
   api_ptr = &api;
 
-  // Signals are taken by sigwait below; block them before any thread starts.
+  // Blocked in every thread since main() (BlockShutdownSignals); taken here by sigwait.
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
 
   uint16_t bound = server.Listen();
   server.Start();
@@ -252,10 +251,17 @@ int Run(int argc, char** argv) {
   NotifyStopping("draining");
   monitor.SetDraining();
   server.StopAccepting();
+  // Drained when the mesh is done with this gateway's requests and every request read has been answered to
+  // its last byte: a generation's ticket is released when its gRPC calls end, which can be before its
+  // response has left the write queue (a slow reader, a loaded machine), and a request still being parsed
+  // holds no ticket yet. Stopping the event loop earlier would cut those connections without an answer.
+  auto drained = [&] { return admission.in_flight() == 0 && server.pending_responses() == 0; };
   auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(drain_s);
-  while (admission.in_flight() > 0 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  if (admission.in_flight() > 0) spdlog::warn("drain timeout: dropping {} requests", admission.in_flight());
+  while (!drained() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  if (!drained())
+    spdlog::warn("drain timeout: dropping {} requests in the mesh, {} responses not yet sent", admission.in_flight(),
+                 server.pending_responses());
   monitor.Stop();
   server.Stop();
   if (handler_pool) handler_pool->join();
@@ -267,5 +273,9 @@ int Run(int argc, char** argv) {
 }  // namespace dsmesh
 
 int main(int argc, char** argv) {
+  // Before any thread starts (gRPC's, the handler pool's, the HTTP threads): a thread started with SIGTERM
+  // unblocked could be the one the kernel hands the signal to, and its default action would end the process
+  // at once, dropping every in-flight request, instead of the drain that sigwait in Run starts.
+  dsmesh::BlockShutdownSignals();
   return dsmesh::RunProgram("dsmesh-gateway", dsmesh::kUsage, [&] { return dsmesh::Run(argc, argv); });
 }

@@ -31,8 +31,11 @@ std::string FrameChunk(std::string data) {
 // One TCP connection. Every member is touched only on the connection's strand.
 class HttpSession : public std::enable_shared_from_this<HttpSession> {
  public:
-  HttpSession(tcp::socket&& socket, const HttpServerOptions& options, const HttpHandler& handler)
-      : stream_(std::move(socket)), options_(options), handler_(handler) {}
+  HttpSession(tcp::socket&& socket, const HttpServerOptions& options, const HttpHandler& handler,
+              HttpServerState* state)
+      : stream_(std::move(socket)), options_(options), handler_(handler), state_(state) {}
+
+  bool draining() const { return state_->draining.load(); }
 
   void Run() {
     net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->DoReadHeader(); });
@@ -124,6 +127,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     os << res;
     ++generation_;
     current_.reset();
+    BeginResponse();
     Enqueue(generation_, os.str(), true, false);
   }
 
@@ -132,6 +136,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     ++generation_;
     auto exchange = std::make_shared<HttpExchange>(shared_from_this(), parser_->release(), generation_);
     current_ = exchange;
+    BeginResponse();
     Watch(generation_);
     try {
       handler_(exchange);
@@ -173,6 +178,20 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     });
   }
 
+  // A response is owed from the moment a request is read until its last byte is written or the connection
+  // closes; the server's count of these is what a drain waits for.
+  void BeginResponse() {
+    if (response_pending_) return;
+    response_pending_ = true;
+    state_->pending_responses.fetch_add(1);
+  }
+
+  void EndResponse() {
+    if (!response_pending_) return;
+    response_pending_ = false;
+    state_->pending_responses.fetch_sub(1);
+  }
+
   void ClientGone() {
     if (auto exchange = current_.lock()) exchange->NotifyDisconnect();
     Close();
@@ -196,6 +215,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     Piece done = std::move(writes_.front());
     writes_.pop_front();
     if (done.ends_response) {
+      EndResponse();
       current_.reset();
       ping_timer_.cancel();
       ++generation_;  // later pieces or watch callbacks of the finished exchange are ignored
@@ -229,6 +249,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   void Close() {
     if (closed_) return;
     closed_ = true;
+    EndResponse();  // nothing more can reach the client
     ping_timer_.cancel();
     if (!writing_) writes_.clear();  // an in-flight async_write still reads writes_.front()
     beast::error_code ignored;
@@ -239,6 +260,8 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   beast::tcp_stream stream_;
   const HttpServerOptions& options_;
   const HttpHandler& handler_;
+  HttpServerState* state_;
+  bool response_pending_ = false;  // counted in state_->pending_responses
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   std::deque<Piece> writes_;
@@ -281,7 +304,7 @@ void HttpExchange::Respond(int status, const std::string& content_type, std::str
   res.set(http::field::server, "dsmesh-gateway");
   res.set(http::field::content_type, content_type);
   for (const auto& [k, v] : headers) res.set(k, v);
-  res.keep_alive(request_.keep_alive());
+  res.keep_alive(keep_alive());
   res.body() = std::move(body);
   res.prepare_payload();
   std::ostringstream os;
@@ -303,7 +326,7 @@ void HttpExchange::StartStream(int status, const std::string& content_type, cons
   res.set(http::field::cache_control, "no-cache");
   for (const auto& [k, v] : headers) res.set(k, v);
   // HTTP/1.0 has no chunked encoding: the body then simply runs until the connection closes.
-  res.keep_alive(chunked_ && request_.keep_alive());
+  res.keep_alive(chunked_ && keep_alive());
   if (chunked_) res.chunked(true);
   std::ostringstream os;
   os << res.base();
@@ -327,11 +350,13 @@ void HttpExchange::FinishStream() {
     std::lock_guard<std::mutex> lock(mu_);
     completed_ = true;
   }
-  session_->Post([session = session_, generation = generation_, keep = chunked_ && request_.keep_alive(),
+  session_->Post([session = session_, generation = generation_, keep = chunked_ && keep_alive(),
                   last = std::string(chunked_ ? "0\r\n\r\n" : "")] {
     session->Enqueue(generation, last, true, keep);
   });
 }
+
+bool HttpExchange::keep_alive() const { return request_.keep_alive() && !session_->draining(); }
 
 void HttpExchange::OnDisconnect(std::function<void()> fn) {
   bool already = false;
@@ -393,13 +418,14 @@ void HttpServer::DoAccept() {
     if (ec == net::error::operation_aborted || !acceptor_.is_open()) return;
     if (!ec) {
       socket.set_option(tcp::no_delay(true), ec);
-      std::make_shared<HttpSession>(std::move(socket), options_, handler_)->Run();
+      std::make_shared<HttpSession>(std::move(socket), options_, handler_, &state_)->Run();
     }
     DoAccept();
   });
 }
 
 void HttpServer::StopAccepting() {
+  state_.draining = true;
   net::post(acceptor_.get_executor(), [this] {
     beast::error_code ignored;
     acceptor_.close(ignored);

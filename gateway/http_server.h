@@ -10,6 +10,7 @@
 
 #include <boost/asio.hpp>
 #include <boost/beast/http.hpp>
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -23,6 +24,16 @@ using HttpRequest = http::request<http::string_body>;
 using HeaderList = std::vector<std::pair<std::string, std::string>>;
 
 class HttpSession;
+
+// What every connection of one HttpServer shares with it.
+struct HttpServerState {
+  // Requests read whose response is not yet wholly written (nor their connection closed): a drain waits
+  // for these, since a response the handler has produced may still sit in a write queue.
+  std::atomic<int> pending_responses{0};
+  // Set by StopAccepting: responses then say "Connection: close", so clients do not send more requests on
+  // connections that are about to go away.
+  std::atomic<bool> draining{false};
+};
 
 // One request and its response. Methods may be called from any thread; they post to the connection's
 // strand. Exactly one of Respond() or StartStream()...FinishStream() must be used.
@@ -49,6 +60,8 @@ class HttpExchange : public std::enable_shared_from_this<HttpExchange> {
  private:
   friend class HttpSession;
   void NotifyDisconnect();
+
+  bool keep_alive() const;  // the request's keep-alive, unless the server is draining
 
   std::shared_ptr<HttpSession> session_;
   HttpRequest request_;
@@ -82,7 +95,9 @@ class HttpServer {
   // Binds and listens (throws naming the address on failure); returns the bound port.
   uint16_t Listen();
   void Start();          // starts the worker threads
-  void StopAccepting();  // drain: no new connections
+  void StopAccepting();  // drain: no new connections; later responses close their connection
+  // Requests read and not yet answered to the last byte (their connection still open). Stop() drops them.
+  int pending_responses() const { return state_.pending_responses.load(); }
   void Stop();           // stops the io threads (in-flight connections are dropped)
   boost::asio::io_context& io() { return io_; }
 
@@ -91,6 +106,7 @@ class HttpServer {
 
   HttpServerOptions options_;
   HttpHandler handler_;
+  HttpServerState state_;  // before io_: the sessions io_ still holds point to it
   boost::asio::io_context io_;
   boost::asio::ip::tcp::acceptor acceptor_;
   std::vector<std::thread> threads_;

@@ -72,7 +72,8 @@ export function track(proc, stopSignal = 'SIGKILL') {
   return proc;
 }
 
-// Starts a process and resolves with {proc, match} once a stdout line matches `re`.
+// Starts a process and resolves with {proc, match, stderr, log} once a stdout line matches `re`; `log()` is
+// all it wrote so far, stdout and stderr (spdlog writes to stdout).
 function startAndWaitForLine(cmd, args, re, name, env = {}) {
   return new Promise((resolve, reject) => {
     const proc = track(spawn(cmd, args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env } }));
@@ -84,7 +85,7 @@ function startAndWaitForLine(cmd, args, re, name, env = {}) {
       const m = out.match(re);
       if (m) {
         clearTimeout(timer);
-        resolve({ proc, match: m, stderr: () => err });
+        resolve({ proc, match: m, stderr: () => err, log: () => out + err });
       }
     });
     proc.stderr.on('data', (d) => {
@@ -122,6 +123,7 @@ export async function startMesh({ slots = 4, stepMs = 10, tokensPerStep = 1, max
     gateway: gateway.proc,
     fixture: fixture.proc,
     gatewayStderr: gateway.stderr,
+    gatewayLog: gateway.log,
     async stop() {
       for (const p of [gateway.proc, fixture.proc]) {
         if (p.exitCode === null) {
