@@ -492,7 +492,7 @@ int RunMeshBench(const std::vector<std::string>& args) {
   // With --speculative-config the bench starts the mesh twice, speculation on and off, and runs every
   // stream count on both: the comparison comes from one call.
   const bool speculation = f.Has("speculative-config");
-  const int drafts = speculation ? ParseSpeculativeConfig(f.Get("speculative-config")) : 0;
+  const int drafts = speculation ? ParseSpeculativeConfig(f.Get("speculative-config")).num_speculative_tokens : 0;
   std::vector<double> rates;
   if (f.Has("draft-acceptance")) {
     if (!speculation) throw UsageError("--draft-acceptance needs --speculative-config (the drafts to accept)");
