@@ -71,6 +71,9 @@ void RunStreams(int world, const std::string& policy = "fixed", const std::strin
   int64_t per_pos = 0;
   for (int64_t v : s.spec_decode_num_accepted_tokens_per_pos()) per_pos += v;
   EXPECT_EQ(per_pos, s.spec_decode_num_accepted_tokens());
+  // Every verified draft came from a step that ran draft passes (at most 4 sequences share one).
+  EXPECT_GE(s.spec_decode_draft_passes(), s.spec_decode_num_drafts() / 4);
+  EXPECT_GT(s.spec_decode_draft_seconds_sum(), 0.0);
   EXPECT_EQ(s.num_requests_running(), 0);
   EXPECT_EQ(s.kv_cache_usage_perc(), 0.0);
 }
