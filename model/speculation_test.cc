@@ -10,6 +10,11 @@
 #include <limits>
 #include <thread>
 
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common/safetensors.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "model/model.h"
 #include "model/testing/test_util.h"
@@ -255,6 +260,36 @@ TEST_F(SpeculationTest, DraftVocabularySubset) {
   const DraftResult d = sub->Draft({{b.get(), seq[77], kSpec}})[0];
   EXPECT_TRUE(SameBits(f.logits, d.logits));
   EXPECT_EQ(sub->SetDraftVocabulary(kVocab), kVocab);  // the vocabulary's size means the whole head too
+}
+
+// A checkpoint whose head is its embedding (tie_word_embeddings, no head.weight): the drafts' rows come
+// from the embedding table, and equal the tied head's own logits for those ids.
+TEST_F(SpeculationTest, DraftVocabularyOfATiedHead) {
+  const std::string tied = TempDir("speculation_test_tied");
+  Checkpoint ck = Checkpoint::Open(*dir_);
+  SafetensorsWriter w;
+  for (const std::string& name : ck.names())
+    if (name != "head.weight") w.Add(name, ck.Get(name));
+  w.Write(tied + "/model.safetensors");
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(*dir_ + "/config.json"));
+  config["tie_word_embeddings"] = true;
+  std::ofstream(tied + "/config.json") << config.dump(2);
+  const auto seq = Tokens(50, kVocab, 12);
+  auto full = LoadModel(tied, ShardSpec{}, MakeCpuBackend(1)), sub = LoadModel(tied, ShardSpec{}, MakeCpuBackend(1));
+  EXPECT_EQ(sub->SetDraftVocabulary(kDraftVocab), kDraftVocab);
+  auto a = full->NewState(kSpec), b = sub->NewState(kSpec);
+  full->Forward({{a.get(), Slice(seq, 0, 40), false}});
+  sub->Forward({{b.get(), Slice(seq, 0, 40), false}});
+  const DraftResult f = full->Draft({{a.get(), seq[40], kSpec}})[0];
+  const DraftResult d = sub->Draft({{b.get(), seq[40], kSpec}})[0];
+  EXPECT_LT(RelMaxDiff(d.logits.as<float>(), f.logits.as<float>(), kDraftVocab), 1e-5);
+  ExpectSubsetRow(d.logits.as<float>(), "tied head");
+  // Not the untied model's head: the embedding really is what both read.
+  auto untied = Load();
+  auto c = untied->NewState(kSpec);
+  untied->Forward({{c.get(), Slice(seq, 0, 40), false}});
+  const DraftResult u = untied->Draft({{c.get(), seq[40], kSpec}})[0];
+  EXPECT_GT(RelMaxDiff(u.logits.as<float>(), f.logits.as<float>(), kDraftVocab), 1e-2);
 }
 
 // Counts the logits gathers (the full head's one collective; the MTP block's all-reduces go on).
