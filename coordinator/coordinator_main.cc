@@ -5,7 +5,7 @@
 //                      [--long-prefill-token-threshold 128] [--scheduling-policy fcfs|priority]
 //                      [--enable-prefix-caching true|false] [--register-timeout-s 120]
 //                      [--heartbeat-timeout-ms 1500] [--drain-timeout-s 30] [--max-queued 256]
-//                      [--speculative-config '{"method":"mtp","num_speculative_tokens":3}']
+//                      [--speculative-config '{"method":"mtp","num_speculative_tokens":3[,"draft_vocab_size":N]}']
 //                      [--draft-policy adaptive|fixed]   (coordinator/draft_policy.h; fixed: always all drafts)
 //                      [--mesh-token-file F] [--tls-cert F --tls-key F --tls-ca F]
 //                      [--bench-draft-acceptance 0.85,0.70,0.55]   (bench only, see below)
@@ -109,7 +109,9 @@ int Main(const std::vector<std::string>& args) {
   ec.scheduler.eos_token_id = card.eos_token_id ? static_cast<int32_t>(*card.eos_token_id) : -1;
   ec.block_size = static_cast<int>(f.GetInt("block-size", 16));
   const std::string spec = f.Get("speculative-config", "");
-  ec.scheduler.num_speculative_tokens = spec.empty() ? 0 : ParseSpeculativeConfig(spec);
+  const SpeculativeConfig speculative =
+      spec.empty() ? SpeculativeConfig{0, 0} : ParseSpeculativeConfig(spec, ec.scheduler.vocab_size);
+  ec.scheduler.num_speculative_tokens = speculative.num_speculative_tokens;
   const std::string draft_policy = f.Get("draft-policy", "adaptive");
   if (draft_policy != "adaptive" && draft_policy != "fixed")
     throw UsageError("--draft-policy must be adaptive (fewer drafts where they do not pay) or fixed (always "
@@ -151,6 +153,7 @@ int Main(const std::vector<std::string>& args) {
   RendezvousStore store;
   WorkerMesh mesh(world, &store, std::chrono::milliseconds(f.GetInt("heartbeat-timeout-ms", 1500)));
   mesh.set_num_speculative_tokens(ec.scheduler.num_speculative_tokens);
+  mesh.set_draft_vocab_size(speculative.draft_vocab_size);
   // Every running sequence and every prefix snapshot holds a state slot in the workers' pools.
   mesh.set_state_slots(StateSlotsFor(ec.scheduler.max_num_seqs));
   Engine engine(ec, &mesh);
@@ -169,12 +172,14 @@ int Main(const std::vector<std::string>& args) {
   if (!server || port == 0) throw std::runtime_error("cannot listen on " + listen);
   std::fprintf(stderr, "[coordinator] listening on %s (port %d, %s, %s); waiting for %d worker(s); max-num-seqs %d, "
                "max-batched-tokens %d, max-model-len %d, prefix caching %s, scheduling policy %s, "
-               "long-prefill-token-threshold %d, speculative tokens %d (mtp, %s drafts), max queued %d\n",
+               "long-prefill-token-threshold %d, speculative tokens %d (mtp, %s drafts, draft vocabulary %s), max queued %d\n",
                listen.c_str(), port, credentials.token.empty() ? "no mesh token" : "mesh token required",
                credentials.tls() ? "TLS with client certificates" : "plaintext", world, ec.scheduler.max_num_seqs, ec.scheduler.max_batched_tokens,
                ec.scheduler.max_model_len, ec.scheduler.prefix_caching ? "on" : "off",
                SchedulingPolicyName(ec.scheduler.policy), ec.scheduler.long_prefill_token_threshold,
                ec.scheduler.num_speculative_tokens, ec.scheduler.draft_policy.adaptive ? "adaptive" : "fixed",
+               speculative.draft_vocab_size > 0 ? ("ids < " + std::to_string(speculative.draft_vocab_size)).c_str()
+                                                : "whole",
                ec.max_queued);
 
   std::thread signals([&] {

@@ -349,6 +349,8 @@ StatsResponse Engine::Stats() {
     s.set_spec_decode_num_draft_tokens(spec.num_draft_tokens);
     s.set_spec_decode_num_accepted_tokens(spec.num_accepted_tokens);
     for (int64_t n : spec.accepted_per_pos) s.add_spec_decode_num_accepted_tokens_per_pos(n);
+    s.set_spec_decode_draft_passes(spec.draft_passes);
+    s.set_spec_decode_draft_seconds_sum(spec.draft_seconds);
     if (config_.scheduler.num_speculative_tokens > 0)
       for (int d = 0; d < kNumDraftDecisions; ++d)
         (*s.mutable_spec_decode_draft_decisions())[DraftDecisionName(static_cast<DraftDecision>(d))] = spec.decisions[d];

@@ -529,6 +529,8 @@ void Scheduler::ObserveStepCost(const StepPlan& plan, const StepResult& result, 
   if (config_.num_speculative_tokens <= 0 || plan.seqs_size() == 0) return;
   int passes = 0;  // Model::Draft chains as many passes as the most drafts asked of it
   for (const auto& sr : result.seqs()) passes = std::max(passes, sr.next_drafts_size());
+  spec_.draft_passes += passes;
+  spec_.draft_seconds += result.draft_seconds();
   int64_t rows = 0;
   for (const auto& sp : plan.seqs()) {
     if (sp.is_new() || !sp.sample() || sp.tokens_size() != 1) {  // a prefill chunk rode along

@@ -85,6 +85,10 @@ struct SpecDecodeStats {
   int64_t num_accepted_tokens = 0;
   std::vector<int64_t> accepted_per_pos;  // [i]: drafts accepted at position i
   std::array<int64_t, kNumDraftDecisions> decisions{};  // the draft policy's, by DraftDecision
+  // MTP draft passes run (per step: the most drafts a sequence asked for; Model::Draft batches the
+  // sequences) and rank 0's time in them (StepResult.draft_seconds, the MTP window catch-up included).
+  int64_t draft_passes = 0;
+  double draft_seconds = 0;
 };
 
 class Scheduler {

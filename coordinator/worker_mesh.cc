@@ -160,6 +160,7 @@ std::vector<WorkerReady> WorkerMesh::Form(std::chrono::milliseconds timeout) {
     m.mutable_form()->set_epoch(epoch_);
     m.mutable_form()->set_store_prefix(prefix);
     m.mutable_form()->set_num_speculative_tokens(num_speculative_tokens_);
+    m.mutable_form()->set_draft_vocab_size(draft_vocab_size_);
     m.mutable_form()->set_state_slots(state_slots_);
   }
   std::fprintf(stderr, "[coordinator] forming mesh epoch %lld with %d ranks\n", (long long)epoch_, world_);

@@ -52,6 +52,8 @@ class WorkerMesh {
   // Drafts per step the coordinator schedules (0: no speculation); sent in FormMesh so that the workers
   // report state sizes with the rollback rows and the MTP window included.
   void set_num_speculative_tokens(int k) { num_speculative_tokens_ = k; }
+  // The drafts' vocabulary (FormMesh.draft_vocab_size; 0: the whole head).
+  void set_draft_vocab_size(int64_t n) { draft_vocab_size_ = n; }
   // Sequence states each worker's state pool holds (FormMesh.state_slots).
   void set_state_slots(int n) { state_slots_ = n; }
 
@@ -82,6 +84,7 @@ class WorkerMesh {
 
  private:
   int num_speculative_tokens_ = 0;
+  int64_t draft_vocab_size_ = 0;
   int state_slots_ = 0;
   struct Session {
     grpc::ServerContext* ctx = nullptr;

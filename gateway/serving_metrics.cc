@@ -101,6 +101,10 @@ std::string ServingMetrics::Render(const std::optional<StatsResponse>& stats, in
     counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", stats->spec_decode_num_draft_tokens());
     counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
             stats->spec_decode_num_accepted_tokens());
+    counter("dsmesh_spec_decode_draft_passes", "MTP draft passes run (one per draft position, batched over sequences).",
+            stats->spec_decode_draft_passes());
+    counter("dsmesh_spec_decode_draft_seconds", "Rank 0 time in MTP draft passes (window catch-up included).",
+            stats->spec_decode_draft_seconds_sum());
     counter("vllm:num_preemptions", "Cumulative number of preemptions from the engine.", stats->num_preemptions());
     gauge("dsmesh_mesh_world_size", "Worker ranks in the mesh.", stats->world());
     gauge("dsmesh_mesh_epoch", "Times the mesh was (re)formed.", stats->mesh_epoch());

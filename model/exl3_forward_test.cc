@@ -3,6 +3,7 @@
 // tensor-parallel (the rank slices of EXL3 weights: heads, groups, intermediate dim, vocabulary rows).
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <thread>
 
 #include "common/half.h"
@@ -126,6 +127,25 @@ TEST_F(Exl3ForwardTest, TensorParallelSlicesMatch) {
         EXPECT_LT(RelL2(got[rank].as<float>() + t * 512, want.as<float>() + t * 512, 512), 1e-4) << t;
     }
   }
+}
+
+// The drafts' head over an EXL3 head: whole 128-row decode blocks (200 ids become 256), the same logits for
+// them as the full head's, -inf beyond.
+TEST_F(Exl3ForwardTest, DraftHeadRowsOfAnExl3Head) {
+  const auto tokens = Tokens(40, 512, 23);
+  auto full = LoadModel(*exl3_dir_, ShardSpec{}, MakeCpuBackend());
+  auto sub = LoadModel(*exl3_dir_, ShardSpec{}, MakeCpuBackend());
+  EXPECT_EQ(sub->SetDraftVocabulary(200), 256);
+  EXPECT_NE(sub->WeightsDescription().find("draft head: head rows [0, 256)"), std::string::npos);
+  EXPECT_GT(sub->WeightBytes(), full->WeightBytes());
+  auto a = full->NewState(2), b = sub->NewState(2);
+  full->Forward({{a.get(), tokens, false}});
+  sub->Forward({{b.get(), tokens, false}});
+  const DraftResult f = full->Draft({{a.get(), 7, 2}})[0];
+  const DraftResult d = sub->Draft({{b.get(), 7, 2}})[0];
+  EXPECT_LT(RelL2(d.logits.as<float>(), f.logits.as<float>(), 256), 1e-6);
+  for (int64_t v = 256; v < 512; ++v) EXPECT_EQ(d.logits.as<float>()[v], -std::numeric_limits<float>::infinity());
+  for (int32_t t : d.tokens) EXPECT_LT(t, 256);
 }
 
 }  // namespace

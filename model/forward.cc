@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -19,7 +20,15 @@ namespace {
 // The forward's graph segments (Backend::SegmentKey::site): runs of per-token ops, and the stateful work
 // between them (kAttentionCoreSite: compressors, indexer, attention against each sequence's own state,
 // Backend::StatefulSegment), split at the collectives.
-enum SegmentSite { kEmbedSite = 1, kAttentionInputSite, kAttentionOutputSite, kFfnSite, kHeadSite, kAttentionCoreSite };
+enum SegmentSite {
+  kEmbedSite = 1,
+  kAttentionInputSite,
+  kAttentionOutputSite,
+  kFfnSite,
+  kHeadSite,
+  kAttentionCoreSite,
+  kDraftHeadSite,  // the drafts' vocabulary subset (ModelWeights::draft_head)
+};
 
 // Names the phase of the ops inside its scope for the backend's profiler (dsmesh bench --profile).
 class Phase {
@@ -408,18 +417,20 @@ void ModelImpl::RunBlock(const BlockWeights& b, const std::vector<SeqRows>& seqs
 }
 
 Tensor ModelImpl::HeadLocalLogits(const Tensor& Xs, const HcWeights& hc_head, const Tensor& norm,
-                                  int64_t step_rows) {
+                                  int64_t step_rows, const LinearWeight* head) {
   Backend& be = *backend_;
   const ModelConfig& c = config_;
   const int64_t D = c.hidden_size, R = Xs.shape[0];
   const float eps = static_cast<float>(c.rms_norm_eps);
+  const bool draft = head != nullptr;
+  if (!draft) head = &weights_.head;
   Tensor z = be.Scratch(DType::kF32, {R, D});
-  Tensor lv = be.Scratch(DType::kF32, {R, weights_.head.out});
-  Phase phase(be, "head + logits");
-  be.Segment({kHeadSite, -1, R, step_rows}, [&] {
+  Tensor lv = be.Scratch(DType::kF32, {R, head->out});
+  Phase phase(be, draft ? "draft head + logits" : "head + logits");
+  be.Segment({draft ? kDraftHeadSite : kHeadSite, -1, R, step_rows}, [&] {
     be.HcHead(Xs, hc_head.fn, hc_head.base, hc_head.scale, c.hc_mult, static_cast<float>(c.hc_eps), eps, &z);
     be.RmsNorm(z, D, &norm, eps, &z);
-    be.Linear(z, weights_.head, &lv);
+    be.Linear(z, *head, &lv);
   });
   return lv;
 }
@@ -473,6 +484,24 @@ Tensor ModelImpl::HeadLogits(const Tensor& Xs, const HcWeights& hc_head, const T
       if (v1 <= v0) continue;
       std::memcpy(dst + r * V + v0, &all[(static_cast<size_t>(rank) * R + r) * per], (v1 - v0) * sizeof(float));
     }
+  return out;
+}
+
+Tensor ModelImpl::DraftHeadLogits(const Tensor& Xs, const HcWeights& hc_head, const Tensor& norm) {
+  if (weights_.draft_rows == 0) return HeadLogits(Xs, hc_head, norm, /*step_rows=*/0);
+  Backend& be = *backend_;
+  const int64_t R = Xs.shape[0], V = config_.vocab_size, n = weights_.draft_rows;
+  // Every rank holds the same rows and computes the same logits: nothing to gather.
+  Tensor lv = HeadLocalLogits(Xs, hc_head, norm, /*step_rows=*/0, &weights_.draft_head);
+  Phase phase(be, "draft head + logits");
+  Tensor out = AllocateTensor(DType::kF32, {R, V});
+  std::vector<float> local(static_cast<size_t>(R * n));
+  be.ToHost(lv, local.data());
+  float* dst = out.as<float>();
+  for (int64_t r = 0; r < R; ++r) {
+    std::memcpy(dst + r * V, &local[r * n], n * sizeof(float));
+    std::fill(dst + r * V + n, dst + (r + 1) * V, -std::numeric_limits<float>::infinity());
+  }
   return out;
 }
 

@@ -27,10 +27,39 @@ ModelImpl::ModelImpl(ModelConfig config, ShardSpec shard, std::shared_ptr<Backen
 void ModelImpl::Load(const std::string& dir) {
   Checkpoint ckpt = Checkpoint::Open(dir);
   weights_ = LoadWeights(ckpt, config_, layout_, *backend_);
+  source_dir_ = dir;
 }
 
 void ModelImpl::LoadSynthetic(const SyntheticSpec& spec) {
   weights_ = LoadSyntheticWeights(spec, config_, layout_, *backend_);
+  synthetic_ = spec;
+}
+
+int64_t ModelImpl::SetDraftVocabulary(int64_t n) {
+  const int64_t V = config_.vocab_size;
+  if (n < 0 || n > V)
+    throw std::runtime_error("draft_vocab_size " + std::to_string(n) + " is outside 0.." + std::to_string(V) +
+                             " (the model's vocabulary; 0: the whole head)");
+  // An EXL3 head is decoded in blocks of 128 output rows: the rest of the last block comes for free.
+  int64_t rows = weights_.head.is_exl3() ? (n + 127) / 128 * 128 : n;
+  if (rows >= V) rows = 0;  // the whole vocabulary: the head itself
+  if (rows == weights_.draft_rows) return draft_vocab_size();
+  weights_.bytes -= weights_.draft_head_bytes;
+  weights_.draft_head = LinearWeight{};
+  weights_.draft_rows = 0;
+  weights_.draft_head_bytes = 0;
+  if (rows == 0) return draft_vocab_size();
+  size_t bytes = 0;
+  if (synthetic_) {
+    weights_.draft_head = LoadSyntheticHeadRows(*synthetic_, config_, *backend_, rows, &bytes);
+  } else {
+    Checkpoint ckpt = Checkpoint::Open(source_dir_);
+    weights_.draft_head = LoadHeadRows(ckpt, config_, *backend_, rows, &bytes);
+  }
+  weights_.draft_rows = rows;
+  weights_.draft_head_bytes = bytes;
+  weights_.bytes += bytes;
+  return rows;
 }
 
 StatePool& ModelImpl::state_pool() const {
@@ -133,6 +162,8 @@ std::unique_ptr<SequenceState> Model::NewState(int speculative_tokens, int slot)
 bool Model::has_mtp() const { return !impl_->weights().mtp.empty(); }
 std::vector<SequenceOutput> Model::Forward(const std::vector<SequenceStep>& batch) { return impl_->Forward(batch); }
 std::vector<DraftResult> Model::Draft(const std::vector<DraftRequest>& batch) { return impl_->Draft(batch); }
+int64_t Model::SetDraftVocabulary(int64_t n) { return impl_->SetDraftVocabulary(n); }
+int64_t Model::draft_vocab_size() const { return impl_->draft_vocab_size(); }
 size_t Model::StateBytesPerToken() const { return static_cast<size_t>(std::ceil(impl_->StateBytesPerToken())); }
 size_t Model::StateFixedBytes(int speculative_tokens) const { return impl_->StateFixedBytes(speculative_tokens); }
 size_t Model::WeightBytes() const { return impl_->weights().bytes; }

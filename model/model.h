@@ -174,6 +174,16 @@ class Model {
   // i+1 comes from block min(i, n-1); block j's row for position t is (block j-1's output for t-1, token
   // t+1), its window caught up like block 0's (model/mtp.cc). Throws on a state without speculation.
   std::vector<DraftResult> Draft(const std::vector<DraftRequest>& batch);
+  // The drafts' vocabulary (--speculative-config draft_vocab_size; FR-Spec / EAGLE-3's frequent-token
+  // subset): Draft's logits then come from head rows [0, n) only, a copy of them on every rank (no
+  // collective; WeightBytes and WeightsDescription count it), and every other id's logit is -inf, so drafts
+  // (argmax or drawn) are ids < n and a sampled draft's distribution is the one it was drawn from.
+  // Forward (verification) keeps the whole head. n is rounded up to a multiple of 128 for an EXL3 head (its
+  // decode block); 0 or the vocabulary size: the whole head, the copy dropped. Returns draft_vocab_size().
+  // Throws on n outside 0..vocab_size. Every rank must make the same call.
+  int64_t SetDraftVocabulary(int64_t n);
+  // Ids a draft can be (vocab_size unless SetDraftVocabulary chose fewer).
+  int64_t draft_vocab_size() const;
 
   // Memory accounting for KV capacity planning on this rank:
   //   state bytes for a sequence of L tokens <= StateFixedBytes() + L * StateBytesPerToken().

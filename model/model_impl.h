@@ -3,6 +3,8 @@
 #pragma once
 
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "common/communicator.h"
@@ -34,6 +36,10 @@ class ModelImpl {
   const StatePool& ConfigureStatePool(const StatePoolOptions& options);
   std::vector<SequenceOutput> Forward(const std::vector<SequenceStep>& batch);
   std::vector<DraftResult> Draft(const std::vector<DraftRequest>& batch);  // model/mtp.cc
+  // Drafts over head rows [0, n) (rounded up to the EXL3 block of 128 for an EXL3 head; 0 or >= vocab: the
+  // whole head, no extra weights), loaded from the model's source on every rank. Returns the rows in use.
+  int64_t SetDraftVocabulary(int64_t n);
+  int64_t draft_vocab_size() const { return weights_.draft_rows > 0 ? weights_.draft_rows : config_.vocab_size; }
   double StateBytesPerToken() const;
   size_t StateFixedBytes(int speculative_tokens) const;
 
@@ -82,8 +88,14 @@ class ModelImpl {
   // hc head, final norm and the vocabulary-split head over Xs [R, hc*D]: host f32 [R, vocab] on every rank.
   // step_rows: the step's row count (the head's segment key; 0 outside Forward).
   Tensor HeadLogits(const Tensor& Xs, const HcWeights& hc_head, const Tensor& norm, int64_t step_rows);
-  // The head's logits of this rank's vocabulary rows, left in backend scratch [R, head.out].
-  Tensor HeadLocalLogits(const Tensor& Xs, const HcWeights& hc_head, const Tensor& norm, int64_t step_rows);
+  // The head's logits of this rank's vocabulary rows, left in backend scratch [R, head.out]; with `head` given
+  // (the drafts' head), that linear's rows instead.
+  Tensor HeadLocalLogits(const Tensor& Xs, const HcWeights& hc_head, const Tensor& norm, int64_t step_rows,
+                         const LinearWeight* head = nullptr);
+  // The drafts' logits over Xs [R, hc*D]: host f32 [R, vocab] on every rank. With a draft head
+  // (SetDraftVocabulary) only ids < draft_rows are computed, by every rank alone (no collective), and the
+  // others are -inf, so that the row is the distribution drafts are drawn from; else HeadLogits.
+  Tensor DraftHeadLogits(const Tensor& Xs, const HcWeights& hc_head, const Tensor& norm);
   // Whether the ranks' vocabulary slices can be gathered where they are (a device communicator with the
   // device backend, equal slices), so that tensor-parallel steps sample on the device too.
   bool GathersLogitsOnDevice() const;
@@ -116,6 +128,8 @@ class ModelImpl {
   LocalCommunicator local_comm_;
   Communicator* comm_;
   ModelWeights weights_;
+  std::string source_dir_;              // where the weights came from (Load), for the draft head
+  std::optional<SyntheticSpec> synthetic_;  // or the synthetic spec (LoadSynthetic)
   std::vector<std::vector<float>> inv_freq_;  // per layer
   mutable std::shared_ptr<StatePool> pool_;     // every sequence state's memory (model/state_pool.h)
 };

@@ -4,7 +4,8 @@
 // every stream (the embedding row is zeroed at position 0, as vLLM does; where token t+1 was an image row,
 // the image embedding the target was fed there stands in for embed(token t+1), as vLLM feeds its drafter
 // the target's merged input embeddings: docs/vision.md), then one sliding-window block with its own
-// window ring and MoE, then its own hc head and norm and the shared lm_head. Each draft is the argmax of
+// window ring and MoE, then its own hc head and norm and the shared lm_head (or, with SetDraftVocabulary, the
+// head's first rows only: the drafts' vocabulary, every other id's logit -inf). Each draft is the argmax of
 // its logits or what the request's `choose` picks (sampled drafts).
 #include <algorithm>
 #include <set>
@@ -58,6 +59,7 @@ std::vector<DraftResult> ModelImpl::Draft(const std::vector<DraftRequest>& batch
   const int64_t window = c.sliding_window;
   if (weights_.mtp.empty()) throw std::runtime_error("Draft: the model has no MTP block");
   const int n = static_cast<int>(weights_.mtp.size());
+  const int64_t draft_vocab = draft_vocab_size();  // logits of ids past it are -inf (DraftHeadLogits)
 
   std::set<const SequenceState*> seen;
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -168,13 +170,13 @@ std::vector<DraftResult> ModelImpl::Draft(const std::vector<DraftRequest>& batch
     const MtpWeights& m = weights_.mtp[std::min(step, n - 1)];
     Tensor heads = be.Alloc(DType::kF32, {static_cast<int64_t>(active.size()), hc * D});
     for (size_t a = 0; a < active.size(); ++a) be.CopyRows(prev, static_cast<int64_t>(a) * r + r - 1, &heads, a, 1);
-    Tensor logits = HeadLogits(heads, m.hc_head, m.norm, /*step_rows=*/0);
+    Tensor logits = DraftHeadLogits(heads, m.hc_head, m.norm);
     std::vector<size_t> next, keep;
     for (size_t a = 0; a < active.size(); ++a) {
       const size_t i = active[a];
       const float* row = logits.as<float>() + a * V;
       std::copy(row, row + V, out[i].logits.as<float>() + step * V);
-      out[i].tokens.push_back(batch[i].choose ? batch[i].choose(step, row) : Argmax(row, V));
+      out[i].tokens.push_back(batch[i].choose ? batch[i].choose(step, row) : Argmax(row, draft_vocab));
       if (static_cast<int>(out[i].tokens.size()) < batch[i].num_drafts) {
         next.push_back(i);
         keep.push_back(a);

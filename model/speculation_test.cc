@@ -1,12 +1,20 @@
 // The model side of speculative decoding: exact rollback of every piece of per-sequence state (window
 // rings, compressor rings and entries, indexer keys, the MTP window) at offsets around ring wrap-around
 // and ratio-4 / ratio-128 window boundaries, compared bitwise with a run that never saw the rejected
-// tokens; the MTP block's drafts against differently scheduled runs of itself, and at TP2 against TP1.
+// tokens; the MTP block's drafts against differently scheduled runs of itself, and at TP2 against TP1; the
+// drafts' vocabulary subset (SetDraftVocabulary) at TP1 and TP2.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <thread>
 
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common/safetensors.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "model/model.h"
 #include "model/testing/test_util.h"
@@ -175,6 +183,172 @@ TEST_F(SpeculationTest, TensorParallelDraftsMatchSingleRank) {
   }
   EXPECT_EQ(got[0].tokens, want.tokens);
   EXPECT_EQ(got2[0].tokens, want2.tokens);
+}
+
+// The drafts' vocabulary: ids < kDraftVocab. This random model's argmax lies above it more often than not,
+// so the subset changes drafts; the subset's logits must be the full head's for those ids.
+constexpr int64_t kDraftVocab = 200;
+
+int32_t ArgmaxOf(const float* row, int64_t n) { return static_cast<int32_t>(std::max_element(row, row + n) - row); }
+
+// Row `r` of a subset draft: ids >= kDraftVocab are -inf, the others finite.
+void ExpectSubsetRow(const float* row, const std::string& what) {
+  int finite = 0, minus_inf = 0;
+  for (int64_t v = 0; v < kVocab; ++v) {
+    finite += std::isfinite(row[v]) && v < kDraftVocab;
+    minus_inf += row[v] == -std::numeric_limits<float>::infinity() && v >= kDraftVocab;
+  }
+  EXPECT_EQ(finite, kDraftVocab) << what;
+  EXPECT_EQ(minus_inf, kVocab - kDraftVocab) << what;
+}
+
+TEST_F(SpeculationTest, DraftVocabularySubset) {
+  const auto seq = Tokens(80, kVocab, 11);
+  auto full = Load(), sub = Load();
+  EXPECT_EQ(full->draft_vocab_size(), kVocab);
+  const size_t bytes = full->WeightBytes();
+  EXPECT_EQ(sub->SetDraftVocabulary(kDraftVocab), kDraftVocab);  // a dense head: no rounding
+  EXPECT_EQ(sub->draft_vocab_size(), kDraftVocab);
+  EXPECT_EQ(sub->WeightBytes(), bytes + kDraftVocab * 64 * 2);  // rows x hidden 64 x bf16
+  EXPECT_NE(sub->WeightsDescription().find("draft head: head rows [0, 200) on every rank"), std::string::npos)
+      << sub->WeightsDescription();
+  EXPECT_THROW(sub->SetDraftVocabulary(-1), std::runtime_error);
+  EXPECT_THROW(sub->SetDraftVocabulary(kVocab + 1), std::runtime_error);
+  EXPECT_EQ(sub->draft_vocab_size(), kDraftVocab);  // a refused size changes nothing
+
+  auto a = full->NewState(kSpec), b = sub->NewState(kSpec);
+  full->Forward({{a.get(), Slice(seq, 0, 40), false}});
+  sub->Forward({{b.get(), Slice(seq, 0, 40), false}});
+  int differs = 0, steps = 0;
+  for (int64_t at = 40; at < 76; ++at, ++steps) {
+    const DraftResult f = full->Draft({{a.get(), seq[at], kSpec}})[0];
+    const DraftResult d = sub->Draft({{b.get(), seq[at], kSpec}})[0];
+    ASSERT_EQ(d.tokens.size(), static_cast<size_t>(kSpec));
+    ASSERT_EQ(d.logits.shape, (std::vector<int64_t>{kSpec, kVocab}));
+    for (int i = 0; i < kSpec; ++i) {
+      const float* row = d.logits.as<float>() + i * kVocab;
+      ExpectSubsetRow(row, "at " + std::to_string(at) + " draft " + std::to_string(i));
+      EXPECT_LT(d.tokens[i], kDraftVocab);
+      EXPECT_EQ(d.tokens[i], ArgmaxOf(row, kDraftVocab));
+    }
+    // Draft 1 comes from the same input either way: the full head's logits of the subset's ids.
+    EXPECT_LT(RelMaxDiff(d.logits.as<float>(), f.logits.as<float>(), kDraftVocab), 1e-5) << "at " << at;
+    EXPECT_EQ(d.tokens[0], ArgmaxOf(f.logits.as<float>(), kDraftVocab));
+    differs += d.tokens[0] != f.tokens[0];
+    full->Forward({{a.get(), {seq[at]}, false}});
+    sub->Forward({{b.get(), {seq[at]}, false}});
+  }
+  EXPECT_GT(differs, steps / 4);  // the subset mattered (the full head's argmax was >= kDraftVocab)
+
+  // Sampled drafts see the subset's row: the choice is among the finite ids.
+  int seen = 0;
+  const DraftResult s = sub->Draft({{b.get(), seq[76], 2, [&](int step, const float* row) {
+                                       ExpectSubsetRow(row, "choose step " + std::to_string(step));
+                                       ++seen;
+                                       return static_cast<int32_t>(kDraftVocab - 1 - step);
+                                     }}})[0];
+  EXPECT_EQ(seen, 2);
+  EXPECT_EQ(s.tokens, (std::vector<int32_t>{kDraftVocab - 1, kDraftVocab - 2}));
+
+  // The whole vocabulary again: the copy goes, drafts are the full head's.
+  EXPECT_EQ(sub->SetDraftVocabulary(0), kVocab);
+  EXPECT_EQ(sub->WeightBytes(), bytes);
+  EXPECT_EQ(sub->WeightsDescription().find("draft head"), std::string::npos);
+  full->Forward({{a.get(), {seq[76]}, false}});
+  sub->Forward({{b.get(), {seq[76]}, false}});
+  const DraftResult f = full->Draft({{a.get(), seq[77], kSpec}})[0];
+  const DraftResult d = sub->Draft({{b.get(), seq[77], kSpec}})[0];
+  EXPECT_TRUE(SameBits(f.logits, d.logits));
+  EXPECT_EQ(sub->SetDraftVocabulary(kVocab), kVocab);  // the vocabulary's size means the whole head too
+}
+
+// A checkpoint whose head is its embedding (tie_word_embeddings, no head.weight): the drafts' rows come
+// from the embedding table, and equal the tied head's own logits for those ids.
+TEST_F(SpeculationTest, DraftVocabularyOfATiedHead) {
+  const std::string tied = TempDir("speculation_test_tied");
+  Checkpoint ck = Checkpoint::Open(*dir_);
+  SafetensorsWriter w;
+  for (const std::string& name : ck.names())
+    if (name != "head.weight") w.Add(name, ck.Get(name));
+  w.Write(tied + "/model.safetensors");
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(*dir_ + "/config.json"));
+  config["tie_word_embeddings"] = true;
+  std::ofstream(tied + "/config.json") << config.dump(2);
+  const auto seq = Tokens(50, kVocab, 12);
+  auto full = LoadModel(tied, ShardSpec{}, MakeCpuBackend(1)), sub = LoadModel(tied, ShardSpec{}, MakeCpuBackend(1));
+  EXPECT_EQ(sub->SetDraftVocabulary(kDraftVocab), kDraftVocab);
+  auto a = full->NewState(kSpec), b = sub->NewState(kSpec);
+  full->Forward({{a.get(), Slice(seq, 0, 40), false}});
+  sub->Forward({{b.get(), Slice(seq, 0, 40), false}});
+  const DraftResult f = full->Draft({{a.get(), seq[40], kSpec}})[0];
+  const DraftResult d = sub->Draft({{b.get(), seq[40], kSpec}})[0];
+  EXPECT_LT(RelMaxDiff(d.logits.as<float>(), f.logits.as<float>(), kDraftVocab), 1e-5);
+  ExpectSubsetRow(d.logits.as<float>(), "tied head");
+  // Not the untied model's head: the embedding really is what both read.
+  auto untied = Load();
+  auto c = untied->NewState(kSpec);
+  untied->Forward({{c.get(), Slice(seq, 0, 40), false}});
+  const DraftResult u = untied->Draft({{c.get(), seq[40], kSpec}})[0];
+  EXPECT_GT(RelMaxDiff(u.logits.as<float>(), f.logits.as<float>(), kDraftVocab), 1e-2);
+}
+
+// Counts the logits gathers (the full head's one collective; the MTP block's all-reduces go on).
+class CountingCommunicator final : public Communicator {
+ public:
+  explicit CountingCommunicator(Communicator* inner) : inner_(inner) {}
+  int rank() const override { return inner_->rank(); }
+  int world() const override { return inner_->world(); }
+  void AllReduceSum(float* data, size_t n) override { inner_->AllReduceSum(data, n); }
+  void AllGather(const float* in, size_t n, float* out) override {
+    ++gathers;
+    inner_->AllGather(in, n, out);
+  }
+  void Broadcast(void* data, size_t bytes, int root) override { inner_->Broadcast(data, bytes, root); }
+  int gathers = 0;
+
+ private:
+  Communicator* inner_;
+};
+
+TEST_F(SpeculationTest, TensorParallelDraftVocabularyMatchesSingleRank) {
+  const auto seq = Tokens(60, kVocab, 4);
+  auto single = Load();
+  single->SetDraftVocabulary(kDraftVocab);
+  auto st = single->NewState(kSpec);
+  single->Forward({{st.get(), Slice(seq, 0, 50), false}});
+  const DraftResult want = single->Draft({{st.get(), seq[50], kSpec}})[0];
+  const int world = 2;
+  ThreadGroup group(world);
+  std::vector<DraftResult> got(world);
+  std::vector<int> gathers(world, -1);
+  std::vector<std::string> errors(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        ThreadCommunicator inner(&group, r, world);
+        CountingCommunicator comm(&inner);
+        auto m = LoadModel(*dir_, ShardSpec{r, world}, MakeCpuBackend(1), &comm);
+        EXPECT_EQ(m->SetDraftVocabulary(kDraftVocab), kDraftVocab);
+        auto s = m->NewState(kSpec);
+        m->Forward({{s.get(), Slice(seq, 0, 50), false}});
+        const int before = comm.gathers;
+        got[r] = m->Draft({{s.get(), seq[50], kSpec}})[0];
+        gathers[r] = comm.gathers - before;
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < world; ++r) {
+    ASSERT_EQ(errors[r], "") << "rank " << r;
+    EXPECT_EQ(gathers[r], 0) << "rank " << r << ": the drafts' logits need no gather";
+    for (int i = 0; i < kSpec; ++i) ExpectSubsetRow(got[r].logits.as<float>() + i * kVocab, "rank " + std::to_string(r));
+    for (int i = 0; i < kSpec; ++i)
+      EXPECT_LT(RelMaxDiff(got[r].logits.as<float>() + i * kVocab, want.logits.as<float>() + i * kVocab, kDraftVocab),
+                1e-4);
+    EXPECT_EQ(got[r].tokens, want.tokens) << "rank " << r;
+  }
 }
 
 }  // namespace

@@ -273,6 +273,19 @@ class WeightLoader {
     return DenseLinear(ds, w, r0, r1, c0, c1);
   }
 
+  // Rows [r0, r1) of the lm head: `head.weight` (dense) or `head.trellis...` (EXL3), or the embedding when
+  // the checkpoint ties them (`embed`: the table already fetched, or null to fetch it).
+  LinearWeight Head(int64_t r0, int64_t r1, const Tensor* embed) {
+    const int64_t V = c_.vocab_size, D = c_.hidden_size;
+    if (Has("head.weight") || ckpt_.Has("head.trellis") || ckpt_.Has("model.head.trellis"))
+      return Linear("head", V, D, r0, r1);
+    if (!c_.tie_word_embeddings) Raw("head.weight");  // throws naming the missing tensor
+    // transformers may tie lm_head to the embedding (tie_word_embeddings) and then saves only the latter.
+    std::string storage;
+    const Tensor table = embed ? *embed : Embedding(V, D, &storage);
+    return DenseLinear("embed.weight (tied head)", table, r0, r1, 0, D);
+  }
+
   // A linear with a bias `<prefix>.bias` [out]; rows [r0, r1) of both. (An EXL3 linear brings its own bias.)
   LinearWeight BiasedLinear(const std::string& prefix, int64_t out, int64_t in, int64_t r0 = 0, int64_t r1 = -1) {
     if (r1 < 0) r1 = out;
@@ -537,14 +550,7 @@ ModelWeights LoadAll(WeightLoader& ld, const Checkpoint& ckpt, const ModelConfig
   w.head_rows_per_rank = (V + l.world - 1) / l.world;
   w.head_rows_begin = std::min<int64_t>(V, l.rank * w.head_rows_per_rank);
   const int64_t head_end = std::min<int64_t>(V, w.head_rows_begin + w.head_rows_per_rank);
-  if (ld.Has("head.weight") || ckpt.Has("head.trellis")) {
-    w.head = ld.Linear("head", V, D, w.head_rows_begin, head_end);
-  } else if (c.tie_word_embeddings) {
-    // transformers may tie lm_head to the embedding (tie_word_embeddings) and then saves only the latter.
-    w.head = ld.DenseLinear("embed.weight (tied head)", embed, w.head_rows_begin, head_end, 0, D);
-  } else {
-    ld.Raw("head.weight");  // throws naming the missing tensor
-  }
+  w.head = ld.Head(w.head_rows_begin, head_end, &embed);
   w.norm = ld.F32("norm.weight", {D});
   w.hc_head = ld.Hc("hc_head_", c.hc_mult);
   report("embedding, head, norms");
@@ -605,9 +611,13 @@ std::string DescribeWeights(const ModelWeights& w) {
   char buf[160];
   std::snprintf(buf, sizeof buf, ", %d EXL3 + %d dense linears, %.1f MiB on this rank", w.exl3_linears, w.dense_linears,
                 w.bytes / 1048576.0);
+  char draft[160] = "";
+  if (w.draft_rows > 0)
+    std::snprintf(draft, sizeof draft, "; draft head: head rows [0, %lld) on every rank, %.1f MiB",
+                  static_cast<long long>(w.draft_rows), w.draft_head_bytes / 1048576.0);
   return "embedding " + w.embed_storage + ", head " +
          (w.head_bits > 0 ? "EXL3 K" + std::to_string(w.head_bits) : std::string("dense ") + DTypeName(w.head.dense.dtype)) +
-         buf + DescribeVision(w.vision);
+         buf + draft + DescribeVision(w.vision);
 }
 
 ModelWeights LoadWeights(const Checkpoint& ckpt, const ModelConfig& c, const ShardLayout& l, Backend& be) {
@@ -623,6 +633,41 @@ VisionWeights LoadVisionWeights(const Checkpoint& ckpt, const ModelConfig& c, co
   if (!c.vision.enabled()) throw std::runtime_error(c.source + ": vision_n_layers is 0 (no vision tower)");
   WeightLoader ld(ckpt, c, l, be);
   return ld.Vision();
+}
+
+namespace {
+
+// Head rows [0, rows) through `ld` with the bytes they take: the loader counts dense copies and synthetic
+// EXL3 slices; a checkpoint's EXL3 slice is counted here as its 128-row blocks (K bits per weight plus the
+// fp16 sign vectors), the part of the tensor the draft head reads.
+LinearWeight HeadRows(WeightLoader& ld, const ModelConfig& c, int64_t rows, size_t* bytes) {
+  if (rows < 1 || rows > c.vocab_size)
+    throw std::runtime_error("draft head: " + std::to_string(rows) + " rows, the vocabulary has " +
+                             std::to_string(c.vocab_size));
+  const size_t before = ld.bytes();
+  LinearWeight lw = ld.Head(0, rows, nullptr);
+  *bytes = ld.bytes() - before;
+  if (*bytes == 0 && lw.is_exl3()) {
+    const int64_t k = (c.hidden_size + 127) / 128 * 128, n = (rows + 127) / 128 * 128;
+    *bytes = static_cast<size_t>(k * n * ld.head_bits() / 8 + 2 * (k + n));
+  }
+  return lw;
+}
+
+}  // namespace
+
+LinearWeight LoadHeadRows(const Checkpoint& ckpt, const ModelConfig& c, Backend& be, int64_t rows, size_t* bytes) {
+  const ShardLayout whole;  // world 1: the rows are not split
+  WeightLoader ld(ckpt, c, whole, be);
+  return HeadRows(ld, c, rows, bytes);
+}
+
+LinearWeight LoadSyntheticHeadRows(const SyntheticSpec& spec, const ModelConfig& c, Backend& be, int64_t rows,
+                                   size_t* bytes) {
+  static const Checkpoint kNoFiles;
+  const ShardLayout whole;
+  WeightLoader ld(kNoFiles, c, whole, be, &spec);
+  return HeadRows(ld, c, rows, bytes);
 }
 
 ModelWeights LoadSyntheticWeights(const SyntheticSpec& spec, const ModelConfig& c, const ShardLayout& l, Backend& be) {

@@ -99,6 +99,11 @@ struct ModelWeights {
   Tensor embed;         // [vocab, D] (replicated); an F8_E4M3 + scale checkpoint table is dequantized to bf16
   LinearWeight head;    // [vocab rows of this rank, D]
   int64_t head_rows_begin = 0, head_rows_per_rank = 0;  // vocab split: rank r holds rows r*per..
+  // The drafts' head (Model::SetDraftVocabulary): head rows [0, draft_rows) whole on every rank, so the MTP
+  // passes need no collective; draft_rows 0 when the drafts use the whole head.
+  LinearWeight draft_head;
+  int64_t draft_rows = 0;
+  size_t draft_head_bytes = 0;  // part of `bytes`
   Tensor norm;
   HcWeights hc_head;
   std::vector<BlockWeights> layers;
@@ -112,6 +117,7 @@ struct ModelWeights {
 };
 
 // One line: "embedding F8_E4M3 + ... , head EXL3 K6, 243 EXL3 + 10 dense linears, 12.3 MiB on this rank",
+// with a draft head "; draft head: rows [0, 32768) on every rank, 64.0 MiB",
 // and for a vision model how its tower is split: "; vision tower 0.5 MiB on this rank (ViT heads 2 of 4,
 // split over 2 ranks; aligner split over 2 ranks)".
 std::string DescribeWeights(const ModelWeights& w);
@@ -140,7 +146,16 @@ VisionWeights LoadVisionWeights(const Checkpoint& ckpt, const ModelConfig& confi
 VisionWeights LoadVisionWeights(const Checkpoint& ckpt, const ModelConfig& config, const ShardLayout& layout,
                                 Backend& backend);
 
+// Head rows [0, rows) whole (not split by rank): the drafts' vocabulary (ModelWeights::draft_head), from the
+// same tensor as the head (dense, EXL3, or the tied embedding). *bytes: what the copy takes on this rank
+// (for an EXL3 head, the 128-row blocks it touches).
+LinearWeight LoadHeadRows(const Checkpoint& ckpt, const ModelConfig& config, Backend& backend, int64_t rows,
+                          size_t* bytes);
+
 struct SyntheticSpec;  // model/testing/synthetic.h
+// The same rows of a synthetic model's head.
+LinearWeight LoadSyntheticHeadRows(const SyntheticSpec& spec, const ModelConfig& config, Backend& backend,
+                                   int64_t rows, size_t* bytes);
 // The same weights built from a seed (model/testing/synthetic.h), printing progress per layer on stderr.
 ModelWeights LoadSyntheticWeights(const SyntheticSpec& spec, const ModelConfig& config, const ShardLayout& layout,
                                   Backend& backend);

@@ -10,7 +10,9 @@ adaptive default proposes fewer where they do not pay, which lowers the later po
 
 Prompts are consecutive 1,200-character pieces of the file, cut at a space; each is continued for --tokens
 tokens at temperature 0 (ignore_eos). Prints one JSON object: drafts, draft tokens, accepted tokens,
-acceptance rate per position, and the acceptance length 1 + accepted / drafts (vLLM's mean acceptance length).
+acceptance rate per position, the acceptance length 1 + accepted / drafts (vLLM's mean acceptance length),
+and the drafts' cost: rank 0's ms per MTP draft pass (dsmesh_spec_decode_draft_* counters) and ms of
+forward per engine step (dsmesh_step_forward_seconds; prefill steps included).
 """
 import argparse
 import json
@@ -23,6 +25,11 @@ def metrics(url):
     text = urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
     out = {}
     for line in text.splitlines():
+        m = re.match(r'^(?:dsmesh_)?(spec_decode_draft_\w+|step_forward_seconds|engine_steps)_total(\{[^}]*\})? '
+                     r'([0-9.e+-]+)$', line)
+        if m:
+            out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(3))
+            continue
         m = re.match(r'^vllm:spec_decode_(num_\w+?)_total(\{[^}]*\})? ([0-9.e+-]+)$', line)
         if not m:
             continue
@@ -64,7 +71,12 @@ def main():
                       "draft_tokens": d.get("num_draft_tokens", 0.0), "accepted": d.get("num_accepted_tokens", 0.0),
                       "acceptance_rate_per_position": {k.split("[")[1].rstrip("]"): round(v, 4)
                                                        for k, v in per_pos.items()},
-                      "acceptance_length": round(1 + d.get("num_accepted_tokens", 0.0) / drafts, 4)}))
+                      "acceptance_length": round(1 + d.get("num_accepted_tokens", 0.0) / drafts, 4),
+                      "draft_passes": d.get("spec_decode_draft_passes", 0.0),
+                      "draft_ms_per_pass": round(1e3 * d.get("spec_decode_draft_seconds", 0.0) /
+                                                 max(d.get("spec_decode_draft_passes", 0.0), 1), 3),
+                      "forward_ms_per_step": round(1e3 * d.get("step_forward_seconds", 0.0) /
+                                                   max(d.get("engine_steps", 0.0), 1), 3)}))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@
 //   plain sampler's ProcessedDist, and 3000 seeds with speculation on (3 drafts: rejection sampling against
 //   the MTP head's distribution) and off are each compared with it by chi-square. Two models: vocab 512
 //   with top_k 4 (the random MTP head's top 4 rarely meets the target's: nearly every draft is rejected
-//   and recovered) and vocab 16 with top_k 6 (the distributions overlap: drafts are often accepted);
+//   and recovered) and vocab 16 with top_k 6 (the distributions overlap: drafts are often accepted), also
+//   with drafts over ids < 8 only (draft_vocab_size);
 // - a seeded request with speculation on gives the same tokens on every run and whatever it is batched with.
 //
 // Error rate: each chi-square check fails a correct implementation with probability ~1e-4 over seeds (the
@@ -235,6 +236,10 @@ TEST_F(SpeculativeSamplingTest, FirstSampledTokensFollowPlainSamplingWithAndWith
   Load(16);
   CheckFirstTokens(0, 6, "vocab 16, top_k 6, speculation off");
   EXPECT_GT(CheckFirstTokens(3, 6, "vocab 16, top_k 6, speculation on"), 0.05);  // many accepted drafts (11%)
+  // Drafts over ids < 8 only (draft_vocab_size): q has no mass on ids 8..15, which the target still
+  // reaches through the recovery draws; the tokens keep the plain distribution.
+  ASSERT_EQ(model_->SetDraftVocabulary(8), 8);
+  EXPECT_GT(CheckFirstTokens(3, 6, "vocab 16, top_k 6, speculation on, draft vocabulary 8"), 0.02);
 }
 
 TEST_F(SpeculativeSamplingTest, SeededRequestsAreReproducibleWithSpeculation) {

@@ -320,6 +320,8 @@ void Worker::FormMesh(const dsmesh::FormMesh& form) {
       std::shared_ptr<Backend> backend =
           cuda_device_ >= 0 ? MakeCudaBackend(cuda_device_, CudaOptions(enforce_eager_)) : MakeCpuBackend(threads_);
       model_ = LoadModel(model_dir_, ShardSpec{rank_, world_}, backend, &comm_);
+      // The drafts' head is device memory too: loaded before the KV budget is taken from what is left.
+      SetDraftVocabulary(form);
       if (!kv_budget_explicit_) kv_budget_ = GpuKvBudget();
       executor_ = std::make_unique<StepExecutor>(model_.get(), &comm_);
       executor_->set_tokenizer_dir(model_dir_);
@@ -342,6 +344,7 @@ void Worker::FormMesh(const dsmesh::FormMesh& form) {
     // The IPC collectives run on the backend's stream, behind the kernels that produce their buffers
     // (on the first formation the communicator exists before the backend; later ones are new objects).
     if (ipc) ipc->set_stream(CudaBackendStream(model_->backend()));
+    SetDraftVocabulary(form);  // a later formation of another coordinator may ask for another one
     const int spec = form.num_speculative_tokens();
     if (spec > 0 && !model_->has_mtp())
       throw std::runtime_error("speculative decoding (method mtp) needs an MTP block, and " + model_dir_ +
@@ -385,6 +388,16 @@ void Worker::FormMesh(const dsmesh::FormMesh& form) {
     std::fprintf(stderr, "[worker %d] could not join mesh epoch %lld: %s\n", rank_, (long long)form.epoch(), e.what());
   }
   Send(reply);
+}
+
+void Worker::SetDraftVocabulary(const dsmesh::FormMesh& form) {
+  const int64_t want = form.num_speculative_tokens() > 0 ? form.draft_vocab_size() : 0;
+  const int64_t before = model_->draft_vocab_size();
+  const int64_t now = model_->SetDraftVocabulary(want);
+  if (now != before)
+    std::fprintf(stderr, "[worker %d/%d] drafts over ids < %lld of %lld (draft_vocab_size %lld); weights: %s\n", rank_,
+                 world_, static_cast<long long>(now), static_cast<long long>(model_->config().vocab_size),
+                 static_cast<long long>(want), model_->WeightsDescription().c_str());
 }
 
 void Worker::RunStep(const StepPlan& plan) {

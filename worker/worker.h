@@ -72,6 +72,9 @@ class Worker {
   int Loop();
   // Joins the mesh of `form` (loading the shard the first time) and answers Ready (or its error).
   void FormMesh(const dsmesh::FormMesh& form);
+  // Gives the model the drafts' vocabulary of `form` (its draft_vocab_size while speculating, else the
+  // whole head), logging a change. Throws on a size the model cannot take.
+  void SetDraftVocabulary(const dsmesh::FormMesh& form);
   // Runs one plan and answers its result (or the error, naming this rank).
   void RunStep(const StepPlan& plan);
   // The data-plane communicator of this formation: CUDA IPC when every rank is a process on this one

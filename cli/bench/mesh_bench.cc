@@ -38,6 +38,7 @@ struct BenchFigures {
   int64_t drafts = 0, accepted = 0;
   std::vector<int64_t> accepted_per_pos;
   std::map<std::string, int64_t> decisions;  // the draft policy's (coordinator/draft_policy.h)
+  double draft_passes = 0, draft_us = 0;      // MTP draft passes per step and their time (part of sampling)
   double tok_s() const { return tokens / wall_s; }
   double mean_accepted_length() const { return drafts > 0 ? 1.0 + double(accepted) / drafts : 1.0; }
   std::vector<double> acceptance_per_position() const {
@@ -110,6 +111,8 @@ BenchFigures BenchStreams(MeshClient& client, const std::string& address, int st
   b.return_us = ret;
   b.schedule_us = sched;
   b.calls = double(after.collective_calls() - before.collective_calls()) / steps;
+  b.draft_passes = double(after.spec_decode_draft_passes() - before.spec_decode_draft_passes()) / steps;
+  b.draft_us = per_step_us(after.spec_decode_draft_seconds_sum(), before.spec_decode_draft_seconds_sum());
   return b;
 }
 
@@ -137,6 +140,9 @@ void PrintFigures(const BenchFigures& b) {
     std::printf("; %.2f tokens per step per stream; draft policy:", b.tokens / steps / streams);
     for (const auto& [d, n] : b.decisions) std::printf(" %s %lld", d.c_str(), static_cast<long long>(n));
     std::printf("\n");
+    std::printf("  drafting (part of sampling): %.0f us per step, %.2f draft passes per step, %.0f us per pass; "
+                "forward (verification) %.0f us per step\n",
+                b.draft_us, b.draft_passes, b.draft_passes > 0 ? b.draft_us / b.draft_passes : 0.0, fwd);
   }
   std::fflush(stdout);
 }
@@ -149,7 +155,9 @@ nlohmann::json BenchJson(const BenchFigures& b, const std::string& speculation, 
                       {"tokens_per_step_per_stream", b.tokens / b.steps / b.streams},
                       {"mean_accepted_length", b.mean_accepted_length()},
                       {"acceptance_per_position", b.acceptance_per_position()},
-                      {"verification_steps", b.drafts}, {"draft_decisions", b.decisions}};
+                      {"verification_steps", b.drafts}, {"draft_decisions", b.decisions},
+                      {"draft_passes_per_step", b.draft_passes}, {"draft_ms_per_step", b.draft_us / 1e3},
+                      {"forward_ms_per_step", b.forward_us / 1e3}};
   if (!acceptance.empty()) j["acceptance"] = acceptance;
   if (!rates.empty()) j["simulated_rates"] = rates;
   return j;
@@ -173,7 +181,7 @@ int RunMeshBench(const std::vector<std::string>& args) {
   // With --speculative-config the bench starts the mesh twice, speculation on and off, and runs every
   // stream count on both: the comparison comes from one call.
   const bool speculation = f.Has("speculative-config");
-  const int drafts = speculation ? ParseSpeculativeConfig(f.Get("speculative-config")) : 0;
+  const int drafts = speculation ? ParseSpeculativeConfig(f.Get("speculative-config")).num_speculative_tokens : 0;
   std::vector<double> rates;
   if (f.Has("draft-acceptance")) {
     if (!speculation) throw UsageError("--draft-acceptance needs --speculative-config (the drafts to accept)");

@@ -1,8 +1,9 @@
 // Speculative decoding through the real coordinator and workers: with
 // --speculative-config '{"method":"mtp","num_speculative_tokens":3}' greedy output is token-identical to
 // speculation off (the in-process oracle), at world 1 and 2, for 4 concurrent streams of different prompt
-// lengths over 200+ tokens, with every draft proposed and with the adaptive draft policy; stop ids and
-// max_tokens end the output at the right token; the spec counters move.
+// lengths over 200+ tokens, with every draft proposed and with the adaptive draft policy, over the whole
+// vocabulary and over a draft vocabulary (draft_vocab_size: the drafts' head keeps ids < 256 of 512);
+// stop ids and max_tokens end the output at the right token; the spec counters move.
 #include <thread>
 
 #include "tests/mesh/mesh_fixture.h"
@@ -12,9 +13,11 @@ namespace {
 
 // `policy` fixed: every step verifies 3 drafts (the rollback path all the way); adaptive: the draft policy
 // (coordinator/draft_policy.h) proposes fewer, on this CPU mostly none, and the output must not change.
-void RunStreams(int world, const std::string& policy = "fixed") {
-  LocalMesh mesh(MeshOptions(world, {"--max-num-seqs", "4", "--speculative-config",
-                                     "{\"method\":\"mtp\",\"num_speculative_tokens\":3}", "--draft-policy", policy}));
+constexpr char kWholeVocabulary[] = "{\"method\":\"mtp\",\"num_speculative_tokens\":3}";
+constexpr char kDraftVocabulary[] = "{\"method\":\"mtp\",\"num_speculative_tokens\":3,\"draft_vocab_size\":256}";
+
+void RunStreams(int world, const std::string& policy = "fixed", const std::string& spec = kWholeVocabulary) {
+  LocalMesh mesh(MeshOptions(world, {"--max-num-seqs", "4", "--speculative-config", spec, "--draft-policy", policy}));
   mesh.Start();
   MeshClient client(mesh.coordinator_address());
   client.WaitReady(std::chrono::seconds(60));
@@ -68,6 +71,9 @@ void RunStreams(int world, const std::string& policy = "fixed") {
   int64_t per_pos = 0;
   for (int64_t v : s.spec_decode_num_accepted_tokens_per_pos()) per_pos += v;
   EXPECT_EQ(per_pos, s.spec_decode_num_accepted_tokens());
+  // Every verified draft came from a step that ran draft passes (at most 4 sequences share one).
+  EXPECT_GE(s.spec_decode_draft_passes(), s.spec_decode_num_drafts() / 4);
+  EXPECT_GT(s.spec_decode_draft_seconds_sum(), 0.0);
   EXPECT_EQ(s.num_requests_running(), 0);
   EXPECT_EQ(s.kv_cache_usage_perc(), 0.0);
 }
@@ -75,6 +81,8 @@ void RunStreams(int world, const std::string& policy = "fixed") {
 TEST(MeshSpeculation, GreedyOnEqualsOffAtWorld1) { RunStreams(1); }
 TEST(MeshSpeculation, GreedyOnEqualsOffAtWorld2) { RunStreams(2); }
 TEST(MeshSpeculation, GreedyOnEqualsOffWithTheAdaptiveDraftPolicy) { RunStreams(1, "adaptive"); }
+TEST(MeshSpeculation, GreedyOnEqualsOffWithADraftVocabularyAtWorld1) { RunStreams(1, "fixed", kDraftVocabulary); }
+TEST(MeshSpeculation, GreedyOnEqualsOffWithADraftVocabularyAtWorld2) { RunStreams(2, "fixed", kDraftVocabulary); }
 
 }  // namespace
 }  // namespace dsmesh::mesh_test
