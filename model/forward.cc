@@ -478,8 +478,8 @@ Tensor ModelImpl::HeadLogits(const Tensor& Xs, const HcWeights& hc_head, const T
 
 void ModelImpl::RecordMtpInput(const Tensor& X, const Tensor& h, const std::vector<SeqRows>& seqs,
                                const std::vector<int32_t>& tokens) {
-  // Every speculating sequence's rows go into its history ring in one RingWriteBatch (one launch on a
-  // device backend, whatever the batch size): a step pays this whether or not it drafts.
+  // Every speculating sequence's rows go into its history ring in one RingWriteBatch (on the GPU one
+  // launch per 16 sequences, not one or two each): a step pays this whether or not it drafts.
   std::vector<Backend::RingWrite> writes;
   for (const SeqRows& s : seqs) {
     MtpState& m = s.state->mtp;
