@@ -507,17 +507,21 @@ Tensor ModelImpl::DraftHeadLogits(const Tensor& Xs, const HcWeights& hc_head, co
 
 void ModelImpl::RecordMtpInput(const Tensor& X, const Tensor& h, const std::vector<SeqRows>& seqs,
                                const std::vector<int32_t>& tokens) {
+  // Every speculating sequence's rows go into its history ring in one RingWriteBatch (on the GPU one
+  // launch per 16 sequences, not one or two each): a step pays this whether or not it drafts.
+  std::vector<Backend::RingWrite> writes;
   for (const SeqRows& s : seqs) {
     MtpState& m = s.state->mtp;
     if (!m.enabled()) continue;
     const int64_t slots = m.hidden.shape[0], end = s.start + s.count;
     const int64_t from = std::max(s.start, end - slots);
-    RingPut(*backend_, X, s.offset + (from - s.start), from, end - from, &m.hidden);
+    writes.push_back({&X, s.offset + (from - s.start), from, end - from, &m.hidden});
     for (int64_t p = from; p < end; ++p) m.tokens[p % slots] = tokens[s.offset + (p - s.start)];
     if (m.is_image.empty()) continue;  // a text model keeps no image rows
     for (int64_t p = from; p < end; ++p) m.is_image[p % slots] = 0;
     if (s.images) RecordMtpImageRows(h, s, from, &m);
   }
+  if (!writes.empty()) backend_->RingWriteBatch(writes);
 }
 
 void ModelImpl::RecordMtpImageRows(const Tensor& h, const SeqRows& s, int64_t from, MtpState* m) {

@@ -77,6 +77,8 @@ class StepExecutorTest : public ::testing::Test {
       tokens.insert(tokens.end(), sr.token_ids().begin(), sr.token_ids().end());
       drafts.assign(sr.next_drafts().begin(), sr.next_drafts().end());
       EXPECT_EQ(static_cast<int>(drafts.size()), k - withhold);
+      // A step whose drafts are all withheld pays nothing for speculation: no MTP pass runs.
+      if (withhold >= k) EXPECT_EQ(r.draft_seconds(), 0.0) << "step " << step;
     }
     return std::vector<int32_t>(tokens.begin() + prompt.size(), tokens.begin() + prompt.size() + n);
   }

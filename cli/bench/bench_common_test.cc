@@ -14,6 +14,12 @@
 namespace dsmesh {
 namespace {
 
+TEST(Median, OddEvenAndEmpty) {
+  EXPECT_EQ(Median({3, 1, 2}), 2);
+  EXPECT_EQ(Median({4, 1, 3, 2}), 2.5);
+  EXPECT_EQ(Median({}), 0);
+}
+
 TEST(Percentile, NearestRankOfTheTextbookExample) {
   // The nearest-rank method's worked example (Wikipedia, "Percentile"): 15, 20, 35, 40, 50.
   const std::vector<double> v = {40, 15, 50, 35, 20};  // order must not matter

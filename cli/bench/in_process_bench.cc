@@ -3,7 +3,10 @@
 // (cli/perf/roofline.h) and measured / floor. Contexts are filled by 512-token prefill chunks first (the first
 // stream's chunks timed: the prefill line); `--rows 4` times the verification shape (each stream 1 + 3 draft
 // rows). On the CPU with a make-tiny model, `--contexts 64 --steps 64` is the tiny model's CPU decode speed
-// (docs/cpu-forward.md).
+// (docs/cpu-forward.md). `--speculative-tokens K`
+// makes every stream's state a speculating one (NewState(K): rings K rows longer, the MTP block's input
+// history kept) whose steps propose no drafts: the step of a sequence whose drafts the draft policy
+// withholds, to compare with the same bench at 0.
 #include "cli/bench/in_process_bench.h"
 
 #include <algorithm>
@@ -112,7 +115,8 @@ void PrintKvCosts(const ModelConfig& c, int64_t context) {
 }  // namespace
 
 int RunInProcessBench(const std::vector<std::string>& args) {
-  Flags f(args, {"model", "device", "threads", "streams", "contexts", "rows", "steps", "bits", "json", "enforce-eager", "profile", "concurrent-linears", "kv-cache-dtype"},
+  Flags f(args, {"model", "device", "threads", "streams", "contexts", "rows", "steps", "bits", "json", "enforce-eager", "profile",
+           "concurrent-linears", "kv-cache-dtype", "speculative-tokens"},
           {"enforce-eager", "profile", "concurrent-linears"});
   const bool profile = f.Has("profile");
   const std::string source = f.Require("model");
@@ -120,6 +124,8 @@ int RunInProcessBench(const std::vector<std::string>& args) {
   const std::vector<int32_t> contexts = ParseIntList("contexts", f.Get("contexts", "4096"), "context length");
   const int rows = static_cast<int>(f.GetInt("rows", 1)), steps = static_cast<int>(f.GetInt("steps", 20));
   if (rows < 1 || steps < 1) throw UsageError("--rows and --steps must be >= 1");
+  const int speculative = static_cast<int>(f.GetInt("speculative-tokens", 0));
+  if (speculative < 0) throw UsageError("--speculative-tokens must be >= 0");
   for (int32_t s : streams)
     if (s < 1) throw UsageError("--streams: counts must be >= 1");
   for (int32_t c : contexts)
@@ -144,6 +150,11 @@ int RunInProcessBench(const std::vector<std::string>& args) {
   std::fprintf(stderr, "bench: loading %s\n", source.c_str());  // on the device LoadForCli names
   auto model = LoadForCli(f);
   const ModelConfig& c = model->config();
+  if (speculative > 0 && !model->has_mtp())
+    throw UsageError("--speculative-tokens: " + source + " has no MTP block (make-tiny --mtp-layers 1 makes one)");
+  if (speculative > model->state_pool().max_spare())
+    throw UsageError("--speculative-tokens: at most " + std::to_string(model->state_pool().max_spare()) +
+                     " (the rows the state pool keeps for rollback)");
   {
     // The state pool holds the largest shape's streams at the longest context (and the measured steps).
     const StatePool& probe = model->state_pool();
@@ -166,6 +177,9 @@ int RunInProcessBench(const std::vector<std::string>& args) {
               source.c_str(), model->backend().name().c_str(), RooflineCeilings{}.copy_bytes_per_s / 1e12,
               RooflineCeilings{}.int_ops_per_s / 1e12);
   std::printf("# weights: %s\n", model->WeightsDescription().c_str());
+  if (speculative > 0)
+    std::printf("# every stream speculates %d tokens (rollback rows, MTP input history) and proposes no drafts\n",
+                speculative);
   PrintKvCosts(c, *std::max_element(contexts.begin(), contexts.end()));
   const std::string memory_before = model->backend().MemoryDescription();
   if (!memory_before.empty()) std::printf("# %s (weights and state pool)\n", memory_before.c_str());
@@ -178,7 +192,7 @@ int RunInProcessBench(const std::vector<std::string>& args) {
       std::vector<std::unique_ptr<SequenceState>> st;
       PrefillTiming prefill;
       for (int s = 0; s < ns; ++s) {
-        st.push_back(model->NewState());
+        st.push_back(model->NewState(speculative));
         const int64_t chunks = (ctx + 511) / 512;
         const auto fill0 = BenchClock::now();
         for (int64_t pos = 0, n = 0; pos < ctx; pos += 512, ++n) {
@@ -224,7 +238,8 @@ int RunInProcessBench(const std::vector<std::string>& args) {
       nlohmann::json row = {{"streams", ns}, {"rows_per_stream", rows}, {"context", ctx}, {"ms_per_step", ms},
                             {"tok_per_s", tok_s}, {"floor_ms", fl.floor_s() * 1e3},
                             {"byte_floor_ms", fl.byte_floor_s * 1e3}, {"op_floor_ms", fl.op_floor_s * 1e3},
-                            {"bytes_per_step", fl.bytes()}, {"backend", model->backend().name()}, {"model", source}};
+                            {"bytes_per_step", fl.bytes()}, {"backend", model->backend().name()}, {"model", source},
+                            {"speculative_tokens", speculative}};
       if (ctx > 0) {
         std::printf("  prefill of %d tokens (512-token chunks, one stream): %.3f s, %.0f tok/s; chunk at context 0: "
                     "%.0f tok/s, last chunk (context %lld): %.0f tok/s\n",

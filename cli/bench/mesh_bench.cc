@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/bench/bench_clock.h"
+#include "cli/bench/percentile.h"
 #include "cli/bench/synthetic_prompts.h"
 #include "cli/mesh_commands.h"
 #include "common/flags.h"
@@ -211,13 +212,14 @@ int RunMeshBench(const std::vector<std::string>& args) {
   if (repeat < 1) throw UsageError("--repeat must be >= 1");
   struct Shape {
     std::string label;
-    BenchFigures figures;
+    BenchFigures figures;  // the fastest run
+    double median_tok_s;   // the median run's tok/s
   };
   std::vector<Shape> shapes;
   nlohmann::json out = nlohmann::json::array();
   // Both meshes run side by side (the idle one waits on its queue), and with --repeat N each shape runs N
   // times alternating between them: the fastest run of each is kept, so a load spike from elsewhere on
-  // the machine hits neither shape alone.
+  // the machine hits neither shape alone (every run's tok/s is printed too, for the spread).
   const std::vector<bool> modes = speculation ? std::vector<bool>{true, false} : std::vector<bool>{false};
   std::vector<MeshTarget> targets;
   for (const bool on : modes)
@@ -233,11 +235,20 @@ int RunMeshBench(const std::vector<std::string>& args) {
     }));
   for (int s : streams) {
     std::vector<BenchFigures> best(modes.size());
+    std::vector<std::vector<double>> runs(modes.size());  // every run's tok/s: the spread beside the best
     for (int rep = 0; rep < repeat; ++rep)
-      for (size_t m = 0; m < modes.size(); ++m) {
+      for (size_t i = 0; i < modes.size(); ++i) {
+        // Which mode goes first swaps every repeat (on off, off on, ...): whatever the run just before
+        // leaves behind (caches, the other mesh settling) falls on both alike.
+        const size_t m = rep % 2 == 0 ? i : modes.size() - 1 - i;
         MeshTarget& t = targets[m];
         const std::string address = t.local ? t.local->coordinator_address() : f.Get("coordinator");
         BenchFigures b = BenchStreams(*t.client, address, s, prompt_tokens, max_tokens);
+        runs[m].push_back(b.tok_s());
+        if (repeat > 1)
+          std::printf("#   run %d/%d, streams %d%s: %.1f tok/s, %.3f ms per step, forward %.0f us per step\n", rep + 1,
+                      repeat, s, speculation ? (modes[m] ? ", speculation on" : ", speculation off") : "", b.tok_s(),
+                      b.step_us / 1e3, b.forward_us);
         if (rep == 0 || b.tok_s() > best[m].tok_s()) best[m] = b;
       }
     for (size_t m = 0; m < modes.size(); ++m) {
@@ -251,8 +262,10 @@ int RunMeshBench(const std::vector<std::string>& args) {
       out.push_back(BenchJson(b, speculation ? (on ? "mtp" : "off") : "off", on ? drafts : 0, on ? acceptance : "",
                               on ? rates : std::vector<double>{}));
       out.back()["runs"] = repeat;
+      out.back()["tok_per_s_runs"] = runs[m];
+      out.back()["tok_per_s_median"] = Median(runs[m]);
       if (on) out.back()["draft_policy"] = policy;
-      shapes.push_back({label, b});
+      shapes.push_back({label, b, Median(runs[m])});
     }
   }
   if (speculation) {
@@ -265,11 +278,15 @@ int RunMeshBench(const std::vector<std::string>& args) {
       std::printf("\n");
     }
     for (int s : streams) {
-      const BenchFigures *on = nullptr, *off = nullptr;
+      const Shape *on = nullptr, *off = nullptr;
       for (const Shape& sh : shapes)
-        if (sh.figures.streams == s) (sh.label == "off" ? off : on) = &sh.figures;
-      if (on && off)
-        std::printf("  streams %d: speculation on / off = %.3f (tok/s)\n", s, on->tok_s() / off->tok_s());
+        if (sh.figures.streams == s) (sh.label == "off" ? off : on) = &sh;
+      if (!on || !off) continue;
+      std::printf("  streams %d: speculation on / off = %.3f (tok/s)", s, on->figures.tok_s() / off->figures.tok_s());
+      if (repeat > 1)
+        std::printf(" fastest runs, %.3f median runs (%.1f / %.1f)", on->median_tok_s / off->median_tok_s,
+                    on->median_tok_s, off->median_tok_s);
+      std::printf("\n");
     }
   }
   if (f.Has("json")) {

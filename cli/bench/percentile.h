@@ -11,4 +11,8 @@ namespace dsmesh {
 // JSON null). Throws std::invalid_argument for p outside 0..100.
 double Percentile(std::vector<double> values, double p);
 
+// The median of `values` (the mean of the two middle values when their count is even): the bench's
+// "median run" of a --repeat series. 0 when `values` is empty.
+double Median(std::vector<double> values);
+
 }  // namespace dsmesh

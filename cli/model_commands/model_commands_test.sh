@@ -73,6 +73,15 @@ python3 -c "import json,sys; r=json.load(open(sys.argv[1])); assert len(r)==2 an
   "$tmp/bench.json" || fail "bench json"
 grep -qE "^  prefill of 40 tokens .* tok/s" "$tmp/bench.txt" || fail "bench prefill line: $(cat "$tmp/bench.txt")"
 grep -qE "^# KV bf16: [0-9]+ B/token" "$tmp/bench.txt" || fail "bench KV costs: $(cat "$tmp/bench.txt")"
+# --speculative-tokens 3: every stream's state speculates (rollback rows, MTP history) and proposes no drafts.
+"$dsmesh" bench --device cpu --model "$tmp/a" --contexts 40 --streams 1 --steps 2 --speculative-tokens 3 \
+  --json "$tmp/spec.json" > "$tmp/spec.txt" 2>/dev/null || fail "bench --speculative-tokens 3"
+grep -q "^# every stream speculates 3 tokens" "$tmp/spec.txt" || fail "bench --speculative-tokens: $(cat "$tmp/spec.txt")"
+python3 -c "import json,sys; r=json.load(open(sys.argv[1])); assert len(r)==1 and r[0]['speculative_tokens']==3 and r[0]['ms_per_step']>0, r" \
+  "$tmp/spec.json" || fail "bench --speculative-tokens json"
+expect 2 "--speculative-tokens: at most 4" -- "$dsmesh" bench --device cpu --model "$tmp/a" --contexts 40 --streams 1 --steps 1 --speculative-tokens 9
+"$dsmesh" make-tiny --out "$tmp/nomtp" --mtp-layers 0 >/dev/null 2>&1 || fail "make-tiny --mtp-layers 0"
+expect 2 "has no MTP block" -- "$dsmesh" bench --device cpu --model "$tmp/nomtp" --contexts 40 --streams 1 --steps 1 --speculative-tokens 3
 # --profile on a backend that cannot time ops still runs (CPU: no op timings, an empty split).
 "$dsmesh" bench --device cpu --model "$tmp/a" --contexts 40 --streams 1 --steps 1 --profile > "$tmp/prof.txt" 2>/dev/null ||
   fail "bench --profile on the CPU"
