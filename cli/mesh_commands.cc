@@ -102,7 +102,7 @@ std::string Sibling(const std::string& package, const std::string& name) {
 
 }  // namespace
 
-const std::vector<std::string> kCoordinatorFlags = {"max-num-seqs", "max-batched-tokens", "max-model-len",
+const std::vector<std::string> kCoordinatorFlags = {"max-num-seqs", "max-num-batched-tokens", "max-batched-tokens", "max-model-len",
                                                     "enable-prefix-caching", "long-prefill-token-threshold",
                                                     "scheduling-policy", "speculative-config", "draft-policy",
                                                     "max-queued",

@@ -1,7 +1,7 @@
 // dsmesh-coordinator: waits for the workers, forms the mesh, runs the scheduler and serves Generate.
 //
 //   dsmesh-coordinator [--listen 127.0.0.1:7000] --world N --model DIR [--max-num-seqs 4]
-//                      [--max-batched-tokens 512] [--max-model-len L] [--block-size 16]
+//                      [--max-num-batched-tokens 512] [--max-model-len L] [--block-size 16]
 //                      [--long-prefill-token-threshold 128] [--scheduling-policy fcfs|priority]
 //                      [--enable-prefix-caching true|false] [--register-timeout-s 120]
 //                      [--heartbeat-timeout-ms 1500] [--drain-timeout-s 30] [--max-queued 256]
@@ -76,7 +76,7 @@ bool IsLoopback(const std::string& listen) {
 
 
 int Main(const std::vector<std::string>& args) {
-  Flags f(args, WithMeshCredentialFlags({"listen", "world", "model", "max-num-seqs", "max-batched-tokens",
+  Flags f(args, WithMeshCredentialFlags({"listen", "world", "model", "max-num-seqs", "max-num-batched-tokens", "max-batched-tokens",
                                          "max-model-len", "block-size", "enable-prefix-caching", "register-timeout-s",
                                          "ready-timeout-s", "heartbeat-timeout-ms", "step-timeout-s", "drain-timeout-s",
                                          "long-prefill-token-threshold", "scheduling-policy", "speculative-config",
@@ -92,7 +92,12 @@ int Main(const std::vector<std::string>& args) {
 
   EngineConfig ec;
   ec.scheduler.max_num_seqs = static_cast<int>(f.GetInt("max-num-seqs", 4));
-  ec.scheduler.max_batched_tokens = static_cast<int>(f.GetInt("max-batched-tokens", 512));
+  // vLLM's name; --max-batched-tokens is this project's older spelling of the same budget.
+  if (f.Has("max-num-batched-tokens") && f.Has("max-batched-tokens") &&
+      f.Get("max-num-batched-tokens") != f.Get("max-batched-tokens"))
+    throw UsageError("--max-num-batched-tokens and --max-batched-tokens (its older name) disagree: give one");
+  ec.scheduler.max_batched_tokens = static_cast<int>(
+      f.GetInt(f.Has("max-num-batched-tokens") ? "max-num-batched-tokens" : "max-batched-tokens", 512));
   const int64_t default_len = card.max_position_embeddings.value_or(4096);
   ec.scheduler.max_model_len = static_cast<int>(f.GetInt("max-model-len", default_len));
   ec.scheduler.prefix_caching = f.GetBool("enable-prefix-caching", true);
@@ -132,7 +137,7 @@ int Main(const std::vector<std::string>& args) {
   }
   if (ec.scheduler.max_num_seqs < 1 || ec.scheduler.max_batched_tokens < 1 || ec.scheduler.max_model_len < 2 ||
       ec.block_size < 1)
-    throw UsageError("--max-num-seqs, --max-batched-tokens, --block-size must be >= 1 and --max-model-len >= 2");
+    throw UsageError("--max-num-seqs, --max-num-batched-tokens, --block-size must be >= 1 and --max-model-len >= 2");
   ec.register_timeout = std::chrono::seconds(f.GetInt("register-timeout-s", 120));
   ec.ready_timeout = std::chrono::seconds(f.GetInt("ready-timeout-s", 600));
   ec.step_timeout = std::chrono::seconds(f.GetInt("step-timeout-s", 600));
@@ -171,7 +176,7 @@ int Main(const std::vector<std::string>& args) {
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) throw std::runtime_error("cannot listen on " + listen);
   std::fprintf(stderr, "[coordinator] listening on %s (port %d, %s, %s); waiting for %d worker(s); max-num-seqs %d, "
-               "max-batched-tokens %d, max-model-len %d, prefix caching %s, scheduling policy %s, "
+               "max-num-batched-tokens %d, max-model-len %d, prefix caching %s, scheduling policy %s, "
                "long-prefill-token-threshold %d, speculative tokens %d (mtp, %s drafts, draft vocabulary %s), max queued %d\n",
                listen.c_str(), port, credentials.token.empty() ? "no mesh token" : "mesh token required",
                credentials.tls() ? "TLS with client certificates" : "plaintext", world, ec.scheduler.max_num_seqs, ec.scheduler.max_batched_tokens,
@@ -234,7 +239,7 @@ int main(int argc, char** argv) {
   dsmesh::BlockShutdownSignals();
   return dsmesh::RunProgram("dsmesh-coordinator",
                             "dsmesh-coordinator [--listen 127.0.0.1:7000] --world N --model DIR [--max-num-seqs 4] "
-                            "[--max-batched-tokens 512] [--max-model-len L] [--long-prefill-token-threshold 128] "
+                            "[--max-num-batched-tokens 512] [--max-model-len L] [--long-prefill-token-threshold 128] "
                             "[--scheduling-policy fcfs|priority] [--max-queued 256] [--mesh-token-file F] [--tls-cert F --tls-key F --tls-ca F]",
                             [&] { return dsmesh::Main(std::vector<std::string>(argv + 1, argv + argc)); });
 }

@@ -3,7 +3,7 @@
 // Rank: under the fcfs policy requests rank by arrival; under the priority policy by (priority, arrival),
 // the lower priority value first. Rank orders admission, each part of the step's budget, and preemption.
 //
-// Each step shares the max-batched-tokens budget. With long_prefill_token_threshold T > 0 (the fair order):
+// Each step shares the --max-num-batched-tokens budget. With long_prefill_token_threshold T > 0 (the fair order):
 //   1. decodes (running requests whose next input is their newest token), in rank order;
 //   2. first chunks of waiting requests, admitted in rank order while a slot (max-num-seqs), budget and
 //      blocks remain; the best-ranked waiting request that cannot get blocks stops admission;

@@ -136,6 +136,20 @@ TEST(MeshCli, UpRejectsKvBudgetFlagsThatCannotApply) {
   }
 }
 
+// vLLM's --max-num-batched-tokens and the older --max-batched-tokens name one budget: the coordinator takes
+// either (its start line shows the value) and refuses the two when they disagree.
+TEST(MeshCli, CoordinatorTakesVllmsBatchedTokensFlag) {
+  const std::string coordinator = Runfile("coordinator/dsmesh-coordinator");
+  int rc = 0;
+  std::string out = Capture(coordinator + " --world 1 --model " + TinyModelDir() +
+                                " --max-num-batched-tokens 32 --max-batched-tokens 64 2>&1", &rc);
+  EXPECT_EQ(WEXITSTATUS(rc), 2) << out;  // a usage error
+  EXPECT_NE(out.find("--max-num-batched-tokens and --max-batched-tokens (its older name) disagree"), std::string::npos) << out;
+  out = Capture(coordinator + " --world 1 --model " + TinyModelDir() + " --max-num-batched-tokens 0 2>&1", &rc);
+  EXPECT_EQ(WEXITSTATUS(rc), 2) << out;  // a usage error
+  EXPECT_NE(out.find("--max-num-batched-tokens"), std::string::npos) << out;
+}
+
 TEST(MeshCli, BenchLongPromptPlusChatPrintsFairAndOffSideBySide) {
   int rc = 0;
   const std::string out = Capture(Dsmesh() + " bench --scenario long-prompt-plus-chat --world 1 --model " +

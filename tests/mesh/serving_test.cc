@@ -13,7 +13,7 @@ namespace {
 class ServingTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    mesh_ = new LocalMesh(MeshOptions(2, {"--max-num-seqs", "4", "--max-batched-tokens", "32"}));
+    mesh_ = new LocalMesh(MeshOptions(2, {"--max-num-seqs", "4", "--max-num-batched-tokens", "32"}));
     mesh_->Start();
     client_ = new MeshClient(mesh_->coordinator_address());
     client_->WaitReady(std::chrono::seconds(60));
