@@ -54,7 +54,7 @@ std::map<std::string, CommandInfo> BuildTable() {
         "  scenario: bench --scenario long-prompt-plus-chat [--world 2] [--model DIR] "
         "[--long-prompt-tokens 16384] [--chat-every-s 1]\n"
         "  in this process: bench --device cpu|cuda[:N] --model DIR|synthetic:v4-flash [--streams 1,4] "
-        "[--contexts 4096] [--rows 1] [--steps 20] [--speculative-tokens K] [--bits experts=2,dense=6] [--json F] "
+        "[--contexts 4096] [--rows 1] [--steps 20] [--prefill-chunk 512] [--speculative-tokens K] [--bits experts=2,dense=6] [--json F] "
         "[--enforce-eager] "
         "[--concurrent-linears] [--profile: time every op with device events in extra eager steps and print "
         "the split per phase]\n"

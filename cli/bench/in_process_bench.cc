@@ -1,7 +1,8 @@
 // `dsmesh bench --device cpu|cuda[:N] --model DIR|synthetic:...`: decode steps of the model in this
 // process (no mesh), ms/step and tok/s at each stream count and context, beside the step's floor
-// (cli/perf/roofline.h) and measured / floor. Contexts are filled by 512-token prefill chunks first (the first
-// stream's chunks timed: the prefill line); `--rows 4` times the verification shape (each stream 1 + 3 draft
+// (cli/perf/roofline.h) and measured / floor. Contexts are filled by prefill chunks first (--prefill-chunk,
+// 512 tokens by default; the first stream's chunks timed: the prefill line, and for a long context the chunk
+// rate at every tenth of it, so the per-chunk growth is visible); `--rows 4` times the verification shape (each stream 1 + 3 draft
 // rows). On the CPU with a make-tiny model, `--contexts 64 --steps 64` is the tiny model's CPU decode speed
 // (docs/cpu-forward.md). `--speculative-tokens K`
 // makes every stream's state a speculating one (NewState(K): rings K rows longer, the MTP block's input
@@ -98,6 +99,7 @@ nlohmann::json PrintProfile(const OpProfile& profile, const OpProfile& device_on
 
 struct PrefillTiming {
   double seconds = 0, first_chunk_tok_s = 0, last_chunk_tok_s = 0;
+  std::vector<std::pair<int64_t, double>> chunk_tok_s;  // (context before the chunk, tok/s) at every tenth
 };
 
 // What one sequence's state costs in each storage dtype (model/kv_layout.h), at the longest context.
@@ -116,7 +118,7 @@ void PrintKvCosts(const ModelConfig& c, int64_t context) {
 
 int RunInProcessBench(const std::vector<std::string>& args) {
   Flags f(args, {"model", "device", "threads", "streams", "contexts", "rows", "steps", "bits", "json", "enforce-eager", "profile",
-           "concurrent-linears", "kv-cache-dtype", "speculative-tokens"},
+           "concurrent-linears", "kv-cache-dtype", "speculative-tokens", "prefill-chunk"},
           {"enforce-eager", "profile", "concurrent-linears"});
   const bool profile = f.Has("profile");
   const std::string source = f.Require("model");
@@ -125,6 +127,9 @@ int RunInProcessBench(const std::vector<std::string>& args) {
   const int rows = static_cast<int>(f.GetInt("rows", 1)), steps = static_cast<int>(f.GetInt("steps", 20));
   if (rows < 1 || steps < 1) throw UsageError("--rows and --steps must be >= 1");
   const int speculative = static_cast<int>(f.GetInt("speculative-tokens", 0));
+  const long long chunk_flag = f.GetInt("prefill-chunk", 512);
+  if (chunk_flag < 1 || chunk_flag > 65536) throw UsageError("--prefill-chunk must be 1..65536 tokens");
+  const int64_t chunk_tokens = chunk_flag;
   if (speculative < 0) throw UsageError("--speculative-tokens must be >= 0");
   for (int32_t s : streams)
     if (s < 1) throw UsageError("--streams: counts must be >= 1");
@@ -187,25 +192,28 @@ int RunInProcessBench(const std::vector<std::string>& args) {
               "floor ms", "(byte/op)", "x floor");
   for (int32_t ctx : contexts) {
     for (int32_t ns : streams) {
-      // Each stream is filled by 512-token prefill chunks; the first stream's chunks are timed (prefill
+      // Each stream is filled by --prefill-chunk-token chunks; the first stream's chunks are timed (prefill
       // tok/s at context 0 and at the last chunk, and the whole prompt's time: its TTFT but for one step).
       std::vector<std::unique_ptr<SequenceState>> st;
       PrefillTiming prefill;
       for (int s = 0; s < ns; ++s) {
         st.push_back(model->NewState(speculative));
-        const int64_t chunks = (ctx + 511) / 512;
+        const int64_t chunks = (ctx + chunk_tokens - 1) / chunk_tokens;
         const auto fill0 = BenchClock::now();
-        for (int64_t pos = 0, n = 0; pos < ctx; pos += 512, ++n) {
+        for (int64_t pos = 0, n = 0; pos < ctx; pos += chunk_tokens, ++n) {
           std::vector<int32_t> chunk;
-          for (int64_t i = pos; i < std::min<int64_t>(ctx, pos + 512); ++i) chunk.push_back(TokenAtPosition(i + s, c.vocab_size));
+          for (int64_t i = pos; i < std::min<int64_t>(ctx, pos + chunk_tokens); ++i)
+            chunk.push_back(TokenAtPosition(i + s, c.vocab_size));
           const auto t0 = BenchClock::now();
           model->Forward({{st.back().get(), chunk, false}});
           const double tok_s = chunk.size() / SecondsSince(t0);
           if (s == 0 && n == 0) prefill.first_chunk_tok_s = tok_s;
           if (s == 0 && n == chunks - 1) prefill.last_chunk_tok_s = tok_s;
-          if (chunks >= 20 && (n + 1) % (chunks / 10) == 0)
+          if (chunks >= 20 && (n + 1) % (chunks / 10) == 0) {
             std::fprintf(stderr, "bench: stream %d/%d: %lld/%d tokens\n", s + 1, ns,
-                         static_cast<long long>(std::min<int64_t>(ctx, pos + 512)), ctx);
+                         static_cast<long long>(std::min<int64_t>(ctx, pos + chunk_tokens)), ctx);
+            if (s == 0) prefill.chunk_tok_s.push_back({pos, tok_s});
+          }
         }
         if (s == 0) prefill.seconds = SecondsSince(fill0);
         std::fprintf(stderr, "bench: stream %d/%d filled to %d tokens\n", s + 1, ns, ctx);
@@ -241,10 +249,22 @@ int RunInProcessBench(const std::vector<std::string>& args) {
                             {"bytes_per_step", fl.bytes()}, {"backend", model->backend().name()}, {"model", source},
                             {"speculative_tokens", speculative}};
       if (ctx > 0) {
-        std::printf("  prefill of %d tokens (512-token chunks, one stream): %.3f s, %.0f tok/s; chunk at context 0: "
+        std::printf("  prefill of %d tokens (%lld-token chunks, one stream): %.3f s, %.0f tok/s; chunk at context 0: "
                     "%.0f tok/s, last chunk (context %lld): %.0f tok/s\n",
-                    ctx, prefill.seconds, ctx / prefill.seconds, prefill.first_chunk_tok_s,
-                    static_cast<long long>((ctx - 1) / 512 * 512), prefill.last_chunk_tok_s);
+                    ctx, static_cast<long long>(chunk_tokens), prefill.seconds, ctx / prefill.seconds,
+                    prefill.first_chunk_tok_s, static_cast<long long>((ctx - 1) / chunk_tokens * chunk_tokens),
+                    prefill.last_chunk_tok_s);
+        if (!prefill.chunk_tok_s.empty()) {
+          std::printf("  prefill chunk rate by context (tok/s):");
+          nlohmann::json rates = nlohmann::json::array();
+          for (const auto& [at, rate] : prefill.chunk_tok_s) {
+            std::printf(" %lld: %.0f", static_cast<long long>(at), rate);
+            rates.push_back({{"context", at}, {"tok_per_s", rate}});
+          }
+          std::printf("\n");
+          row["prefill_chunk_tok_per_s_by_context"] = rates;
+        }
+        row["prefill_chunk_tokens"] = chunk_tokens;
         row["prefill_s"] = prefill.seconds;
         row["prefill_tok_per_s"] = ctx / prefill.seconds;
         row["prefill_first_chunk_tok_per_s"] = prefill.first_chunk_tok_s;

@@ -73,6 +73,14 @@ python3 -c "import json,sys; r=json.load(open(sys.argv[1])); assert len(r)==2 an
   "$tmp/bench.json" || fail "bench json"
 grep -qE "^  prefill of 40 tokens .* tok/s" "$tmp/bench.txt" || fail "bench prefill line: $(cat "$tmp/bench.txt")"
 grep -qE "^# KV bf16: [0-9]+ B/token" "$tmp/bench.txt" || fail "bench KV costs: $(cat "$tmp/bench.txt")"
+# --prefill-chunk: 25 chunks of 16 tokens fill 400; the chunk rate at every tenth of the context is printed.
+"$dsmesh" bench --device cpu --model "$tmp/a" --contexts 400 --streams 1 --steps 1 --prefill-chunk 16 \
+  --json "$tmp/chunks.json" > "$tmp/chunks.txt" 2>/dev/null || fail "bench --prefill-chunk 16"
+grep -qE "^  prefill of 400 tokens \(16-token chunks" "$tmp/chunks.txt" || fail "prefill chunk line: $(cat "$tmp/chunks.txt")"
+grep -qE "^  prefill chunk rate by context \(tok/s\): 16: [0-9]+ " "$tmp/chunks.txt" || fail "chunk rates: $(cat "$tmp/chunks.txt")"
+python3 -c "import json,sys; r=json.load(open(sys.argv[1]))[0]; c=r['prefill_chunk_tok_per_s_by_context']; assert r['prefill_chunk_tokens']==16 and len(c)==12 and c[0]['context']==16 and all(x['tok_per_s']>0 for x in c), r" \
+  "$tmp/chunks.json" || fail "chunk rates json"
+expect 2 "--prefill-chunk must be 1..65536" -- "$dsmesh" bench --device cpu --model "$tmp/a" --contexts 40 --prefill-chunk 0
 # --speculative-tokens 3: every stream's state speculates (rollback rows, MTP history) and proposes no drafts.
 "$dsmesh" bench --device cpu --model "$tmp/a" --contexts 40 --streams 1 --steps 2 --speculative-tokens 3 \
   --json "$tmp/spec.json" > "$tmp/spec.txt" 2>/dev/null || fail "bench --speculative-tokens 3"
