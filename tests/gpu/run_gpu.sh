@@ -6,7 +6,8 @@
 # choosing the GPU and surviving a worker killed mid-stream (how long serving was down). Logs go to $OUT
 # (or /tmp/out).
 #   usage (repository root on the GPU machine): tests/gpu/run_gpu.sh [parts]
-#   parts: any of tests,sanitize,cli,serve,survive,flash,flashbench,profile,specbench (default: all but the benches)
+#   parts: any of tests,sanitize,cli,serve,survive,flash,flashbench,profile,specbench,prefill,specloop
+#          (default: all but the benches)
 #   env: GPU_TESTS (test binaries of the tests part), GTEST_FILTER (passed through to them)
 set -uo pipefail
 B=.bundle/gpu
@@ -128,6 +129,33 @@ if [[ $PARTS == *specbench* ]]; then
       --streams ${FLASH_STREAMS:-1,4} --steps ${FLASH_STEPS:-8} --rows $rows \
       --json "$OUT/spec_bench_rows$rows.json" 2> "$OUT/spec_bench_rows$rows.log" | tee "$OUT/spec_bench_rows$rows.txt"
     check test -s "$OUT/spec_bench_rows$rows.json"
+  done
+fi
+
+if [[ $PARTS == *prefill* ]]; then
+  # Issue 41: prefill rate by chunk size at 4K, then one long prompt with the chunk rate at every tenth of it.
+  step "dsmesh bench: prefill of the full-size synthetic V4-Flash by chunk size (4K), then a ${PREFILL_LONG:-166000}-token prompt"
+  for chunk in ${PREFILL_CHUNKS:-512 2048 4096}; do
+    timeout 300 $DS bench --device cuda --model synthetic:v4-flash:seed=1 --contexts 4096 --streams 1 --steps 2 \
+      --prefill-chunk $chunk --json "$OUT/prefill_chunk$chunk.json" 2> "$OUT/prefill_chunk$chunk.log" |
+      tee "$OUT/prefill_chunk$chunk.txt" | grep -E "prefill"
+    check test -s "$OUT/prefill_chunk$chunk.json"
+  done
+  timeout 560 $DS bench --device cuda --model synthetic:v4-flash:seed=1 --contexts ${PREFILL_LONG:-166000} --streams 1 \
+    --steps 2 --prefill-chunk ${PREFILL_LONG_CHUNK:-512} --json "$OUT/prefill_long.json" 2> "$OUT/prefill_long.log" |
+    tee "$OUT/prefill_long.txt" | grep -E "prefill|^1 "
+  check test -s "$OUT/prefill_long.json"
+fi
+
+if [[ $PARTS == *specloop* ]]; then
+  # Issue 42: the whole speculative loop on a mesh of one GPU worker, speculation on and off in one call.
+  step "dsmesh bench --world 1 --device cuda: speculative loop at simulated acceptance, full-size synthetic V4-Flash"
+  for acc in ${SPEC_ACCEPTANCE:-0.85,0.70,0.55 0.3,0.1,0.0}; do
+    timeout 560 $DS bench --world 1 --device cuda --model synthetic:v4-flash:seed=1 --streams ${FLASH_STREAMS:-1,4} \
+      --max-tokens ${SPEC_TOKENS:-256} --repeat ${SPEC_REPEAT:-2} \
+      --speculative-config "{\"method\":\"mtp\",\"num_speculative_tokens\":3,\"draft_vocab_size\":${SPEC_DRAFT_VOCAB:-32768}}" \
+      --draft-acceptance $acc --json "$OUT/specloop_$acc.json" 2> "$OUT/specloop_$acc.log" | tee "$OUT/specloop_$acc.txt"
+    check test -s "$OUT/specloop_$acc.json"
   done
 fi
 
