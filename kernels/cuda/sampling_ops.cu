@@ -7,6 +7,7 @@
 
 #include "kernels/sampling/random_stream.h"
 #include "kernels/sampling/sampling_math.h"
+#include "kernels/cuda/pdl_launch.cuh"
 
 namespace dsmesh::cuda_ops {
 namespace {
@@ -318,6 +319,8 @@ __device__ void RowLogprobs(const float* raw, int64_t vocab, int32_t token, int 
 __global__ void __launch_bounds__(kThreads) SampleRowsKernel(const float* logits, int64_t vocab,
                                                              const SampleRowParams* params, void* scratch,
                                                              SampleRowOut* outs) {
+  PdlWait();  // everything below reads the predecessors' output
+  PdlTrigger();
   __shared__ SharedState sh;
   const int64_t row = blockIdx.x;
   const float* raw = logits + row * vocab;
@@ -337,7 +340,8 @@ int64_t SampleRowsScratchBytes(int64_t rows, int64_t vocab) { return rows * voca
 
 void SampleRows(const float* logits, int64_t rows, int64_t vocab, const SampleRowParams* params, void* scratch,
                 SampleRowOut* out, cudaStream_t s) {
-  if (rows > 0) SampleRowsKernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(logits, vocab, params, scratch, out);
+  if (rows > 0)
+    PdlLaunch(SampleRowsKernel, static_cast<unsigned>(rows), kThreads, 0, s, logits, vocab, params, scratch, out);
 }
 
 }  // namespace dsmesh::cuda_ops
