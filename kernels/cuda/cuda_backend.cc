@@ -57,6 +57,7 @@ class CudaBackend final : public Backend {
       // griddepcontrol and the launch attribute exist from sm_90 on; the build targets sm_90 and sm_120.
       if (prop.major >= 9) {
         EnablePdlOnStream(ctx_->stream, &counters_.pdl_launches);
+        pdl_on_ = true;
         std::fprintf(stderr,
                      "[cuda] programmatic dependent launch on: the decode chain's kernels overlap their "
                      "predecessor's tail (CudaBackendStats().pdl_launches counts them)\n");
@@ -69,7 +70,11 @@ class CudaBackend final : public Backend {
 
   ~CudaBackend() override {
     Use();
-    DisablePdlOnStream(ctx_->stream);  // the stream may outlive the backend (tensors' deleters)
+    if (pdl_on_) {
+      DisablePdlOnStream(ctx_->stream);  // the stream may outlive the backend (tensors' deleters)
+      std::fprintf(stderr, "[cuda] %lld kernel launches (eager or captured) used programmatic dependent launch\n",
+                   static_cast<long long>(counters_.pdl_launches.load()));
+    }
     cudaStreamSynchronize(ctx_->stream);
   }
 
@@ -925,6 +930,7 @@ class CudaBackend final : public Backend {
 
   std::shared_ptr<StreamContext> ctx_;
   CudaBackendOptions options_;
+  bool pdl_on_ = false;  // options_.pdl on a device that has it: the stream is registered (pdl_streams.h)
   CudaBackendCounters counters_;
   std::string name_;
   StepArena arena_;  // the step's scratch, metadata and launch parameters
