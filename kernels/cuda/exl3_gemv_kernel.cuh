@@ -10,7 +10,7 @@
 //      order (split order, or for few rows interleaved groups of splits added in group order), so the
 //      result does not depend on arrival order, applies the output Hadamard and
 //      resets the counter for the next launch. No float atomics: outputs are bitwise reproducible.
-// Launched with programmatic dependent launch (pdl_launch.cuh), steps 1 and the svh load (weights only)
+// Launched with programmatic dependent launch (pdl_launch.cuh), step 1 and the svh load (weights only)
 // overlap the previous kernel's tail: PdlWait() sits between them and the first read of x; PdlTrigger()
 // after the main loop, so that the next kernel's CTAs start (and prefetch) while this one reduces and
 // stores, but do not take SM slots and bandwidth from the weight stream before.

@@ -1,5 +1,8 @@
 // The device twin of kernels/kv_rows.cc's EncodeKvRows: the state pool's bf16 and fp8 rows written where a
 // compressor emits them, so that a device pool never passes through the host.
+// Every kernel here is launched through PdlLaunch (pdl_launch.cuh) and starts with PdlWait() (it reads
+// the previous kernels' output from its first load on; its prologue is index math only) and then
+// PdlTrigger(), so that with programmatic dependent launch the next kernel's launch overlaps all of it.
 #include <cstdint>
 
 #include "kernels/cuda/cuda_check.h"
@@ -16,7 +19,7 @@ constexpr int kEncodeThreads = 128;
 // One block per row (BlockEncodeKvRow).
 __global__ void __launch_bounds__(kEncodeThreads) EncodeKvRowsKernel(const float* src, int64_t dim, int64_t rope_dim,
                                                                      RowKind kind, int64_t row_bytes, uint8_t* dst) {
-  PdlWait();  // everything below reads the predecessors' output
+  PdlWait();
   PdlTrigger();
   BlockEncodeKvRow(src + blockIdx.x * dim, dim, dim - rope_dim, kind, dst + blockIdx.x * row_bytes);
 }

@@ -1,6 +1,9 @@
 // The stateful ops of the attention block (model_ops.h): compressor position bias and pooling, the
 // lightning indexer's scores and its top-k, attention with sinks over window + compressed entries, and
 // the window ring update. Each mirrors the CPU op of the same name in kernels/cpu/cpu_backend.cc.
+// Every kernel here is launched through PdlLaunch (pdl_launch.cuh) and starts with PdlWait() (it reads
+// the previous kernels' output from its first load on; its prologue is index math only) and then
+// PdlTrigger(), so that with programmatic dependent launch the next kernel's launch overlaps all of it.
 #include <cstdint>
 
 #include "kernels/cuda/attention_keys.cuh"
@@ -21,7 +24,7 @@ constexpr int kAttnFixedSmemFloats = 512;            // q row (head_dim <= 512)
 
 __global__ void AddPositionBiasKernel(float* score, int64_t n, int64_t width, const float* ape,
                                       const int64_t* positions, int ratio) {
-  PdlWait();  // everything below reads the predecessors' output
+  PdlWait();
   PdlTrigger();
   const int64_t total = n * width;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
@@ -35,7 +38,7 @@ __global__ void AddPositionBiasKernel(float* score, int64_t n, int64_t width, co
 __global__ void CompressorPoolKernel(const float* kv, const float* score, int64_t width, int64_t base_pos,
                                      int64_t first_window, int64_t num_windows, int ratio, bool overlap, int64_t d,
                                      float* out) {
-  PdlWait();  // everything below reads the predecessors' output
+  PdlWait();
   PdlTrigger();
   const int64_t total = num_windows * d;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
@@ -82,7 +85,7 @@ __global__ void __launch_bounds__(kIndexerThreads) IndexerScoresKernel(const flo
                                                                        int64_t heads, int64_t dim,
                                                                        const int64_t* positions, int ratio,
                                                                        int64_t ld_scores, float* scores) {
-  PdlWait();  // everything below reads the predecessors' output
+  PdlWait();
   PdlTrigger();
   extern __shared__ float smem[];
   float* qs = smem;                            // [heads][dim]
@@ -159,7 +162,7 @@ __device__ int BlockExclusiveScan(int flag, int* total) {
 // output path).
 __global__ void TopKKernel(const float* scores, int64_t ld_scores, const IndexerBatch* __restrict__ pbatch,
                            const int64_t* positions, int ratio, int top_k, int32_t* out) {
-  PdlWait();  // everything below reads the predecessors' output
+  PdlWait();
   PdlTrigger();
   __shared__ unsigned hist[256];
   __shared__ uint32_t sel_key[kMaxTopK];
@@ -280,7 +283,7 @@ __global__ void TopKKernel(const float* scores, int64_t ld_scores, const Indexer
 // One block per (row, head): scores into shared memory, softmax with the sink, weighted sum of keys.
 __global__ void AttentionKernel(const float* q, int64_t heads, AttnKeys keys, const float* sinks,
                                 float softmax_scale, float* out) {
-  PdlWait();  // everything below reads the predecessors' output
+  PdlWait();
   PdlTrigger();
   extern __shared__ float smem[];
   float* qs = smem;                          // d
@@ -374,7 +377,7 @@ struct AttnBatch {
 __global__ void __launch_bounds__(kSplitThreads) AttentionSplitKernel(const float* q, int64_t heads, int head_group,
                                                                       const AttnBatch* __restrict__ batch,
                                                                       float softmax_scale, float* partial) {
-  PdlWait();  // everything below reads the predecessors' output
+  PdlWait();
   PdlTrigger();
   extern __shared__ float smem[];
   __shared__ const void* kp[kSplitKeys];  // the pass's key rows (null: absent)
@@ -491,7 +494,7 @@ static_assert(kSplitMaxRanges <= kCombineMaxRanges, "the combine keeps every ran
 __global__ void __launch_bounds__(kCombineThreads) AttentionCombineKernel(const float* partial, int64_t heads,
                                                                           int64_t d, int64_t ranges,
                                                                           const float* sinks, float* out) {
-  PdlWait();  // everything below reads the predecessors' output
+  PdlWait();
   PdlTrigger();
   __shared__ float wgt[kCombineMaxRanges];  // e^(m_g - M), 0 for a range without keys
   __shared__ float denom_s;
@@ -544,7 +547,7 @@ __global__ void __launch_bounds__(kCombineThreads) AttentionCombineKernel(const 
 }
 
 __global__ void UpdateRingKernel(const float* new_kv, int64_t n, int64_t d, int64_t start, int64_t slots, float* ring) {
-  PdlWait();  // everything below reads the predecessors' output
+  PdlWait();
   PdlTrigger();
   const int64_t first = n > slots ? n - slots : 0;
   const int64_t i = first + blockIdx.x;

@@ -1,5 +1,9 @@
 // Elementwise, normalisation, rope, hyper-connection and row-movement kernels of the model forward
 // (model_ops.h). Each mirrors the CPU op of the same name in kernels/cpu/cpu_backend.cc.
+// Every kernel here but SpinKernel (the profiler's) is launched through PdlLaunch (pdl_launch.cuh) and
+// starts with PdlWait() (it reads the previous kernels' output from its first load on; its prologue is
+// index math only) and then PdlTrigger(), so that with programmatic dependent launch the next kernel's
+// launch overlaps all of it.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -28,7 +32,7 @@ __device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-
 
 template <class T>
 __global__ void EmbeddingKernel(const T* table, int64_t dim, const int32_t* tokens, float* out) {
-  PdlWait();  // everything below reads the predecessors' output
+  PdlWait();
   PdlTrigger();
   const int64_t r = blockIdx.x;
   const T* row = table + static_cast<int64_t>(tokens[r]) * dim;
@@ -36,7 +40,7 @@ __global__ void EmbeddingKernel(const T* table, int64_t dim, const int32_t* toke
 }
 
 __global__ void RmsNormKernel(const float* x, int64_t dim, const float* w, float eps, float* out) {
-  PdlWait();  // everything below reads the predecessors' output
+  PdlWait();
   PdlTrigger();
   const float* xi = x + blockIdx.x * dim;
   float* o = out + blockIdx.x * dim;
@@ -52,7 +56,7 @@ __global__ void RmsNormKernel(const float* x, int64_t dim, const float* w, float
 constexpr int kRmsPer = 4;
 __global__ void RmsNormVec4Kernel(const float4* x, int64_t dim4, const float4* w, float eps, float inv_dim,
                                   float4* out) {
-  PdlWait();  // everything below reads the predecessors' output
+  PdlWait();
   PdlTrigger();
   const float4* xi = x + blockIdx.x * dim4;
   float4* o = out + blockIdx.x * dim4;
@@ -82,14 +86,14 @@ __global__ void RmsNormVec4Kernel(const float4* x, int64_t dim4, const float4* w
 }
 
 __global__ void AddKernel(const float* a, int64_t n, float* acc) {
-  PdlWait();  // everything below reads the predecessors' output
+  PdlWait();
   PdlTrigger();
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
     acc[i] += a[i];
 }
 
 __global__ void ScaleKernel(float* x, int64_t n, float v) {
-  PdlWait();  // everything below reads the predecessors' output
+  PdlWait();
   PdlTrigger();
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
     x[i] *= v;
@@ -98,7 +102,7 @@ __global__ void ScaleKernel(float* x, int64_t n, float v) {
 // One block per row; pairs (head, i) spread over the threads.
 __global__ void RopeKernel(float* x, int64_t n, int64_t heads, int64_t head_dim, int64_t rope_dim,
                            const int64_t* positions, const float* inv_freq, bool inverse) {
-  PdlWait();  // everything below reads the predecessors' output
+  PdlWait();
   PdlTrigger();
   const int64_t half = rope_dim / 2;
   for (int64_t r = blockIdx.y; r < n; r += gridDim.y)
@@ -116,7 +120,7 @@ __global__ void RopeKernel(float* x, int64_t n, int64_t heads, int64_t head_dim,
 
 __global__ void ToHalfPaddedKernel(const float* x, int64_t rows, int64_t cols, int64_t ld_in, uint16_t* out,
                                    int64_t ld_out, int64_t col0) {
-  PdlWait();  // everything below reads the predecessors' output
+  PdlWait();
   PdlTrigger();
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
   for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < ld_out; c += (int64_t)gridDim.x * blockDim.x) {
@@ -128,7 +132,7 @@ __global__ void ToHalfPaddedKernel(const float* x, int64_t rows, int64_t cols, i
 
 // xh[g][r][c] = fp16(x[r][g * in + c]): a grouped linear's input, each group's rows contiguous.
 __global__ void GroupMajorToHalfKernel(const float* x, int64_t m, int64_t groups, int64_t in, uint16_t* xh) {
-  PdlWait();  // everything below reads the predecessors' output
+  PdlWait();
   PdlTrigger();
   const int64_t total = m * groups * in;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
@@ -139,7 +143,7 @@ __global__ void GroupMajorToHalfKernel(const float* x, int64_t m, int64_t groups
 
 // out[r][g * cols + c] = yg[g][r][c]: the groups' outputs back into rows.
 __global__ void RowMajorFromGroupsKernel(const float* yg, int64_t m, int64_t groups, int64_t cols, float* out) {
-  PdlWait();  // everything below reads the predecessors' output
+  PdlWait();
   PdlTrigger();
   const int64_t total = m * groups * cols;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
@@ -150,7 +154,7 @@ __global__ void RowMajorFromGroupsKernel(const float* yg, int64_t m, int64_t gro
 
 __global__ void TakeColumnsKernel(const float* y, int64_t rows, int64_t ld_y, int64_t col0, int64_t cols,
                                   const float* bias, float* out, int64_t ld_out, bool accumulate) {
-  PdlWait();  // everything below reads the predecessors' output
+  PdlWait();
   PdlTrigger();
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
   for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < cols; c += (int64_t)gridDim.x * blockDim.x) {
@@ -160,7 +164,7 @@ __global__ void TakeColumnsKernel(const float* y, int64_t rows, int64_t ld_y, in
 }
 
 __global__ void GatherRowsKernel(const float* src, const int32_t* rows, int64_t width, float* dst) {
-  PdlWait();  // everything below reads the predecessors' output
+  PdlWait();
   PdlTrigger();
   const int64_t i = blockIdx.x;
   const float* s = src + static_cast<int64_t>(rows[i]) * width;
@@ -169,7 +173,7 @@ __global__ void GatherRowsKernel(const float* src, const int32_t* rows, int64_t 
 
 __global__ void ScatterAddRowsKernel(const float* src, const int32_t* rows, const float* w, int64_t width,
                                      float* dst) {
-  PdlWait();  // everything below reads the predecessors' output
+  PdlWait();
   PdlTrigger();
   const int64_t i = blockIdx.x;
   float* d = dst + static_cast<int64_t>(rows[i]) * width;
@@ -178,7 +182,7 @@ __global__ void ScatterAddRowsKernel(const float* src, const int32_t* rows, cons
 }
 
 __global__ void SwiGluKernel(float* g, const float* u, int64_t n, float limit) {
-  PdlWait();  // everything below reads the predecessors' output
+  PdlWait();
   PdlTrigger();
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     float gv = g[i], uv = u[i];
@@ -195,7 +199,7 @@ __global__ void SwiGluKernel(float* g, const float* u, int64_t n, float limit) {
 // The loop is unrolled so that several loads are in flight per thread; each thread still adds its
 // elements in index order (the sums the CPU twin is compared with do not move).
 __global__ void HcMixesKernel(const float* X, int64_t w, const float* fn, int K, float norm_eps, float* mixes) {
-  PdlWait();  // everything below reads the predecessors' output
+  PdlWait();
   PdlTrigger();
   const int64_t r = blockIdx.x;
   const int k = blockIdx.y;
@@ -218,7 +222,7 @@ __global__ void HcMixesKernel(const float* X, int64_t w, const float* fn, int K,
 // of `parts` equal ranges of the row (hc D values) and stores (sum of x^2, fn[k] . x) over it, each thread
 // adding its elements in index order. The apply kernel adds the parts in part order.
 __global__ void HcMixPartsKernel(const float* X, int64_t w, const float* fn, int K, int parts, float2* out) {
-  PdlWait();  // everything below reads the predecessors' output
+  PdlWait();
   PdlTrigger();
   const int64_t r = blockIdx.x;
   const int k = blockIdx.y, part = blockIdx.z;
@@ -283,7 +287,7 @@ __device__ float SinkhornCells(float* c, float v, int hc, int iters, float eps, 
 __global__ void HcPreApplyKernel(const float* X, int64_t D, int hc, const float2* mix_parts, int parts,
                                  float inv_w, float norm_eps, const float* base, const float* scale, int iters,
                                  float eps, float* mixes_out, float* y, float* post, float* comb) {
-  PdlWait();  // everything below reads the predecessors' output
+  PdlWait();
   PdlTrigger();
   __shared__ float mixes[(2 + kMaxHc) * kMaxHc];
   __shared__ float pre[kMaxHc];
@@ -329,7 +333,7 @@ __global__ void HcPreApplyKernel(const float* X, int64_t D, int hc, const float2
 
 __global__ void HcHeadFinishKernel(const float* X, int64_t D, int hc, const float* mixes_all, const float* base,
                                    const float* scale, float eps, float* y) {
-  PdlWait();  // everything below reads the predecessors' output
+  PdlWait();
   PdlTrigger();
   __shared__ float pre[kMaxHc];
   const int64_t r = blockIdx.x;
@@ -344,7 +348,7 @@ __global__ void HcHeadFinishKernel(const float* X, int64_t D, int hc, const floa
 }
 
 __global__ void HcExpandKernel(const float* h, int64_t D, int hc, float* X) {
-  PdlWait();  // everything below reads the predecessors' output
+  PdlWait();
   PdlTrigger();
   const int64_t r = blockIdx.x;
   for (int64_t k = threadIdx.x; k < D; k += blockDim.x) {
@@ -356,7 +360,7 @@ __global__ void HcExpandKernel(const float* h, int64_t D, int hc, float* X) {
 // out[j] = post[j] * f + sum_i comb[i][j] * X[i], accumulated in the CPU op's order.
 __global__ void HcPostKernel(const float* X, const float* f, const float* post, const float* comb, int64_t n,
                              int64_t D, int hc, float* out) {
-  PdlWait();  // everything below reads the predecessors' output
+  PdlWait();
   PdlTrigger();
   for (int64_t r = blockIdx.y; r < n; r += gridDim.y)
   for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < D; k += (int64_t)gridDim.x * blockDim.x) {
@@ -463,7 +467,7 @@ struct ByteCopies {
 
 // blockIdx.y = copy; 16-byte words when the copy allows them (the state rows always do), else bytes.
 __global__ void CopyBytesBatchKernel(const __grid_constant__ ByteCopies copies) {
-  PdlWait();  // everything below reads the predecessors' output
+  PdlWait();
   PdlTrigger();
   const ByteCopy& c = copies.c[blockIdx.y];
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;

@@ -1,5 +1,9 @@
 // Dense linears (f32 activations against f32/bf16/fp16 weights, f32 accumulation) and the MoE router
 // (model_ops.h). CPU twins: cpu::DenseLinear (kernels/cpu/dense_linear.cc) and CpuBackend::MoeRoute.
+// Every kernel here but WidenKernel (the weight copy of the cuBLAS path) is launched through PdlLaunch
+// (pdl_launch.cuh) and starts with PdlWait() (it reads the previous kernels' output from its first load on;
+// its prologue is index math only) and then PdlTrigger(), so that with programmatic dependent launch the
+// next kernel's launch overlaps all of it.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -22,7 +26,7 @@ constexpr int kUnroll = 4;
 template <class T, bool kVec>
 __global__ void DenseGemvKernel(const float* x, int64_t ldx, int m, const T* w, int64_t ldw, int64_t n, int64_t k,
                                 const float* bias, float* out, int64_t ldo) {
-  PdlWait();  // everything below reads the predecessors' output
+  PdlWait();
   PdlTrigger();
   constexpr int kPer = kVec ? 16 / static_cast<int>(sizeof(T)) : 1;
   const int lane = threadIdx.x & 31;
@@ -80,7 +84,7 @@ constexpr int kTile = 64, kSlab = 16;
 template <class T>
 __global__ void DenseGemmKernel(const float* x, int64_t ldx, int64_t m, const T* w, int64_t ldw, int64_t n, int64_t k,
                                 const float* bias, float* out, int64_t ldo) {
-  PdlWait();  // everything below reads the predecessors' output
+  PdlWait();
   PdlTrigger();
   __shared__ float xs[kSlab][kTile + 1];
   __shared__ float ws[kSlab][kTile + 1];
@@ -161,7 +165,7 @@ constexpr int kMaxTopK = 16;
 __global__ void MoeRouteKernel(const float* logits, int64_t E, const int32_t* tokens, const int32_t* tid2eid,
                                const float* bias, int k, bool normalize, float routed_scale, int32_t* idx,
                                float* weight) {
-  PdlWait();  // everything below reads the predecessors' output
+  PdlWait();
   PdlTrigger();
   __shared__ float score[kMaxExperts];
   __shared__ float biased[kMaxExperts];

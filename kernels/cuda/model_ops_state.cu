@@ -3,6 +3,9 @@
 // (ParamStager), so that a recorded graph replays them. CPU twins: Backend::CompressorStep and
 // Backend::RingWriteBatch (kernels/backend.cc), which CompressorPool, RmsNorm, Rope, StoreKvRows and
 // CopyRowsBatch make up there; tested against them in cuda_backend_test.cc.
+// Every kernel here is launched through PdlLaunch (pdl_launch.cuh) and starts with PdlWait() (it reads
+// the previous kernels' output from its first load on; its prologue is index math only) and then
+// PdlTrigger(), so that with programmatic dependent launch the next kernel's launch overlaps all of it.
 #include <algorithm>
 #include <cstdint>
 #include <stdexcept>
@@ -32,7 +35,7 @@ struct CompressorBatch {
 // then the row in the pool's storage (EncodeKvRowsKernel's). Rows before the sequence's start come from
 // its ring (slot = position % slots), the others from this step's kv/score rows.
 __global__ void __launch_bounds__(kCompressorThreads) CompressorStepKernel(const CompressorBatch* __restrict__ batch) {
-  PdlWait();  // everything below reads the predecessors' output
+  PdlWait();
   PdlTrigger();
   __shared__ float row[kCompressorMaxDim];
   const CompressorStepArgs& a = batch->args;
@@ -97,7 +100,7 @@ struct RingWrites {
 
 // blockIdx.x = write, blockIdx.y = its row (rows past the write's n return).
 __global__ void RingWriteKernel(const RingWrites* __restrict__ writes) {
-  PdlWait();  // everything below reads the predecessors' output
+  PdlWait();
   PdlTrigger();
   const RingWriteDev& wr = writes->w[blockIdx.x];
   const int64_t i = blockIdx.y;

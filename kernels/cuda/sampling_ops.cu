@@ -1,6 +1,9 @@
 // The device row sampler (sampling_ops.h): one block of kThreads per row. The arithmetic of a draw is
 // sampling_math.h, shared with the host reference (kernels/sampling/row_sampler.cc); this file only
 // decides in which order to visit the logits.
+// Every kernel here is launched through PdlLaunch (pdl_launch.cuh) and starts with PdlWait() (it reads
+// the previous kernels' output from its first load on; its prologue is index math only) and then
+// PdlTrigger(), so that with programmatic dependent launch the next kernel's launch overlaps all of it.
 #include "kernels/cuda/sampling_ops.h"
 
 #include <cstdint>
@@ -319,7 +322,7 @@ __device__ void RowLogprobs(const float* raw, int64_t vocab, int32_t token, int 
 __global__ void __launch_bounds__(kThreads) SampleRowsKernel(const float* logits, int64_t vocab,
                                                              const SampleRowParams* params, void* scratch,
                                                              SampleRowOut* outs) {
-  PdlWait();  // everything below reads the predecessors' output
+  PdlWait();
   PdlTrigger();
   __shared__ SharedState sh;
   const int64_t row = blockIdx.x;
