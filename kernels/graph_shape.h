@@ -18,6 +18,9 @@ enum class GraphNodeKind { kKernel, kMemcpy, kMemset, kOther };
 struct GraphShape {
   int64_t nodes = 0, kernels = 0, memcpys = 0, memsets = 0, other = 0;
   int64_t chain = 0;
+  // Edges that let the downstream kernel start before the upstream one completes (programmatic dependent
+  // launch captured into the graph; kernels/cuda/pdl_launch.cuh). Counted in `chain` like any edge.
+  int64_t programmatic_edges = 0;
 };
 
 // The shape of a graph whose node i has kinds[i] and whose edges run from edges[j].first to

@@ -138,18 +138,7 @@ TEST(GpuForward, GoldenTensorParallelTwoRanksOnOneGpu) {
 std::string Exl3PackDir() {
   static std::string dir;
   if (!dir.empty()) return dir;
-  TinyModelSpec spec = SmallSpec();
-  spec.vocab_size = 1024;
-  spec.hidden_size = 256;
-  spec.moe_intermediate_size = 256;
-  spec.num_heads = 4;
-  spec.head_dim = 64;
-  spec.rope_dim = 16;
-  spec.q_lora_rank = 128;
-  spec.o_groups = 2;
-  spec.o_lora_rank = 128;
-  spec.sliding_window = 16;
-  spec.index_topk = 8;
+  const TinyModelSpec spec = SmallExl3Spec();
   const std::string src = TempDir("gpu_exl3_src");
   WriteTinyModel(src, 7, spec);
   dir = TempDir("gpu_exl3_pack");
@@ -384,7 +373,8 @@ TEST(GpuForward, SanitizerWorkload) {
   DSMESH_REQUIRE_GPU();
   // The last pass stores the state rows as fp8 (the encode kernel, the fp8 key reads).
   // DSMESH_SANITIZER_PASSES (a list of golden, exl3, golden-fp8; default all) picks passes: racecheck runs
-  // one pass within a device call's limit, not all three.
+  // one pass within a device call's limit, not all three. The backend's A/B variants come from the
+  // environment as for the CLI (DSMESH_CUDA_PDL=1 sanitizes the programmatic-dependent-launch path).
   const char* only = std::getenv("DSMESH_SANITIZER_PASSES");
   const std::tuple<std::string, std::string, KvCacheDtype> passes[] = {{"golden", GoldenDir(), KvCacheDtype::kF32},
                                                                        {"exl3", Exl3PackDir(), KvCacheDtype::kF32},
@@ -394,7 +384,7 @@ TEST(GpuForward, SanitizerWorkload) {
     if (only && ("," + std::string(only) + ",").find("," + name + ",") == std::string::npos) continue;
     ++ran;
     std::printf("sanitizer workload pass: %s\n", name.c_str());
-    auto model = LoadModel(dir, ShardSpec{}, MakeCudaBackend(0));
+    auto model = LoadModel(dir, ShardSpec{}, MakeCudaBackend(0, CudaBackendOptionsFromEnvironment()));
     StatePoolOptions po;
     po.kv_dtype = dtype;
     model->ConfigureStatePool(po);

@@ -34,6 +34,7 @@
 #include "kernels/cuda/dense_gemm.h"
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/op_profiler.h"
+#include "kernels/cuda/pdl_streams.h"
 #include "kernels/cuda/sampling_ops.h"
 #include "kernels/kv_rows.h"
 #include "kernels/op_bytes.h"
@@ -52,10 +53,28 @@ class CudaBackend final : public Backend {
     name_ = "cuda:" + std::to_string(device) + " (" + prop.name + ")";
     const std::string variants = CudaBackendVariants(options);
     if (!variants.empty()) std::fprintf(stderr, "[cuda] %s (options)\n", variants.c_str());
+    if (options.pdl) {
+      // griddepcontrol and the launch attribute exist from sm_90 on; the build targets sm_90 and sm_120.
+      if (prop.major >= 9) {
+        EnablePdlOnStream(ctx_->stream, &counters_.pdl_launches);
+        pdl_on_ = true;
+        std::fprintf(stderr,
+                     "[cuda] programmatic dependent launch on: the decode chain's kernels overlap their "
+                     "predecessor's tail (CudaBackendStats().pdl_launches counts them)\n");
+      } else {
+        std::fprintf(stderr, "[cuda] programmatic dependent launch asked for, but %s is sm_%d%d (needs sm_90+): off\n",
+                     prop.name, prop.major, prop.minor);
+      }
+    }
   }
 
   ~CudaBackend() override {
     Use();
+    if (pdl_on_) {
+      DisablePdlOnStream(ctx_->stream);  // the stream may outlive the backend (tensors' deleters)
+      std::fprintf(stderr, "[cuda] %lld kernel launches (eager or captured) used programmatic dependent launch\n",
+                   static_cast<long long>(counters_.pdl_launches.load()));
+    }
     cudaStreamSynchronize(ctx_->stream);
   }
 
@@ -911,6 +930,7 @@ class CudaBackend final : public Backend {
 
   std::shared_ptr<StreamContext> ctx_;
   CudaBackendOptions options_;
+  bool pdl_on_ = false;  // options_.pdl on a device that has it: the stream is registered (pdl_streams.h)
   CudaBackendCounters counters_;
   std::string name_;
   StepArena arena_;  // the step's scratch, metadata and launch parameters

@@ -56,12 +56,15 @@ struct CudaGemvBatchCounts {
 
 // What one CUDA backend did since it was made, for tests, the bench and the worker's log. Steps of several
 // sequences whose attention or indexer ran one sequence at a time (Backend::AttentionBatch /
-// IndexerTopKBatch past what one launch holds) are per_sequence_fallbacks.
+// IndexerTopKBatch past what one launch holds) are per_sequence_fallbacks. pdl_launches: kernel launches
+// made with the programmatic-dependent-launch attribute (CudaBackendOptions::pdl), eager or captured into
+// a graph (a graph's replays launch nothing through the host and add none).
 struct CudaBackendStatistics {
   CudaGraphCounts graphs;
   CudaMoePathCounts moe;
   CudaGemvBatchCounts gemv_batches;
   int64_t per_sequence_fallbacks = 0;
+  int64_t pdl_launches = 0;
 };
 // The statistics of `backend` when it is a CUDA backend, else all zero.
 CudaBackendStatistics CudaBackendStats(Backend& backend);

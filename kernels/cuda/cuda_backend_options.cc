@@ -47,6 +47,14 @@ CudaBackendOptions CudaBackendOptionsFromEnvironment(CudaBackendOptions options)
   } else if (!graphs.empty()) {
     UnknownValue("DSMESH_CUDA_STATEFUL_GRAPHS", graphs, "on or off");
   }
+  const std::string pdl = EnvValue("DSMESH_CUDA_PDL");
+  if (pdl == "1" || pdl == "on") {
+    options.pdl = true;
+  } else if (pdl == "0" || pdl == "off") {
+    options.pdl = false;
+  } else if (!pdl.empty()) {
+    UnknownValue("DSMESH_CUDA_PDL", pdl, "1 (on) or 0 (off)");
+  }
   const std::string moe = EnvValue("DSMESH_CUDA_PREFILL_MOE");
   if (moe == "per-expert") {
     options.prefill_moe = PrefillMoe::kPerExpert;
@@ -101,6 +109,7 @@ std::string CudaBackendVariants(const CudaBackendOptions& options) {
            : attention == PrefillAttention::kMmaFp16 ? " attention on tensor cores with fp16 operands"
                                                      : "");
   if (!options.stateful_graphs) out += std::string(out.empty() ? "" : "; ") + "stateful segments run eagerly";
+  if (options.pdl) out += std::string(out.empty() ? "" : "; ") + "programmatic dependent launch";
   return out;
 }
 

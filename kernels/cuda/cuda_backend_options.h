@@ -30,6 +30,11 @@ struct CudaBackendOptions {
   // The stateful part of decode steps (compressors, indexer, attention: Backend::StatefulSegment) replays
   // CUDA graphs too; false keeps it eager between the graph segments (DSMESH_CUDA_STATEFUL_GRAPHS=off).
   bool stateful_graphs = true;
+  // The decode chain's kernels (model_ops_*.cu, kv_rows.cu, sampling_ops.cu, the EXL3 GEMV and MoE kernels)
+  // launch with programmatic dependent launch on the backend's stream (pdl_launch.cuh): each may start
+  // while the kernel before it drains, its prologue overlapping that tail; captured graphs hold
+  // programmatic edges. sm_90 and later (DSMESH_CUDA_PDL=1). Off by default: not yet measured.
+  bool pdl = false;
   // Routed experts of prefill chunks (more rows than a decode bucket): (row, slot) pairs sorted by expert
   // in one launch, or the older paths: per expert with the routing on the host, or the single-launch kernel
   // on slices of rows (DSMESH_CUDA_PREFILL_MOE=per-expert|row-slices).
@@ -47,7 +52,8 @@ struct CudaBackendOptions {
 };
 
 // `options` with the A/B variants and tunings the environment names (DSMESH_CUDA_STATEFUL_GRAPHS,
-// DSMESH_CUDA_PREFILL_MOE, DSMESH_CUDA_PREFILL_ATTENTION, DSMESH_EXL3_GEMV_CTAS_PER_SM, DSMESH_EXL3_MOE_*):
+// DSMESH_CUDA_PREFILL_MOE, DSMESH_CUDA_PREFILL_ATTENTION, DSMESH_CUDA_PDL, DSMESH_EXL3_GEMV_CTAS_PER_SM,
+// DSMESH_EXL3_MOE_*):
 // how the CLI and the worker set them. Throws naming the variable on a value it does not know.
 CudaBackendOptions CudaBackendOptionsFromEnvironment(CudaBackendOptions options = {});
 // The A/B variants `options` takes in words ("" for the defaults); the backend logs it when made.

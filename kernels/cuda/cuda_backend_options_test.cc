@@ -16,9 +16,10 @@ namespace dsmesh {
 namespace {
 
 constexpr const char* kVariables[] = {"DSMESH_CUDA_STATEFUL_GRAPHS",  "DSMESH_CUDA_PREFILL_MOE",
-                                      "DSMESH_CUDA_PREFILL_ATTENTION", "DSMESH_EXL3_GEMV_CTAS_PER_SM",
-                                      "DSMESH_EXL3_MOE_ITEMS_PER_SM",  "DSMESH_EXL3_MOE_DOWN_WIDE",
-                                      "DSMESH_EXL3_MOE_FUSED_FINISH",  "DSMESH_EXL3_MOE_SPLITS"};
+                                      "DSMESH_CUDA_PREFILL_ATTENTION", "DSMESH_CUDA_PDL",
+                                      "DSMESH_EXL3_GEMV_CTAS_PER_SM",  "DSMESH_EXL3_MOE_ITEMS_PER_SM",
+                                      "DSMESH_EXL3_MOE_DOWN_WIDE",     "DSMESH_EXL3_MOE_FUSED_FINISH",
+                                      "DSMESH_EXL3_MOE_SPLITS"};
 
 class CudaOptionsEnvironmentTest : public ::testing::Test {
  protected:
@@ -36,12 +37,15 @@ TEST_F(CudaOptionsEnvironmentTest, UnsetKeepsTheGivenOptions) {
   given.stateful_graphs = false;
   given.prefill_moe = CudaBackendOptions::PrefillMoe::kRowSlices;
   given.prefill_attention = CudaBackendOptions::PrefillAttention::kSplit;
+  given.pdl = true;
   const CudaBackendOptions o = CudaBackendOptionsFromEnvironment(given);
+  EXPECT_TRUE(o.pdl);
   EXPECT_FALSE(o.cuda_graphs);
   EXPECT_FALSE(o.stateful_graphs);
   EXPECT_EQ(o.prefill_moe, CudaBackendOptions::PrefillMoe::kRowSlices);
   EXPECT_EQ(o.prefill_attention, CudaBackendOptions::PrefillAttention::kSplit);
   const CudaBackendOptions d = CudaBackendOptionsFromEnvironment();
+  EXPECT_FALSE(d.pdl);  // off unless asked for
   EXPECT_TRUE(d.stateful_graphs);
   EXPECT_EQ(d.prefill_moe, CudaBackendOptions::PrefillMoe::kSortedPairs);
   EXPECT_EQ(d.prefill_attention, CudaBackendOptions::PrefillAttention::kMma);
@@ -52,6 +56,16 @@ TEST_F(CudaOptionsEnvironmentTest, EveryValueTheDocsName) {
   EXPECT_FALSE(CudaBackendOptionsFromEnvironment().stateful_graphs);
   setenv("DSMESH_CUDA_STATEFUL_GRAPHS", "on", 1);
   EXPECT_TRUE(CudaBackendOptionsFromEnvironment().stateful_graphs);
+  CudaBackendOptions pdl_on;
+  pdl_on.pdl = true;
+  for (const char* value : {"1", "on"}) {
+    setenv("DSMESH_CUDA_PDL", value, 1);
+    EXPECT_TRUE(CudaBackendOptionsFromEnvironment().pdl) << value;
+  }
+  for (const char* value : {"0", "off"}) {
+    setenv("DSMESH_CUDA_PDL", value, 1);
+    EXPECT_FALSE(CudaBackendOptionsFromEnvironment(pdl_on).pdl) << value;
+  }
   const std::pair<const char*, CudaBackendOptions::PrefillMoe> moe[] = {
       {"per-expert", CudaBackendOptions::PrefillMoe::kPerExpert},
       {"row-slices", CudaBackendOptions::PrefillMoe::kRowSlices},
@@ -119,7 +133,8 @@ TEST(Exl3TuningTest, WorkspacesRefuseTuningsOutOfRange) {
 
 // A misspelt variant is an error naming the variable, not a silent run of the default path.
 TEST_F(CudaOptionsEnvironmentTest, UnknownValueNamesTheVariable) {
-  for (const char* v : {"DSMESH_CUDA_STATEFUL_GRAPHS", "DSMESH_CUDA_PREFILL_MOE", "DSMESH_CUDA_PREFILL_ATTENTION"}) {
+  for (const char* v :
+       {"DSMESH_CUDA_STATEFUL_GRAPHS", "DSMESH_CUDA_PREFILL_MOE", "DSMESH_CUDA_PREFILL_ATTENTION", "DSMESH_CUDA_PDL"}) {
     setenv(v, "per_expert", 1);
     try {
       CudaBackendOptionsFromEnvironment();
@@ -140,6 +155,9 @@ TEST(CudaBackendVariantsTest, NamesWhatDiffersFromTheDefaults) {
   EXPECT_EQ(CudaBackendVariants(o),
             "prefill chunks: routed experts per expert attention on tensor cores with fp16 operands; stateful "
             "segments run eagerly");
+  CudaBackendOptions pdl;
+  pdl.pdl = true;
+  EXPECT_EQ(CudaBackendVariants(pdl), "programmatic dependent launch");
 }
 
 TEST(CudaBackendStatsTest, ZeroForABackendThatIsNotCuda) {
@@ -150,6 +168,7 @@ TEST(CudaBackendStatsTest, ZeroForABackendThatIsNotCuda) {
   EXPECT_EQ(s.moe.fused_launches, 0);
   EXPECT_EQ(s.gemv_batches.launches, 0);
   EXPECT_EQ(s.per_sequence_fallbacks, 0);
+  EXPECT_EQ(s.pdl_launches, 0);
   EXPECT_EQ(CudaBackendStream(*cpu).cuda_stream, nullptr);
 }
 

@@ -82,6 +82,7 @@ CudaBackendStatistics CudaBackendCounters::Snapshot() const {
   s.moe = {fused_moe.load(), per_expert_moe.load()};
   s.gemv_batches = {gemv_batches.load(), gemv_batched_linears.load()};
   s.per_sequence_fallbacks = per_sequence_fallbacks.load();
+  s.pdl_launches = pdl_launches.load();
   return s;
 }
 

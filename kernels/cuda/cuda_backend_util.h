@@ -61,6 +61,7 @@ struct CudaBackendCounters {
       scratch_overflows{0}, stateful_captures{0}, stateful_replays{0}, stateful_failures{0}, replayed_nodes{0};
   std::atomic<int64_t> fused_moe{0}, per_expert_moe{0}, per_sequence_fallbacks{0};
   std::atomic<int64_t> gemv_batches{0}, gemv_batched_linears{0};
+  std::atomic<int64_t> pdl_launches{0};  // pdl_streams.h adds to it on every launch with the attribute
   CudaBackendStatistics Snapshot() const;
 };
 

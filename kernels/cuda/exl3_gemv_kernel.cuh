@@ -10,10 +10,15 @@
 //      order (split order, or for few rows interleaved groups of splits added in group order), so the
 //      result does not depend on arrival order, applies the output Hadamard and
 //      resets the counter for the next launch. No float atomics: outputs are bitwise reproducible.
+// Launched with programmatic dependent launch (pdl_launch.cuh), step 1 and the svh load (weights only)
+// overlap the previous kernel's tail: PdlWait() sits between them and the first read of x; PdlTrigger()
+// after the main loop, so that the next kernel's CTAs start (and prefetch) while this one reduces and
+// stores, but do not take SM slots and bandwidth from the weight stream before.
 #pragma once
 
 #include "kernels/cuda/exl3_gemv_params.h"
 #include "kernels/cuda/exl3_tile_gemv.cuh"
+#include "kernels/cuda/pdl_launch.cuh"
 
 namespace dsmesh::exl3cuda {
 
@@ -61,6 +66,8 @@ __global__ void __launch_bounds__(kThreads, 3) Exl3GemvKernel(const __grid_const
   // an L2 round trip after the split-K sum. The last warp rarely has an input-transform task.
   __shared__ uint2 s_svh[32];
   if (warp == kThreads / 32 - 1) s_svh[lane] = *reinterpret_cast<const uint2*>(reinterpret_cast<const __half*>(p.svh) + strip * 128 + lane * 4);
+  // Above: weights only. Below: x (the previous kernel's output), then y, the partials and the counters.
+  PdlWait();
 
   // x' = Hk (x * suh) for this CTA's input range, one warp per (row, 128-block).
   const __half* x = reinterpret_cast<const __half*>(p.x);
@@ -87,6 +94,7 @@ __global__ void __launch_bounds__(kThreads, 3) Exl3GemvKernel(const __grid_const
   float acc[Core::kAccTiles][2][4];
   const __half* a[1] = {act};
   Core::template Loop<kFew>(src, KT, a, kGemvAStride, m, ring, acc, p.one, false);
+  PdlTrigger();
   float* out = reinterpret_cast<float*>(act);  // [m][128], the activations are no longer needed
   Core::ReduceOnePass(acc, m, reinterpret_cast<float*>(ring), out);
 
@@ -208,11 +216,11 @@ int LaunchGemvKernel(int K, const GemvBatch& b, int grid_x, int grid_y, void* st
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     if constexpr (HasFewRowsLoop(CB)) {
       if (UsesFewRowsLoop(CB, b.job[0].m)) {
-        Exl3GemvKernel<kK, CB, true><<<grid, kThreads, GemvSmemBytes(kK), s>>>(b);
+        PdlLaunch(Exl3GemvKernel<kK, CB, true>, grid, kThreads, GemvSmemBytes(kK), s, b);
         return static_cast<int>(cudaGetLastError());
       }
     }
-    Exl3GemvKernel<kK, CB, false><<<grid, kThreads, GemvSmemBytes(kK), s>>>(b);
+    PdlLaunch(Exl3GemvKernel<kK, CB, false>, grid, kThreads, GemvSmemBytes(kK), s, b);
     return static_cast<int>(cudaGetLastError());
   });
 }

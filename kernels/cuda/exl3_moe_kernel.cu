@@ -28,8 +28,15 @@
 //   * Every sum has a fixed order and there are no float atomics: results are bitwise reproducible.
 //   * The last CTA to leave resets the counters, so the scratch is ready for the next launch (and for
 //     CUDA-graph replay) without a memset.
+//   * Launched with programmatic dependent launch (pdl_launch.cuh), a CTA waits for the previous kernel
+//     (PdlWait) before anything: the plan reads the routing ids, and the first ticket reads the counters
+//     the previous launch's last CTA reset. Which weights an item streams depends on the plan, so there
+//     is no weight-only prologue to overlap. A CTA triggers the next kernel (PdlTrigger) once it has
+//     drawn a ticket past the last item: the next kernel's CTAs then fill the SMs this launch no longer
+//     needs while the last items finish.
 #include "kernels/cuda/exl3_moe_params.h"
 #include "kernels/cuda/exl3_tile_gemv.cuh"
+#include "kernels/cuda/pdl_launch.cuh"
 
 namespace dsmesh::exl3cuda {
 
@@ -473,6 +480,7 @@ __global__ void __launch_bounds__(kThreads, 2) Exl3MoeKernel(const MoeParams p) 
   __shared__ MoePlan plan;
   uint8_t* ring = smem;
   __half* act = reinterpret_cast<__half*>(smem + RingBytes(K));
+  PdlWait();
   const int U = BuildPlan(p, plan), NB = p.inter >> 7, NC = p.d >> 7;
   // Without any valid expert (U = 0) there are no down items to finish the columns: NC plain gather
   // items write the zero outputs instead.
@@ -492,6 +500,7 @@ __global__ void __launch_bounds__(kThreads, 2) Exl3MoeKernel(const MoeParams p) 
     }
     __syncthreads();
   }
+  PdlTrigger();
   // The last CTA out resets the counters for the next launch (all items are finished by then).
   if (ArriveAndCount(&p.control->exited, plan) != (int)gridDim.x - 1) return;
   for (int i = threadIdx.x; i < U * NB; i += kThreads) p.control->gu_done[i] = 0;
@@ -536,7 +545,7 @@ int LaunchMoeMcg(int K, const MoeParams& p, int grid, void* stream) {
   MoeParams copy = p;
   void* args[] = {&copy};
   return static_cast<int>(
-      cudaLaunchKernel(f, dim3(grid), dim3(kThreads), args, MoeSmemBytes(K), static_cast<cudaStream_t>(stream)));
+      PdlLaunchKernel(f, dim3(grid), dim3(kThreads), args, MoeSmemBytes(K), static_cast<cudaStream_t>(stream)));
 }
 
 int PrepareMoeMcg() {

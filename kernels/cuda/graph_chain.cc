@@ -47,8 +47,14 @@ GraphShape ShapeOfGraph(cudaGraph_t graph) {
   if (count > 0)
     CudaCheck(cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &count), "cudaGraphGetEdges");
   std::vector<std::pair<int64_t, int64_t>> edges;
-  for (size_t i = 0; i < count; ++i) edges.emplace_back(index.at(from[i]), index.at(to[i]));
-  return AnalyzeGraph(kinds, edges);
+  int64_t programmatic = 0;
+  for (size_t i = 0; i < count; ++i) {
+    edges.emplace_back(index.at(from[i]), index.at(to[i]));
+    if (data[i].type == cudaGraphDependencyTypeProgrammatic) ++programmatic;
+  }
+  GraphShape shape = AnalyzeGraph(kinds, edges);
+  shape.programmatic_edges = programmatic;
+  return shape;
 }
 
 cudaGraphExec_t InstantiateEmptied(cudaGraph_t graph, int64_t* kept) {

@@ -14,7 +14,7 @@
 
 namespace dsmesh {
 
-// The nodes of `graph` by kind and its longest chain of work nodes.
+// The nodes of `graph` by kind, its longest chain of work nodes and its programmatic edges.
 GraphShape ShapeOfGraph(cudaGraph_t graph);
 
 // `graph` with every kernel node running the empty kernel at its launch shape and every memcpy / memset

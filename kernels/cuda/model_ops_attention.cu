@@ -1,6 +1,9 @@
 // The stateful ops of the attention block (model_ops.h): compressor position bias and pooling, the
 // lightning indexer's scores and its top-k, attention with sinks over window + compressed entries, and
 // the window ring update. Each mirrors the CPU op of the same name in kernels/cpu/cpu_backend.cc.
+// Every kernel here is launched through PdlLaunch (pdl_launch.cuh) and starts with PdlWait() (it reads
+// the previous kernels' output from its first load on; its prologue is index math only) and then
+// PdlTrigger(), so that with programmatic dependent launch the next kernel's launch overlaps all of it.
 #include <cstdint>
 
 #include "kernels/cuda/attention_keys.cuh"
@@ -8,6 +11,7 @@
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/kv_rows_device.cuh"
 #include "kernels/cuda/model_ops_device.cuh"
+#include "kernels/cuda/pdl_launch.cuh"
 
 namespace dsmesh::cuda_ops {
 namespace {
@@ -20,6 +24,8 @@ constexpr int kAttnFixedSmemFloats = 512;            // q row (head_dim <= 512)
 
 __global__ void AddPositionBiasKernel(float* score, int64_t n, int64_t width, const float* ape,
                                       const int64_t* positions, int ratio) {
+  PdlWait();
+  PdlTrigger();
   const int64_t total = n * width;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
     const int64_t r = i / width, c = i % width;
@@ -32,6 +38,8 @@ __global__ void AddPositionBiasKernel(float* score, int64_t n, int64_t width, co
 __global__ void CompressorPoolKernel(const float* kv, const float* score, int64_t width, int64_t base_pos,
                                      int64_t first_window, int64_t num_windows, int ratio, bool overlap, int64_t d,
                                      float* out) {
+  PdlWait();
+  PdlTrigger();
   const int64_t total = num_windows * d;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
     const int64_t wi = i / d, ch = i % d, w = first_window + wi;
@@ -77,6 +85,8 @@ __global__ void __launch_bounds__(kIndexerThreads) IndexerScoresKernel(const flo
                                                                        int64_t heads, int64_t dim,
                                                                        const int64_t* positions, int ratio,
                                                                        int64_t ld_scores, float* scores) {
+  PdlWait();
+  PdlTrigger();
   extern __shared__ float smem[];
   float* qs = smem;                            // [heads][dim]
   float* ks = qs + heads * dim;                // [kIndexerKeys][dim + 1]
@@ -152,6 +162,8 @@ __device__ int BlockExclusiveScan(int flag, int* total) {
 // output path).
 __global__ void TopKKernel(const float* scores, int64_t ld_scores, const IndexerBatch* __restrict__ pbatch,
                            const int64_t* positions, int ratio, int top_k, int32_t* out) {
+  PdlWait();
+  PdlTrigger();
   __shared__ unsigned hist[256];
   __shared__ uint32_t sel_key[kMaxTopK];
   __shared__ int32_t sel_idx[kMaxTopK];
@@ -271,6 +283,8 @@ __global__ void TopKKernel(const float* scores, int64_t ld_scores, const Indexer
 // One block per (row, head): scores into shared memory, softmax with the sink, weighted sum of keys.
 __global__ void AttentionKernel(const float* q, int64_t heads, AttnKeys keys, const float* sinks,
                                 float softmax_scale, float* out) {
+  PdlWait();
+  PdlTrigger();
   extern __shared__ float smem[];
   float* qs = smem;                          // d
   float* s = smem + kAttnFixedSmemFloats;    // keys
@@ -363,6 +377,8 @@ struct AttnBatch {
 __global__ void __launch_bounds__(kSplitThreads) AttentionSplitKernel(const float* q, int64_t heads, int head_group,
                                                                       const AttnBatch* __restrict__ batch,
                                                                       float softmax_scale, float* partial) {
+  PdlWait();
+  PdlTrigger();
   extern __shared__ float smem[];
   __shared__ const void* kp[kSplitKeys];  // the pass's key rows (null: absent)
   __shared__ __align__(16) unsigned char keys_bytes[sizeof(AttnKeys)];  // (AttnKeys has initializers)
@@ -478,6 +494,8 @@ static_assert(kSplitMaxRanges <= kCombineMaxRanges, "the combine keeps every ran
 __global__ void __launch_bounds__(kCombineThreads) AttentionCombineKernel(const float* partial, int64_t heads,
                                                                           int64_t d, int64_t ranges,
                                                                           const float* sinks, float* out) {
+  PdlWait();
+  PdlTrigger();
   __shared__ float wgt[kCombineMaxRanges];  // e^(m_g - M), 0 for a range without keys
   __shared__ float denom_s;
   const int64_t r = blockIdx.x / heads, h = blockIdx.x % heads;
@@ -529,6 +547,8 @@ __global__ void __launch_bounds__(kCombineThreads) AttentionCombineKernel(const 
 }
 
 __global__ void UpdateRingKernel(const float* new_kv, int64_t n, int64_t d, int64_t start, int64_t slots, float* ring) {
+  PdlWait();
+  PdlTrigger();
   const int64_t first = n > slots ? n - slots : 0;
   const int64_t i = first + blockIdx.x;
   for (int64_t c = threadIdx.x; c < d; c += blockDim.x) ring[((start + i) % slots) * d + c] = new_kv[i * d + c];
@@ -543,14 +563,14 @@ inline unsigned GridFor(int64_t total, int threads = 256) {
 
 void AddPositionBias(float* score, int64_t n, int64_t width, const float* ape, const int64_t* positions, int ratio,
                      cudaStream_t s) {
-  if (n > 0) AddPositionBiasKernel<<<GridFor(n * width), 256, 0, s>>>(score, n, width, ape, positions, ratio);
+  if (n > 0) PdlLaunch(AddPositionBiasKernel, GridFor(n * width), 256, 0, s, score, n, width, ape, positions, ratio);
 }
 
 void CompressorPool(const float* kv, const float* score, int64_t width, int64_t base_pos, int64_t first_window,
                     int64_t num_windows, int ratio, bool overlap, int64_t d, float* out, cudaStream_t s) {
   if (num_windows > 0)
-    CompressorPoolKernel<<<GridFor(num_windows * d), 256, 0, s>>>(kv, score, width, base_pos, first_window,
-                                                                  num_windows, ratio, overlap, d, out);
+    PdlLaunch(CompressorPoolKernel, GridFor(num_windows * d), 256, 0, s, kv, score, width, base_pos, first_window,
+              num_windows, ratio, overlap, d, out);
 }
 
 int64_t IndexerScratchFloats(int64_t n, int64_t ld_keys) { return n * (ld_keys > 0 ? ld_keys : 1); }
@@ -580,8 +600,9 @@ void LaunchIndexer(const float* q, const float* weights, const IndexerBatch& bat
   const IndexerBatch* dev = stage.Stage(batch);
   if (!stage.Launching()) return;
   dim3 grid(static_cast<unsigned>((ld + kIndexerKeys - 1) / kIndexerKeys), static_cast<unsigned>(n));
-  IndexerScoresKernel<<<grid, kIndexerThreads, smem, s>>>(q, weights, dev, heads, dim, positions, ratio, ld, scratch);
-  TopKKernel<<<static_cast<unsigned>(n), kTopkThreads, 0, s>>>(scratch, ld, dev, positions, ratio, top_k, out);
+  PdlLaunch(IndexerScoresKernel, grid, kIndexerThreads, smem, s, q, weights, dev, heads, dim, positions, ratio, ld,
+            scratch);
+  PdlLaunch(TopKKernel, static_cast<unsigned>(n), kTopkThreads, 0, s, scratch, ld, dev, positions, ratio, top_k, out);
 }
 
 }  // namespace
@@ -665,8 +686,8 @@ void Attention(const float* q, int64_t n, int64_t heads, int64_t d, int64_t star
   }
   AttnKeys keys{ring, new_kv, entries, topk, topk_cols, start, num_entries, d, ring_slots, window, ratio};
   const size_t smem = static_cast<size_t>(kAttnFixedSmemFloats + max_keys) * sizeof(float);
-  AttentionKernel<<<static_cast<unsigned>(n * heads), kAttnThreads, smem, s>>>(q, heads, keys, sinks, softmax_scale,
-                                                                               out);
+  PdlLaunch(AttentionKernel, static_cast<unsigned>(n * heads), kAttnThreads, smem, s, q, heads, keys, sinks,
+            softmax_scale, out);
 }
 
 int AttentionBatchMaxRows() { return kSplitMaxRows; }
@@ -716,16 +737,17 @@ void AttentionBatch(const float* q, int64_t n, int64_t heads, int64_t d, const f
   const size_t split_smem = static_cast<size_t>(kSplitKeys * (d + 1) + hg * d + hg * (kSplitKeys + 1)) * sizeof(float);
   const AttnBatch* dev = stage.Stage(batch);
   if (!stage.Launching()) return;
-  AttentionSplitKernel<<<dim3(static_cast<unsigned>(n * (heads / hg)), static_cast<unsigned>(ranges)), kSplitThreads,
-                         split_smem, s>>>(q, heads, hg, dev, softmax_scale, split_scratch);
-  AttentionCombineKernel<<<static_cast<unsigned>(n * heads), kCombineThreads, 0, s>>>(split_scratch, heads, d, ranges,
-                                                                                      sinks, out);
+  PdlLaunch(AttentionSplitKernel, dim3(static_cast<unsigned>(n * (heads / hg)), static_cast<unsigned>(ranges)),
+            kSplitThreads, split_smem, s, q, heads, hg, dev, softmax_scale, split_scratch);
+  PdlLaunch(AttentionCombineKernel, static_cast<unsigned>(n * heads), kCombineThreads, 0, s, split_scratch, heads, d,
+            ranges, sinks, out);
 }
 
 void UpdateRing(const float* new_kv, int64_t n, int64_t d, int64_t start, int64_t ring_slots, float* ring,
                 cudaStream_t s) {
   const int64_t rows = n < ring_slots ? n : ring_slots;
-  if (rows > 0) UpdateRingKernel<<<static_cast<unsigned>(rows), 128, 0, s>>>(new_kv, n, d, start, ring_slots, ring);
+  if (rows > 0)
+    PdlLaunch(UpdateRingKernel, static_cast<unsigned>(rows), 128, 0, s, new_kv, n, d, start, ring_slots, ring);
 }
 
 }  // namespace dsmesh::cuda_ops

@@ -1,14 +1,18 @@
 // Elementwise, normalisation, rope, hyper-connection and row-movement kernels of the model forward
 // (model_ops.h). Each mirrors the CPU op of the same name in kernels/cpu/cpu_backend.cc.
+// Every kernel here but SpinKernel (the profiler's) is launched through PdlLaunch (pdl_launch.cuh) and
+// starts with PdlWait() (it reads the previous kernels' output from its first load on; its prologue is
+// index math only) and then PdlTrigger(), so that with programmatic dependent launch the next kernel's
+// launch overlaps all of it.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <stdexcept>
 #include <string>
 
-
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/model_ops_device.cuh"
+#include "kernels/cuda/pdl_launch.cuh"
 
 namespace dsmesh::cuda_ops {
 namespace {
@@ -28,12 +32,16 @@ __device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + expf(-
 
 template <class T>
 __global__ void EmbeddingKernel(const T* table, int64_t dim, const int32_t* tokens, float* out) {
+  PdlWait();
+  PdlTrigger();
   const int64_t r = blockIdx.x;
   const T* row = table + static_cast<int64_t>(tokens[r]) * dim;
   for (int64_t k = threadIdx.x; k < dim; k += blockDim.x) out[r * dim + k] = Load(row, k);
 }
 
 __global__ void RmsNormKernel(const float* x, int64_t dim, const float* w, float eps, float* out) {
+  PdlWait();
+  PdlTrigger();
   const float* xi = x + blockIdx.x * dim;
   float* o = out + blockIdx.x * dim;
   float ss = 0.0f;
@@ -48,6 +56,8 @@ __global__ void RmsNormKernel(const float* x, int64_t dim, const float* w, float
 constexpr int kRmsPer = 4;
 __global__ void RmsNormVec4Kernel(const float4* x, int64_t dim4, const float4* w, float eps, float inv_dim,
                                   float4* out) {
+  PdlWait();
+  PdlTrigger();
   const float4* xi = x + blockIdx.x * dim4;
   float4* o = out + blockIdx.x * dim4;
   float4 v[kRmsPer];
@@ -76,11 +86,15 @@ __global__ void RmsNormVec4Kernel(const float4* x, int64_t dim4, const float4* w
 }
 
 __global__ void AddKernel(const float* a, int64_t n, float* acc) {
+  PdlWait();
+  PdlTrigger();
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
     acc[i] += a[i];
 }
 
 __global__ void ScaleKernel(float* x, int64_t n, float v) {
+  PdlWait();
+  PdlTrigger();
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
     x[i] *= v;
 }
@@ -88,6 +102,8 @@ __global__ void ScaleKernel(float* x, int64_t n, float v) {
 // One block per row; pairs (head, i) spread over the threads.
 __global__ void RopeKernel(float* x, int64_t n, int64_t heads, int64_t head_dim, int64_t rope_dim,
                            const int64_t* positions, const float* inv_freq, bool inverse) {
+  PdlWait();
+  PdlTrigger();
   const int64_t half = rope_dim / 2;
   for (int64_t r = blockIdx.y; r < n; r += gridDim.y)
   for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < heads * half; t += (int64_t)gridDim.x * blockDim.x) {
@@ -104,6 +120,8 @@ __global__ void RopeKernel(float* x, int64_t n, int64_t heads, int64_t head_dim,
 
 __global__ void ToHalfPaddedKernel(const float* x, int64_t rows, int64_t cols, int64_t ld_in, uint16_t* out,
                                    int64_t ld_out, int64_t col0) {
+  PdlWait();
+  PdlTrigger();
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
   for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < ld_out; c += (int64_t)gridDim.x * blockDim.x) {
     const int64_t src = c - col0;
@@ -114,6 +132,8 @@ __global__ void ToHalfPaddedKernel(const float* x, int64_t rows, int64_t cols, i
 
 // xh[g][r][c] = fp16(x[r][g * in + c]): a grouped linear's input, each group's rows contiguous.
 __global__ void GroupMajorToHalfKernel(const float* x, int64_t m, int64_t groups, int64_t in, uint16_t* xh) {
+  PdlWait();
+  PdlTrigger();
   const int64_t total = m * groups * in;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
     const int64_t c = i % in, gr = i / in, r = gr % m, g = gr / m;
@@ -123,6 +143,8 @@ __global__ void GroupMajorToHalfKernel(const float* x, int64_t m, int64_t groups
 
 // out[r][g * cols + c] = yg[g][r][c]: the groups' outputs back into rows.
 __global__ void RowMajorFromGroupsKernel(const float* yg, int64_t m, int64_t groups, int64_t cols, float* out) {
+  PdlWait();
+  PdlTrigger();
   const int64_t total = m * groups * cols;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
     const int64_t c = i % cols, gr = i / cols, r = gr % m, g = gr / m;
@@ -132,6 +154,8 @@ __global__ void RowMajorFromGroupsKernel(const float* yg, int64_t m, int64_t gro
 
 __global__ void TakeColumnsKernel(const float* y, int64_t rows, int64_t ld_y, int64_t col0, int64_t cols,
                                   const float* bias, float* out, int64_t ld_out, bool accumulate) {
+  PdlWait();
+  PdlTrigger();
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
   for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < cols; c += (int64_t)gridDim.x * blockDim.x) {
     const float v = y[r * ld_y + col0 + c] + (bias ? bias[c] : 0.0f);
@@ -140,6 +164,8 @@ __global__ void TakeColumnsKernel(const float* y, int64_t rows, int64_t ld_y, in
 }
 
 __global__ void GatherRowsKernel(const float* src, const int32_t* rows, int64_t width, float* dst) {
+  PdlWait();
+  PdlTrigger();
   const int64_t i = blockIdx.x;
   const float* s = src + static_cast<int64_t>(rows[i]) * width;
   for (int64_t c = threadIdx.x; c < width; c += blockDim.x) dst[i * width + c] = s[c];
@@ -147,6 +173,8 @@ __global__ void GatherRowsKernel(const float* src, const int32_t* rows, int64_t 
 
 __global__ void ScatterAddRowsKernel(const float* src, const int32_t* rows, const float* w, int64_t width,
                                      float* dst) {
+  PdlWait();
+  PdlTrigger();
   const int64_t i = blockIdx.x;
   float* d = dst + static_cast<int64_t>(rows[i]) * width;
   const float wi = w ? w[i] : 1.0f;
@@ -154,6 +182,8 @@ __global__ void ScatterAddRowsKernel(const float* src, const int32_t* rows, cons
 }
 
 __global__ void SwiGluKernel(float* g, const float* u, int64_t n, float limit) {
+  PdlWait();
+  PdlTrigger();
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     float gv = g[i], uv = u[i];
     if (limit > 0) {
@@ -169,6 +199,8 @@ __global__ void SwiGluKernel(float* g, const float* u, int64_t n, float limit) {
 // The loop is unrolled so that several loads are in flight per thread; each thread still adds its
 // elements in index order (the sums the CPU twin is compared with do not move).
 __global__ void HcMixesKernel(const float* X, int64_t w, const float* fn, int K, float norm_eps, float* mixes) {
+  PdlWait();
+  PdlTrigger();
   const int64_t r = blockIdx.x;
   const int k = blockIdx.y;
   const float* x = X + r * w;
@@ -190,6 +222,8 @@ __global__ void HcMixesKernel(const float* X, int64_t w, const float* fn, int K,
 // of `parts` equal ranges of the row (hc D values) and stores (sum of x^2, fn[k] . x) over it, each thread
 // adding its elements in index order. The apply kernel adds the parts in part order.
 __global__ void HcMixPartsKernel(const float* X, int64_t w, const float* fn, int K, int parts, float2* out) {
+  PdlWait();
+  PdlTrigger();
   const int64_t r = blockIdx.x;
   const int k = blockIdx.y, part = blockIdx.z;
   const int64_t len = w / parts, begin = part * len, end = part + 1 == parts ? w : begin + len;
@@ -253,6 +287,8 @@ __device__ float SinkhornCells(float* c, float v, int hc, int iters, float eps, 
 __global__ void HcPreApplyKernel(const float* X, int64_t D, int hc, const float2* mix_parts, int parts,
                                  float inv_w, float norm_eps, const float* base, const float* scale, int iters,
                                  float eps, float* mixes_out, float* y, float* post, float* comb) {
+  PdlWait();
+  PdlTrigger();
   __shared__ float mixes[(2 + kMaxHc) * kMaxHc];
   __shared__ float pre[kMaxHc];
   __shared__ float c[kMaxHc * kMaxHc];
@@ -297,6 +333,8 @@ __global__ void HcPreApplyKernel(const float* X, int64_t D, int hc, const float2
 
 __global__ void HcHeadFinishKernel(const float* X, int64_t D, int hc, const float* mixes_all, const float* base,
                                    const float* scale, float eps, float* y) {
+  PdlWait();
+  PdlTrigger();
   __shared__ float pre[kMaxHc];
   const int64_t r = blockIdx.x;
   const float* x = X + r * hc * D;
@@ -310,6 +348,8 @@ __global__ void HcHeadFinishKernel(const float* X, int64_t D, int hc, const floa
 }
 
 __global__ void HcExpandKernel(const float* h, int64_t D, int hc, float* X) {
+  PdlWait();
+  PdlTrigger();
   const int64_t r = blockIdx.x;
   for (int64_t k = threadIdx.x; k < D; k += blockDim.x) {
     const float v = h[r * D + k];
@@ -320,6 +360,8 @@ __global__ void HcExpandKernel(const float* h, int64_t D, int hc, float* X) {
 // out[j] = post[j] * f + sum_i comb[i][j] * X[i], accumulated in the CPU op's order.
 __global__ void HcPostKernel(const float* X, const float* f, const float* post, const float* comb, int64_t n,
                              int64_t D, int hc, float* out) {
+  PdlWait();
+  PdlTrigger();
   for (int64_t r = blockIdx.y; r < n; r += gridDim.y)
   for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < D; k += (int64_t)gridDim.x * blockDim.x) {
     const float fr = f[r * D + k];
@@ -337,11 +379,16 @@ void Embedding(const void* table, WType type, int64_t dim, const int32_t* tokens
                cudaStream_t s) {
   if (n <= 0) return;
   switch (type) {
-    case WType::kF32: EmbeddingKernel<<<n, kThreads, 0, s>>>(static_cast<const float*>(table), dim, tokens, out); break;
-    case WType::kBF16:
-      EmbeddingKernel<<<n, kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(table), dim, tokens, out);
+    case WType::kF32:
+      PdlLaunch(EmbeddingKernel<float>, n, kThreads, 0, s, static_cast<const float*>(table), dim, tokens, out);
       break;
-    case WType::kF16: EmbeddingKernel<<<n, kThreads, 0, s>>>(static_cast<const __half*>(table), dim, tokens, out); break;
+    case WType::kBF16:
+      PdlLaunch(EmbeddingKernel<__nv_bfloat16>, n, kThreads, 0, s, static_cast<const __nv_bfloat16*>(table), dim,
+                tokens, out);
+      break;
+    case WType::kF16:
+      PdlLaunch(EmbeddingKernel<__half>, n, kThreads, 0, s, static_cast<const __half*>(table), dim, tokens, out);
+      break;
   }
 }
 
@@ -353,62 +400,62 @@ void RmsNorm(const float* x, int64_t groups, int64_t dim, const float* weight, f
   if (vec) {
     const int64_t per_thread = (dim4 + 1023) / 1024;  // 1..kRmsPer float4 per thread
     const int64_t threads = ((dim4 + per_thread - 1) / per_thread + 31) / 32 * 32;
-    RmsNormVec4Kernel<<<groups, static_cast<unsigned>(threads), 0, s>>>(
-        reinterpret_cast<const float4*>(x), dim4, reinterpret_cast<const float4*>(weight), eps,
-        1.0f / static_cast<float>(dim), reinterpret_cast<float4*>(out));
+    PdlLaunch(RmsNormVec4Kernel, groups, static_cast<unsigned>(threads), 0, s, reinterpret_cast<const float4*>(x), dim4,
+              reinterpret_cast<const float4*>(weight), eps, 1.0f / static_cast<float>(dim),
+              reinterpret_cast<float4*>(out));
     return;
   }
-  RmsNormKernel<<<groups, dim >= 1024 ? 512 : 128, 0, s>>>(x, dim, weight, eps, out);
+  PdlLaunch(RmsNormKernel, groups, dim >= 1024 ? 512 : 128, 0, s, x, dim, weight, eps, out);
 }
 
 void Add(const float* a, int64_t n, float* acc, cudaStream_t s) {
-  if (n > 0) AddKernel<<<Blocks(n), kThreads, 0, s>>>(a, n, acc);
+  if (n > 0) PdlLaunch(AddKernel, Blocks(n), kThreads, 0, s, a, n, acc);
 }
 
 void Scale(float* x, int64_t n, float v, cudaStream_t s) {
-  if (n > 0) ScaleKernel<<<Blocks(n), kThreads, 0, s>>>(x, n, v);
+  if (n > 0) PdlLaunch(ScaleKernel, Blocks(n), kThreads, 0, s, x, n, v);
 }
 
 void Rope(float* x, int64_t n, int64_t heads, int64_t head_dim, int64_t rope_dim, const int64_t* positions,
           const float* inv_freq, bool inverse, cudaStream_t s) {
   if (n > 0)
-    RopeKernel<<<dim3(Blocks(heads * (rope_dim / 2), 128), RowBlocks(n)), 128, 0, s>>>(x, n, heads, head_dim, rope_dim,
-                                                                                    positions, inv_freq, inverse);
+    PdlLaunch(RopeKernel, dim3(Blocks(heads * (rope_dim / 2), 128), RowBlocks(n)), 128, 0, s, x, n, heads, head_dim,
+              rope_dim, positions, inv_freq, inverse);
 }
 
 void ToHalfPadded(const float* x, int64_t rows, int64_t cols, int64_t ld_in, uint16_t* out, int64_t ld_out,
                   int64_t col0, cudaStream_t s) {
   if (rows > 0)
-    ToHalfPaddedKernel<<<dim3(Blocks(ld_out), RowBlocks(rows)), kThreads, 0, s>>>(x, rows, cols, ld_in, out, ld_out,
-                                                                                  col0);
+    PdlLaunch(ToHalfPaddedKernel, dim3(Blocks(ld_out), RowBlocks(rows)), kThreads, 0, s, x, rows, cols, ld_in, out,
+              ld_out, col0);
 }
 
 void GroupMajorToHalf(const float* x, int64_t m, int64_t groups, int64_t in, uint16_t* xh, cudaStream_t s) {
-  if (m > 0) GroupMajorToHalfKernel<<<Blocks(m * groups * in), kThreads, 0, s>>>(x, m, groups, in, xh);
+  if (m > 0) PdlLaunch(GroupMajorToHalfKernel, Blocks(m * groups * in), kThreads, 0, s, x, m, groups, in, xh);
 }
 
 void RowMajorFromGroups(const float* yg, int64_t m, int64_t groups, int64_t cols, float* out, cudaStream_t s) {
-  if (m > 0) RowMajorFromGroupsKernel<<<Blocks(m * groups * cols), kThreads, 0, s>>>(yg, m, groups, cols, out);
+  if (m > 0) PdlLaunch(RowMajorFromGroupsKernel, Blocks(m * groups * cols), kThreads, 0, s, yg, m, groups, cols, out);
 }
 
 void TakeColumns(const float* y, int64_t rows, int64_t ld_y, int64_t col0, int64_t cols, const float* bias,
                  float* out, int64_t ld_out, bool accumulate, cudaStream_t s) {
   if (rows > 0)
-    TakeColumnsKernel<<<dim3(Blocks(cols), RowBlocks(rows)), kThreads, 0, s>>>(y, rows, ld_y, col0, cols, bias, out,
-                                                                               ld_out, accumulate);
+    PdlLaunch(TakeColumnsKernel, dim3(Blocks(cols), RowBlocks(rows)), kThreads, 0, s, y, rows, ld_y, col0, cols, bias,
+              out, ld_out, accumulate);
 }
 
 void GatherRows(const float* src, const int32_t* rows, int64_t n, int64_t width, float* dst, cudaStream_t s) {
-  if (n > 0) GatherRowsKernel<<<n, kThreads, 0, s>>>(src, rows, width, dst);
+  if (n > 0) PdlLaunch(GatherRowsKernel, n, kThreads, 0, s, src, rows, width, dst);
 }
 
 void ScatterAddRows(const float* src, const int32_t* rows, const float* w, int64_t n, int64_t width, float* dst,
                     cudaStream_t s) {
-  if (n > 0) ScatterAddRowsKernel<<<n, kThreads, 0, s>>>(src, rows, w, width, dst);
+  if (n > 0) PdlLaunch(ScatterAddRowsKernel, n, kThreads, 0, s, src, rows, w, width, dst);
 }
 
 void SwiGlu(float* g, const float* u, int64_t n, float limit, cudaStream_t s) {
-  if (n > 0) SwiGluKernel<<<Blocks(n), kThreads, 0, s>>>(g, u, n, limit);
+  if (n > 0) PdlLaunch(SwiGluKernel, Blocks(n), kThreads, 0, s, g, u, n, limit);
 }
 
 namespace {
@@ -420,6 +467,8 @@ struct ByteCopies {
 
 // blockIdx.y = copy; 16-byte words when the copy allows them (the state rows always do), else bytes.
 __global__ void CopyBytesBatchKernel(const __grid_constant__ ByteCopies copies) {
+  PdlWait();
+  PdlTrigger();
   const ByteCopy& c = copies.c[blockIdx.y];
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -450,7 +499,7 @@ void CopyBytesBatch(const ByteCopy* copies, int n, cudaStream_t s) {
   }
   const int64_t words = (most + 15) / 16;
   const unsigned blocks = static_cast<unsigned>(words / 256 + 1 < 64 ? words / 256 + 1 : 64);
-  CopyBytesBatchKernel<<<dim3(blocks, static_cast<unsigned>(n)), 256, 0, s>>>(all);
+  PdlLaunch(CopyBytesBatchKernel, dim3(blocks, static_cast<unsigned>(n)), 256, 0, s, all);
 }
 
 void CopyRows(const void* src, int64_t src_row, void* dst, int64_t dst_row, int64_t rows, int64_t row_bytes,
@@ -473,26 +522,26 @@ void HcPre(const float* X, int64_t n, int64_t D, int hc, const float* fn, const 
   if (n > 65535) throw std::runtime_error("cuda HcPre: " + std::to_string(n) + " rows, at most 65535 per call");
   const int K = (2 + hc) * hc, parts = HcMixParts(hc * D);
   auto* mix_parts = reinterpret_cast<float2*>(mixes + (n * K + 1) / 2 * 2);
-  HcMixPartsKernel<<<dim3(static_cast<unsigned>(n), K, parts), kThreads, 0, s>>>(X, hc * D, fn, K, parts, mix_parts);
-  HcPreApplyKernel<<<dim3(Blocks(D), RowBlocks(n)), kThreads, 0, s>>>(X, D, hc, mix_parts, parts,
-                                                                       1.0f / static_cast<float>(hc * D), norm_eps,
-                                                                       base, scale, iters, eps, mixes, y, post, comb);
+  PdlLaunch(HcMixPartsKernel, dim3(static_cast<unsigned>(n), K, parts), kThreads, 0, s, X, hc * D, fn, K, parts,
+            mix_parts);
+  PdlLaunch(HcPreApplyKernel, dim3(Blocks(D), RowBlocks(n)), kThreads, 0, s, X, D, hc, mix_parts, parts,
+            1.0f / static_cast<float>(hc * D), norm_eps, base, scale, iters, eps, mixes, y, post, comb);
 }
 
 void HcExpand(const float* h, int64_t n, int64_t D, int hc, float* X, cudaStream_t s) {
-  if (n > 0) HcExpandKernel<<<n, kThreads, 0, s>>>(h, D, hc, X);
+  if (n > 0) PdlLaunch(HcExpandKernel, n, kThreads, 0, s, h, D, hc, X);
 }
 
 void HcPost(const float* X, const float* f, const float* post, const float* comb, int64_t n, int64_t D, int hc,
             float* out, cudaStream_t s) {
-  if (n > 0) HcPostKernel<<<dim3(Blocks(D), RowBlocks(n)), kThreads, 0, s>>>(X, f, post, comb, n, D, hc, out);
+  if (n > 0) PdlLaunch(HcPostKernel, dim3(Blocks(D), RowBlocks(n)), kThreads, 0, s, X, f, post, comb, n, D, hc, out);
 }
 
 void HcHead(const float* X, int64_t n, int64_t D, int hc, const float* fn, const float* base, const float* scale,
             float eps, float norm_eps, float* mixes, float* y, cudaStream_t s) {
   if (n <= 0) return;
-  HcMixesKernel<<<dim3(static_cast<unsigned>(n), hc), 512, 0, s>>>(X, hc * D, fn, hc, norm_eps, mixes);
-  HcHeadFinishKernel<<<n, kThreads, 0, s>>>(X, D, hc, mixes, base, scale, eps, y);
+  PdlLaunch(HcMixesKernel, dim3(static_cast<unsigned>(n), hc), 512, 0, s, X, hc * D, fn, hc, norm_eps, mixes);
+  PdlLaunch(HcHeadFinishKernel, n, kThreads, 0, s, X, D, hc, mixes, base, scale, eps, y);
 }
 
 __global__ void SpinKernel(int64_t ns) {

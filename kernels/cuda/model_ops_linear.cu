@@ -1,5 +1,9 @@
 // Dense linears (f32 activations against f32/bf16/fp16 weights, f32 accumulation) and the MoE router
 // (model_ops.h). CPU twins: cpu::DenseLinear (kernels/cpu/dense_linear.cc) and CpuBackend::MoeRoute.
+// Every kernel here but WidenKernel (the weight copy of the cuBLAS path) is launched through PdlLaunch
+// (pdl_launch.cuh) and starts with PdlWait() (it reads the previous kernels' output from its first load on;
+// its prologue is index math only) and then PdlTrigger(), so that with programmatic dependent launch the
+// next kernel's launch overlaps all of it.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -8,6 +12,7 @@
 
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/model_ops_device.cuh"
+#include "kernels/cuda/pdl_launch.cuh"
 
 namespace dsmesh::cuda_ops {
 namespace {
@@ -21,6 +26,8 @@ constexpr int kUnroll = 4;
 template <class T, bool kVec>
 __global__ void DenseGemvKernel(const float* x, int64_t ldx, int m, const T* w, int64_t ldw, int64_t n, int64_t k,
                                 const float* bias, float* out, int64_t ldo) {
+  PdlWait();
+  PdlTrigger();
   constexpr int kPer = kVec ? 16 / static_cast<int>(sizeof(T)) : 1;
   const int lane = threadIdx.x & 31;
   const int64_t col = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
@@ -77,6 +84,8 @@ constexpr int kTile = 64, kSlab = 16;
 template <class T>
 __global__ void DenseGemmKernel(const float* x, int64_t ldx, int64_t m, const T* w, int64_t ldw, int64_t n, int64_t k,
                                 const float* bias, float* out, int64_t ldo) {
+  PdlWait();
+  PdlTrigger();
   __shared__ float xs[kSlab][kTile + 1];
   __shared__ float ws[kSlab][kTile + 1];
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
@@ -127,17 +136,17 @@ void LaunchDense(const float* x, int64_t ldx, int64_t m, const T* w, int64_t ldw
       const bool vec = k % per == 0 && ldw % per == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0 && ldx % 4 == 0 &&
                        reinterpret_cast<uintptr_t>(x + r0 * ldx) % 16 == 0;
       if (vec) {
-        DenseGemvKernel<T, true><<<grid, warps * 32, 0, s>>>(x + r0 * ldx, ldx, static_cast<int>(m - r0), w, ldw, n, k,
-                                                             bias, out + r0 * ldo, ldo);
+        PdlLaunch(DenseGemvKernel<T, true>, grid, warps * 32, 0, s, x + r0 * ldx, ldx, static_cast<int>(m - r0), w, ldw,
+                  n, k, bias, out + r0 * ldo, ldo);
       } else {
-        DenseGemvKernel<T, false><<<grid, warps * 32, 0, s>>>(x + r0 * ldx, ldx, static_cast<int>(m - r0), w, ldw, n, k,
-                                                              bias, out + r0 * ldo, ldo);
+        PdlLaunch(DenseGemvKernel<T, false>, grid, warps * 32, 0, s, x + r0 * ldx, ldx, static_cast<int>(m - r0), w,
+                  ldw, n, k, bias, out + r0 * ldo, ldo);
       }
       return;
     }
     const int64_t rows = std::min<int64_t>(m - r0, 65535LL * kTile);
     dim3 grid(static_cast<unsigned>((n + kTile - 1) / kTile), static_cast<unsigned>((rows + kTile - 1) / kTile));
-    DenseGemmKernel<T><<<grid, 256, 0, s>>>(x + r0 * ldx, ldx, rows, w, ldw, n, k, bias, out + r0 * ldo, ldo);
+    PdlLaunch(DenseGemmKernel<T>, grid, 256, 0, s, x + r0 * ldx, ldx, rows, w, ldw, n, k, bias, out + r0 * ldo, ldo);
     r0 += rows;
   }
 }
@@ -156,6 +165,8 @@ constexpr int kMaxTopK = 16;
 __global__ void MoeRouteKernel(const float* logits, int64_t E, const int32_t* tokens, const int32_t* tid2eid,
                                const float* bias, int k, bool normalize, float routed_scale, int32_t* idx,
                                float* weight) {
+  PdlWait();
+  PdlTrigger();
   __shared__ float score[kMaxExperts];
   __shared__ float biased[kMaxExperts];
   __shared__ float best_v[kRouteThreads / 32];
@@ -257,8 +268,8 @@ void MoeRoute(const float* logits, int64_t n, int64_t E, const int32_t* tokens, 
   if (E > kMaxExperts || k > kMaxTopK)
     throw std::runtime_error("cuda MoeRoute: " + std::to_string(E) + " experts / top-" + std::to_string(k) +
                              " above the kernel's " + std::to_string(kMaxExperts) + " / " + std::to_string(kMaxTopK));
-  MoeRouteKernel<<<static_cast<unsigned>(n), kRouteThreads, 0, s>>>(logits, E, tokens, tid2eid, bias, k, normalize,
-                                                                    routed_scale, idx, weight);
+  PdlLaunch(MoeRouteKernel, static_cast<unsigned>(n), kRouteThreads, 0, s, logits, E, tokens, tid2eid, bias, k,
+            normalize, routed_scale, idx, weight);
 }
 
 }  // namespace dsmesh::cuda_ops

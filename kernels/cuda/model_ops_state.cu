@@ -3,6 +3,9 @@
 // (ParamStager), so that a recorded graph replays them. CPU twins: Backend::CompressorStep and
 // Backend::RingWriteBatch (kernels/backend.cc), which CompressorPool, RmsNorm, Rope, StoreKvRows and
 // CopyRowsBatch make up there; tested against them in cuda_backend_test.cc.
+// Every kernel here is launched through PdlLaunch (pdl_launch.cuh) and starts with PdlWait() (it reads
+// the previous kernels' output from its first load on; its prologue is index math only) and then
+// PdlTrigger(), so that with programmatic dependent launch the next kernel's launch overlaps all of it.
 #include <algorithm>
 #include <cstdint>
 #include <stdexcept>
@@ -11,6 +14,7 @@
 #include "kernels/cuda/kv_rows_device.cuh"
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/model_ops_device.cuh"
+#include "kernels/cuda/pdl_launch.cuh"
 
 namespace dsmesh::cuda_ops {
 namespace {
@@ -31,6 +35,8 @@ struct CompressorBatch {
 // then the row in the pool's storage (EncodeKvRowsKernel's). Rows before the sequence's start come from
 // its ring (slot = position % slots), the others from this step's kv/score rows.
 __global__ void __launch_bounds__(kCompressorThreads) CompressorStepKernel(const CompressorBatch* __restrict__ batch) {
+  PdlWait();
+  PdlTrigger();
   __shared__ float row[kCompressorMaxDim];
   const CompressorStepArgs& a = batch->args;
   const int windows = batch->windows;
@@ -94,6 +100,8 @@ struct RingWrites {
 
 // blockIdx.x = write, blockIdx.y = its row (rows past the write's n return).
 __global__ void RingWriteKernel(const RingWrites* __restrict__ writes) {
+  PdlWait();
+  PdlTrigger();
   const RingWriteDev& wr = writes->w[blockIdx.x];
   const int64_t i = blockIdx.y;
   if (i >= wr.n) return;
@@ -132,7 +140,8 @@ void CompressorStep(const CompressorStepArgs& args, const CompressorSeqDev* seqs
   }
   batch.windows = static_cast<int>(windows);
   const CompressorBatch* dev = stage.Stage(batch);
-  if (stage.Launching()) CompressorStepKernel<<<static_cast<unsigned>(num_seqs * windows), kCompressorThreads, 0, s>>>(dev);
+  if (stage.Launching())
+    PdlLaunch(CompressorStepKernel, static_cast<unsigned>(num_seqs * windows), kCompressorThreads, 0, s, dev);
   // Then the rings (after the pooling read them): the last min(count, slots) rows of each sequence.
   RingWriteDev writes[2 * kCompressorMaxSeqs];
   for (int i = 0; i < num_seqs; ++i) {
@@ -156,7 +165,8 @@ void RingWriteBatch(const RingWriteDev* writes, int num_writes, ParamStager& sta
       most = w.n > most ? w.n : most;
     }
     const RingWrites* dev = stage.Stage(all);
-    if (stage.Launching()) RingWriteKernel<<<dim3(static_cast<unsigned>(here), static_cast<unsigned>(most)), 128, 0, s>>>(dev);
+    if (stage.Launching())
+      PdlLaunch(RingWriteKernel, dim3(static_cast<unsigned>(here), static_cast<unsigned>(most)), 128, 0, s, dev);
   }
 }
 

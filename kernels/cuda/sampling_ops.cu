@@ -1,12 +1,16 @@
 // The device row sampler (sampling_ops.h): one block of kThreads per row. The arithmetic of a draw is
 // sampling_math.h, shared with the host reference (kernels/sampling/row_sampler.cc); this file only
 // decides in which order to visit the logits.
+// Every kernel here is launched through PdlLaunch (pdl_launch.cuh) and starts with PdlWait() (it reads
+// the previous kernels' output from its first load on; its prologue is index math only) and then
+// PdlTrigger(), so that with programmatic dependent launch the next kernel's launch overlaps all of it.
 #include "kernels/cuda/sampling_ops.h"
 
 #include <cstdint>
 
 #include "kernels/sampling/random_stream.h"
 #include "kernels/sampling/sampling_math.h"
+#include "kernels/cuda/pdl_launch.cuh"
 
 namespace dsmesh::cuda_ops {
 namespace {
@@ -318,6 +322,8 @@ __device__ void RowLogprobs(const float* raw, int64_t vocab, int32_t token, int 
 __global__ void __launch_bounds__(kThreads) SampleRowsKernel(const float* logits, int64_t vocab,
                                                              const SampleRowParams* params, void* scratch,
                                                              SampleRowOut* outs) {
+  PdlWait();
+  PdlTrigger();
   __shared__ SharedState sh;
   const int64_t row = blockIdx.x;
   const float* raw = logits + row * vocab;
@@ -337,7 +343,8 @@ int64_t SampleRowsScratchBytes(int64_t rows, int64_t vocab) { return rows * voca
 
 void SampleRows(const float* logits, int64_t rows, int64_t vocab, const SampleRowParams* params, void* scratch,
                 SampleRowOut* out, cudaStream_t s) {
-  if (rows > 0) SampleRowsKernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(logits, vocab, params, scratch, out);
+  if (rows > 0)
+    PdlLaunch(SampleRowsKernel, static_cast<unsigned>(rows), kThreads, 0, s, logits, vocab, params, scratch, out);
 }
 
 }  // namespace dsmesh::cuda_ops

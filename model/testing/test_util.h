@@ -43,6 +43,24 @@ inline TinyModelSpec SmallSpec() {
   return s;
 }
 
+// SmallSpec at sizes where the CUDA backend takes its EXL3 decode kernels: the routed experts the
+// single-launch MoE kernel, the linears the GEMV (hidden and intermediate multiples of 128).
+inline TinyModelSpec SmallExl3Spec() {
+  TinyModelSpec s = SmallSpec();
+  s.vocab_size = 1024;
+  s.hidden_size = 256;
+  s.moe_intermediate_size = 256;
+  s.num_heads = 4;
+  s.head_dim = 64;
+  s.rope_dim = 16;
+  s.q_lora_rank = 128;
+  s.o_groups = 2;
+  s.o_lora_rank = 128;
+  s.sliding_window = 16;
+  s.index_topk = 8;
+  return s;
+}
+
 inline std::string TempDir(const std::string& name) {
   const char* base = std::getenv("TEST_TMPDIR");
   std::string dir = std::string(base ? base : "/tmp") + "/" + name;

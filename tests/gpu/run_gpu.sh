@@ -32,7 +32,7 @@ GOLDEN=tests/golden/tiny_v4
 
 if [[ $PARTS == *tests* ]]; then
   step "GPU tests (DSMESH_REQUIRE_GPU_TESTS=1: a missing GPU fails)"
-  for t in ${GPU_TESTS:-exl3_gemv_test cuda_backend_test graph_chain_test gpu_forward_test gpu_profile_test gpu_vision_test cuda_ipc_communicator_test}; do
+  for t in ${GPU_TESTS:-exl3_gemv_test cuda_backend_test graph_chain_test gpu_forward_test gpu_pdl_test gpu_profile_test gpu_vision_test cuda_ipc_communicator_test}; do
     timeout 400 "$B/bin/$t" 2>&1 | tee "$OUT/$t.log" | grep -E "^\[  |FAIL|Failure|rel L2|ms/step|Expected|which is|SKIPPED" | head -80
     check grep -q "^\[  PASSED  \]" "$OUT/$t.log"
     check test "$(grep -c '^\[  FAILED  \]' "$OUT/$t.log")" = 0
@@ -102,11 +102,13 @@ fi
 if [[ $PARTS == *flashbench* ]]; then
   step "dsmesh bench on the full-size synthetic V4-Flash: decode at 1 and 4 streams, 4K context, beside the floor"
   # modes: graphs (everything recorded), stateful-eager (the stateful part eager between the graph segments,
-  # DSMESH_CUDA_STATEFUL_GRAPHS=off), eager (--enforce-eager)
+  # DSMESH_CUDA_STATEFUL_GRAPHS=off), eager (--enforce-eager), pdl (graphs with programmatic dependent
+  # launch, DSMESH_CUDA_PDL=1)
   for mode in ${FLASH_MODES:-graphs eager}; do
     flag=; [[ $mode == eager ]] && flag=--enforce-eager
     sg=on; [[ $mode == stateful-eager ]] && sg=off
-    DSMESH_CUDA_STATEFUL_GRAPHS=$sg timeout 500 $DS bench --device cuda --model synthetic:v4-flash:seed=1 --contexts ${FLASH_CONTEXTS:-4096} \
+    pdl=0; [[ $mode == pdl ]] && pdl=1
+    DSMESH_CUDA_PDL=$pdl DSMESH_CUDA_STATEFUL_GRAPHS=$sg timeout 500 $DS bench --device cuda --model synthetic:v4-flash:seed=1 --contexts ${FLASH_CONTEXTS:-4096} \
       --streams ${FLASH_STREAMS:-1,4} --steps ${FLASH_STEPS:-10} $flag \
       --json "$OUT/flash_bench_$mode.json" 2> "$OUT/flash_bench_$mode.log" | tee "$OUT/flash_bench_$mode.txt"
     check test -s "$OUT/flash_bench_$mode.json"
