@@ -25,7 +25,7 @@ class AttentionPaths {
 
   // Backend::Attention's launches on `stream` (shapes checked by the caller, the backend's device current):
   // the entries' block table staged, the kernel chosen, the launch checked. A prefill chunk on tensor cores
-  // makes a stateful segment that records it Unrecordable.
+  // is StepArena::Unrecordable (its launch takes its parameters by value).
   void Run(const Tensor& q, int64_t heads, int64_t d, int64_t start, const Tensor& ring, const Tensor& new_kv,
            int window, const PagedRows* entries, int64_t num_entries, int ratio, const Tensor* topk,
            const Tensor& sinks, float softmax_scale, Tensor* out, cudaStream_t stream);
