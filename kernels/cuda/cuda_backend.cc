@@ -1,12 +1,15 @@
 // The CUDA backend (cuda_backend.h): the Backend seam on one device, as op dispatch: each op checks its
-// shapes and launches its kernels (model_ops.h, sampling_ops.h, dense_gemm.h) on the backend's stream.
+// shapes and launches its kernels (model_ops.h, dense_gemm.h) on the backend's stream.
 // The rest is delegated to one part per job:
-//   cuda_step_arena.h     the step's scratch arena, staged metadata and launch parameters (ParamStager)
-//   cuda_graph_recorder.h the CUDA graphs of both segment kinds (capture, replay, key checks)
-//   cuda_exl3_weights.h   EXL3 slices and parts, GEMV / GEMM, batched GEMVs
-//   cuda_moe_dispatch.h   the routed experts' paths (single-launch kernel, sorted pairs, per expert)
-//   cuda_side_streams.h   concurrent linears; cuda_table_cache.h rope and routing tables uploaded once
-//   cuda_backend_util.h   the stream, device allocations and the counters behind CudaBackendStats()
+//   cuda_step_arena.h      the step's scratch arena, staged metadata and launch parameters (ParamStager)
+//   cuda_graph_recorder.h  the CUDA graphs of both segment kinds (capture, replay, key checks)
+//   cuda_exl3_weights.h    EXL3 slices and parts, GEMV / GEMM, batched GEMVs
+//   cuda_moe_dispatch.h    the routed experts' paths (single-launch kernel, sorted pairs, per expert)
+//   cuda_attention_paths.h which kernel one sequence's attention takes (decode split, prefill tensor cores)
+//   cuda_sample_rows.h     the device row sampler's parameters and launch, and its rows back as SampledRows
+//   cuda_side_streams.h    concurrent linears; cuda_table_cache.h rope and routing tables uploaded once
+//   cuda_backend_device.h  the device's name and memory line, programmatic dependent launch on the stream
+//   cuda_backend_util.h    the stream, device allocations and the counters behind CudaBackendStats()
 // State and weights come from Alloc (stream-ordered pool) and Upload (cudaMalloc); only ToHost waits.
 #include "kernels/cuda/cuda_backend.h"
 
@@ -22,63 +25,44 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/cuda_attention_paths.h"
+#include "kernels/cuda/cuda_backend_device.h"
 #include "kernels/cuda/cuda_backend_util.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_exl3_weights.h"
 #include "kernels/cuda/cuda_graph_recorder.h"
 #include "kernels/cuda/cuda_moe_dispatch.h"
 #include "kernels/cuda/cuda_op_bytes.h"
+#include "kernels/cuda/cuda_sample_rows.h"
 #include "kernels/cuda/cuda_side_streams.h"
 #include "kernels/cuda/cuda_step_arena.h"
 #include "kernels/cuda/cuda_table_cache.h"
 #include "kernels/cuda/dense_gemm.h"
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/op_profiler.h"
-#include "kernels/cuda/pdl_streams.h"
-#include "kernels/cuda/sampling_ops.h"
 #include "kernels/kv_rows.h"
 #include "kernels/op_bytes.h"
 
 namespace dsmesh {
 namespace {
 
-using PrefillAttention = CudaBackendOptions::PrefillAttention;
-
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, const CudaBackendOptions& options)
-      : ctx_(std::make_shared<StreamContext>(device)), options_(options), arena_(ctx_, options.scratch_bytes, counters_) {
-    cudaDeviceProp prop{};
-    CudaCheck(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
-    name_ = "cuda:" + std::to_string(device) + " (" + prop.name + ")";
+      : ctx_(std::make_shared<StreamContext>(device)), options_(options), device_(device),
+        arena_(ctx_, options.scratch_bytes, counters_) {
     const std::string variants = CudaBackendVariants(options);
     if (!variants.empty()) std::fprintf(stderr, "[cuda] %s (options)\n", variants.c_str());
-    if (options.pdl) {
-      // griddepcontrol and the launch attribute exist from sm_90 on; the build targets sm_90 and sm_120.
-      if (prop.major >= 9) {
-        EnablePdlOnStream(ctx_->stream, &counters_.pdl_launches);
-        pdl_on_ = true;
-        std::fprintf(stderr,
-                     "[cuda] programmatic dependent launch on: the decode chain's kernels overlap their "
-                     "predecessor's tail (CudaBackendStats().pdl_launches counts them)\n");
-      } else {
-        std::fprintf(stderr, "[cuda] programmatic dependent launch asked for, but %s is sm_%d%d (needs sm_90+): off\n",
-                     prop.name, prop.major, prop.minor);
-      }
-    }
+    if (options.pdl) device_.EnablePdl(ctx_->stream, &counters_.pdl_launches);
   }
 
   ~CudaBackend() override {
     Use();
-    if (pdl_on_) {
-      DisablePdlOnStream(ctx_->stream);  // the stream may outlive the backend (tensors' deleters)
-      std::fprintf(stderr, "[cuda] %lld kernel launches (eager or captured) used programmatic dependent launch\n",
-                   static_cast<long long>(counters_.pdl_launches.load()));
-    }
+    device_.ReleasePdl(ctx_->stream, counters_.pdl_launches);
     cudaStreamSynchronize(ctx_->stream);
   }
 
-  std::string name() const override { return name_; }
+  std::string name() const override { return device_.name(); }
   bool host_memory() const override { return false; }
 
   // ---- memory ----
@@ -131,15 +115,7 @@ class CudaBackend final : public Backend {
   }
   std::string MemoryDescription() const override {
     Use();
-    size_t free = 0, total = 0;
-    if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
-      cudaGetLastError();
-      return "device memory: unknown (cudaMemGetInfo failed)";
-    }
-    char line[160];
-    std::snprintf(line, sizeof(line), "device memory: %.2f GiB used of %.2f GiB (%s)", (total - free) / 1073741824.0,
-                  total / 1073741824.0, name_.c_str());
-    return line;
+    return device_.MemoryDescription();
   }
 
   OpProfile TakeOpProfile() override { return profiler_ ? profiler_->Take() : OpProfile{}; }
@@ -558,44 +534,8 @@ class CudaBackend final : public Backend {
       ps.Bytes(op_bytes::Attention(q.shape[0], heads, d, 0, 0) +
                AttentionKvBytes(q.shape[0], window, ring, entries, num_entries, topk));
     Use();
-    Tensor table;
-    const cuda_ops::PagedRowsDev paged = entries ? arena_.Paged(*entries, num_entries, d, &table) : cuda_ops::PagedRowsDev{};
-    // Prefill chunks (more rows than a decode bucket) take the tensor-core kernel unless the knob or the
-    // head_dim / device says otherwise; decode steps the split kernel.
-    const bool prefill = q.shape[0] > kGraphMaxRows;
-    const PrefillAttention attention = options_.prefill_attention;
-    const bool fp16 = attention == PrefillAttention::kMmaFp16;
-    const bool mma = prefill && (fp16 || attention == PrefillAttention::kMma) &&
-                     cuda_ops::AttentionPrefillSupported(d, fp16);
-    if (prefill && !logged_prefill_attention_) {
-      const char* path = mma && fp16 ? "tensor cores, fp16 operands, fp32 accumulation"
-                         : mma       ? "tensor cores, fp16 high + low operand parts (3 mma per product), fp32 "
-                                       "accumulation"
-                         : attention == PrefillAttention::kPerRow ? "one block per (row, head), f32"
-                         : attention == PrefillAttention::kSplit  ? "split over keys in 16-row slices, f32"
-                                                                  : "split over keys in 16-row slices, f32 (no "
-                                                                    "tensor-core kernel for this head_dim on this "
-                                                                    "device)";
-      std::fprintf(stderr, "[cuda] prefill attention (steps of more than %d rows): %s (head_dim %lld)\n",
-                   static_cast<int>(kGraphMaxRows), path, static_cast<long long>(d));
-      logged_prefill_attention_ = true;
-    }
-    if (mma) {
-      arena_.Unrecordable("Attention", "a prefill chunk");
-      cuda_ops::AttentionPrefill(F(q), q.shape[0], heads, d, start, F(ring), ring.shape[0], F(new_kv), window, paged,
-                                 num_entries, ratio, topk ? I32(*topk) : nullptr, topk ? RowWidth(*topk) : 0, F(sinks),
-                                 softmax_scale, fp16, F(*out), ctx_->stream);
-      CheckLaunch("Attention");
-      return;
-    }
-    const bool split_keys = !prefill || attention != PrefillAttention::kPerRow;
-    const int64_t split_floats = split_keys ? cuda_ops::AttentionSplitScratchFloats(q.shape[0], heads, d) : 0;
-    Tensor split = split_floats > 0 ? arena_.Temp(DType::kF32, {split_floats}) : Tensor{};
-    cuda_ops::Attention(F(q), q.shape[0], heads, d, start, F(ring), ring.shape[0], F(new_kv), window,
-                        paged, num_entries, ratio,
-                        topk ? I32(*topk) : nullptr, topk ? RowWidth(*topk) : 0, F(sinks), softmax_scale, F(*out),
-                        split_floats > 0 ? F(split) : nullptr, arena_.stager(), ctx_->stream);
-    CheckLaunch("Attention");
+    attention_.Run(q, heads, d, start, ring, new_kv, window, entries, num_entries, ratio, topk, sinks, softmax_scale, out,
+                   ctx_->stream);
   }
 
   void StoreKvRows(const Tensor& src, int64_t src_row, int64_t rows, int64_t rope_dim, Tensor* dst,
@@ -814,32 +754,10 @@ class CudaBackend final : public Backend {
     ps.Bytes(static_cast<double>(logits.nbytes()));
     Use();
     if (arena_.capturing()) throw std::runtime_error("SampleRows inside a graph segment (its results go to the host)");
-    std::vector<cuda_ops::SampleRowParams> params(n);
-    for (int64_t r = 0; r < n; ++r) {
-      const RowSampling& q = rows[r];
-      Require(q.logprobs <= cuda_ops::kSampleMaxTopLogprobs, "SampleRows", "more than 20 top logprobs");
-      params[r] = {q.temperature, q.top_k, q.top_p, q.min_p, q.seed, q.position, q.logprobs};
-    }
-    Tensor dparams = arena_.Temp(DType::kU8, {static_cast<int64_t>(n * sizeof(cuda_ops::SampleRowParams))});
-    Tensor dout = arena_.Temp(DType::kU8, {static_cast<int64_t>(n * sizeof(cuda_ops::SampleRowOut))});
-    Tensor scratch = arena_.Temp(DType::kU8, {cuda_ops::SampleRowsScratchBytes(n, vocab)});
-    CudaCheck(cudaMemcpyAsync(dparams.data, params.data(), dparams.nbytes(), cudaMemcpyHostToDevice, ctx_->stream),
-              "SampleRows parameters upload");
-    cuda_ops::SampleRows(F(logits), n, vocab, static_cast<const cuda_ops::SampleRowParams*>(dparams.data), scratch.data,
-                         static_cast<cuda_ops::SampleRowOut*>(dout.data), ctx_->stream);
-    CheckLaunch("SampleRows");
+    const Tensor dout = LaunchSampleRows(logits, rows, arena_, ctx_->stream);
     std::vector<cuda_ops::SampleRowOut> host(n);
     ToHost(dout, host.data());
-    std::vector<SampledRow> out(n);
-    for (int64_t r = 0; r < n; ++r) {
-      out[r].token = host[r].token;
-      if (rows[r].logprobs < 0) continue;
-      out[r].logprob = host[r].logprob;
-      const int top = static_cast<int>(std::min<int64_t>(rows[r].logprobs, vocab));
-      out[r].top_ids.assign(host[r].top_ids, host[r].top_ids + top);
-      out[r].top_logprobs.assign(host[r].top_logprobs, host[r].top_logprobs + top);
-    }
-    return out;
+    return SampledRowsOf(host, rows, vocab);
   }
 
   // The stream every op runs on (CudaBackendStream).
@@ -930,16 +848,15 @@ class CudaBackend final : public Backend {
 
   std::shared_ptr<StreamContext> ctx_;
   CudaBackendOptions options_;
-  bool pdl_on_ = false;  // options_.pdl on a device that has it: the stream is registered (pdl_streams.h)
   CudaBackendCounters counters_;
-  std::string name_;
+  BackendDevice device_;  // its name and memory line; PDL on the stream (options_.pdl)
   StepArena arena_;  // the step's scratch, metadata and launch parameters
   GraphRecorder recorder_{ctx_, arena_, counters_};  // the graphs of the forward's segments
   Exl3Weights exl3_{ctx_, arena_, counters_, options_.gemv};  // EXL3 linears: parts, GEMV / GEMM, batched GEMVs
   MoeDispatch moe_{ctx_, arena_, exl3_, counters_, options_.prefill_moe, options_.moe};  // routed experts
   std::unique_ptr<OpProfiler> profiler_;  // on while the bench profiles
   SideStreams side_{ctx_->stream, options_.gemv};  // concurrent linears, created on first use
-  bool logged_prefill_attention_ = false;
+  AttentionPaths attention_{arena_, options_.prefill_attention};  // which kernel one sequence's attention takes
   DenseGemm dense_gemm_;  // cuBLAS for dense linears of more than kGraphMaxRows rows
   std::set<std::string> logged_fallback_;  // ops whose fallback (per sequence, or composed of other ops) was logged
   DeviceTableCache tables_;  // rope and routing tables, uploaded once
