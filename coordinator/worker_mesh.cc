@@ -34,6 +34,7 @@ void WorkerMesh::Lose(int rank, const std::shared_ptr<Session>& s, const std::st
   std::fprintf(stderr, "[coordinator] %s\n", reason.c_str());
   if (broken_.empty()) broken_ = reason;
   cv_.notify_all();
+  results_cv_.notify_all();
 }
 
 void WorkerMesh::Monitor() {
@@ -107,16 +108,19 @@ grpc::Status WorkerMesh::Serve(grpc::ServerContext* ctx, Stream* stream) {
       Write(s, ack);
       continue;
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    s->last_heard = std::chrono::steady_clock::now();
-    if (msg.has_ready()) {
-      s->ready[msg.ready().epoch()] = msg.ready();
-    } else if (msg.has_result()) {
-      s->results[msg.result().step_id()] = std::move(*msg.mutable_result());
-    } else {
-      continue;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      s->last_heard = std::chrono::steady_clock::now();
+      if (msg.has_ready()) {
+        s->ready[msg.ready().epoch()] = msg.ready();
+      } else if (msg.has_result()) {
+        s->results[msg.result().step_id()] = std::move(*msg.mutable_result());
+      } else {
+        continue;
+      }
     }
-    cv_.notify_all();
+    // After unlocking: the woken engine thread takes mu_ at once instead of blocking on it again.
+    results_cv_.notify_all();
   }
   {
     std::lock_guard<std::mutex> lock(s->write_mu);
@@ -174,7 +178,7 @@ std::vector<WorkerReady> WorkerMesh::Form(std::chrono::milliseconds timeout) {
       if (!s->ready.count(epoch)) return false;
     return true;
   };
-  if (!cv_.wait_for(lock, timeout, done)) {
+  if (!results_cv_.wait_for(lock, timeout, done)) {
     std::string missing;
     for (int r = 0; r < world_; ++r)
       if (!sessions[r]->ready.count(epoch)) missing += " " + std::to_string(r);
@@ -223,7 +227,7 @@ std::vector<StepResult> WorkerMesh::RunStep(StepPlan* plan, std::chrono::millise
       if (!s->results.count(id)) return false;
     return true;
   };
-  if (!cv_.wait_for(lock, timeout, done))
+  if (!results_cv_.wait_for(lock, timeout, done))
     throw MeshBroken("step " + std::to_string(id) + " got no result within " + std::to_string(timeout.count() / 1000) + " s");
   if (!broken_.empty()) throw MeshBroken(broken_);
   const int64_t received_ns = NowNs();

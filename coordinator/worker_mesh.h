@@ -104,7 +104,12 @@ class WorkerMesh {
   RendezvousStore* store_;
   const std::chrono::milliseconds heartbeat_timeout_;
   std::mutex mu_;
+  // Membership changes: registrations, losses, stop (WaitAllRegistered, WaitBroken, Monitor).
   std::condition_variable cv_;
+  // Replies: a Ready or a StepResult arrived, or a rank was lost (Form, RunStep). Its own variable, notified
+  // outside mu_, so a step's result wakes only the thread waiting for it: not the monitor nor WaitBroken
+  // callers, which would contend for mu_ on every step.
+  std::condition_variable results_cv_;
   std::vector<std::shared_ptr<Session>> ranks_;
   std::vector<bool> ever_registered_;  // by rank
   std::atomic<int64_t> worker_restarts_{0};
