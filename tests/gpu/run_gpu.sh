@@ -17,6 +17,8 @@ mkdir -p "$OUT"
 fail=0
 step() { echo; echo "=== $*"; }
 check() { if "$@"; then echo "PASS: $*"; else echo "FAIL: $*"; fail=1; fi; }
+# Whether PARTS (comma-separated) names this part exactly ("flashbench" does not also run "flash").
+has() { [[ ",$PARTS," == *",$1,"* ]]; }
 find "$B" -name '*.xz' | while read -r z; do xz -dc "$z" > "${z%.xz}" && chmod +x "${z%.xz}" && rm "$z"; done
 CUBLAS_DIR=$(dirname "$(ls /usr/local/cuda/lib64/libcublas.so.13 2>/dev/null ||
   find "$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null)" /usr -name 'libcublas.so.13' 2>/dev/null | head -1)")
@@ -30,7 +32,7 @@ DS=$B/tree/cli/dsmesh
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
 GOLDEN=tests/golden/tiny_v4
 
-if [[ $PARTS == *tests* ]]; then
+if has tests; then
   step "GPU tests (DSMESH_REQUIRE_GPU_TESTS=1: a missing GPU fails)"
   for t in ${GPU_TESTS:-exl3_gemv_test cuda_backend_test graph_chain_test gpu_forward_test gpu_pdl_test gpu_profile_test gpu_vision_test cuda_ipc_communicator_test}; do
     timeout 400 "$B/bin/$t" 2>&1 | tee "$OUT/$t.log" | grep -E "^\[  |FAIL|Failure|rel L2|ms/step|Expected|which is|SKIPPED" | head -80
@@ -40,7 +42,7 @@ if [[ $PARTS == *tests* ]]; then
   done
 fi
 
-if [[ $PARTS == *sanitize* ]]; then
+if has sanitize; then
   # SAN_BIN/SAN_FILTER pick another workload: racecheck (shared-memory hazards, kernel by kernel) runs far
   # slower than memcheck, and the kernel tests reach every kernel that uses shared memory in seconds.
   step "compute-sanitizer on ${SAN_BIN:-gpu_forward_test} ${SAN_FILTER:-*SanitizerWorkload*} (default: a full forward, prefill + 8 decode steps, batch of 4)"
@@ -53,7 +55,7 @@ if [[ $PARTS == *sanitize* ]]; then
   done
 fi
 
-if [[ $PARTS == *cli* ]]; then
+if has cli; then
   step "CLI on the GPU: golden logits and greedy tokens, 1 process and 2 worker processes on one GPU"
   ids=$(python3 -c "from safetensors.numpy import load_file; print(','.join(str(int(v)) for v in load_file('$GOLDEN/golden.safetensors')['input_ids'].reshape(-1)))")
   want=$(python3 -c "from safetensors.numpy import load_file; print(','.join(str(int(v)) for v in load_file('$GOLDEN/golden.safetensors')['greedy_tokens'].reshape(-1)))")
@@ -83,7 +85,7 @@ if [[ $PARTS == *cli* ]]; then
   check grep -q "no CUDA GPU is visible" "$OUT/nogpu.txt"
 fi
 
-if [[ $PARTS == *flash* ]]; then
+if has flash; then
   step "full-size DeepSeek-V4-Flash, synthetic EXL3 pack (experts K2, dense K6) generated on the GPU: one stream, graphs and eager"
   prompt=$(python3 -c "print(','.join(str((i * 7919) % 120000 + 1000) for i in range(${FLASH_PROMPT:-16})))")
   for mode in graphs eager; do
@@ -99,7 +101,7 @@ if [[ $PARTS == *flash* ]]; then
   nvidia-smi --query-gpu=memory.used --format=csv
 fi
 
-if [[ $PARTS == *flashbench* ]]; then
+if has flashbench; then
   step "dsmesh bench on the full-size synthetic V4-Flash: decode at 1 and 4 streams, 4K context, beside the floor"
   # modes: graphs (everything recorded), stateful-eager (the stateful part eager between the graph segments,
   # DSMESH_CUDA_STATEFUL_GRAPHS=off), eager (--enforce-eager), pdl (graphs with programmatic dependent
@@ -116,7 +118,7 @@ if [[ $PARTS == *flashbench* ]]; then
   done
 fi
 
-if [[ $PARTS == *profile* ]]; then
+if has profile; then
   step "dsmesh bench --profile on the full-size synthetic V4-Flash: graphs timed, then every op timed eagerly by device events"
   timeout ${PROFILE_TIMEOUT:-400} $DS bench --device cuda --model synthetic:v4-flash:seed=1 --contexts ${FLASH_CONTEXTS:-4096} \
     --streams ${FLASH_STREAMS:-1,4} --steps ${FLASH_STEPS:-8} --profile \
@@ -124,7 +126,7 @@ if [[ $PARTS == *profile* ]]; then
   check test -s "$OUT/flash_profile.json"
 fi
 
-if [[ $PARTS == *specbench* ]]; then
+if has specbench; then
   step "dsmesh bench, verification shape (1 + 3 draft rows per stream) beside the plain decode step, full-size V4-Flash, graphs"
   for rows in 1 4; do
     timeout 400 $DS bench --device cuda --model synthetic:v4-flash:seed=1 --contexts ${FLASH_CONTEXTS:-4096} \
@@ -134,7 +136,7 @@ if [[ $PARTS == *specbench* ]]; then
   done
 fi
 
-if [[ $PARTS == *prefill* ]]; then
+if has prefill; then
   # Issue 41: prefill rate by chunk size at 4K, then one long prompt with the chunk rate at every tenth of it.
   step "dsmesh bench: prefill of the full-size synthetic V4-Flash by chunk size (4K), then a ${PREFILL_LONG:-166000}-token prompt"
   for chunk in ${PREFILL_CHUNKS:-512 2048 4096}; do
@@ -149,7 +151,7 @@ if [[ $PARTS == *prefill* ]]; then
   check test -s "$OUT/prefill_long.json"
 fi
 
-if [[ $PARTS == *specloop* ]]; then
+if has specloop; then
   # Issue 42: the whole speculative loop on a mesh of one GPU worker, speculation on and off in one call.
   step "dsmesh bench --world 1 --device cuda: speculative loop at simulated acceptance, full-size synthetic V4-Flash"
   for acc in ${SPEC_ACCEPTANCE:-0.85,0.70,0.55 0.3,0.1,0.0}; do
@@ -161,7 +163,7 @@ if [[ $PARTS == *specloop* ]]; then
   done
 fi
 
-if [[ $PARTS == *serve* ]]; then
+if has serve; then
   # The random tiny model by name (served as "tiny-model"), so that these checks do not depend on the
   # trained pack being in the carried tree.
   TINY=/tmp/tiny-model
@@ -225,7 +227,7 @@ print('greedy equal over', len(a), 'requests of 64 tokens')"
     check grep -qE '^vllm:spec_decode_num_draft_tokens_total(\{[^}]*\})? [1-9]' "$OUT/spec_metrics_w${world}_on.txt"
   done
 fi
-if [[ $PARTS == *survive* ]]; then
+if has survive; then
   # `dsmesh up` without --device or --world: one worker on the GPU. A long stream runs, the worker gets
   # SIGKILL in the middle of it; the stream must end at once with an error, `up` restarts the worker (its
   # weights reloaded onto the GPU), and the figure is how long serving was down: from the kill until a new
