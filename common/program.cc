@@ -19,6 +19,17 @@ void BlockShutdownSignals() {
   signal(SIGPIPE, SIG_IGN);
 }
 
+int WaitShutdownSignal() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGUSR1);
+  int sig = 0;
+  sigwait(&set, &sig);
+  return sig;
+}
+
 int RunProgram(const char* name, const char* usage, const std::function<int()>& body) {
   try {
     return body();

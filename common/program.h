@@ -10,6 +10,10 @@ namespace dsmesh {
 // death). Call first thing in main(), before any thread starts.
 void BlockShutdownSignals();
 
+// Waits (sigwait) for SIGTERM, SIGINT or SIGUSR1, blocked by BlockShutdownSignals, and returns which came.
+// SIGUSR1 is a process's own wake-up for its waiting thread when it stops for another reason.
+int WaitShutdownSignal();
+
 // Runs body and turns what it throws into the exit code: UsageError -> "NAME: message" and, when
 // usage is given, "usage: USAGE" on stderr, exit 2; any other std::exception -> "NAME: error: message",
 // exit 1.

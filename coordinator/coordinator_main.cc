@@ -188,13 +188,7 @@ int Main(const std::vector<std::string>& args) {
                ec.max_queued);
 
   std::thread signals([&] {
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGUSR1);
-    int sig = 0;
-    sigwait(&set, &sig);
+    const int sig = WaitShutdownSignal();
     if (sig != SIGUSR1) {
       std::fprintf(stderr, "[coordinator] signal %d: draining\n", sig);
       NotifyStopping("signal " + std::to_string(sig) + " received: draining");

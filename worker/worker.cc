@@ -194,13 +194,7 @@ int Worker::Run() {
     }
   });
   std::thread signals([this] {
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGUSR1);
-    int sig = 0;
-    sigwait(&set, &sig);
+    const int sig = WaitShutdownSignal();
     if (sig != SIGUSR1) {
       std::fprintf(stderr, "[worker %d] signal %d: leaving after the current step\n", rank_, sig);
       NotifyStopping("terminated: leaving after the current step");
