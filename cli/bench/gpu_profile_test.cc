@@ -79,14 +79,19 @@ TEST(GpuProfile, StepGraphsCountNodesAndChainsAndReplayFasterEmptied) {
   d.Step();  // the model steps on after the replays
 }
 
-// The bytes of a weight of `in` x `out` from the op's name ("[bf16]", "[f32]", "[exl3 K6]"; sizes here are
+// The bytes of a weight of `in` x `out` from the op's name ("[BF16]", "[F32]", "[exl3 K6]", as DTypeName spells them; sizes here are
 // multiples of 128, so an EXL3 part is the whole matrix); 0 for a name without a kind.
 double WeightBytesFromName(const std::string& op, int64_t in, int64_t out) {
-  if (op.find("[bf16]") != std::string::npos || op.find("[f16]") != std::string::npos) return 2.0 * in * out;
-  if (op.find("[f32]") != std::string::npos) return 4.0 * in * out;
+  if (op.find("[BF16]") != std::string::npos || op.find("[F16]") != std::string::npos) return 2.0 * in * out;
+  if (op.find("[F32]") != std::string::npos) return 4.0 * in * out;
   const size_t k = op.find("[exl3 K");
   if (k != std::string::npos) return op_bytes::Exl3Weight(in, out, std::stoi(op.substr(k + 7)));
   return 0;
+}
+
+// Whether an op's bytes grow with the sequence's context (op names are "phase / op", model/forward.cc's phases).
+bool ReadsContext(const std::string& op) {
+  return op.rfind("indexer + top-k / Indexer", 0) == 0 || op.rfind("attention core / Attention", 0) == 0;
 }
 
 TEST(GpuProfile, OpBytesAreTheSameInBothPassesAndMatchTheShapes) {
@@ -119,7 +124,14 @@ TEST(GpuProfile, OpBytesAreTheSameInBothPassesAndMatchTheShapes) {
     SCOPED_TRACE(t.op);
     ASSERT_TRUE(by_name.count(t.op));
     EXPECT_EQ(by_name[t.op]->calls, t.calls);
-    EXPECT_DOUBLE_EQ(by_name[t.op]->bytes, t.bytes);  // the same steps' shapes and routing
+    // The isolated pass runs two steps later: ops that read the context (the indexer's compressed keys, the
+    // attention's entries) read a little more; every other op reads the same bytes (same shapes and routing).
+    if (ReadsContext(t.op)) {
+      EXPECT_GE(t.bytes, by_name[t.op]->bytes);
+      EXPECT_LE(t.bytes, 1.25 * by_name[t.op]->bytes);
+    } else {
+      EXPECT_DOUBLE_EQ(by_name[t.op]->bytes, t.bytes);
+    }
     EXPECT_GE(t.bytes, 0);
     sum += t.bytes;
     if (t.op.find("Linear") != std::string::npos) EXPECT_GT(t.bytes, 0);

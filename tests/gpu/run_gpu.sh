@@ -239,7 +239,9 @@ if has survive; then
   ulog=$OUT/up_survive.log
   $DS up --model $TINY --port $port --log-dir "$OUT/up_survive_logs" > "$ulog" 2>&1 &
   up=$!
-  for _ in $(seq 1 240); do curl -sf localhost:$port/health >/dev/null && break; sleep 0.5; done
+  # `up` itself says "ready" (it polls the coordinator every 200 ms): a kill before that is a failure during
+  # start-up, reported as "ready" after the restart, not as "serving again".
+  for _ in $(seq 1 240); do grep -q "^dsmesh up: ready" "$ulog" && curl -sf localhost:$port/health >/dev/null && break; sleep 0.5; done
   grep -E "dsmesh up: device|worker\(s\) on|backend" "$ulog" | head -4
   check grep -q "dsmesh up: device: cuda:0 (" "$ulog"
   check grep -q "1 worker(s) on cuda:0" "$ulog"
