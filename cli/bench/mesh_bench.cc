@@ -23,6 +23,7 @@
 #include "common/mesh/mesh_client.h"
 #include "coordinator/simulated_acceptance.h"
 #include "coordinator/speculative_config.h"
+#include "kernels/cuda/device_choice.h"
 
 namespace dsmesh {
 namespace {
@@ -217,13 +218,15 @@ int RunMeshBench(const std::vector<std::string>& args) {
   };
   std::vector<Shape> shapes;
   nlohmann::json out = nlohmann::json::array();
-  // Both meshes run side by side (the idle one waits on its queue), and with --repeat N each shape runs N
-  // times alternating between them: the fastest run of each is kept, so a load spike from elsewhere on
-  // the machine hits neither shape alone (every run's tok/s is printed too, for the spread).
+  // On the CPU both meshes run side by side (the idle one waits on its queue), and with --repeat N each shape
+  // runs N times alternating between them: the fastest run of each is kept, so a load spike from elsewhere on
+  // the machine hits neither shape alone (every run's tok/s is printed too, for the spread). On a GPU the
+  // two meshes' weights and KV pools do not fit beside each other (each worker sizes its pool to the
+  // device's free memory), so each mesh runs all its shapes and is stopped before the other starts.
   const std::vector<bool> modes = speculation ? std::vector<bool>{true, false} : std::vector<bool>{false};
-  std::vector<MeshTarget> targets;
-  for (const bool on : modes)
-    targets.push_back(ConnectMesh(f, [&](LocalMeshOptions& o) {
+  const bool one_at_a_time = !f.Has("coordinator") && ChooseDevice(f).cuda() && modes.size() > 1;
+  auto connect = [&](bool on) {
+    return ConnectMesh(f, [&](LocalMeshOptions& o) {
       if (!on) {  // the same mesh without --speculative-config
         auto& a = o.coordinator_args;
         for (size_t i = 0; i + 1 < a.size();)
@@ -232,28 +235,46 @@ int RunMeshBench(const std::vector<std::string>& args) {
       } else if (!rates.empty()) {
         o.bench_draft_acceptance = f.Get("draft-acceptance");
       }
-    }));
-  for (int s : streams) {
-    std::vector<BenchFigures> best(modes.size());
-    std::vector<std::vector<double>> runs(modes.size());  // every run's tok/s: the spread beside the best
-    for (int rep = 0; rep < repeat; ++rep)
-      for (size_t i = 0; i < modes.size(); ++i) {
-        // Which mode goes first swaps every repeat (on off, off on, ...): whatever the run just before
-        // leaves behind (caches, the other mesh settling) falls on both alike.
-        const size_t m = rep % 2 == 0 ? i : modes.size() - 1 - i;
-        MeshTarget& t = targets[m];
-        const std::string address = t.local ? t.local->coordinator_address() : f.Get("coordinator");
-        BenchFigures b = BenchStreams(*t.client, address, s, prompt_tokens, max_tokens);
-        runs[m].push_back(b.tok_s());
-        if (repeat > 1)
-          std::printf("#   run %d/%d, streams %d%s: %.1f tok/s, %.3f ms per step, forward %.0f us per step\n", rep + 1,
-                      repeat, s, speculation ? (modes[m] ? ", speculation on" : ", speculation off") : "", b.tok_s(),
-                      b.step_us / 1e3, b.forward_us);
-        if (rep == 0 || b.tok_s() > best[m].tok_s()) best[m] = b;
-      }
+    });
+  };
+  std::vector<MeshTarget> targets(modes.size());
+  if (one_at_a_time)
+    std::printf("# on a GPU: the mesh with speculation runs all shapes, then the mesh without (one at a time)\n");
+  else
+    for (size_t m = 0; m < modes.size(); ++m) targets[m] = connect(modes[m]);
+  // best[s][m], runs[s][m]: per stream count and mode, the fastest run and every run's tok/s.
+  std::vector<std::vector<BenchFigures>> best(streams.size(), std::vector<BenchFigures>(modes.size()));
+  std::vector<std::vector<std::vector<double>>> runs(streams.size(), std::vector<std::vector<double>>(modes.size()));
+  auto run_once = [&](size_t si, size_t m, int rep) {
+    MeshTarget& t = targets[m];
+    const std::string address = t.local ? t.local->coordinator_address() : f.Get("coordinator");
+    BenchFigures b = BenchStreams(*t.client, address, streams[si], prompt_tokens, max_tokens);
+    runs[si][m].push_back(b.tok_s());
+    if (repeat > 1)
+      std::printf("#   run %d/%d, streams %d%s: %.1f tok/s, %.3f ms per step, forward %.0f us per step\n", rep + 1,
+                  repeat, streams[si], speculation ? (modes[m] ? ", speculation on" : ", speculation off") : "",
+                  b.tok_s(), b.step_us / 1e3, b.forward_us);
+    if (rep == 0 || b.tok_s() > best[si][m].tok_s()) best[si][m] = b;
+  };
+  if (one_at_a_time) {
+    for (size_t m = 0; m < modes.size(); ++m) {
+      targets[m] = connect(modes[m]);
+      for (size_t si = 0; si < streams.size(); ++si)
+        for (int rep = 0; rep < repeat; ++rep) run_once(si, m, rep);
+      targets[m] = MeshTarget{};  // stops the local mesh: its GPU memory is free for the next
+    }
+  } else {
+    for (size_t si = 0; si < streams.size(); ++si)
+      for (int rep = 0; rep < repeat; ++rep)
+        for (size_t i = 0; i < modes.size(); ++i)
+          // Which mode goes first swaps every repeat (on off, off on, ...): whatever the run just before
+          // leaves behind (caches, the other mesh settling) falls on both alike.
+          run_once(si, rep % 2 == 0 ? i : modes.size() - 1 - i, rep);
+  }
+  for (size_t si = 0; si < streams.size(); ++si) {
     for (size_t m = 0; m < modes.size(); ++m) {
       const bool on = modes[m];
-      const BenchFigures& b = best[m];
+      const BenchFigures& b = best[si][m];
       if (speculation)
         std::printf("# speculation %s%s%s\n", on ? "on" : "off", on && !rates.empty() ? " (simulated acceptance)" : "",
                     repeat > 1 ? (", fastest of " + std::to_string(repeat) + " runs").c_str() : "");
@@ -262,10 +283,10 @@ int RunMeshBench(const std::vector<std::string>& args) {
       out.push_back(BenchJson(b, speculation ? (on ? "mtp" : "off") : "off", on ? drafts : 0, on ? acceptance : "",
                               on ? rates : std::vector<double>{}));
       out.back()["runs"] = repeat;
-      out.back()["tok_per_s_runs"] = runs[m];
-      out.back()["tok_per_s_median"] = Median(runs[m]);
+      out.back()["tok_per_s_runs"] = runs[si][m];
+      out.back()["tok_per_s_median"] = Median(runs[si][m]);
       if (on) out.back()["draft_policy"] = policy;
-      shapes.push_back({label, b, Median(runs[m])});
+      shapes.push_back({label, b, Median(runs[si][m])});
     }
   }
   if (speculation) {
