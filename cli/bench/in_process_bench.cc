@@ -27,6 +27,7 @@
 #include "common/flags.h"
 #include "common/safetensors.h"
 #include "kernels/backend.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "model/kv_layout.h"
 #include "model/model.h"
 #include "model/testing/synthetic.h"
@@ -228,9 +229,11 @@ int RunInProcessBench(const std::vector<std::string>& args) {
         model->Forward(batch);
       };
       step(0);  // warm-up: first-call allocations and lazily built device parts
+      const CudaStepHostTimes host0 = CudaBackendStats(model->backend()).host;
       const auto t0 = BenchClock::now();
       for (int i = 1; i <= steps; ++i) step(i);
       const double ms = SecondsSince(t0) * 1e3 / steps;
+      const CudaStepHostTimes host1 = CudaBackendStats(model->backend()).host;
       DecodeStepShape shape;
       shape.streams = ns;
       shape.rows_per_stream = rows;
@@ -248,6 +251,16 @@ int RunInProcessBench(const std::vector<std::string>& args) {
                             {"byte_floor_ms", fl.byte_floor_s * 1e3}, {"op_floor_ms", fl.op_floor_s * 1e3},
                             {"bytes_per_step", fl.bytes()}, {"backend", model->backend().name()}, {"model", source},
                             {"speculative_tokens", speculative}};
+      if (host1.steps > host0.steps) {  // a CUDA backend: is the step host-bound?
+        const double n = static_cast<double>(host1.steps - host0.steps) / steps;  // backend steps per step
+        const double busy = (host1.busy_ms() - host0.busy_ms()) / steps;
+        const double wait = (host1.sync_wait_ms - host0.sync_wait_ms) / steps;
+        std::printf("  host: %.3f ms/step issuing (logic, staging, launches), %.3f ms/step waiting for the device%s\n",
+                    busy, wait, wait < 0.1 * ms ? " (host-bound: the device waits for the host)" : "");
+        row["host_busy_ms_per_step"] = busy;
+        row["host_wait_ms_per_step"] = wait;
+        row["backend_steps_per_step"] = n;
+      }
       if (ctx > 0) {
         std::printf("  prefill of %d tokens (%lld-token chunks, one stream): %.3f s, %.0f tok/s; chunk at context 0: "
                     "%.0f tok/s, last chunk (context %lld): %.0f tok/s\n",

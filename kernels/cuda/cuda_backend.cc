@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
@@ -85,12 +86,15 @@ class CudaBackend final : public Backend {
     if (profiler_) profiler_->BeginStep();
     recorder_.BeginStep();
     arena_.Begin(step);
+    step_begin_ = std::chrono::steady_clock::now();
   }
 
   void EndStep() override {
     if (profiler_) profiler_->EndStep();
     recorder_.EndStep();
     arena_.End();
+    counters_.steps.fetch_add(1, std::memory_order_relaxed);
+    counters_.step_wall_ns.fetch_add(NanosSince(step_begin_), std::memory_order_relaxed);
   }
 
   Tensor Scratch(DType dtype, std::vector<int64_t> shape) override { return arena_.Temp(dtype, std::move(shape)); }
@@ -141,7 +145,7 @@ class CudaBackend final : public Backend {
     if (arena_.capturing()) throw std::runtime_error("ToHost inside a graph segment (the op needs its result on the host)");
     if (src.nbytes() > 0)
       CudaCheck(cudaMemcpyAsync(dst, src.data, src.nbytes(), cudaMemcpyDeviceToHost, ctx_->stream), "ToHost copy");
-    CudaCheck(cudaStreamSynchronize(ctx_->stream), "ToHost (an earlier kernel of this step failed)");
+    SynchronizeTimed("ToHost (an earlier kernel of this step failed)");
   }
 
   void FromHost(const void* src, Tensor* dst) override {
@@ -149,7 +153,7 @@ class CudaBackend final : public Backend {
     Use();
     if (dst->nbytes() > 0)
       CudaCheck(cudaMemcpyAsync(dst->data, src, dst->nbytes(), cudaMemcpyHostToDevice, ctx_->stream), "FromHost copy");
-    CudaCheck(cudaStreamSynchronize(ctx_->stream), "FromHost");
+    SynchronizeTimed("FromHost");
   }
 
   void CopyRowsBatch(const std::vector<RowCopy>& copies) override {
@@ -846,6 +850,16 @@ class CudaBackend final : public Backend {
     return left;
   }
 
+  static int64_t NanosSince(std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t).count();
+  }
+  // Waits for the stream; inside a step the wait counts as the host waiting for the device (CudaStepHostTimes).
+  void SynchronizeTimed(const char* what) {
+    const auto t0 = std::chrono::steady_clock::now();
+    CudaCheck(cudaStreamSynchronize(ctx_->stream), what);
+    if (arena_.in_step()) counters_.step_sync_wait_ns.fetch_add(NanosSince(t0), std::memory_order_relaxed);
+  }
+
   std::shared_ptr<StreamContext> ctx_;
   CudaBackendOptions options_;
   CudaBackendCounters counters_;
@@ -855,6 +869,7 @@ class CudaBackend final : public Backend {
   Exl3Weights exl3_{ctx_, arena_, counters_, options_.gemv};  // EXL3 linears: parts, GEMV / GEMM, batched GEMVs
   MoeDispatch moe_{ctx_, arena_, exl3_, counters_, options_.prefill_moe, options_.moe};  // routed experts
   std::unique_ptr<OpProfiler> profiler_;  // on while the bench profiles
+  std::chrono::steady_clock::time_point step_begin_;  // BeginStep's time (CudaStepHostTimes)
   SideStreams side_{ctx_->stream, options_.gemv};  // concurrent linears, created on first use
   AttentionPaths attention_{arena_, options_.prefill_attention};  // which kernel one sequence's attention takes
   DenseGemm dense_gemm_;  // cuBLAS for dense linears of more than kGraphMaxRows rows

@@ -54,6 +54,16 @@ struct CudaGemvBatchCounts {
   int64_t linears = 0;
 };
 
+// The host's side of the steps (BeginStep .. EndStep): wall time in all, and the part of it spent blocked
+// in a stream synchronization (ToHost, FromHost: waiting for the device). What is left, busy_ms, is the host
+// issuing the step (its logic, parameter staging, launches and graph replays). When waiting is near zero
+// the device idles for the host: the step is host-bound, and faster kernels would not shorten it.
+struct CudaStepHostTimes {
+  int64_t steps = 0;
+  double wall_ms = 0, sync_wait_ms = 0;
+  double busy_ms() const { return wall_ms - sync_wait_ms; }
+};
+
 // What one CUDA backend did since it was made, for tests, the bench and the worker's log. Steps of several
 // sequences whose attention or indexer ran one sequence at a time (Backend::AttentionBatch /
 // IndexerTopKBatch past what one launch holds) are per_sequence_fallbacks. pdl_launches: kernel launches
@@ -65,6 +75,7 @@ struct CudaBackendStatistics {
   CudaGemvBatchCounts gemv_batches;
   int64_t per_sequence_fallbacks = 0;
   int64_t pdl_launches = 0;
+  CudaStepHostTimes host;
 };
 // The statistics of `backend` when it is a CUDA backend, else all zero.
 CudaBackendStatistics CudaBackendStats(Backend& backend);

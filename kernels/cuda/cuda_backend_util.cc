@@ -83,6 +83,7 @@ CudaBackendStatistics CudaBackendCounters::Snapshot() const {
   s.gemv_batches = {gemv_batches.load(), gemv_batched_linears.load()};
   s.per_sequence_fallbacks = per_sequence_fallbacks.load();
   s.pdl_launches = pdl_launches.load();
+  s.host = {steps.load(), step_wall_ns.load() / 1e6, step_sync_wait_ns.load() / 1e6};
   return s;
 }
 

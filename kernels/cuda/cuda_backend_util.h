@@ -62,6 +62,7 @@ struct CudaBackendCounters {
   std::atomic<int64_t> fused_moe{0}, per_expert_moe{0}, per_sequence_fallbacks{0};
   std::atomic<int64_t> gemv_batches{0}, gemv_batched_linears{0};
   std::atomic<int64_t> pdl_launches{0};  // pdl_streams.h adds to it on every launch with the attribute
+  std::atomic<int64_t> steps{0}, step_wall_ns{0}, step_sync_wait_ns{0};  // CudaStepHostTimes
   CudaBackendStatistics Snapshot() const;
 };
 
