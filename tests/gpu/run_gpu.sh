@@ -19,7 +19,7 @@ step() { echo; echo "=== $*"; }
 check() { if "$@"; then echo "PASS: $*"; else echo "FAIL: $*"; fail=1; fi; }
 # Whether PARTS (comma-separated) names this part exactly ("flashbench" does not also run "flash").
 has() { [[ ",$PARTS," == *",$1,"* ]]; }
-find "$B" -name '*.xz' | while read -r z; do xz -dc "$z" > "${z%.xz}" && chmod +x "${z%.xz}" && rm "$z"; done
+find "$B" ${BASE_LIBS:+"$BASE_LIBS"} -name '*.xz' | while read -r z; do xz -dc "$z" > "${z%.xz}" && chmod +x "${z%.xz}" && rm "$z"; done
 CUBLAS_DIR=$(dirname "$(ls /usr/local/cuda/lib64/libcublas.so.13 2>/dev/null ||
   find "$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null)" /usr -name 'libcublas.so.13' 2>/dev/null | head -1)")
 export LD_LIBRARY_PATH=$B/lib:$CUBLAS_DIR
@@ -105,16 +105,22 @@ if has flashbench; then
   step "dsmesh bench on the full-size synthetic V4-Flash: decode at 1 and 4 streams, 4K context, beside the floor"
   # modes: graphs (everything recorded), stateful-eager (the stateful part eager between the graph segments,
   # DSMESH_CUDA_STATEFUL_GRAPHS=off), eager (--enforce-eager), pdl (graphs with programmatic dependent
-  # launch, DSMESH_CUDA_PDL=1)
+  # launch, DSMESH_CUDA_PDL=1), base (graphs with the libraries of folder $BASE_LIBS first on the library
+  # path: an earlier build's kernels, side by side with this one's in one call). A mode named twice runs
+  # twice (its logs get a run number), so "base graphs base graphs" alternates.
+  declare -A seen=()
   for mode in ${FLASH_MODES:-graphs eager}; do
+    seen[$mode]=$(( ${seen[$mode]:-0} + 1 ))
+    tag=$mode; (( ${seen[$mode]} > 1 )) && tag=$mode${seen[$mode]}
     flag=; [[ $mode == eager ]] && flag=--enforce-eager
     sg=on; [[ $mode == stateful-eager ]] && sg=off
     pdl=0; [[ $mode == pdl ]] && pdl=1
-    DSMESH_CUDA_PDL=$pdl DSMESH_CUDA_STATEFUL_GRAPHS=$sg timeout 500 $DS bench --device cuda --model synthetic:v4-flash:seed=1 --contexts ${FLASH_CONTEXTS:-4096} \
+    libs=$LD_LIBRARY_PATH; [[ $mode == base ]] && libs=${BASE_LIBS:?mode base needs BASE_LIBS}:$LD_LIBRARY_PATH
+    LD_LIBRARY_PATH=$libs DSMESH_CUDA_PDL=$pdl DSMESH_CUDA_STATEFUL_GRAPHS=$sg timeout 500 $DS bench --device cuda --model synthetic:v4-flash:seed=1 --contexts ${FLASH_CONTEXTS:-4096} \
       --streams ${FLASH_STREAMS:-1,4} --steps ${FLASH_STEPS:-10} $flag \
-      --json "$OUT/flash_bench_$mode.json" 2> "$OUT/flash_bench_$mode.log" | tee "$OUT/flash_bench_$mode.txt"
-    check test -s "$OUT/flash_bench_$mode.json"
-    grep -E "CUDA graphs|graph capture|arena" "$OUT/flash_bench_$mode.log" | head -3
+      --json "$OUT/flash_bench_$tag.json" 2> "$OUT/flash_bench_$tag.log" | tee "$OUT/flash_bench_$tag.txt"
+    check test -s "$OUT/flash_bench_$tag.json"
+    grep -E "CUDA graphs|graph capture|arena" "$OUT/flash_bench_$tag.log" | head -3
   done
 fi
 
