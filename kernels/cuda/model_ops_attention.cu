@@ -233,12 +233,14 @@ __device__ __forceinline__ bool SortsBefore(uint32_t a, int32_t ia, uint32_t b, 
 // Top-k of one row's scores: a 4-pass radix select finds the k-th largest key (the first pass reads the
 // scores and keeps up to cache_keys of them in shared memory for the others; histogram counts added once
 // per digit per warp), an ordered compaction takes every key above it and the lowest-index keys equal to
-// it (one block scan per 1024 keys), and a bitonic sort orders the selection by (score desc, index asc)
+// it (one block scan per 4096 keys), and a bitonic sort orders the selection by (score desc, index asc)
 // like the CPU's partial_sort: merge strides of 32 and more through shared memory, the smaller ones in
 // registers through warp shuffles (one barrier per merge length instead of one per stride). Deterministic
 // (no atomics in the output path).
 constexpr int kTopkCacheKeys = 16384;  // 64 KB of dynamic shared memory
 constexpr int kSortPerThread = kMaxTopK / kTopkThreads;
+constexpr int kCompactPerThread = 4;
+static_assert(kTopkThreads * kCompactPerThread < 0x10000, "the compaction's packed counts");
 static_assert(kMaxTopK % kTopkThreads == 0 && kTopkThreads % 32 == 0, "the sort's register stages");
 __global__ void __launch_bounds__(kTopkThreads) TopKKernel(const float* scores, int64_t ld_scores,
                                                            const IndexerBatch* __restrict__ pbatch,
@@ -321,28 +323,43 @@ __global__ void __launch_bounds__(kTopkThreads) TopKKernel(const float* scores, 
   const uint32_t threshold = s_prefix;
   const int equal_needed = take_all ? 0 : s_remaining;
 
-  // 2. Ordered compaction: keys above the threshold, then the first `equal_needed` equal ones. One scan
-  // counts both (above in the low 16 bits, equal in the high: at most blockDim.x each).
+  // 2. Ordered compaction: keys above the threshold, then the first `equal_needed` equal ones. Thread t takes
+  // kCompactPerThread consecutive keys of each stretch, and one scan counts both kinds before them (above
+  // in the low 16 bits, equal in the high: at most kTopkThreads * kCompactPerThread each).
   int taken = 0, equal_taken = 0;
-  for (int64_t base = 0; base < valid; base += blockDim.x) {
-    const int64_t i = base + t;
-    uint32_t key = 0;
-    bool above = false, equal = false;
-    if (i < valid) {
-      key = key_at(i);
-      above = take_all || key > threshold;
-      equal = !take_all && key == threshold;
+  for (int64_t base = 0; base < valid; base += static_cast<int64_t>(blockDim.x) * kCompactPerThread) {
+    const int64_t i0 = base + static_cast<int64_t>(t) * kCompactPerThread;
+    uint32_t key[kCompactPerThread];
+    unsigned above_bits = 0, equal_bits = 0;
+    int counts = 0;
+#pragma unroll
+    for (int e = 0; e < kCompactPerThread; ++e) {
+      key[e] = 0;
+      if (i0 + e < valid) {
+        key[e] = key_at(i0 + e);
+        const bool above = take_all || key[e] > threshold, equal = !take_all && key[e] == threshold;
+        above_bits |= above ? 1u << e : 0u;
+        equal_bits |= equal ? 1u << e : 0u;
+        counts += (above ? 1 : 0) | (equal ? 0x10000 : 0);
+      }
     }
     int total = 0;
-    const int before = BlockExclusiveScan((above ? 1 : 0) | (equal ? 0x10000 : 0), &total);
+    const int before = BlockExclusiveScan(counts, &total);
     const int eq_room = equal_needed - equal_taken > 0 ? equal_needed - equal_taken : 0;
-    const int eq_before = before >> 16, eq_total = total >> 16;
-    const bool take = above || (equal && eq_before < eq_room);
-    const int slot = (before & 0xffff) + (eq_before < eq_room ? eq_before : eq_room);
-    if (take && taken + slot < kMaxTopK) {
-      sel_key[taken + slot] = key;
-      sel_idx[taken + slot] = static_cast<int32_t>(i);
+    int above_before = before & 0xffff, eq_before = before >> 16;
+#pragma unroll
+    for (int e = 0; e < kCompactPerThread; ++e) {
+      const bool above = (above_bits >> e) & 1u, equal = (equal_bits >> e) & 1u;
+      const bool take = above || (equal && eq_before < eq_room);
+      const int slot = taken + above_before + (eq_before < eq_room ? eq_before : eq_room);
+      if (take && slot < kMaxTopK) {
+        sel_key[slot] = key[e];
+        sel_idx[slot] = static_cast<int32_t>(i0 + e);
+      }
+      above_before += above ? 1 : 0;
+      eq_before += equal ? 1 : 0;
     }
+    const int eq_total = total >> 16;
     taken += (total & 0xffff) + (eq_total < eq_room ? eq_total : eq_room);
     equal_taken += eq_total;
   }
