@@ -678,6 +678,71 @@ TEST_F(CudaBackendTest, Attention) {
   }
 }
 
+// Decode attention (the split kernel) at head dims its register tiles treat differently: the model's 512
+// (one channel quad of a key row serves all of a thread's heads), 72 (quads that do not divide the block),
+// 30 (zero-padded to whole float4s), with head counts that fill 8-, 3- and 1-head groups, several key
+// ranges of several 32-key passes, top-k lists and all visible entries, f32 and fp8 entries.
+TEST_F(CudaBackendTest, AttentionHeadDims) {
+  DSMESH_REQUIRE_GPU();
+  struct Case {
+    int64_t heads, d, n, start;
+    int topk_cols;
+  };
+  const int window = 128, ratio = 4;
+  for (const Case& k : {Case{8, 512, 1, 4095, 512}, Case{16, 512, 3, 4000, 0}, Case{3, 72, 2, 9000, 0},
+                        Case{8, 72, 1, 700, 40}, Case{5, 30, 4, 3000, 0}, Case{1, 30, 1, 100, 9}}) {
+    const float softmax_scale = 1.0f / std::sqrt(static_cast<float>(k.d));
+    const int64_t num_entries = (k.start + k.n) / ratio;
+    Pair q = Rand({k.n, k.heads * k.d}), ring = Rand({window, k.d}), new_kv = Rand({k.n, k.d}), sinks = Rand({k.heads});
+    Pair entries = Rand({std::max<int64_t>(num_entries, 1), k.d});
+    Pair topk = Ints({k.n, std::max(k.topk_cols, 1)}, -1, static_cast<int>(num_entries) + 2);
+    const std::string what = "AttentionHeadDims heads=" + std::to_string(k.heads) + " d=" + std::to_string(k.d) +
+                             " topk=" + std::to_string(k.topk_cols);
+    for (DType storage : {DType::kF32, DType::kU8}) {
+      auto stored = Paged(entries.c, 16, storage, storage == DType::kU8 ? 16 : 0);
+      Pair out = Zeros(DType::kF32, {k.n, k.heads * k.d});
+      cpu_->Attention(q.c, k.heads, k.d, k.start, ring.c, new_kv.c, window, &stored->c, num_entries, ratio,
+                      k.topk_cols ? &topk.c : nullptr, sinks.c, softmax_scale, &out.c);
+      gpu().Attention(q.g, k.heads, k.d, k.start, ring.g, new_kv.g, window, &stored->g, num_entries, ratio,
+                      k.topk_cols ? &topk.g : nullptr, sinks.g, softmax_scale, &out.g);
+      ExpectClose(out, kF32Tol, what + " " + DTypeName(storage));
+    }
+  }
+}
+
+// The indexer at the model's shape (64 heads x 128, top-k 512 of ~1024 keys at 4K context) and at shapes
+// its register tiles treat differently (40 heads: a second round of head groups; dim 30: zero-padded),
+// with exact scores (grid values) and exact ties (repeated keys) across the k-th largest score.
+TEST_F(CudaBackendTest, IndexerTopKModelShapes) {
+  DSMESH_REQUIRE_GPU();
+  struct Case {
+    int64_t heads, dim, num_keys;
+    int top_k;
+    std::vector<int64_t> positions;
+    int distinct_keys;  // 0 = all random
+  };
+  const int ratio = 4;
+  for (const Case& k : {Case{64, 128, 1024, 512, {4095}, 0}, Case{64, 128, 1024, 512, {4095, 4000, 2100}, 300},
+                        Case{40, 64, 3000, 100, {12003, 5000}, 0}, Case{8, 30, 700, 64, {2803, 900}, 50}}) {
+    const int64_t n = k.positions.size();
+    Pair q = Grid({n, k.heads * k.dim}, 4, 0.25f), w = Grid({n, k.heads}, 8, 0.125f);
+    Pair keys = Grid({k.num_keys, k.dim}, 4, 0.25f);
+    if (k.distinct_keys > 0) {
+      float* kc = keys.c.as<float>();
+      for (int64_t i = k.distinct_keys; i < k.num_keys; ++i)
+        std::memcpy(kc + i * k.dim, kc + (i % k.distinct_keys) * k.dim, k.dim * sizeof(float));
+      keys.g = gpu().Upload(keys.c);
+    }
+    Pair out = Zeros(DType::kI32, {n, k.top_k});
+    auto paged = Paged(keys.c, 64);
+    cpu_->IndexerTopK(q.c, w.c, ContiguousRows(keys.c), k.num_keys, k.heads, k.dim, k.positions.data(), ratio, k.top_k,
+                      &out.c);
+    gpu().IndexerTopK(q.g, w.g, paged->g, k.num_keys, k.heads, k.dim, k.positions.data(), ratio, k.top_k, &out.g);
+    ExpectSame(out, "IndexerTopKModelShapes heads=" + std::to_string(k.heads) + " dim=" + std::to_string(k.dim) +
+                        " ties=" + std::to_string(k.distinct_keys));
+  }
+}
+
 // Prefill attention (steps of more than 16 rows) on tensor cores against the CPU op, at the model's shapes
 // (64 heads x 512, window 128, 4K context: top-k 512 of ratio-4 entries, all ratio-128 entries) and small
 // ones (heads that fill part of a 64-head block, or two blocks), entries stored f32, bf16 and fp8, top-k

@@ -62,13 +62,61 @@ __global__ void CompressorPoolKernel(const float* kv, const float* score, int64_
   }
 }
 
-// scores[r, w] = sum_h weights[r, h] * relu(q[r, h] . keys[w]) for w < valid(r). One block per 32 keys
-// of a row: the keys go to shared memory, lane j of every warp takes key j, warp v takes the heads
-// v, v + warps, ... (each dot product in index order), and the warps' partial sums are added in warp
-// order.
+// ---- helpers of the register-tiled products (indexer scores, split attention) ----
+
+// Row stride (floats) of a tile of rows in shared memory: `dim` in whole float4s (zero-padded), an odd
+// number of them, so 8 lanes reading float4 c of 8 consecutive rows touch 32 distinct banks.
+__host__ __device__ __forceinline__ int TileLd(int64_t dim) { return 4 * ((static_cast<int>(dim) + 3) / 4 | 1); }
+
+// One warp writes a stored row into shared memory as f32 (dst 16-byte aligned when vec4); a null row as
+// zeros. f32 rows go as float4 loads and stores when vec4 (dd % 4 == 0 and the rows aligned).
+__device__ __forceinline__ void WarpStageRow(const void* row, RowKind kind, int nope, int dd, bool vec4, int lane,
+                                             float* dst) {
+  if (vec4 && (kind == RowKind::kF32 || !row)) {
+    const float4* src = static_cast<const float4*>(row);
+#pragma unroll 4
+    for (int c4 = lane; c4 < dd / 4; c4 += 32)
+      reinterpret_cast<float4*>(dst)[c4] = row ? __ldg(src + c4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    return;
+  }
+  WarpCopyStoredRow(row, kind, nope, dd, vec4, lane, dst);
+}
+
+__device__ __forceinline__ float4 Ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+// acc + a . b, the four products added in channel order.
+__device__ __forceinline__ float Dot4(float acc, float4 a, float4 b) {
+  acc += a.x * b.x;
+  acc += a.y * b.y;
+  acc += a.z * b.z;
+  acc += a.w * b.w;
+  return acc;
+}
+__device__ __forceinline__ float4 Axpy4(float4 acc, float p, float4 k) {
+  acc.x += p * k.x;
+  acc.y += p * k.y;
+  acc.z += p * k.z;
+  acc.w += p * k.w;
+  return acc;
+}
+
+// scores[r, w] = sum_h weights[r, h] * relu(q[r, h] . keys[w]) for w < valid(r). Blocks of row r take the
+// row's 32-key tiles blockIdx.x, blockIdx.x + gridDim.x, ... with the row's queries (all heads) staged
+// once in shared memory. A tile is a [heads x 32] product over dim, register-tiled: thread (hg, kq) of
+// the block takes heads hg, hg + 32 (then + 64, ...) x keys kq, kq + 8, kq + 16, kq + 24, each dot over
+// the whole dim in channel order (float4 loads: 6 per 32 FMAs), weights and relu applied per head; the 32
+// head groups' sums are added in group order (deterministic).
 constexpr int kIndexerKeys = 32;
 constexpr int kIndexerThreads = 256;
+constexpr int kIndexerHeadGroups = kIndexerThreads / 8;  // threads per key column of a tile
+constexpr int kIndexerMaxTileBlocks = 256;                // blocks per row (larger rows loop over tiles)
 constexpr int kIndexerMaxSeqs = 8, kIndexerBatchMaxRows = 16;
+constexpr int kIndexerMaxSmem = 160 * 1024;
+
+// Shared memory of an indexer scores block (floats): queries, key tile, head groups' sums, weights.
+__host__ __device__ __forceinline__ int64_t IndexerSmemFloats(int64_t heads, int64_t dim) {
+  const int64_t ld = TileLd(dim);
+  return heads * ld + kIndexerKeys * ld + kIndexerHeadGroups * kIndexerKeys + heads;
+}
 
 // The keys of each row of a step: one sequence (any number of rows), or up to kIndexerMaxSeqs sequences of
 // at most kIndexerBatchMaxRows rows in all, row r belonging to sequence row_seq[r].
@@ -87,48 +135,64 @@ __global__ void __launch_bounds__(kIndexerThreads) IndexerScoresKernel(const flo
                                                                        int64_t ld_scores, float* scores) {
   PdlWait();
   PdlTrigger();
-  extern __shared__ float smem[];
-  float* qs = smem;                            // [heads][dim]
-  float* ks = qs + heads * dim;                // [kIndexerKeys][dim + 1]
-  __shared__ float part[kIndexerThreads / 32][kIndexerKeys];
-  const int64_t r = blockIdx.y, ld = dim + 1;
+  extern __shared__ float4 indexer_smem4[];
+  const int64_t r = blockIdx.y;
   const int seq = pbatch->SeqOf(r);
   const PagedRowsDev keys = pbatch->keys[seq];
   const int64_t valid = min(pbatch->num_keys[seq], (positions[r] + 1) / ratio);
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * kIndexerKeys;
-  if (first >= valid) return;
-  const int64_t nk = valid - first < kIndexerKeys ? valid - first : kIndexerKeys;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  const int hd = static_cast<int>(heads * dim), dd = static_cast<int>(dim);
-  for (int i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = q[r * hd + i];
-  // Warp v copies keys v, v + warps, ... (float4 when f32 rows allow; bf16/fp8 rows decoded), no division.
+  if (static_cast<int64_t>(blockIdx.x) * kIndexerKeys >= valid) return;
+  const int dd = static_cast<int>(dim), hh = static_cast<int>(heads), ld = TileLd(dim), width = (dd + 3) / 4 * 4;
+  float* qs = reinterpret_cast<float*>(indexer_smem4);  // [heads][ld]
+  float* ks = qs + hh * ld;                             // [kIndexerKeys][ld]
+  float* red = ks + kIndexerKeys * ld;                  // [kIndexerHeadGroups][kIndexerKeys]
+  float* ws = red + kIndexerHeadGroups * kIndexerKeys;  // [heads]
+  for (int i = threadIdx.x; i < hh * width; i += blockDim.x) {
+    const int h = i / width, c = i - h * width;
+    qs[h * ld + c] = c < dd ? q[(r * heads + h) * dim + c] : 0.0f;
+  }
+  for (int i = threadIdx.x; i < hh; i += blockDim.x) ws[i] = weights[r * heads + i];
+  for (int i = threadIdx.x; i < kIndexerKeys * (width - dd); i += blockDim.x) {  // padding channels (never copied)
+    const int j = i / (width - dd);
+    ks[j * ld + dd + (i - j * (width - dd))] = 0.0f;
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int hgrp = static_cast<int>(threadIdx.x) >> 3, kq = lane & 7;
   const bool vec4 = keys.kind == RowKind::kF32 && dd % 4 == 0 && (reinterpret_cast<uintptr_t>(keys.pool) & 15) == 0;
-  for (int j = warp; j < kIndexerKeys; j += warps) {
-    WarpCopyStoredRow(j < nk ? keys.Row(first + j) : nullptr, keys.kind, keys.nope, dd, vec4, lane, ks + j * ld);
-  }
-  __syncthreads();
-  const float* k = ks + lane * ld;
-  float s = 0.0f;
-  for (int64_t h = warp; h < heads; h += warps) {
-    const float* qh = qs + h * dim;
-    // Four interleaved partial sums (a quarter of the dependent FMA chain), added in a fixed order.
-    float dot0 = 0.0f, dot1 = 0.0f, dot2 = 0.0f, dot3 = 0.0f;
-    const int d4 = dd & ~3;
-    for (int c = 0; c < d4; c += 4) {
-      dot0 += qh[c] * k[c];
-      dot1 += qh[c + 1] * k[c + 1];
-      dot2 += qh[c + 2] * k[c + 2];
-      dot3 += qh[c + 3] * k[c + 3];
+  for (int64_t first = static_cast<int64_t>(blockIdx.x) * kIndexerKeys; first < valid;
+       first += static_cast<int64_t>(gridDim.x) * kIndexerKeys) {
+    const int64_t nk = valid - first < kIndexerKeys ? valid - first : kIndexerKeys;
+    __syncthreads();  // the previous tile is done with ks / red (and the stores above are visible)
+    for (int j = warp; j < kIndexerKeys; j += kIndexerThreads / 32)
+      WarpStageRow(j < nk ? keys.Row(first + j) : nullptr, keys.kind, keys.nope, dd, vec4, lane, ks + j * ld);
+    __syncthreads();
+    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // this thread's heads' weighted relu sums, keys kq + 8m
+    for (int h0 = hgrp; h0 < hh; h0 += 2 * kIndexerHeadGroups) {
+      const int h1 = h0 + kIndexerHeadGroups;
+      const int qr1 = h1 < hh ? h1 : h0;  // clamped (its dots unused)
+      float dot0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, dot1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      for (int c = 0; c < width; c += 4) {
+        const float4 q0 = Ld4(qs + h0 * ld + c), q1 = Ld4(qs + qr1 * ld + c);
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          const float4 kv = Ld4(ks + (kq + 8 * m) * ld + c);
+          dot0[m] = Dot4(dot0[m], q0, kv);
+          dot1[m] = Dot4(dot1[m], q1, kv);
+        }
+      }
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        s[m] += ws[h0] * fmaxf(0.0f, dot0[m]);
+        if (h1 < hh) s[m] += ws[h1] * fmaxf(0.0f, dot1[m]);
+      }
     }
-    for (int c = d4; c < dd; ++c) dot0 += qh[c] * k[c];
-    s += weights[r * heads + h] * fmaxf(0.0f, (dot0 + dot1) + (dot2 + dot3));
-  }
-  part[warp][lane] = s;
-  __syncthreads();
-  if (warp == 0 && lane < nk) {
-    float total = 0.0f;
-    for (int v = 0; v < warps; ++v) total += part[v][lane];
-    scores[r * ld_scores + first + lane] = total;
+#pragma unroll
+    for (int m = 0; m < 4; ++m) red[hgrp * kIndexerKeys + kq + 8 * m] = s[m];
+    __syncthreads();
+    if (warp == 0 && lane < nk) {
+      float total = 0.0f;
+      for (int v = 0; v < kIndexerHeadGroups; ++v) total += red[v * kIndexerKeys + lane];
+      scores[r * ld_scores + first + lane] = total;
+    }
   }
 }
 
@@ -138,32 +202,53 @@ __device__ __forceinline__ uint32_t OrderKey(float f) {
   return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
-// Exclusive prefix of `flag` over the block in thread order; returns it and sets *total.
-__device__ int BlockExclusiveScan(int flag, int* total) {
+// Exclusive prefix of `v` over the block in thread order; returns it and sets *total.
+__device__ int BlockExclusiveScan(int v, int* total) {
   __shared__ int warp_sums[32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  const unsigned ballot = __ballot_sync(0xffffffffu, flag);
-  const int in_warp = __popc(ballot & ((1u << lane) - 1));
-  __syncthreads();
-  if (lane == 0) warp_sums[warp] = __popc(ballot);
+  int incl = v;
+  for (int o = 1; o < 32; o <<= 1) {
+    const int n = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += n;
+  }
+  __syncthreads();  // an earlier call's readers are done with warp_sums
+  if (lane == 31) warp_sums[warp] = incl;
   __syncthreads();
   int before = 0, all = 0;
   for (int w = 0; w < warps; ++w) {
-    if (w < warp) before += warp_sums[w];
-    all += warp_sums[w];
+    const int s = warp_sums[w];
+    if (w < warp) before += s;
+    all += s;
   }
   *total = all;
-  return before + in_warp;
+  return before + incl - v;
 }
 
-// Top-k of one row's scores: a 4-pass radix select finds the k-th largest key, an ordered compaction
-// takes every key above it and the lowest-index keys equal to it, and a bitonic sort orders the
-// selection by (score desc, index asc) like the CPU's partial_sort. Deterministic (no atomics in the
-// output path).
-__global__ void TopKKernel(const float* scores, int64_t ld_scores, const IndexerBatch* __restrict__ pbatch,
-                           const int64_t* positions, int ratio, int top_k, int32_t* out) {
+// Whether (key a, index ia) sorts before (key b, index ib): larger key, or equal key and smaller index
+// (the CPU's partial_sort order).
+__device__ __forceinline__ bool SortsBefore(uint32_t a, int32_t ia, uint32_t b, int32_t ib) {
+  return a > b || (a == b && ia < ib);
+}
+
+// Top-k of one row's scores: a 4-pass radix select finds the k-th largest key (the first pass reads the
+// scores and keeps up to cache_keys of them in shared memory for the others; histogram counts added once
+// per digit per warp), an ordered compaction takes every key above it and the lowest-index keys equal to
+// it (one block scan per 4096 keys), and a bitonic sort orders the selection by (score desc, index asc)
+// like the CPU's partial_sort: merge strides of 32 and more through shared memory, the smaller ones in
+// registers through warp shuffles (one barrier per merge length instead of one per stride). Deterministic
+// (no atomics in the output path).
+constexpr int kTopkCacheKeys = 16384;  // 64 KB of dynamic shared memory
+constexpr int kSortPerThread = kMaxTopK / kTopkThreads;
+constexpr int kCompactPerThread = 4;
+static_assert(kTopkThreads * kCompactPerThread < 0x10000, "the compaction's packed counts");
+static_assert(kMaxTopK % kTopkThreads == 0 && kTopkThreads % 32 == 0, "the sort's register stages");
+__global__ void __launch_bounds__(kTopkThreads) TopKKernel(const float* scores, int64_t ld_scores,
+                                                           const IndexerBatch* __restrict__ pbatch,
+                                                           const int64_t* positions, int ratio, int top_k,
+                                                           int cache_keys, int32_t* out) {
   PdlWait();
   PdlTrigger();
+  extern __shared__ uint32_t topk_cache[];  // [cache_keys] the row's first keys, after the first pass
   __shared__ unsigned hist[256];
   __shared__ uint32_t sel_key[kMaxTopK];
   __shared__ int32_t sel_idx[kMaxTopK];
@@ -174,23 +259,38 @@ __global__ void TopKKernel(const float* scores, int64_t ld_scores, const Indexer
   const float* sc = scores + r * ld_scores;
   const int64_t valid = min(pbatch->num_keys[pbatch->SeqOf(r)], (positions[r] + 1) / ratio);
   const int k = static_cast<int>(valid < top_k ? valid : static_cast<int64_t>(top_k));
+  const int t = threadIdx.x, lane = t & 31;
 
   // 1. Threshold: the k-th largest key (skipped when every key is taken).
-  if (threadIdx.x == 0) {
+  if (t == 0) {
     s_prefix = 0;
     s_mask = 0;
     s_remaining = k;
   }
   __syncthreads();
   const bool take_all = valid <= top_k;
+  const int64_t cached = take_all ? 0 : (valid < cache_keys ? valid : cache_keys);
+  auto key_at = [&](int64_t i) { return i < cached ? topk_cache[i] : OrderKey(sc[i]); };
   if (!take_all) {
     for (int shift = 24; shift >= 0; shift -= 8) {
-      for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+      for (int i = t; i < 256; i += blockDim.x) hist[i] = 0;
       __syncthreads();
       const uint32_t prefix = s_prefix, mask = s_mask;
-      for (int64_t i = threadIdx.x; i < valid; i += blockDim.x) {
-        const uint32_t key = OrderKey(sc[i]);
-        if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+      for (int64_t base = 0; base < valid; base += blockDim.x) {  // whole warps in every iteration
+        const int64_t i = base + t;
+        unsigned digit = 256;  // none
+        if (i < valid) {
+          uint32_t key;
+          if (shift == 24) {
+            key = OrderKey(sc[i]);
+            if (i < cached) topk_cache[i] = key;
+          } else {
+            key = key_at(i);
+          }
+          if ((key & mask) == prefix) digit = (key >> shift) & 255u;
+        }
+        const unsigned peers = __match_any_sync(0xffffffffu, digit);
+        if (digit < 256 && lane == __ffs(peers) - 1) atomicAdd(&hist[digit], static_cast<unsigned>(__popc(peers)));
       }
       __syncthreads();
       // The digit of the k-th largest key: thread t holds bin 255 - t, an inclusive scan over the threads
@@ -198,23 +298,22 @@ __global__ void TopKKernel(const float* scores, int64_t ld_scores, const Indexer
       // `remaining` names the digit and the keys of larger digits (cum).
       const int remaining = s_remaining;
       int count = 0, incl = 0;
-      if (threadIdx.x < 256) {
-        count = static_cast<int>(hist[255 - threadIdx.x]);
+      if (t < 256) {
+        count = static_cast<int>(hist[255 - t]);
         incl = count;
-        const int lane = threadIdx.x & 31;
         for (int o = 1; o < 32; o <<= 1) {
           const int v = __shfl_up_sync(0xffffffffu, incl, o);
           if (lane >= o) incl += v;
         }
-        if (lane == 31) scan_part[threadIdx.x >> 5] = incl;
+        if (lane == 31) scan_part[t >> 5] = incl;
       }
       __syncthreads();
-      if (threadIdx.x < 256) {
-        for (int w = 0; w < static_cast<int>(threadIdx.x >> 5); ++w) incl += scan_part[w];
+      if (t < 256) {
+        for (int w = 0; w < (t >> 5); ++w) incl += scan_part[w];
         const int cum = incl - count;
-        if (cum < remaining && (incl >= remaining || threadIdx.x == 255)) {  // digit 0 takes the rest
+        if (cum < remaining && (incl >= remaining || t == 255)) {  // digit 0 takes the rest
           s_remaining = remaining - cum;  // keys equal to the threshold still to take (after this pass)
-          s_prefix = prefix | (static_cast<uint32_t>(255 - threadIdx.x) << shift);
+          s_prefix = prefix | (static_cast<uint32_t>(255 - t) << shift);
           s_mask = mask | (255u << shift);
         }
       }
@@ -224,46 +323,90 @@ __global__ void TopKKernel(const float* scores, int64_t ld_scores, const Indexer
   const uint32_t threshold = s_prefix;
   const int equal_needed = take_all ? 0 : s_remaining;
 
-  // 2. Ordered compaction: keys above the threshold, then the first `equal_needed` equal ones.
+  // 2. Ordered compaction: keys above the threshold, then the first `equal_needed` equal ones. Thread t takes
+  // kCompactPerThread consecutive keys of each stretch, and one scan counts both kinds before them (above
+  // in the low 16 bits, equal in the high: at most kTopkThreads * kCompactPerThread each).
   int taken = 0, equal_taken = 0;
-  for (int64_t base = 0; base < valid; base += blockDim.x) {
-    const int64_t i = base + threadIdx.x;
-    uint32_t key = 0;
-    bool above = false, equal = false;
-    if (i < valid) {
-      key = OrderKey(sc[i]);
-      above = take_all || key > threshold;
-      equal = !take_all && key == threshold;
+  for (int64_t base = 0; base < valid; base += static_cast<int64_t>(blockDim.x) * kCompactPerThread) {
+    const int64_t i0 = base + static_cast<int64_t>(t) * kCompactPerThread;
+    uint32_t key[kCompactPerThread];
+    unsigned above_bits = 0, equal_bits = 0;
+    int counts = 0;
+#pragma unroll
+    for (int e = 0; e < kCompactPerThread; ++e) {
+      key[e] = 0;
+      if (i0 + e < valid) {
+        key[e] = key_at(i0 + e);
+        const bool above = take_all || key[e] > threshold, equal = !take_all && key[e] == threshold;
+        above_bits |= above ? 1u << e : 0u;
+        equal_bits |= equal ? 1u << e : 0u;
+        counts += (above ? 1 : 0) | (equal ? 0x10000 : 0);
+      }
     }
-    int eq_total = 0;
-    const int eq_rank = BlockExclusiveScan(equal ? 1 : 0, &eq_total);
-    const bool take = above || (equal && equal_taken + eq_rank < equal_needed);
     int total = 0;
-    const int slot = BlockExclusiveScan(take ? 1 : 0, &total);
-    if (take && taken + slot < kMaxTopK) {
-      sel_key[taken + slot] = key;
-      sel_idx[taken + slot] = static_cast<int32_t>(i);
+    const int before = BlockExclusiveScan(counts, &total);
+    const int eq_room = equal_needed - equal_taken > 0 ? equal_needed - equal_taken : 0;
+    int above_before = before & 0xffff, eq_before = before >> 16;
+#pragma unroll
+    for (int e = 0; e < kCompactPerThread; ++e) {
+      const bool above = (above_bits >> e) & 1u, equal = (equal_bits >> e) & 1u;
+      const bool take = above || (equal && eq_before < eq_room);
+      const int slot = taken + above_before + (eq_before < eq_room ? eq_before : eq_room);
+      if (take && slot < kMaxTopK) {
+        sel_key[slot] = key[e];
+        sel_idx[slot] = static_cast<int32_t>(i0 + e);
+      }
+      above_before += above ? 1 : 0;
+      eq_before += equal ? 1 : 0;
     }
-    taken += total;
+    const int eq_total = total >> 16;
+    taken += (total & 0xffff) + (eq_total < eq_room ? eq_total : eq_room);
     equal_taken += eq_total;
   }
-  __syncthreads();
 
-  // 3. Bitonic sort of the selection, padded to a power of two.
+  // 3. Bitonic sort of the selection, padded to a power of two. Element i sits at sel_*[i]; in the register
+  // stages thread t holds elements t + kTopkThreads * e, whose partners (i ^ stride, stride < 32) are in
+  // its warp.
   int size = 1;
   while (size < k) size <<= 1;
-  for (int i = k + threadIdx.x; i < size; i += blockDim.x) {
+  for (int i = k + t; i < size; i += blockDim.x) {
     sel_key[i] = 0;
     sel_idx[i] = 0x7fffffff;
   }
   __syncthreads();
-  for (int len = 2; len <= size; len <<= 1) {
-    for (int stride = len >> 1; stride > 0; stride >>= 1) {
-      for (int i = threadIdx.x; i < size; i += blockDim.x) {
+  // Merge lengths len_lo .. len_hi (doubling), each from stride min(len / 2, 16) down to 1, in registers.
+  auto register_stages = [&](int len_lo, int len_hi) {
+#pragma unroll
+    for (int e = 0; e < kSortPerThread; ++e) {
+      const int i = t + kTopkThreads * e;
+      uint32_t key = i < size ? sel_key[i] : 0u;
+      int32_t idx = i < size ? sel_idx[i] : 0x7fffffff;
+      for (int len = len_lo; len <= len_hi; len <<= 1) {
+        const bool ascending = (i & len) == 0;  // this block of len elements ends in "sorts before" order
+        for (int stride = (len >> 1) < 16 ? (len >> 1) : 16; stride > 0; stride >>= 1) {
+          const uint32_t other_key = __shfl_xor_sync(0xffffffffu, key, stride);
+          const int32_t other_idx = __shfl_xor_sync(0xffffffffu, idx, stride);
+          const bool lower = (i & stride) == 0;
+          if (SortsBefore(key, idx, other_key, other_idx) != (lower == ascending)) {
+            key = other_key;
+            idx = other_idx;
+          }
+        }
+      }
+      if (i < size) {
+        sel_key[i] = key;
+        sel_idx[i] = idx;
+      }
+    }
+    __syncthreads();
+  };
+  register_stages(2, size < 32 ? size : 32);
+  for (int len = 64; len <= size; len <<= 1) {
+    for (int stride = len >> 1; stride >= 32; stride >>= 1) {
+      for (int i = t; i < size; i += blockDim.x) {
         const int j = i ^ stride;
         if (j <= i) continue;
-        // "before(a, b)": a sorts first = larger key, or equal key and smaller index.
-        const bool i_first = sel_key[i] > sel_key[j] || (sel_key[i] == sel_key[j] && sel_idx[i] < sel_idx[j]);
+        const bool i_first = SortsBefore(sel_key[i], sel_idx[i], sel_key[j], sel_idx[j]);
         const bool ascending_block = (i & len) == 0;
         if (ascending_block != i_first) {
           const uint32_t tk = sel_key[i];
@@ -276,8 +419,9 @@ __global__ void TopKKernel(const float* scores, int64_t ld_scores, const Indexer
       }
       __syncthreads();
     }
+    register_stages(len, len);
   }
-  for (int i = threadIdx.x; i < top_k; i += blockDim.x) out[r * top_k + i] = i < k ? sel_idx[i] : -1;
+  for (int i = t; i < top_k; i += blockDim.x) out[r * top_k + i] = i < k ? sel_idx[i] : -1;
 }
 
 // One block per (row, head): scores into shared memory, softmax with the sink, weighted sum of keys.
@@ -333,21 +477,37 @@ __global__ void AttentionKernel(const float* q, int64_t heads, AttnKeys keys, co
 
 // ---- decode attention: split over keys (rows of a step <= kSplitMaxRows) ----
 // Each block takes one query row, a group of kSplitHeads heads and one range of the row's keys. It walks
-// the range 32 keys at a time: the keys go to shared memory once for all heads of the group, warp h
-// scores head h against the 32 keys (lane j = key j), and an online softmax keeps each head's running
-// max, sum and weighted values. The partial results of the ranges (max, sum, values per head) are
-// merged by AttentionCombineKernel with the sink, in range order (deterministic).
-constexpr int kSplitKeys = 32;     // keys per pass (one per lane)
-constexpr int kSplitHeads = 8;     // heads per block (one warp each while scoring)
+// the range 32 keys at a time: the keys go to shared memory once for all heads of the group, the block
+// scores the group's heads against them as a register-tiled product (below), and an online softmax keeps
+// each head's running max, sum and weighted values. The partial results of the ranges (max, sum, values
+// per head) are merged by AttentionCombineKernel with the sink, in range order (deterministic).
+//
+// Where the time goes: a pass is a [heads x keys] = [8 x 32] product over head_dim and a [heads x d] +=
+// [heads x 32] x [32 x d] update, both from shared memory. The scoring tile gives each thread 2 heads x 4
+// keys over one of kSplitSlices channel slices (float4 loads: 6 per 32 FMAs; the slices' dots are then
+// added in slice order), and the update gives each thread one channel quad of 4 heads (one float4 of a key
+// row and 4 broadcast probabilities per 16 FMAs), so shared memory no longer bounds a pass.
+constexpr int kSplitKeys = 32;     // keys per pass
+constexpr int kSplitHeads = 8;     // heads per block
 constexpr int kSplitThreads = 256;
+constexpr int kSplitSlices = kSplitThreads / 32;  // channel slices of the scoring tile (one per warp)
 constexpr int kSplitMaxRanges = 32;
 constexpr int kSplitMaxRows = 16;
-constexpr int kSplitAccPerThread = kSplitHeads * 512 / kSplitThreads;  // values per thread at head_dim 512
+constexpr int kSplitMaxQuads = 128;  // head_dim 512 in float4s
+constexpr int kSplitAccPerThread = kSplitHeads * kSplitMaxQuads / kSplitThreads;  // (head, quad) pairs per thread
+static_assert(kSplitKeys == 32 && kSplitHeads == 8 && kSplitSlices == 8, "the scoring tile's lane layout");
 
 int SplitHeadsFor(int64_t heads, int64_t d) {
   for (int g = kSplitHeads; g > 1; g /= 2)
     if (heads % g == 0 && g * d <= kSplitHeads * 512) return g;
   return 1;
+}
+
+// Shared memory of a split block (floats): keys, queries, the slices' dots, probabilities, rescales.
+__host__ __device__ __forceinline__ int SplitSmemFloats(int64_t d, int head_group) {
+  const int ld = TileLd(d);
+  return kSplitKeys * ld + head_group * ld + kSplitSlices * head_group * kSplitKeys + kSplitKeys * kSplitHeads +
+         kSplitHeads;
 }
 
 // A row's keys are split into ranges of whole 32-key passes, as few passes per range as keep the ranges
@@ -373,13 +533,14 @@ struct AttnBatch {
 // each block copies its row's AttnKeys into shared memory once.
 // gridDim.y = ranges = kSplitMaxRanges: a row's ranges past its keys write empty partials (max -inf, sum
 // 0), which the combine skips, so the launch is the same whatever the keys (a graph replays it) and a row
-// sums its keys the same way whatever else the launch holds.
+// sums its keys the same way whatever else the launch holds. The ranges with keys are a prefix.
 __global__ void __launch_bounds__(kSplitThreads) AttentionSplitKernel(const float* q, int64_t heads, int head_group,
                                                                       const AttnBatch* __restrict__ batch,
                                                                       float softmax_scale, float* partial) {
   PdlWait();
   PdlTrigger();
-  extern __shared__ float smem[];
+  extern __shared__ float4 split_smem4[];
+  float* smem = reinterpret_cast<float*>(split_smem4);
   __shared__ const void* kp[kSplitKeys];  // the pass's key rows (null: absent)
   __shared__ __align__(16) unsigned char keys_bytes[sizeof(AttnKeys)];  // (AttnKeys has initializers)
   AttnKeys& keys = *reinterpret_cast<AttnKeys*>(keys_bytes);
@@ -387,11 +548,13 @@ __global__ void __launch_bounds__(kSplitThreads) AttentionSplitKernel(const floa
   const int64_t r = blockIdx.x / groups, h0 = (blockIdx.x % groups) * head_group, g = blockIdx.y;
   if (threadIdx.x == 0) keys = batch->seq[batch->row_seq[r]];
   __syncthreads();
-  const int64_t d = keys.d, ld = d + 1;  // key rows padded by one float: lane j reads row j without conflicts
-  float* ks = smem;                                  // [kSplitKeys][d + 1]
-  float* qs = ks + kSplitKeys * ld;                  // [head_group][d]
-  float* ps = qs + head_group * d;                   // [head_group][kSplitKeys] probabilities of the pass
-  float* alpha = ps + head_group * kSplitKeys;       // [head_group] rescale of the running values
+  const int64_t d = keys.d;
+  const int dd = static_cast<int>(d), quads = (dd + 3) / 4, ld = TileLd(d), hg = head_group;
+  float* ks = smem;                                  // [kSplitKeys][ld]
+  float* qs = ks + kSplitKeys * ld;                  // [hg][ld]
+  float* red = qs + hg * ld;                         // [kSplitSlices][hg][kSplitKeys] the slices' dots
+  float* ps = red + kSplitSlices * hg * kSplitKeys;  // [kSplitKeys][kSplitHeads] probabilities of the pass
+  float* alpha = ps + kSplitKeys * kSplitHeads;      // [kSplitHeads] rescale of the running values
   const int64_t rl = batch->row_local[r];  // the row within its sequence
   const RowSpan span = keys.Span(rl);
   const int64_t lo = span.lo, nwin = span.nwin, visible = span.visible, nkeys = span.nkeys;
@@ -406,78 +569,119 @@ __global__ void __launch_bounds__(kSplitThreads) AttentionSplitKernel(const floa
     }
     return;
   }
-  for (int i = threadIdx.x; i < head_group * static_cast<int>(d); i += blockDim.x) qs[i] = q[(r * heads + h0) * d + i];
+  // The group's query rows, and the key rows' padding channels (never written by the copies), as zeros.
+  const int width = 4 * quads;
+  for (int i = threadIdx.x; i < hg * width; i += blockDim.x) {
+    const int hh = i / width, c = i - hh * width;
+    qs[hh * ld + c] = c < dd ? q[(r * heads + h0 + hh) * d + c] : 0.0f;
+  }
+  for (int i = threadIdx.x; i < kSplitKeys * (width - dd); i += blockDim.x) {
+    const int j = i / (width - dd);
+    ks[j * ld + dd + (i - j * (width - dd))] = 0.0f;
+  }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  // Scoring tile of this thread: heads hs, hs + 4 (those below hg) x keys kq, kq + 8, kq + 16, kq + 24, over
+  // the channel quads warp, warp + kSplitSlices, ...
+  const int hs = lane >> 3, kq = lane & 7;
+  const int qrow0 = hs < hg ? hs : hg - 1, qrow1 = hs + 4 < hg ? hs + 4 : hg - 1;  // clamped (results unused)
   float run_max = -INFINITY, run_sum = 0.0f;  // of head `warp` (warps < head_group), kept by every lane
-  // Output i of this thread is channel acc_c[i] of head acc_h[i] (acc_c -1: none).
-  float acc[kSplitAccPerThread];
-  int acc_h[kSplitAccPerThread], acc_c[kSplitAccPerThread];
+  // Update pair i of this thread: channel quad acc_q[i] of head acc_h[i] (acc_h >= hg: none).
+  float4 acc[kSplitAccPerThread];
+  int acc_h[kSplitAccPerThread], acc_q[kSplitAccPerThread];
 #pragma unroll
   for (int i = 0; i < kSplitAccPerThread; ++i) {
-    const int o = static_cast<int>(threadIdx.x) + i * kSplitThreads;
-    acc[i] = 0.0f;
-    acc_h[i] = o / static_cast<int>(d);
-    acc_c[i] = o < head_group * static_cast<int>(d) ? o % static_cast<int>(d) : -1;
+    const int p = static_cast<int>(threadIdx.x) + i * kSplitThreads;
+    acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    acc_h[i] = p / quads;
+    acc_q[i] = p - acc_h[i] * quads;
   }
-  const bool vec4 = d % 4 == 0 && AllRowsAligned(keys);
+  const bool one_quad = kSplitThreads % quads == 0;  // every pair of a thread on the same channel quad
+  const bool vec4 = dd % 4 == 0 && AllRowsAligned(keys);
   for (int64_t k0 = k_begin; k0 < k_end; k0 += kSplitKeys) {
-    __syncthreads();  // the previous pass is done with ks / ps
+    __syncthreads();  // the previous pass is done with kp / ks / ps / alpha
     // The pass's keys into shared memory; absent ones (unlisted, not yet visible, past the range) are zero.
     const int64_t npass = k_end - k0 < kSplitKeys ? k_end - k0 : kSplitKeys;
     if (threadIdx.x < kSplitKeys)
       kp[threadIdx.x] = threadIdx.x < npass ? keys.Key(rl, lo, nwin, visible, k0 + threadIdx.x) : nullptr;
     __syncthreads();
-    // Warp v copies keys v, v + 8, ...: lanes stride the row (float4 when rows allow), no division.
-    const int dd = static_cast<int>(d);
     for (int j = warp; j < kSplitKeys; j += kSplitThreads / 32) {
       const RowKind kind = keys.KindOf(nwin, k0 + j);
-      WarpCopyStoredRow(kp[j], kind, keys.entries.nope, dd, vec4, lane, ks + j * ld);
+      WarpStageRow(kp[j], kind, keys.entries.nope, dd, vec4, lane, ks + j * ld);
     }
     __syncthreads();
-    if (warp < head_group) {
-      const int64_t j = lane;
-      const void* k = kp[j];
-      float s = -INFINITY;
-      if (k) {
-        const float* qh = qs + warp * d;
-        const float* kr = ks + j * ld;
-        // Four interleaved partial sums (the dependent FMA chain is a quarter as long), added in a fixed order.
-        float dot0 = 0.0f, dot1 = 0.0f, dot2 = 0.0f, dot3 = 0.0f;
-        const int d4 = static_cast<int>(d) & ~3;
-        for (int c = 0; c < d4; c += 4) {
-          dot0 += qh[c] * kr[c];
-          dot1 += qh[c + 1] * kr[c + 1];
-          dot2 += qh[c + 2] * kr[c + 2];
-          dot3 += qh[c + 3] * kr[c + 3];
+    {
+      float dot[2][4] = {};
+      for (int c = 4 * warp; c < width; c += 4 * kSplitSlices) {
+        const float4 q0 = Ld4(qs + qrow0 * ld + c), q1 = Ld4(qs + qrow1 * ld + c);
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          const float4 kv = Ld4(ks + (kq + 8 * m) * ld + c);
+          dot[0][m] = Dot4(dot[0][m], q0, kv);
+          dot[1][m] = Dot4(dot[1][m], q1, kv);
         }
-        for (int c = d4; c < static_cast<int>(d); ++c) dot0 += qh[c] * kr[c];
-        s = ((dot0 + dot1) + (dot2 + dot3)) * softmax_scale;
+      }
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        if (hs < hg) red[(warp * hg + hs) * kSplitKeys + kq + 8 * m] = dot[0][m];
+        if (hs + 4 < hg) red[(warp * hg + hs + 4) * kSplitKeys + kq + 8 * m] = dot[1][m];
+      }
+    }
+    __syncthreads();
+    if (warp < head_group) {  // warp h: head h's scores (lane j = key j) and its online softmax
+      const int j = lane;
+      float s = -INFINITY;
+      if (kp[j]) {
+        float dot = 0.0f;
+#pragma unroll
+        for (int sl = 0; sl < kSplitSlices; ++sl) dot += red[(sl * hg + warp) * kSplitKeys + j];
+        s = dot * softmax_scale;
       }
       const float m_new = fmaxf(run_max, WarpMax(s));
       const float p = s == -INFINITY ? 0.0f : expf(s - m_new);
       const float a = run_max == -INFINITY ? 0.0f : expf(run_max - m_new);
       run_sum = run_sum * a + WarpSum(p);
       run_max = m_new;
-      ps[warp * kSplitKeys + j] = p;
+      ps[j * kSplitHeads + warp] = p;
       if (lane == 0) alpha[warp] = a;
     }
     __syncthreads();
+    if (one_quad) {  // head_dim 512 (and every power-of-two quad count): one key float4 serves all pairs
+      const int cq = acc_q[0];
+      float a[kSplitAccPerThread];
 #pragma unroll
-    for (int i = 0; i < kSplitAccPerThread; ++i) {
-      if (acc_c[i] >= 0) {
-        const float* pr = ps + acc_h[i] * kSplitKeys;
-        const float* kc = ks + acc_c[i];
-        float v = acc[i] * alpha[acc_h[i]];
-#pragma unroll 8
-        for (int j = 0; j < kSplitKeys; ++j) v += pr[j] * kc[j * ld];
+      for (int i = 0; i < kSplitAccPerThread; ++i) {
+        a[i] = acc_h[i] < hg ? alpha[acc_h[i]] : 0.0f;
+        acc[i] = make_float4(acc[i].x * a[i], acc[i].y * a[i], acc[i].z * a[i], acc[i].w * a[i]);
+      }
+#pragma unroll 4
+      for (int j = 0; j < kSplitKeys; ++j) {
+        const float4 kv = Ld4(ks + j * ld + 4 * cq);
+#pragma unroll
+        for (int i = 0; i < kSplitAccPerThread; ++i)
+          if (acc_h[i] < hg) acc[i] = Axpy4(acc[i], ps[j * kSplitHeads + acc_h[i]], kv);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kSplitAccPerThread; ++i) {
+        if (acc_h[i] >= hg) continue;
+        const float a = alpha[acc_h[i]];
+        float4 v = make_float4(acc[i].x * a, acc[i].y * a, acc[i].z * a, acc[i].w * a);
+        for (int j = 0; j < kSplitKeys; ++j) v = Axpy4(v, ps[j * kSplitHeads + acc_h[i]], Ld4(ks + j * ld + 4 * acc_q[i]));
         acc[i] = v;
       }
     }
   }
   // Partials: values by every thread, max and sum by lane 0 of each head's warp.
 #pragma unroll
-  for (int i = 0; i < kSplitAccPerThread; ++i)
-    if (acc_c[i] >= 0) partial[((r * heads + h0 + acc_h[i]) * ranges + g) * (d + 2) + 2 + acc_c[i]] = acc[i];
+  for (int i = 0; i < kSplitAccPerThread; ++i) {
+    if (acc_h[i] >= hg) continue;
+    float* pv = partial + ((r * heads + h0 + acc_h[i]) * ranges + g) * (d + 2) + 2;
+    const int c = 4 * acc_q[i];
+    if (c < dd) pv[c] = acc[i].x;
+    if (c + 1 < dd) pv[c + 1] = acc[i].y;
+    if (c + 2 < dd) pv[c + 2] = acc[i].z;
+    if (c + 3 < dd) pv[c + 3] = acc[i].w;
+  }
   if (warp < head_group && lane == 0) {
     float* pm = partial + ((r * heads + h0 + warp) * ranges + g) * (d + 2);
     pm[0] = run_max;
@@ -487,8 +691,9 @@ __global__ void __launch_bounds__(kSplitThreads) AttentionSplitKernel(const floa
 
 // out[r, h] = sum_g e^(m_g - M) values_g / (sum_g e^(m_g - M) sum_g + e^(sink_h - M)), M the largest max.
 // One block per (row, head). The ranges' maxima and sums are read once, in parallel, into shared memory;
-// each thread then sums its kCombineChannels channels over the ranges with every load independent of the
-// others (a range without keys contributes nothing: its values are never used), adding in range order.
+// each thread then sums its kCombineChannels channels over the ranges up to the last one with a weight,
+// every load independent of the others, adding in range order. Ranges before that one all hold values
+// (ranges with keys are a prefix; one whose keys are all absent holds zeros and weighs 0).
 constexpr int kCombineThreads = 128, kCombineChannels = 4, kCombineMaxRanges = 64;
 static_assert(kSplitMaxRanges <= kCombineMaxRanges, "the combine keeps every range's weight in shared memory");
 __global__ void __launch_bounds__(kCombineThreads) AttentionCombineKernel(const float* partial, int64_t heads,
@@ -498,6 +703,7 @@ __global__ void __launch_bounds__(kCombineThreads) AttentionCombineKernel(const 
   PdlTrigger();
   __shared__ float wgt[kCombineMaxRanges];  // e^(m_g - M), 0 for a range without keys
   __shared__ float denom_s;
+  __shared__ int used_s;  // ranges up to the last one with a weight
   const int64_t r = blockIdx.x / heads, h = blockIdx.x % heads;
   const float* p = partial + (r * heads + h) * ranges * (d + 2);
   const int t = threadIdx.x;
@@ -506,6 +712,7 @@ __global__ void __launch_bounds__(kCombineThreads) AttentionCombineKernel(const 
     for (int64_t g = t; g < ranges; g += 32) mx = fmaxf(mx, p[g * (d + 2)]);
     mx = WarpMax(mx);
     float denom = expf(sinks[h] - mx);
+    int used = 0;
     for (int64_t g0 = 0; g0 < ranges; g0 += 32) {  // weights in parallel, the sum in range order (lane 0)
       const int64_t g = g0 + t;
       float m = -INFINITY, sum = 0.0f;
@@ -515,6 +722,7 @@ __global__ void __launch_bounds__(kCombineThreads) AttentionCombineKernel(const 
       }
       const float w = m == -INFINITY ? 0.0f : expf(m - mx);
       if (g < ranges) wgt[g] = w;
+      if (w != 0.0f) used = static_cast<int>(g) + 1;
       const int64_t here = ranges - g0 < 32 ? ranges - g0 : 32;
       for (int64_t i = 0; i < here; ++i) {
         const float wi = __shfl_sync(0xffffffffu, w, static_cast<int>(i));
@@ -522,15 +730,19 @@ __global__ void __launch_bounds__(kCombineThreads) AttentionCombineKernel(const 
         if (wi != 0.0f) denom += wi * si;
       }
     }
-    if (t == 0) denom_s = denom;
+    for (int o = 16; o > 0; o >>= 1) used = max(used, __shfl_xor_sync(0xffffffffu, used, o));
+    if (t == 0) {
+      denom_s = denom;
+      used_s = used;
+    }
   }
   __syncthreads();
+  const int used = used_s;
   for (int64_t c0 = t; c0 < d; c0 += kCombineThreads * kCombineChannels) {
     float acc[kCombineChannels] = {};
-#pragma unroll 4
-    for (int64_t g = 0; g < ranges; ++g) {
+#pragma unroll 8
+    for (int g = 0; g < used; ++g) {
       const float w = wgt[g];
-      if (w == 0.0f) continue;
       const float* v = p + g * (d + 2) + 2;
 #pragma unroll
       for (int i = 0; i < kCombineChannels; ++i) {
@@ -583,13 +795,16 @@ void LaunchIndexer(const float* q, const float* weights, const IndexerBatch& bat
   if (n <= 0) return;
   if (top_k > kMaxTopK)
     throw std::runtime_error("cuda IndexerTopK: top_k " + std::to_string(top_k) + " above " + std::to_string(kMaxTopK));
-  const size_t smem = static_cast<size_t>(heads * dim + kIndexerKeys * (dim + 1)) * sizeof(float);
+  const size_t smem = static_cast<size_t>(IndexerSmemFloats(heads, dim)) * sizeof(float);
   static PerDeviceOnce once;
   once.Run([](int) {
-    CudaCheck(cudaFuncSetAttribute(IndexerScoresKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024),
+    CudaCheck(cudaFuncSetAttribute(IndexerScoresKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kIndexerMaxSmem),
               "indexer smem attribute");
+    CudaCheck(cudaFuncSetAttribute(TopKKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>(kTopkCacheKeys * sizeof(uint32_t))),
+              "top-k smem attribute");
   });
-  if (smem > 160 * 1024) throw std::runtime_error("cuda IndexerTopK: heads x dim too large for shared memory");
+  if (smem > kIndexerMaxSmem) throw std::runtime_error("cuda IndexerTopK: heads x dim too large for shared memory");
   // The launch covers ld_keys keys per row whatever the sequences hold (blocks past a row's keys return):
   // its shape depends on ld_keys only.
   for (int i = 0; i < batch.num_seqs; ++i)
@@ -599,10 +814,14 @@ void LaunchIndexer(const float* q, const float* weights, const IndexerBatch& bat
   const int64_t ld = ld_keys > 0 ? ld_keys : 1;
   const IndexerBatch* dev = stage.Stage(batch);
   if (!stage.Launching()) return;
-  dim3 grid(static_cast<unsigned>((ld + kIndexerKeys - 1) / kIndexerKeys), static_cast<unsigned>(n));
+  const int64_t tiles = (ld + kIndexerKeys - 1) / kIndexerKeys;
+  dim3 grid(static_cast<unsigned>(tiles < kIndexerMaxTileBlocks ? tiles : kIndexerMaxTileBlocks),
+            static_cast<unsigned>(n));
   PdlLaunch(IndexerScoresKernel, grid, kIndexerThreads, smem, s, q, weights, dev, heads, dim, positions, ratio, ld,
             scratch);
-  PdlLaunch(TopKKernel, static_cast<unsigned>(n), kTopkThreads, 0, s, scratch, ld, dev, positions, ratio, top_k, out);
+  const int cache_keys = static_cast<int>(ld < kTopkCacheKeys ? ld : kTopkCacheKeys);
+  PdlLaunch(TopKKernel, static_cast<unsigned>(n), kTopkThreads, cache_keys * sizeof(uint32_t), s, scratch, ld, dev,
+            positions, ratio, top_k, cache_keys, out);
 }
 
 }  // namespace
@@ -730,11 +949,10 @@ void AttentionBatch(const float* q, int64_t n, int64_t heads, int64_t d, const f
   static PerDeviceOnce split_once;
   split_once.Run([](int) {
     CudaCheck(cudaFuncSetAttribute(AttentionSplitKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   static_cast<int>((kSplitKeys * 513 + kSplitHeads * 512 + kSplitHeads * (kSplitKeys + 1)) *
-                                                    sizeof(float))),
+                                   static_cast<int>(SplitSmemFloats(512, kSplitHeads) * sizeof(float))),
               "split attention smem attribute");
   });
-  const size_t split_smem = static_cast<size_t>(kSplitKeys * (d + 1) + hg * d + hg * (kSplitKeys + 1)) * sizeof(float);
+  const size_t split_smem = static_cast<size_t>(SplitSmemFloats(d, hg)) * sizeof(float);
   const AttnBatch* dev = stage.Stage(batch);
   if (!stage.Launching()) return;
   PdlLaunch(AttentionSplitKernel, dim3(static_cast<unsigned>(n * (heads / hg)), static_cast<unsigned>(ranges)),
