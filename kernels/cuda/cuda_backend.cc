@@ -323,8 +323,7 @@ class CudaBackend final : public Backend {
     Require(fn.shape.size() == 2 && fn.shape[0] == (2 + hc) * hc && fn.shape[1] == hc * D, "HcPre", "fn shape");
     ps.Bytes(op_bytes::HcPre(n, D, hc));
     Use();
-    Tensor mixes = arena_.Temp(DType::kF32, {cuda_ops::HcPreScratchFloats(n, D, hc)});
-    cuda_ops::HcPre(F(X), n, D, hc, F(fn), F(base), F(scale), iters, eps, norm_eps, F(mixes), F(*y), F(*post), F(*comb),
+    cuda_ops::HcPre(F(X), n, D, hc, F(fn), F(base), F(scale), iters, eps, norm_eps, F(*y), F(*post), F(*comb),
                     ctx_->stream);
     CheckLaunch("HcPre");
   }
