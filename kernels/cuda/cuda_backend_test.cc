@@ -445,21 +445,33 @@ TEST_F(CudaBackendTest, HyperConnections) {
     ExpectClose(y, kF32Tol, what + "y");
     ExpectClose(post, kF32Tol, what + "post");
     ExpectClose(comb, kF32Tol, what + "comb");
+    // With y's RmsNorm in the same launch (the CPU backend runs HcPre, then RmsNorm); one shape unweighted.
+    const bool weighted = pc.D != 160;
+    Pair norm_w = Rand({pc.D}, 1.0f), yn = Zeros(DType::kF32, {pc.n, pc.D});
+    cpu_->HcPreNorm(X.c, fn.c, base.c, scale.c, pc.hc, iters, eps, norm_eps, weighted ? &norm_w.c : nullptr, 1e-5f,
+                    &yn.c, &post.c, &comb.c);
+    gpu().HcPreNorm(X.g, fn.g, base.g, scale.g, pc.hc, iters, eps, norm_eps, weighted ? &norm_w.g : nullptr, 1e-5f,
+                    &yn.g, &post.g, &comb.g);
+    ExpectClose(yn, kF32Tol, what + "normed y");
+    ExpectClose(post, kF32Tol, what + "post (HcPreNorm)");
+    ExpectClose(comb, kF32Tol, what + "comb (HcPreNorm)");
   }
-  {  // A row's y, post and comb are the same bits alone as in a batch (decode batches rely on it).
+  {  // A row's normed y, post and comb are the same bits alone as in a batch (decode batches rely on it).
     const int64_t rows = 6, W = 4096;
     Pair X = Rand({rows, hc * W});
     Pair fn = Rand({(2 + hc) * hc, hc * W}, 0.05f), base = Rand({(2 + hc) * hc}, 0.5f), scale = Rand({3});
     Tensor y = gpu().Alloc(DType::kF32, {rows, W}), post = gpu().Alloc(DType::kF32, {rows, hc}),
            comb = gpu().Alloc(DType::kF32, {rows, hc * hc});
-    gpu().HcPre(X.g, fn.g, base.g, scale.g, hc, iters, eps, norm_eps, &y, &post, &comb);
+    Pair norm_w = Rand({W}, 1.0f);
+    gpu().HcPreNorm(X.g, fn.g, base.g, scale.g, hc, iters, eps, norm_eps, &norm_w.g, 1e-5f, &y, &post, &comb);
     const std::vector<uint8_t> all[3] = {GpuBytes(y), GpuBytes(post), GpuBytes(comb)};
     for (int64_t r : {0, 5}) {
       Tensor xr = AllocateTensor(DType::kF32, {1, hc * W});
       std::memcpy(xr.data, X.c.as<float>() + r * hc * W, xr.nbytes());
       Tensor y1 = gpu().Alloc(DType::kF32, {1, W}), post1 = gpu().Alloc(DType::kF32, {1, hc}),
              comb1 = gpu().Alloc(DType::kF32, {1, hc * hc});
-      gpu().HcPre(gpu().Upload(xr), fn.g, base.g, scale.g, hc, iters, eps, norm_eps, &y1, &post1, &comb1);
+      gpu().HcPreNorm(gpu().Upload(xr), fn.g, base.g, scale.g, hc, iters, eps, norm_eps, &norm_w.g, 1e-5f, &y1, &post1,
+                      &comb1);
       const std::vector<uint8_t> one[3] = {GpuBytes(y1), GpuBytes(post1), GpuBytes(comb1)};
       for (int o = 0; o < 3; ++o)
         EXPECT_EQ(std::memcmp(one[o].data(), all[o].data() + r * one[o].size(), one[o].size()), 0)

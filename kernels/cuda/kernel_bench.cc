@@ -423,6 +423,16 @@ void RunHc(int replays, cudaStream_t s) {
     };
     const double one_us = TimeCapturedCalls(copies, replays, s, one);
     const double two_us = TimeCapturedCalls(copies, replays, s, two);
+    // What a block's attention / FFN input costs: HcPre with the norm of y in its launch, and before.
+    const cuda_ops::HcYNorm norm{f, 1e-6f};  // f's first row as the norm weight
+    const double one_norm_us = TimeCapturedCalls(copies, replays, s, [&](int c) {
+      cuda_ops::HcPre(X, n, D, hc, fns + fn_floats * (c % copies), base, scale, iters, eps, norm_eps, y[0], post[0],
+                      comb[0], s, &norm);
+    });
+    const double two_norm_us = TimeCapturedCalls(copies, replays, s, [&](int c) {
+      two(c);
+      cuda_ops::RmsNorm(y[1], n, D, f, 1e-6f, y[1], s);
+    });
     const double post_us = TimeCapturedCalls(copies, replays, s, [&](int) {
       cuda_ops::HcPost(X, f, post[0], comb[0], n, D, hc, out, s);
     });
@@ -433,6 +443,9 @@ void RunHc(int replays, cudaStream_t s) {
     std::printf("%-6s %-44s %5lld %9.2f %11.2e\n", "hc", "HcPre (one launch, cluster of 8 per role)", (long long)n,
                 one_us, diff);
     std::printf("%-6s %-44s %5lld %9.2f\n", "hc", "HcPre (two launches, previous)", (long long)n, two_us);
+    std::printf("%-6s %-44s %5lld %9.2f\n", "hc", "HcPre + y RmsNorm (one launch)", (long long)n, one_norm_us);
+    std::printf("%-6s %-44s %5lld %9.2f\n", "hc", "HcPre (two launches) + RmsNorm (previous)", (long long)n,
+                two_norm_us);
     std::printf("%-6s %-44s %5lld %9.2f\n", "hc", "HcPost", (long long)n, post_us);
     std::fflush(stdout);
     for (float* p : {X, f, y[0], y[1], post[0], post[1], comb[0], comb[1], out, mixes}) cudaFree(p);

@@ -354,6 +354,15 @@ struct HcVec<4> {
     return make_float4(fmaf(a, x.x, acc.x), fmaf(a, x.y, acc.y), fmaf(a, x.z, acc.z), fmaf(a, x.w, acc.w));
   }
   static __device__ __forceinline__ void Store(float* p, T v) { *reinterpret_cast<float4*>(p) = v; }
+  // RmsNorm's scaling (RmsNormVec4Kernel's expression): g * (v * r), or v * r without a weight.
+  static __device__ __forceinline__ T Norm(T v, float r, const float* g) {
+    T o = make_float4(v.x * r, v.y * r, v.z * r, v.w * r);
+    if (g) {
+      const float4 gv = *reinterpret_cast<const float4*>(g);
+      o = make_float4(gv.x * o.x, gv.y * o.y, gv.z * o.z, gv.w * o.w);
+    }
+    return o;
+  }
 };
 template <>
 struct HcVec<1> {
@@ -364,6 +373,7 @@ struct HcVec<1> {
   static __device__ __forceinline__ float Dot(T a, T b, float acc) { return fmaf(a, b, acc); }
   static __device__ __forceinline__ T Axpy(float a, T x, T acc) { return fmaf(a, x, acc); }
   static __device__ __forceinline__ void Store(float* p, T v) { *p = v; }
+  static __device__ __forceinline__ T Norm(T v, float r, const float* g) { return g ? *g * (v * r) : v * r; }
 };
 
 // The warp's sum of a[(lane >> 2) & 7] over its 32 lanes, for lanes with lane % 4 == 0: eight sums in 9
@@ -396,11 +406,13 @@ __device__ __forceinline__ void LoadHcWeights(typename HcVec<V>::T (&f)[KC], con
 template <int V, int R, int KC>
 __global__ void __cluster_dims__(kHcParts, 1, 1) __launch_bounds__(kHcPreThreads, 1)
     HcPreKernel(const float* X, int64_t n, int64_t D, int hc, const float* fn, const float* base, const float* scale,
-                int iters, float eps, float norm_eps, float* y, float* post, float* comb) {
+                int iters, float eps, float norm_eps, bool normalize, const float* norm_w, float rms_eps, float* y,
+                float* post, float* comb) {
   static_assert(KC % 8 == 0, "the mixes are reduced in groups of 8");
   using Vec = HcVec<V>;
   __shared__ float part_dot[kMaxHc * kMaxHc * R];  // [k - k_begin][r]: this block's sums, read by the cluster
   __shared__ float part_ss[R];
+  __shared__ float part_yy[R];  // role 0 with normalize: this block's sums of y^2
   __shared__ float red[kHcPreWarps][R * KC];
   __shared__ float red_ss[kHcPreWarps][R];
   __shared__ float pre[R][kMaxHc];
@@ -489,13 +501,47 @@ __global__ void __cluster_dims__(kHcParts, 1, 1) __launch_bounds__(kHcPreThreads
     }
     __cluster_barrier_arrive();  // done with the peers' shared memory
     __syncthreads();
-    for (int64_t j = t; j < R * cols; j += kHcPreThreads) {
-      const int r = static_cast<int>(j / cols);
-      const int64_t row = row0 + r, col = (c0 + j % cols) * V;
+    float yy[R];  // this thread's sum of y^2 per row (the RmsNorm of y)
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      yy[r] = 0.0f;
+      const int64_t row = row0 + r;
       if (row >= n) continue;
-      typename Vec::T acc = Vec::Zero();
-      for (int i = 0; i < hc; ++i) acc = Vec::Axpy(pre[r][i], Vec::Load(X + row * w + i * D + col), acc);
-      Vec::Store(y + row * D + col, acc);
+      for (int64_t j = t; j < cols; j += kHcPreThreads) {
+        const int64_t col = (c0 + j) * V;
+        typename Vec::T acc = Vec::Zero();
+        for (int i = 0; i < hc; ++i) acc = Vec::Axpy(pre[r][i], Vec::Load(X + row * w + i * D + col), acc);
+        Vec::Store(y + row * D + col, acc);
+        yy[r] = Vec::Dot(acc, acc, yy[r]);
+      }
+    }
+    if (normalize) {  // y = norm_w * (y * rsqrt(mean(y^2) + rms_eps)): the row's sum through the cluster again
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float v = WarpSum(yy[r]);
+        if (lane == 0) red_ss[warp][r] = v;
+      }
+      __syncthreads();
+      if (t < R) {
+        float s = 0.0f;
+        for (int q = 0; q < kHcPreWarps; ++q) s += red_ss[q][t];
+        part_yy[t] = s;
+      }
+      __cluster_barrier_wait();    // (the peers are done with part_ss / part_dot)
+      __cluster_barrier_arrive();  // release: part_yy ...
+      __cluster_barrier_wait();    // ... and the peers' are visible
+      for (int r = 0; r < R; ++r) {
+        const int64_t row = row0 + r;
+        if (row >= n) break;
+        float s = 0.0f;
+        for (unsigned q = 0; q < kHcParts; ++q) s += *cluster.map_shared_rank(&part_yy[r], q);
+        const float inv = 1.0f / sqrtf(s / static_cast<float>(D) + rms_eps);
+        for (int64_t j = t; j < cols; j += kHcPreThreads) {  // the values this thread wrote above
+          const int64_t col = (c0 + j) * V;
+          Vec::Store(y + row * D + col, Vec::Norm(Vec::Load(y + row * D + col), inv, norm_w ? norm_w + col : nullptr));
+        }
+      }
+      __cluster_barrier_arrive();  // done with the peers' part_yy
     }
   } else {
     const int nc = hc * hc;
@@ -774,31 +820,35 @@ void HcPreTwoKernels(const float* X, int64_t n, int64_t D, int hc, const float* 
 
 template <int V>
 static void LaunchHcPre(const float* X, int64_t n, int64_t D, int hc, const float* fn, const float* base,
-                        const float* scale, int iters, float eps, float norm_eps, float* y, float* post, float* comb,
-                        cudaStream_t s) {
+                        const float* scale, int iters, float eps, float norm_eps, const HcYNorm* y_norm, float* y,
+                        float* post, float* comb, cudaStream_t s) {
   // One row: 16 mixes per pass (the comb's 16 at hc 4 in one round of loads); more: 4 rows per cluster
   // (fn read once for the 4), 8 mixes per pass (registers).
   const int rows = n == 1 ? 1 : 4;
   const dim3 grid(kHcParts, 2, static_cast<unsigned>((n + rows - 1) / rows));
+  const bool normalize = y_norm != nullptr;
+  const float* norm_w = normalize ? y_norm->weight : nullptr;
+  const float rms_eps = normalize ? y_norm->eps : 0.0f;
   if (rows == 1)
-    PdlLaunch(HcPreKernel<V, 1, 16>, grid, kHcPreThreads, 0, s, X, n, D, hc, fn, base, scale, iters, eps, norm_eps, y,
-              post, comb);
+    PdlLaunch(HcPreKernel<V, 1, 16>, grid, kHcPreThreads, 0, s, X, n, D, hc, fn, base, scale, iters, eps, norm_eps,
+              normalize, norm_w, rms_eps, y, post, comb);
   else
-    PdlLaunch(HcPreKernel<V, 4, 8>, grid, kHcPreThreads, 0, s, X, n, D, hc, fn, base, scale, iters, eps, norm_eps, y,
-              post, comb);
+    PdlLaunch(HcPreKernel<V, 4, 8>, grid, kHcPreThreads, 0, s, X, n, D, hc, fn, base, scale, iters, eps, norm_eps,
+              normalize, norm_w, rms_eps, y, post, comb);
 }
 
 void HcPre(const float* X, int64_t n, int64_t D, int hc, const float* fn, const float* base, const float* scale,
-           int iters, float eps, float norm_eps, float* y, float* post, float* comb, cudaStream_t s) {
+           int iters, float eps, float norm_eps, float* y, float* post, float* comb, cudaStream_t s,
+           const HcYNorm* y_norm) {
   if (n <= 0) return;
   if (n > 65535) throw std::runtime_error("cuda HcPre: " + std::to_string(n) + " rows, at most 65535 per call");
   if (hc < 1 || hc > kMaxHc) throw std::runtime_error("cuda HcPre: hc " + std::to_string(hc) + " not in 1..16");
-  const bool vec = D % 4 == 0 && ((reinterpret_cast<uintptr_t>(X) | reinterpret_cast<uintptr_t>(fn) |
-                                   reinterpret_cast<uintptr_t>(y)) & 15) == 0;
-  if (vec)
-    LaunchHcPre<4>(X, n, D, hc, fn, base, scale, iters, eps, norm_eps, y, post, comb, s);
+  const uintptr_t addresses = reinterpret_cast<uintptr_t>(X) | reinterpret_cast<uintptr_t>(fn) |
+                              reinterpret_cast<uintptr_t>(y) | reinterpret_cast<uintptr_t>(y_norm ? y_norm->weight : nullptr);
+  if (D % 4 == 0 && addresses % 16 == 0)
+    LaunchHcPre<4>(X, n, D, hc, fn, base, scale, iters, eps, norm_eps, y_norm, y, post, comb, s);
   else
-    LaunchHcPre<1>(X, n, D, hc, fn, base, scale, iters, eps, norm_eps, y, post, comb, s);
+    LaunchHcPre<1>(X, n, D, hc, fn, base, scale, iters, eps, norm_eps, y_norm, y, post, comb, s);
 }
 
 void HcExpand(const float* h, int64_t n, int64_t D, int hc, float* X, cudaStream_t s) {
