@@ -501,19 +501,28 @@ __global__ void __cluster_dims__(kHcParts, 1, 1) __launch_bounds__(kHcPreThreads
     }
     __cluster_barrier_arrive();  // done with the peers' shared memory
     __syncthreads();
+    // Thread t takes columns t, t + 512, ... of every row of the group (the same columns whatever R is, so
+    // y's sums of squares, like the mixes, do not depend on the batch); the loads of all R rows and hc
+    // streams are straight-line code, in flight together.
     float yy[R];  // this thread's sum of y^2 per row (the RmsNorm of y)
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      yy[r] = 0.0f;
-      const int64_t row = row0 + r;
-      if (row >= n) continue;
-      for (int64_t j = t; j < cols; j += kHcPreThreads) {
-        const int64_t col = (c0 + j) * V;
-        typename Vec::T acc = Vec::Zero();
-        for (int i = 0; i < hc; ++i) acc = Vec::Axpy(pre[r][i], Vec::Load(X + row * w + i * D + col), acc);
-        Vec::Store(y + row * D + col, acc);
-        yy[r] = Vec::Dot(acc, acc, yy[r]);
+    for (int r = 0; r < R; ++r) yy[r] = 0.0f;
+    for (int64_t j = t; j < cols; j += kHcPreThreads) {
+      const int64_t col = (c0 + j) * V;
+      typename Vec::T acc[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        acc[r] = Vec::Zero();
+#pragma unroll
+        for (int i = 0; i < kMaxHc; ++i)
+          if (i < hc && row0 + r < n) acc[r] = Vec::Axpy(pre[r][i], Vec::Load(X + (row0 + r) * w + i * D + col), acc[r]);
       }
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        if (row0 + r < n) {
+          Vec::Store(y + (row0 + r) * D + col, acc[r]);
+          yy[r] = Vec::Dot(acc[r], acc[r], yy[r]);
+        }
     }
     if (normalize) {  // y = norm_w * (y * rsqrt(mean(y^2) + rms_eps)): the row's sum through the cluster again
 #pragma unroll
