@@ -261,6 +261,14 @@ class Backend {
   // post [n, hc] and the Sinkhorn-normalised comb [n, hc*hc] (comb[i*hc + j]).
   virtual void HcPre(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale, int hc,
                      int sinkhorn_iters, float eps, float norm_eps, Tensor* y, Tensor* post, Tensor* comb) = 0;
+  // HcPre, then RmsNorm(y, D, y_norm, y_norm_eps, y) in place: a block's attention and FFN inputs. A
+  // backend may do both in one pass (the CUDA backend does); this default runs the two ops.
+  virtual void HcPreNorm(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale, int hc,
+                         int sinkhorn_iters, float eps, float norm_eps, const Tensor* y_norm, float y_norm_eps,
+                         Tensor* y, Tensor* post, Tensor* comb) {
+    HcPre(X, fn, base, scale, hc, sinkhorn_iters, eps, norm_eps, y, post, comb);
+    if (X.shape[0] > 0) RmsNorm(*y, y->numel() / X.shape[0], y_norm, y_norm_eps, y);
+  }
   // X[r, i*D:(i+1)*D] = h[r, :] for every stream i (the residual starts as hc copies of the embedding).
   virtual void HcExpand(const Tensor& h, int hc, Tensor* X) = 0;
   // X'[j] = post[j] * f + sum_i comb[i][j] * X[i].  out must not alias X.

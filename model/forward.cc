@@ -371,16 +371,15 @@ void ModelImpl::RunBlock(const BlockWeights& b, const std::vector<SeqRows>& seqs
   Backend& be = *backend_;
   const ModelConfig& c = config_;
   const int hc = c.hc_mult;
-  const int64_t D = c.hidden_size, N = X->shape[0];
+  const int64_t N = X->shape[0];
   const float eps = static_cast<float>(c.rms_norm_eps), hc_eps = static_cast<float>(c.hc_eps);
   const size_t block_mark = be.ScratchMark();
   BlockActivations a = AllocateBlockActivations(b, seqs[0], N);
 
   be.Segment({kAttentionInputSite, b.layer, N, 0}, [&] {
     Phase phase(be, "attention inputs (hc, norms, projections, rope)");
-    be.HcPre(*X, b.hc_attn.fn, b.hc_attn.base, b.hc_attn.scale, hc, c.hc_sinkhorn_iters, hc_eps, eps, &a.y, &a.post,
-             &a.comb);
-    be.RmsNorm(a.y, D, &b.attn_norm, eps, &a.y);
+    be.HcPreNorm(*X, b.hc_attn.fn, b.hc_attn.base, b.hc_attn.scale, hc, c.hc_sinkhorn_iters, hc_eps, eps,
+                 &b.attn_norm, eps, &a.y, &a.post, &a.comb);
     AttentionInputs(b, positions, &a);
   });
   {
@@ -405,9 +404,8 @@ void ModelImpl::RunBlock(const BlockWeights& b, const std::vector<SeqRows>& seqs
   SegmentUnlessImages(be, {kFfnSite, b.layer, N, 0}, !image_rows.empty(), [&] {
     Phase phase(be, "hc post/pre + norms");
     be.HcPost(*X, a.attn_out, a.post, a.comb, hc, &a.X2);
-    be.HcPre(a.X2, b.hc_ffn.fn, b.hc_ffn.base, b.hc_ffn.scale, hc, c.hc_sinkhorn_iters, hc_eps, eps, &a.y, &a.post,
-             &a.comb);
-    be.RmsNorm(a.y, D, &b.ffn_norm, eps, &a.y);
+    be.HcPreNorm(a.X2, b.hc_ffn.fn, b.hc_ffn.base, b.hc_ffn.scale, hc, c.hc_sinkhorn_iters, hc_eps, eps,
+                 &b.ffn_norm, eps, &a.y, &a.post, &a.comb);
     MoeBlock(b, a.y, tokens, image_rows, &a.moe_out);
   });
   AllReduce(&a.moe_out);

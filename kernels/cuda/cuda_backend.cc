@@ -327,10 +327,26 @@ class CudaBackend final : public Backend {
     Require(fn.shape.size() == 2 && fn.shape[0] == (2 + hc) * hc && fn.shape[1] == hc * D, "HcPre", "fn shape");
     ps.Bytes(op_bytes::HcPre(n, D, hc));
     Use();
-    Tensor mixes = arena_.Temp(DType::kF32, {cuda_ops::HcPreScratchFloats(n, D, hc)});
-    cuda_ops::HcPre(F(X), n, D, hc, F(fn), F(base), F(scale), iters, eps, norm_eps, F(mixes), F(*y), F(*post), F(*comb),
+    cuda_ops::HcPre(F(X), n, D, hc, F(fn), F(base), F(scale), iters, eps, norm_eps, F(*y), F(*post), F(*comb),
                     ctx_->stream);
     CheckLaunch("HcPre");
+  }
+
+  // y's RmsNorm in the same launch (the kernel's y blocks add their sums of y^2 through the cluster).
+  void HcPreNorm(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale, int hc, int iters,
+                 float eps, float norm_eps, const Tensor* y_norm, float y_norm_eps, Tensor* y, Tensor* post,
+                 Tensor* comb) override {
+    const ProfileScope ps = Profile("HcPreNorm");
+    Require(hc <= 16, "HcPreNorm", "hc_mult above 16");
+    const int64_t n = X.shape[0], D = RowWidth(X) / hc;
+    Require(fn.shape.size() == 2 && fn.shape[0] == (2 + hc) * hc && fn.shape[1] == hc * D, "HcPreNorm", "fn shape");
+    Require(y->numel() == n * D && (!y_norm || y_norm->numel() == D), "HcPreNorm", "y / norm weight shape");
+    ps.Bytes(op_bytes::HcPre(n, D, hc) + (y_norm ? 4.0 * D : 0.0));
+    Use();
+    const cuda_ops::HcYNorm norm{y_norm ? F(*y_norm) : nullptr, y_norm_eps};
+    cuda_ops::HcPre(F(X), n, D, hc, F(fn), F(base), F(scale), iters, eps, norm_eps, F(*y), F(*post), F(*comb),
+                    ctx_->stream, &norm);
+    CheckLaunch("HcPreNorm");
   }
 
   void HcExpand(const Tensor& h, int hc, Tensor* X) override {

@@ -423,12 +423,15 @@ TEST_F(CudaBackendTest, HyperConnections) {
   const int hc = 4, iters = 20;
   const int64_t n = 5, D = 160;
   const float eps = 1e-6f, norm_eps = 1e-6f;
-  // V4-Flash's width (one row, and a decode batch: the row's mixes in 8 parts) and small odd shapes
-  // (hc = 3: 15 mixes per row; hc = 6: 36 cells, the block-wide normalisation).
+  // V4-Flash's width (one row: 16 mixes per pass; a decode batch: 4 rows per cluster, a partial group at
+  // 5 and 6 rows), twice its width (two units per thread), and small odd shapes: hc = 3 (15 mixes per row),
+  // hc = 5 (25 cells, the largest one-warp normalisation), hc = 6 (36 cells, the block-wide one), D = 150
+  // (not a multiple of 4: scalar loads), D = 12 (some blocks of the cluster own no columns).
   const struct {
     int hc;
     int64_t n, D;
-  } pre_cases[] = {{4, 5, 160}, {4, 1, 4096}, {4, 4, 4096}, {3, 3, 200}, {6, 2, 640}};
+  } pre_cases[] = {{4, 5, 160}, {4, 1, 4096}, {4, 4, 4096}, {4, 6, 4096}, {4, 16, 4096}, {4, 1, 8192},
+                   {4, 5, 8192}, {3, 3, 200}, {5, 2, 96}, {6, 2, 640}, {4, 3, 150}, {4, 2, 12}};
   for (const auto& pc : pre_cases) {
     const std::string what = "HcPre hc=" + std::to_string(pc.hc) + " n=" + std::to_string(pc.n) +
                              " D=" + std::to_string(pc.D) + ": ";
@@ -442,7 +445,41 @@ TEST_F(CudaBackendTest, HyperConnections) {
     ExpectClose(y, kF32Tol, what + "y");
     ExpectClose(post, kF32Tol, what + "post");
     ExpectClose(comb, kF32Tol, what + "comb");
+    // With y's RmsNorm in the same launch (the CPU backend runs HcPre, then RmsNorm); one shape unweighted.
+    const bool weighted = pc.D != 160;
+    Pair norm_w = Rand({pc.D}, 1.0f), yn = Zeros(DType::kF32, {pc.n, pc.D});
+    cpu_->HcPreNorm(X.c, fn.c, base.c, scale.c, pc.hc, iters, eps, norm_eps, weighted ? &norm_w.c : nullptr, 1e-5f,
+                    &yn.c, &post.c, &comb.c);
+    gpu().HcPreNorm(X.g, fn.g, base.g, scale.g, pc.hc, iters, eps, norm_eps, weighted ? &norm_w.g : nullptr, 1e-5f,
+                    &yn.g, &post.g, &comb.g);
+    ExpectClose(yn, kF32Tol, what + "normed y");
+    ExpectClose(post, kF32Tol, what + "post (HcPreNorm)");
+    ExpectClose(comb, kF32Tol, what + "comb (HcPreNorm)");
   }
+  {  // A row's normed y, post and comb are the same bits alone as in a batch (decode batches rely on it).
+    const int64_t rows = 6, W = 4096;
+    Pair X = Rand({rows, hc * W});
+    Pair fn = Rand({(2 + hc) * hc, hc * W}, 0.05f), base = Rand({(2 + hc) * hc}, 0.5f), scale = Rand({3});
+    Tensor y = gpu().Alloc(DType::kF32, {rows, W}), post = gpu().Alloc(DType::kF32, {rows, hc}),
+           comb = gpu().Alloc(DType::kF32, {rows, hc * hc});
+    Pair norm_w = Rand({W}, 1.0f);
+    gpu().HcPreNorm(X.g, fn.g, base.g, scale.g, hc, iters, eps, norm_eps, &norm_w.g, 1e-5f, &y, &post, &comb);
+    const std::vector<uint8_t> all[3] = {GpuBytes(y), GpuBytes(post), GpuBytes(comb)};
+    for (int64_t r : {0, 5}) {
+      Tensor xr = AllocateTensor(DType::kF32, {1, hc * W});
+      std::memcpy(xr.data, X.c.as<float>() + r * hc * W, xr.nbytes());
+      Tensor y1 = gpu().Alloc(DType::kF32, {1, W}), post1 = gpu().Alloc(DType::kF32, {1, hc}),
+             comb1 = gpu().Alloc(DType::kF32, {1, hc * hc});
+      gpu().HcPreNorm(gpu().Upload(xr), fn.g, base.g, scale.g, hc, iters, eps, norm_eps, &norm_w.g, 1e-5f, &y1, &post1,
+                      &comb1);
+      const std::vector<uint8_t> one[3] = {GpuBytes(y1), GpuBytes(post1), GpuBytes(comb1)};
+      for (int o = 0; o < 3; ++o)
+        EXPECT_EQ(std::memcmp(one[o].data(), all[o].data() + r * one[o].size(), one[o].size()), 0)
+            << "HcPre row " << r << " alone != in a batch of " << rows << " (" << (o == 0 ? "y" : o == 1 ? "post" : "comb")
+            << ")";
+    }
+  }
+
   Pair X = Rand({n, hc * D});
   Pair post = Rand({n, hc}, 1.0f), comb = Rand({n, hc * hc}, 0.5f);
 

@@ -3,7 +3,7 @@
 // copy bandwidth), the decode-op floor (integer ops per weight x weights / measured integer throughput),
 // exllamav3's time on an H200 from anchors-h200.json, and the speed-up over it.
 //
-//   dsmesh-kernel-bench [--anchors FILE] [--only dense|moe|gemm|batch] [--replays N]
+//   dsmesh-kernel-bench [--anchors FILE] [--only dense|moe|gemm|batch|hc] [--replays N]
 //                       [--gemv-ctas-per-sm 2,4,...] [--moe-items-per-sm 3,6,...]   (k-split sweeps)
 //                       [--filter 'K2 wq_b']   (only cases whose label contains the text)
 //                       [--warm-weights]       (dense: one L2-resident weight copy; diagnostic)
@@ -19,6 +19,12 @@
 // wo_a's 8 groups; K6 as the reference deployment pack's dense linears) as separate GEMV launches and as one batched
 // launch (Exl3GemvBatch), side by side, beside the set's byte floor.
 //
+// hc cases (not in the default run: --only hc) time the hyper-connection ops of a decode step at
+// V4-Flash's shape (hc 4, D 4096; rows 1, 4, 16): HcPre in one launch (the model's), the previous
+// two-launch HcPre beside it (A/B), and HcPost, each as 96 calls in one graph with PDL on the stream (as
+// the backend's decode chain runs), fn rotated over 96 copies so that it comes from HBM as in a step.
+// Each HcPre row also prints the largest difference between the two designs' y, post and comb.
+//
 // gemm cases (prefill, m = 32..512 on the anchor table's six dense shapes, K 2/3/6) print our time
 // (decode + input transform, cuBLAS fp16, output transform), the decode launch alone, and cuBLAS bf16
 // (cublasGemmEx, bf16 in/out, fp32 accumulate) on the same shape with its own cold weight copies; the
@@ -28,6 +34,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -53,6 +60,8 @@
 #include "kernels/cuda/exl3_gemv.h"
 #include "kernels/exl3/decode_cost.h"
 #include "kernels/cuda/exl3_moe.h"
+#include "kernels/cuda/model_ops.h"
+#include "kernels/cuda/pdl_streams.h"
 
 namespace dsmesh::bench {
 int FillRandom(void* p, int64_t words, uint32_t seed, cudaStream_t s);
@@ -355,6 +364,96 @@ void RunBatch(double bw, int replays, cudaStream_t s) {
   }
 }
 
+std::vector<float> RandomFloats(size_t n, std::mt19937& rng, float scale) {
+  std::normal_distribution<float> nd(0.f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = nd(rng);
+  return v;
+}
+
+float* UploadFloats(const std::vector<float>& h) {
+  float* d = DeviceAlloc<float>(h.size());
+  CudaCheck(cudaMemcpy(d, h.data(), h.size() * 4, cudaMemcpyHostToDevice), "upload");
+  return d;
+}
+
+// Largest |a - b| over n device floats, relative to the largest |a|.
+double MaxRelDiff(const float* a, const float* b, size_t n) {
+  std::vector<float> ha(n), hb(n);
+  CudaCheck(cudaMemcpy(ha.data(), a, n * 4, cudaMemcpyDeviceToHost), "download");
+  CudaCheck(cudaMemcpy(hb.data(), b, n * 4, cudaMemcpyDeviceToHost), "download");
+  double diff = 0, mag = 0;
+  for (size_t i = 0; i < n; ++i) {
+    diff = std::max(diff, double(std::fabs(ha[i] - hb[i])));
+    mag = std::max(mag, double(std::fabs(ha[i])));
+  }
+  return mag > 0 ? diff / mag : diff;
+}
+
+// The hyper-connection ops at V4-Flash's decode shape (the header's "hc cases").
+void RunHc(int replays, cudaStream_t s) {
+  constexpr int hc = 4, iters = 20, copies = 96;
+  constexpr int64_t D = 4096, K = (2 + hc) * hc, fn_floats = K * hc * D;
+  constexpr float eps = 1e-6f, norm_eps = 1e-6f;
+  std::mt19937 rng(5);
+  float* fn = UploadFloats(RandomFloats(fn_floats, rng, 0.05f));
+  float* fns = DeviceAlloc<float>(fn_floats * copies);
+  for (int c = 0; c < copies; ++c)
+    CudaCheck(cudaMemcpy(fns + fn_floats * c, fn, fn_floats * 4, cudaMemcpyDeviceToDevice), "fn copies");
+  float* base = UploadFloats(RandomFloats(K, rng, 0.5f));
+  float* scale = UploadFloats(RandomFloats(3, rng, 1.0f));
+  std::atomic<int64_t> pdl_launches{0};
+  EnablePdlOnStream(s, &pdl_launches);
+  std::printf("%-6s %-44s %5s %9s %11s\n", "kind", "op (hc 4, D 4096, fn cold)", "rows", "us", "max_rel_diff");
+  for (int64_t n : {1, 4, 16}) {
+    float* X = UploadFloats(RandomFloats(n * hc * D, rng, 1.0f));
+    float* f = UploadFloats(RandomFloats(n * D, rng, 1.0f));
+    float* y[2] = {DeviceAlloc<float>(n * D), DeviceAlloc<float>(n * D)};
+    float* post[2] = {DeviceAlloc<float>(n * hc), DeviceAlloc<float>(n * hc)};
+    float* comb[2] = {DeviceAlloc<float>(n * hc * hc), DeviceAlloc<float>(n * hc * hc)};
+    float* out = DeviceAlloc<float>(n * hc * D);
+    float* mixes = DeviceAlloc<float>(cuda_ops::HcPreTwoKernelsScratchFloats(n, D, hc));
+    const auto one = [&](int c) {
+      cuda_ops::HcPre(X, n, D, hc, fns + fn_floats * (c % copies), base, scale, iters, eps, norm_eps, y[0], post[0],
+                      comb[0], s);
+    };
+    const auto two = [&](int c) {
+      cuda_ops::HcPreTwoKernels(X, n, D, hc, fns + fn_floats * (c % copies), base, scale, iters, eps, norm_eps, mixes,
+                                y[1], post[1], comb[1], s);
+    };
+    const double one_us = TimeCapturedCalls(copies, replays, s, one);
+    const double two_us = TimeCapturedCalls(copies, replays, s, two);
+    // What a block's attention / FFN input costs: HcPre with the norm of y in its launch, and before.
+    const cuda_ops::HcYNorm norm{f, 1e-6f};  // f's first row as the norm weight
+    const double one_norm_us = TimeCapturedCalls(copies, replays, s, [&](int c) {
+      cuda_ops::HcPre(X, n, D, hc, fns + fn_floats * (c % copies), base, scale, iters, eps, norm_eps, y[0], post[0],
+                      comb[0], s, &norm);
+    });
+    const double two_norm_us = TimeCapturedCalls(copies, replays, s, [&](int c) {
+      two(c);
+      cuda_ops::RmsNorm(y[1], n, D, f, 1e-6f, y[1], s);
+    });
+    const double post_us = TimeCapturedCalls(copies, replays, s, [&](int) {
+      cuda_ops::HcPost(X, f, post[0], comb[0], n, D, hc, out, s);
+    });
+    CudaCheck(cudaStreamSynchronize(s), "hc sync");
+    CudaCheck(cudaGetLastError(), "hc launches");
+    const double diff = std::max({MaxRelDiff(y[1], y[0], n * D), MaxRelDiff(post[1], post[0], n * hc),
+                                  MaxRelDiff(comb[1], comb[0], n * hc * hc)});
+    std::printf("%-6s %-44s %5lld %9.2f %11.2e\n", "hc", "HcPre (one launch, cluster of 8 per role)", (long long)n,
+                one_us, diff);
+    std::printf("%-6s %-44s %5lld %9.2f\n", "hc", "HcPre (two launches, previous)", (long long)n, two_us);
+    std::printf("%-6s %-44s %5lld %9.2f\n", "hc", "HcPre + y RmsNorm (one launch)", (long long)n, one_norm_us);
+    std::printf("%-6s %-44s %5lld %9.2f\n", "hc", "HcPre (two launches) + RmsNorm (previous)", (long long)n,
+                two_norm_us);
+    std::printf("%-6s %-44s %5lld %9.2f\n", "hc", "HcPost", (long long)n, post_us);
+    std::fflush(stdout);
+    for (float* p : {X, f, y[0], y[1], post[0], post[1], comb[0], comb[1], out, mixes}) cudaFree(p);
+  }
+  DisablePdlOnStream(s);
+  for (float* p : {fn, fns, base, scale}) cudaFree(p);
+}
+
 void RunMoe(const nlohmann::json& anchors, double bw, double intops, int replays, cudaStream_t s,
             std::vector<Row>& rows) {
   const int E = 256, topk = 6, d = 4096, calls = 20;
@@ -620,10 +719,10 @@ int Main(int argc, char** argv) {
     else if (a == "--warm-weights") g_warm_weights = true;
     else if (a == "--moe-items-per-sm") items_per_sm = ParseIntList(a.substr(2), value(), "integer item count");
     else if (a == "--gemv-ctas-per-sm") ctas_per_sm = ParseIntList(a.substr(2), value(), "integer CTA count");
-    else throw UsageError("unknown flag " + a + " (usage: [--anchors FILE] [--only dense|moe|gemm|batch] [--replays N] [--gemv-ctas-per-sm LIST] [--moe-items-per-sm LIST] [--filter TEXT] [--warm-weights])");
+    else throw UsageError("unknown flag " + a + " (usage: [--anchors FILE] [--only dense|moe|gemm|batch|hc] [--replays N] [--gemv-ctas-per-sm LIST] [--moe-items-per-sm LIST] [--filter TEXT] [--warm-weights])");
   }
-  if (!only.empty() && only != "dense" && only != "moe" && only != "gemm" && only != "batch")
-    throw UsageError("--only: \"" + only + "\" is not one of dense, moe, gemm, batch");
+  if (!only.empty() && only != "dense" && only != "moe" && only != "gemm" && only != "batch" && only != "hc")
+    throw UsageError("--only: \"" + only + "\" is not one of dense, moe, gemm, batch, hc");
   g_gemv_tuning = Exl3GemvTuningFromEnvironment();
   g_moe_tuning = Exl3MoeTuningFromEnvironment();
   RequireCudaDevice(0, "the benchmark");
@@ -662,6 +761,7 @@ int Main(int argc, char** argv) {
              [&](std::vector<Row>& rows) { RunMoe(anchors, bw, intops, replays, s, rows); });
   if (only.empty() || only == "gemm") RunGemm(anchors, replays, s, gemm);
   if (only == "batch") RunBatch(bw, replays, s);
+  if (only == "hc") RunHc(replays, s);
   Summary("dense", dense);
   Summary("moe", moe);
   GemmSummary(gemm);

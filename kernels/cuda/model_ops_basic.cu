@@ -4,6 +4,7 @@
 // starts with PdlWait() (it reads the previous kernels' output from its first load on; its prologue is
 // index math only) and then PdlTrigger(), so that with programmatic dependent launch the next kernel's
 // launch overlaps all of it.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -218,8 +219,9 @@ __global__ void HcMixesKernel(const float* X, int64_t w, const float* fn, int K,
   if (threadIdx.x == 0) mixes[r * K + k] = (1.0f / sqrtf(ss / static_cast<float>(w) + norm_eps)) * dot;
 }
 
-// HcPre's first half, the K = (2 + hc) hc mixes of a row as partial sums: block (r, k, p) takes the p-th
-// of `parts` equal ranges of the row (hc D values) and stores (sum of x^2, fn[k] . x) over it, each thread
+// The previous HcPre (two launches), kept for dsmesh-kernel-bench --only hc's A/B against HcPreKernel.
+// First half: the K = (2 + hc) hc mixes of a row as partial sums: block (r, k, p) takes the p-th of
+// `parts` equal ranges of the row (hc D values) and stores (sum of x^2, fn[k] . x) over it, each thread
 // adding its elements in index order. The apply kernel adds the parts in part order.
 __global__ void HcMixPartsKernel(const float* X, int64_t w, const float* fn, int K, int parts, float2* out) {
   PdlWait();
@@ -280,10 +282,306 @@ __device__ float SinkhornCells(float* c, float v, int hc, int iters, float eps, 
   return v;
 }
 
-// HcPre's second half. Grid (column blocks of D, rows). Every block adds its row's mix parts (part
-// order), takes pre = sigmoid + eps and writes its columns of y = sum_i pre_i X_i; block 0 of the row also
-// writes post (2 sigmoid), comb (SinkhornCells) and the mixes. Block 0's normalisation runs beside the
-// other blocks' y.
+// The same normalisation in registers, for hc * hc <= 32 cells (hc <= kWarpSinkhornHc): lane l < hc * hc of
+// the calling warp owns cell l (row l / hc, column l % hc) and gets its value back; the row and column
+// sums gather the cells with shuffles and add them in the CPU op's order. The whole warp calls it (the
+// other lanes compute on wrapped lanes' values and ignore the result). Per pass the chain is one round of
+// shuffles, hc - 1 adds and a divide, with no barrier: the 2 iters passes are the latency.
+constexpr int kWarpSinkhornHc = 5;
+__device__ float WarpSinkhorn(float v, int hc, int iters, float eps) {
+  const int lane = threadIdx.x & 31, i = lane / hc, j = lane % hc;
+  float e[kWarpSinkhornHc];
+  float mx = -INFINITY;
+#pragma unroll
+  for (int jj = 0; jj < kWarpSinkhornHc; ++jj)
+    if (jj < hc) {
+      e[jj] = __shfl_sync(0xffffffffu, v, i * hc + jj);
+      mx = fmaxf(mx, e[jj]);
+    }
+  float sum = 0.0f;
+#pragma unroll
+  for (int jj = 0; jj < kWarpSinkhornHc; ++jj)
+    if (jj < hc) sum += expf(e[jj] - mx);
+  v = expf(v - mx) / sum + eps;  // softmax over the row, + eps
+  // pass(stride, first): v /= (sum over the cells first + m * stride, m = 0..hc-1, in m order) + eps.
+  auto pass = [&](int first, int stride) {
+    float g[kWarpSinkhornHc];
+#pragma unroll
+    for (int m = 0; m < kWarpSinkhornHc; ++m)
+      if (m < hc) g[m] = __shfl_sync(0xffffffffu, v, first + m * stride);
+    float s = 0.0f;
+#pragma unroll
+    for (int m = 0; m < kWarpSinkhornHc; ++m)
+      if (m < hc) s += g[m];
+    v = v / (s + eps);
+  };
+  pass(j, hc);  // columns (the first pass normalises columns only)
+  for (int it = 1; it < iters; ++it) {
+    pass(i * hc, 1);  // rows
+    pass(j, hc);      // columns
+  }
+  return v;
+}
+
+// HcPre in one launch. A cluster of kHcParts blocks per (role, group of R rows): block p of the cluster
+// takes the p-th of kHcParts column ranges of D, in every stream (its "units": V-wide pieces of the row's
+// hc D values), and computes the row's sum of squares and the dot products fn[k] . x of its role's mixes
+// over them: role 0 the pre and post mixes (k < 2 hc), role 1 the comb cells (the rest), so that the
+// comb's Sinkhorn chain starts as soon as the comb mixes are in, beside y. fn is streamed once per
+// cluster with V-wide loads, KC mixes at a time, and the first KC are loaded before PdlWait (fn is a
+// weight). After a cluster barrier every block reads the kHcParts partial sums (rank order) from its
+// peers' shared memory. Role 0: every block takes pre (sigmoid + eps) and writes its columns of y =
+// sum_i pre_i X_i; rank 0 also writes post (2 sigmoid). Role 1: rank 0 writes comb (softmax + Sinkhorn,
+// one warp per row when the cells fit in a warp). A row's sums do not depend on R, KC or the other rows
+// (the same units per thread, the same shuffle tree per group of 8 mixes, warps and ranks in order), so a
+// row computes the same bits alone as in a batch.
+constexpr int kHcParts = 8;          // blocks per cluster (the portable cluster size)
+constexpr int kHcPreThreads = 512;   // a V4-Flash row (hc 4 x D 4096) is 512 float4 per block: one per thread
+constexpr int kHcPreWarps = kHcPreThreads / 32;
+
+template <int V>
+struct HcVec;
+template <>
+struct HcVec<4> {
+  using T = float4;
+  static __device__ __forceinline__ T Zero() { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
+  static __device__ __forceinline__ T Load(const float* p) { return *reinterpret_cast<const float4*>(p); }
+  static __device__ __forceinline__ T Weight(const float* p) { return __ldg(reinterpret_cast<const float4*>(p)); }
+  static __device__ __forceinline__ float Dot(T a, T b, float acc) {
+    return fmaf(a.w, b.w, fmaf(a.z, b.z, fmaf(a.y, b.y, fmaf(a.x, b.x, acc))));
+  }
+  static __device__ __forceinline__ T Axpy(float a, T x, T acc) {
+    return make_float4(fmaf(a, x.x, acc.x), fmaf(a, x.y, acc.y), fmaf(a, x.z, acc.z), fmaf(a, x.w, acc.w));
+  }
+  static __device__ __forceinline__ void Store(float* p, T v) { *reinterpret_cast<float4*>(p) = v; }
+  // RmsNorm's scaling (RmsNormVec4Kernel's expression): g * (v * r), or v * r without a weight.
+  static __device__ __forceinline__ T Norm(T v, float r, const float* g) {
+    T o = make_float4(v.x * r, v.y * r, v.z * r, v.w * r);
+    if (g) {
+      const float4 gv = *reinterpret_cast<const float4*>(g);
+      o = make_float4(gv.x * o.x, gv.y * o.y, gv.z * o.z, gv.w * o.w);
+    }
+    return o;
+  }
+};
+template <>
+struct HcVec<1> {
+  using T = float;
+  static __device__ __forceinline__ T Zero() { return 0.0f; }
+  static __device__ __forceinline__ T Load(const float* p) { return *p; }
+  static __device__ __forceinline__ T Weight(const float* p) { return __ldg(p); }
+  static __device__ __forceinline__ float Dot(T a, T b, float acc) { return fmaf(a, b, acc); }
+  static __device__ __forceinline__ T Axpy(float a, T x, T acc) { return fmaf(a, x, acc); }
+  static __device__ __forceinline__ void Store(float* p, T v) { *p = v; }
+  static __device__ __forceinline__ T Norm(T v, float r, const float* g) { return g ? *g * (v * r) : v * r; }
+};
+
+// The warp's sum of a[(lane >> 2) & 7] over its 32 lanes, for lanes with lane % 4 == 0: eight sums in 9
+// shuffles (each halving step sends the half of the values the partner keeps).
+__device__ __forceinline__ float TransposedWarpSum8(const float (&a)[8]) {
+  const int lane = threadIdx.x & 31;
+  float b[4], c[2];
+  bool hi = lane & 16;
+#pragma unroll
+  for (int m = 0; m < 4; ++m) b[m] = (hi ? a[m + 4] : a[m]) + __shfl_xor_sync(0xffffffffu, hi ? a[m] : a[m + 4], 16);
+  hi = lane & 8;
+#pragma unroll
+  for (int m = 0; m < 2; ++m) c[m] = (hi ? b[m + 2] : b[m]) + __shfl_xor_sync(0xffffffffu, hi ? b[m] : b[m + 2], 8);
+  hi = lane & 4;
+  float d = (hi ? c[1] : c[0]) + __shfl_xor_sync(0xffffffffu, hi ? c[0] : c[1], 4);
+  d += __shfl_xor_sync(0xffffffffu, d, 2);
+  d += __shfl_xor_sync(0xffffffffu, d, 1);
+  return d;
+}
+
+// f[kk] = fn[kbase + kk] at the unit's offset (zero past k_end).
+template <int V, int KC>
+__device__ __forceinline__ void LoadHcWeights(typename HcVec<V>::T (&f)[KC], const float* fn, int64_t w, int kbase,
+                                              int k_end, int64_t offset) {
+#pragma unroll
+  for (int kk = 0; kk < KC; ++kk)
+    f[kk] = kbase + kk < k_end ? HcVec<V>::Weight(fn + (kbase + kk) * w + offset) : HcVec<V>::Zero();
+}
+
+template <int V, int R, int KC>
+__global__ void __cluster_dims__(kHcParts, 1, 1) __launch_bounds__(kHcPreThreads, 1)
+    HcPreKernel(const float* X, int64_t n, int64_t D, int hc, const float* fn, const float* base, const float* scale,
+                int iters, float eps, float norm_eps, bool normalize, const float* norm_w, float rms_eps, float* y,
+                float* post, float* comb) {
+  static_assert(KC % 8 == 0, "the mixes are reduced in groups of 8");
+  using Vec = HcVec<V>;
+  __shared__ float part_dot[kMaxHc * kMaxHc * R];  // [k - k_begin][r]: this block's sums, read by the cluster
+  __shared__ float part_ss[R];
+  __shared__ float part_yy[R];  // role 0 with normalize: this block's sums of y^2
+  __shared__ float red[kHcPreWarps][R * KC];
+  __shared__ float red_ss[kHcPreWarps][R];
+  __shared__ float pre[R][kMaxHc];
+  __shared__ float cells[R][kMaxHc * kMaxHc];
+  __shared__ float sinkhorn[kMaxHc * kMaxHc];
+  namespace cg = cooperative_groups;
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5, role = blockIdx.y;
+  const unsigned rank = cluster.block_rank();
+  const int64_t row0 = static_cast<int64_t>(blockIdx.z) * R, w = hc * D, Dv = D / V;
+  const int K = (2 + hc) * hc, k_begin = role == 0 ? 0 : 2 * hc, k_end = role == 0 ? 2 * hc : K;
+  const int64_t c0 = rank * Dv / kHcParts, cols = (rank + 1) * Dv / kHcParts - c0, units = hc * cols;
+  // Unit u: stream u / cols, column range c0 + u % cols; its offset in a row of X (and of fn's rows).
+  auto offset = [&](int64_t u) { return (u / cols) * D + (c0 + u % cols) * V; };
+
+  typename Vec::T f[KC];
+  if (t < units) LoadHcWeights<V, KC>(f, fn, w, k_begin, k_end, offset(t));
+  PdlWait();
+  PdlTrigger();
+  float ss[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) ss[r] = 0.0f;
+  for (int kbase = k_begin; kbase < k_end; kbase += KC) {
+    float acc[R][KC / 8][8];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int kk = 0; kk < KC; ++kk) acc[r][kk / 8][kk % 8] = 0.0f;
+    for (int64_t u = t; u < units; u += kHcPreThreads) {
+      const int64_t off = offset(u);
+      if (kbase != k_begin || u != t) LoadHcWeights<V, KC>(f, fn, w, kbase, k_end, off);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const typename Vec::T x = row0 + r < n ? Vec::Load(X + (row0 + r) * w + off) : Vec::Zero();
+        if (kbase == k_begin) ss[r] = Vec::Dot(x, x, ss[r]);
+#pragma unroll
+        for (int kk = 0; kk < KC; ++kk) acc[r][kk / 8][kk % 8] = Vec::Dot(f[kk], x, acc[r][kk / 8][kk % 8]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int g = 0; g < KC / 8; ++g) {
+        const float v = TransposedWarpSum8(acc[r][g]);
+        if (lane % 4 == 0) red[warp][r * KC + g * 8 + lane / 4] = v;
+      }
+    if (kbase == k_begin)
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float v = WarpSum(ss[r]);
+        if (lane == 0) red_ss[warp][r] = v;
+      }
+    __syncthreads();
+    if (t < R * KC && kbase + t % KC < k_end) {
+      float s = 0.0f;
+      for (int q = 0; q < kHcPreWarps; ++q) s += red[q][t];
+      part_dot[(kbase + t % KC - k_begin) * R + t / KC] = s;
+    }
+    if (kbase == k_begin && t < R) {
+      float s = 0.0f;
+      for (int q = 0; q < kHcPreWarps; ++q) s += red_ss[q][t];
+      part_ss[t] = s;
+    }
+    __syncthreads();  // red is refilled by the next KC mixes
+  }
+  __cluster_barrier_arrive();  // release: this block's part_dot / part_ss ...
+  __cluster_barrier_wait();    // ... and the peers' are visible (every block of the cluster has started)
+
+  // Mix k (its index among the role's) of row r: the kHcParts partial sums in rank order.
+  const float inv_w = 1.0f / static_cast<float>(w);
+  auto mix = [&](int k, int r) {
+    float s = 0.0f, dot = 0.0f;
+    for (unsigned q = 0; q < kHcParts; ++q) {
+      s += *cluster.map_shared_rank(&part_ss[r], q);
+      dot += *cluster.map_shared_rank(&part_dot[k * R + r], q);
+    }
+    return (1.0f / sqrtf(s * inv_w + norm_eps)) * dot;
+  };
+  if (role == 0) {
+    const int nk = rank == 0 ? 2 * hc : hc;  // rank 0 also writes post
+    for (int j = t; j < R * nk; j += kHcPreThreads) {
+      const int r = j / nk, k = j % nk;
+      const float m = mix(k, r);
+      if (k < hc) pre[r][k] = Sigmoid(m * scale[0] + base[k]) + eps;
+      else if (row0 + r < n) post[(row0 + r) * hc + k - hc] = 2.0f * Sigmoid(m * scale[1] + base[k]);
+    }
+    __cluster_barrier_arrive();  // done with the peers' shared memory
+    __syncthreads();
+    // Thread t takes columns t, t + 512, ... of every row of the group (the same columns whatever R is, so
+    // y's sums of squares, like the mixes, do not depend on the batch); the loads of all R rows and hc
+    // streams are straight-line code, in flight together.
+    float yy[R];  // this thread's sum of y^2 per row (the RmsNorm of y)
+#pragma unroll
+    for (int r = 0; r < R; ++r) yy[r] = 0.0f;
+    for (int64_t j = t; j < cols; j += kHcPreThreads) {
+      const int64_t col = (c0 + j) * V;
+      typename Vec::T acc[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        acc[r] = Vec::Zero();
+#pragma unroll
+        for (int i = 0; i < kMaxHc; ++i)
+          if (i < hc && row0 + r < n) acc[r] = Vec::Axpy(pre[r][i], Vec::Load(X + (row0 + r) * w + i * D + col), acc[r]);
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        if (row0 + r < n) {
+          Vec::Store(y + (row0 + r) * D + col, acc[r]);
+          yy[r] = Vec::Dot(acc[r], acc[r], yy[r]);
+        }
+    }
+    if (normalize) {  // y = norm_w * (y * rsqrt(mean(y^2) + rms_eps)): the row's sum through the cluster again
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float v = WarpSum(yy[r]);
+        if (lane == 0) red_ss[warp][r] = v;
+      }
+      __syncthreads();
+      if (t < R) {
+        float s = 0.0f;
+        for (int q = 0; q < kHcPreWarps; ++q) s += red_ss[q][t];
+        part_yy[t] = s;
+      }
+      __cluster_barrier_wait();    // (the peers are done with part_ss / part_dot)
+      __cluster_barrier_arrive();  // release: part_yy ...
+      __cluster_barrier_wait();    // ... and the peers' are visible
+      for (int r = 0; r < R; ++r) {
+        const int64_t row = row0 + r;
+        if (row >= n) break;
+        float s = 0.0f;
+        for (unsigned q = 0; q < kHcParts; ++q) s += *cluster.map_shared_rank(&part_yy[r], q);
+        const float inv = 1.0f / sqrtf(s / static_cast<float>(D) + rms_eps);
+        for (int64_t j = t; j < cols; j += kHcPreThreads) {  // the values this thread wrote above
+          const int64_t col = (c0 + j) * V;
+          Vec::Store(y + row * D + col, Vec::Norm(Vec::Load(y + row * D + col), inv, norm_w ? norm_w + col : nullptr));
+        }
+      }
+      __cluster_barrier_arrive();  // done with the peers' part_yy
+    }
+  } else {
+    const int nc = hc * hc;
+    if (rank == 0)
+      for (int j = t; j < R * nc; j += kHcPreThreads) {
+        const int r = j / nc, c = j % nc;
+        cells[r][c] = mix(c, r) * scale[2] + base[2 * hc + c];
+      }
+    __cluster_barrier_arrive();  // done with the peers' shared memory
+    if (rank == 0) {
+      __syncthreads();
+      if (hc <= kWarpSinkhornHc) {  // one warp per row
+        const int64_t row = row0 + warp;
+        if (warp < R && row < n) {
+          const float v = WarpSinkhorn(lane < nc ? cells[warp][lane] : 0.0f, hc, iters, eps);
+          if (lane < nc) comb[row * nc + lane] = v;
+        }
+      } else {
+        for (int r = 0; r < R && row0 + r < n; ++r) {
+          const float v = SinkhornCells(sinkhorn, t < nc ? cells[r][t] : 0.0f, hc, iters, eps, [] { __syncthreads(); });
+          if (t < nc) comb[(row0 + r) * nc + t] = v;
+        }
+      }
+    }
+  }
+  __cluster_barrier_wait();  // no block leaves while a peer may still read its shared memory
+}
+
+// The previous HcPre's second half. Grid (column blocks of D, rows). Every block adds its row's mix
+// parts (part order), takes pre = sigmoid + eps and writes its columns of y = sum_i pre_i X_i; block 0 of
+// the row also writes post (2 sigmoid), comb (SinkhornCells) and the mixes.
 __global__ void HcPreApplyKernel(const float* X, int64_t D, int hc, const float2* mix_parts, int parts,
                                  float inv_w, float norm_eps, const float* base, const float* scale, int iters,
                                  float eps, float* mixes_out, float* y, float* post, float* comb) {
@@ -511,13 +809,14 @@ void CopyRows(const void* src, int64_t src_row, void* dst, int64_t dst_row, int6
 
 static int HcMixParts(int64_t w) { return static_cast<int>(w / 2048 < 1 ? 1 : (w / 2048 > 8 ? 8 : w / 2048)); }
 
-int64_t HcPreScratchFloats(int64_t n, int64_t D, int hc) {
+int64_t HcPreTwoKernelsScratchFloats(int64_t n, int64_t D, int hc) {
   const int64_t K = (2 + hc) * hc;
   return (n * K + 1) / 2 * 2 + 2 * n * K * HcMixParts(hc * D);  // the parts (float2) start 8-byte aligned
 }
 
-void HcPre(const float* X, int64_t n, int64_t D, int hc, const float* fn, const float* base, const float* scale,
-           int iters, float eps, float norm_eps, float* mixes, float* y, float* post, float* comb, cudaStream_t s) {
+void HcPreTwoKernels(const float* X, int64_t n, int64_t D, int hc, const float* fn, const float* base,
+                     const float* scale, int iters, float eps, float norm_eps, float* mixes, float* y, float* post,
+                     float* comb, cudaStream_t s) {
   if (n <= 0) return;
   if (n > 65535) throw std::runtime_error("cuda HcPre: " + std::to_string(n) + " rows, at most 65535 per call");
   const int K = (2 + hc) * hc, parts = HcMixParts(hc * D);
@@ -526,6 +825,39 @@ void HcPre(const float* X, int64_t n, int64_t D, int hc, const float* fn, const 
             mix_parts);
   PdlLaunch(HcPreApplyKernel, dim3(Blocks(D), RowBlocks(n)), kThreads, 0, s, X, D, hc, mix_parts, parts,
             1.0f / static_cast<float>(hc * D), norm_eps, base, scale, iters, eps, mixes, y, post, comb);
+}
+
+template <int V>
+static void LaunchHcPre(const float* X, int64_t n, int64_t D, int hc, const float* fn, const float* base,
+                        const float* scale, int iters, float eps, float norm_eps, const HcYNorm* y_norm, float* y,
+                        float* post, float* comb, cudaStream_t s) {
+  // One row: 16 mixes per pass (the comb's 16 at hc 4 in one round of loads); more: 4 rows per cluster
+  // (fn read once for the 4), 8 mixes per pass (registers).
+  const int rows = n == 1 ? 1 : 4;
+  const dim3 grid(kHcParts, 2, static_cast<unsigned>((n + rows - 1) / rows));
+  const bool normalize = y_norm != nullptr;
+  const float* norm_w = normalize ? y_norm->weight : nullptr;
+  const float rms_eps = normalize ? y_norm->eps : 0.0f;
+  if (rows == 1)
+    PdlLaunch(HcPreKernel<V, 1, 16>, grid, kHcPreThreads, 0, s, X, n, D, hc, fn, base, scale, iters, eps, norm_eps,
+              normalize, norm_w, rms_eps, y, post, comb);
+  else
+    PdlLaunch(HcPreKernel<V, 4, 8>, grid, kHcPreThreads, 0, s, X, n, D, hc, fn, base, scale, iters, eps, norm_eps,
+              normalize, norm_w, rms_eps, y, post, comb);
+}
+
+void HcPre(const float* X, int64_t n, int64_t D, int hc, const float* fn, const float* base, const float* scale,
+           int iters, float eps, float norm_eps, float* y, float* post, float* comb, cudaStream_t s,
+           const HcYNorm* y_norm) {
+  if (n <= 0) return;
+  if (n > 65535) throw std::runtime_error("cuda HcPre: " + std::to_string(n) + " rows, at most 65535 per call");
+  if (hc < 1 || hc > kMaxHc) throw std::runtime_error("cuda HcPre: hc " + std::to_string(hc) + " not in 1..16");
+  const uintptr_t addresses = reinterpret_cast<uintptr_t>(X) | reinterpret_cast<uintptr_t>(fn) |
+                              reinterpret_cast<uintptr_t>(y) | reinterpret_cast<uintptr_t>(y_norm ? y_norm->weight : nullptr);
+  if (D % 4 == 0 && addresses % 16 == 0)
+    LaunchHcPre<4>(X, n, D, hc, fn, base, scale, iters, eps, norm_eps, y_norm, y, post, comb, s);
+  else
+    LaunchHcPre<1>(X, n, D, hc, fn, base, scale, iters, eps, norm_eps, y_norm, y, post, comb, s);
 }
 
 void HcExpand(const float* h, int64_t n, int64_t D, int hc, float* X, cudaStream_t s) {
