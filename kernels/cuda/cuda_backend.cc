@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -86,15 +87,15 @@ class CudaBackend final : public Backend {
     if (profiler_) profiler_->BeginStep();
     recorder_.BeginStep();
     arena_.Begin(step);
-    step_begin_ = std::chrono::steady_clock::now();
+    step_timer_.emplace(counters_.step_wall_ns);
   }
 
   void EndStep() override {
     if (profiler_) profiler_->EndStep();
     recorder_.EndStep();
     arena_.End();
-    counters_.steps.fetch_add(1, std::memory_order_relaxed);
-    counters_.step_wall_ns.fetch_add(NanosSince(step_begin_), std::memory_order_relaxed);
+    step_timer_.reset();  // adds the step's wall time
+    ++counters_.steps;
   }
 
   Tensor Scratch(DType dtype, std::vector<int64_t> shape) override { return arena_.Temp(dtype, std::move(shape)); }
@@ -866,14 +867,14 @@ class CudaBackend final : public Backend {
     return left;
   }
 
-  static int64_t NanosSince(std::chrono::steady_clock::time_point t) {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t).count();
-  }
   // Waits for the stream; inside a step the wait counts as the host waiting for the device (CudaStepHostTimes).
   void SynchronizeTimed(const char* what) {
-    const auto t0 = std::chrono::steady_clock::now();
-    CudaCheck(cudaStreamSynchronize(ctx_->stream), what);
-    if (arena_.in_step()) counters_.step_sync_wait_ns.fetch_add(NanosSince(t0), std::memory_order_relaxed);
+    std::atomic<int64_t> waited{0};
+    {
+      const HostTimer t(waited);
+      CudaCheck(cudaStreamSynchronize(ctx_->stream), what);
+    }
+    if (arena_.in_step()) counters_.step_sync_wait_ns += waited.load();
   }
 
   std::shared_ptr<StreamContext> ctx_;
@@ -885,7 +886,7 @@ class CudaBackend final : public Backend {
   Exl3Weights exl3_{ctx_, arena_, counters_, options_.gemv};  // EXL3 linears: parts, GEMV / GEMM, batched GEMVs
   MoeDispatch moe_{ctx_, arena_, exl3_, counters_, options_.prefill_moe, options_.moe};  // routed experts
   std::unique_ptr<OpProfiler> profiler_;  // on while the bench profiles
-  std::chrono::steady_clock::time_point step_begin_;  // BeginStep's time (CudaStepHostTimes)
+  std::optional<HostTimer> step_timer_;  // BeginStep .. EndStep (CudaStepHostTimes)
   SideStreams side_{ctx_->stream, options_.gemv};  // concurrent linears, created on first use
   AttentionPaths attention_{arena_, options_.prefill_attention};  // which kernel one sequence's attention takes
   DenseGemm dense_gemm_;  // cuBLAS for dense linears of more than kGraphMaxRows rows

@@ -61,6 +61,10 @@ struct CudaGemvBatchCounts {
 struct CudaStepHostTimes {
   int64_t steps = 0;
   double wall_ms = 0, sync_wait_ms = 0;
+  // Of the busy time: inside cudaGraphLaunch (with a stateful graph's parameter upload), and the stateful
+  // segments' host logic (their ops computing and staging launch parameters while replaying).
+  int64_t graph_launches = 0;
+  double graph_launch_ms = 0, stateful_ops_ms = 0;
   double busy_ms() const { return wall_ms - sync_wait_ms; }
 };
 

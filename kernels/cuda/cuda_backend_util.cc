@@ -83,7 +83,8 @@ CudaBackendStatistics CudaBackendCounters::Snapshot() const {
   s.gemv_batches = {gemv_batches.load(), gemv_batched_linears.load()};
   s.per_sequence_fallbacks = per_sequence_fallbacks.load();
   s.pdl_launches = pdl_launches.load();
-  s.host = {steps.load(), step_wall_ns.load() / 1e6, step_sync_wait_ns.load() / 1e6};
+  s.host = {steps.load(),           step_wall_ns.load() / 1e6,        step_sync_wait_ns.load() / 1e6,
+            host_graph_launches.load(), host_graph_launch_ns.load() / 1e6, host_stateful_ops_ns.load() / 1e6};
   return s;
 }
 

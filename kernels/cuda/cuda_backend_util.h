@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
@@ -63,7 +64,24 @@ struct CudaBackendCounters {
   std::atomic<int64_t> gemv_batches{0}, gemv_batched_linears{0};
   std::atomic<int64_t> pdl_launches{0};  // pdl_streams.h adds to it on every launch with the attribute
   std::atomic<int64_t> steps{0}, step_wall_ns{0}, step_sync_wait_ns{0};  // CudaStepHostTimes
+  std::atomic<int64_t> host_graph_launches{0}, host_graph_launch_ns{0}, host_stateful_ops_ns{0};
   CudaBackendStatistics Snapshot() const;
+};
+
+// Adds the host time of its scope to a counter (the step's host-side breakdown, CudaStepHostTimes).
+class HostTimer {
+ public:
+  explicit HostTimer(std::atomic<int64_t>& ns) : ns_(ns), t0_(std::chrono::steady_clock::now()) {}
+  ~HostTimer() {
+    ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0_).count(),
+                  std::memory_order_relaxed);
+  }
+  HostTimer(const HostTimer&) = delete;
+  HostTimer& operator=(const HostTimer&) = delete;
+
+ private:
+  std::atomic<int64_t>& ns_;
+  std::chrono::steady_clock::time_point t0_;
 };
 
 }  // namespace dsmesh

@@ -49,7 +49,11 @@ void GraphRecorder::Segment(const Backend::SegmentKey& key, bool graphs, const s
                                ") replayed at scratch offset " + std::to_string(arena_.top()) + ", captured at " +
                                std::to_string(g.scratch_begin));
     ctx_->Use();
-    CudaCheck(cudaGraphLaunch(g.rec.exec, ctx_->stream), "cudaGraphLaunch");
+    {
+      const HostTimer t(counters_.host_graph_launch_ns);
+      CudaCheck(cudaGraphLaunch(g.rec.exec, ctx_->stream), "cudaGraphLaunch");
+    }
+    ++counters_.host_graph_launches;
     arena_.SetTop(g.scratch_end);
     ++counters_.graph_replays;
     counters_.replayed_nodes += g.rec.shape.nodes;
@@ -104,8 +108,12 @@ void GraphRecorder::StatefulSegment(const Backend::SegmentKey& key, bool graphs,
                              std::to_string(key.rows) + ") replayed at scratch offset " + std::to_string(arena_.top()) +
                              ", captured at " + std::to_string(g.scratch_begin));
   ctx_->Use();
-  CudaCheck(cudaEventSynchronize(g.uploaded), "stateful segment parameters");  // the last upload read them
   {
+    const HostTimer t(counters_.step_sync_wait_ns);
+    CudaCheck(cudaEventSynchronize(g.uploaded), "stateful segment parameters");  // the last upload read them
+  }
+  {
+    const HostTimer t(counters_.host_stateful_ops_ns);
     StepArena::StagingInto into(&arena_, &g.params, StatefulMode::kReplaying);
     ops();
   }
@@ -115,7 +123,11 @@ void GraphRecorder::StatefulSegment(const Backend::SegmentKey& key, bool graphs,
                              " parameter bytes and ended at scratch " + std::to_string(arena_.top()) +
                              "; its record has " + std::to_string(g.params.captured) + " and " +
                              std::to_string(g.scratch_end));
-  LaunchStateful(&g);
+  {
+    const HostTimer t(counters_.host_graph_launch_ns);
+    LaunchStateful(&g);
+  }
+  ++counters_.host_graph_launches;
   ++counters_.graph_replays;
   ++counters_.stateful_replays;
   counters_.replayed_nodes += g.rec.shape.nodes;
