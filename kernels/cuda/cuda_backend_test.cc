@@ -492,10 +492,13 @@ TEST_F(CudaBackendTest, CompressorPositionBiasAndPool) {
   }
 }
 
-// One compressor step for several sequences in the device's two launches (Backend::CompressorStep): the
-// entries it emits (pooled, normed, roped, stored as f32 / bf16 / fp8) and the rings it leaves against the
-// CPU, which runs CompressorPool, RmsNorm, Rope and StoreKvRows. Sequences that complete a window, several,
-// or none; rows before `start` read from the ring (wrapped); a prefill-sized step of one sequence.
+// One compressor step for several sequences (Backend::CompressorStep; one launch when every sequence can
+// complete at most 4 windows, else two): the entries it emits (pooled, normed, roped, stored as f32 / bf16 /
+// fp8) and the rings it leaves against the CPU, which runs CompressorPool, RmsNorm, Rope and StoreKvRows.
+// Sequences that complete a window, several, or none; rows before `start` read from the ring (wrapped);
+// the decode shapes of V4-Flash (one row: entry width 512 at ratio 4 and 128, the indexer's 128 at ratio 4);
+// steps of 15 and 16 rows (the last of one launch, the first of two; 15 rows overwrite ring slots the same
+// step pools from); a prefill-sized step of one sequence.
 TEST_F(CudaBackendTest, CompressorStepEqualsCpu) {
   DSMESH_REQUIRE_GPU();
   struct Case {
@@ -510,6 +513,11 @@ TEST_F(CudaBackendTest, CompressorStepEqualsCpu) {
       {128, false, 64, 16, {{255, 1}, {1000, 4}, {127, 2}}},
       {4, true, 64, 16, {{13, 37}}},
       {128, false, 48, 16, {{100, 300}}},
+      {4, true, 512, 64, {{4095, 1}, {4096, 1}, {4094, 1}}},
+      {128, false, 512, 64, {{4095, 1}, {4223, 1}, {4100, 1}}},
+      {4, true, 128, 64, {{4095, 1}, {61, 4}}},
+      {4, true, 64, 16, {{4001, 15}, {2, 15}}},
+      {4, true, 64, 16, {{4003, 16}, {9, 16}}},
   };
   for (const Case& k : cases)
     for (DType storage : {DType::kF32, DType::kBF16, DType::kU8}) {

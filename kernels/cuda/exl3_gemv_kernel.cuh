@@ -23,7 +23,9 @@
 namespace dsmesh::exl3cuda {
 
 
-// Writes one finished 128-column row slice (lane holds columns 4 lane .. 4 lane + 3) as fp32 or fp16.
+// Writes one finished 128-column row slice (lane holds columns 4 lane .. 4 lane + 3) as fp32 or fp16, or
+// adds it to the fp32 values there (y_accumulate: each output has one writer, so y + v in one rounding, as
+// a separate Add would).
 __device__ __forceinline__ void StoreGemvRow(const GemvParams& p, int row, int strip, int lane, const float v[4]) {
   const int64_t yofs = (int64_t)row * p.n + strip * 128 + lane * 4;
   if (p.y_fp16) {
@@ -32,6 +34,10 @@ __device__ __forceinline__ void StoreGemvRow(const GemvParams& p, int row, int s
     u.x = *reinterpret_cast<const uint32_t*>(&h0);
     u.y = *reinterpret_cast<const uint32_t*>(&h1);
     *reinterpret_cast<uint2*>(reinterpret_cast<__half*>(p.y) + yofs) = u;
+  } else if (p.y_accumulate) {
+    float4* y = reinterpret_cast<float4*>(reinterpret_cast<float*>(p.y) + yofs);
+    const float4 o = *y;
+    *y = make_float4(o.x + v[0], o.y + v[1], o.z + v[2], o.w + v[3]);
   } else {
     *reinterpret_cast<float4*>(reinterpret_cast<float*>(p.y) + yofs) = make_float4(v[0], v[1], v[2], v[3]);
   }
