@@ -398,6 +398,13 @@ class Backend {
   // out [n, D] += sum_k weight[r,k] * expert_{idx[r,k]}(x[r]).  experts may hold only this rank's slice.
   virtual void MoeExperts(const Tensor& x, const Tensor& idx, const Tensor& weight,
                           const std::vector<ExpertWeights>& experts, float swiglu_limit, Tensor* out) = 0;
+  // out [n, D] = the same sum, whatever out held before (the MoE block's first term). The default zeroes
+  // out and runs MoeExperts; a device backend may write the sum straight into out instead.
+  virtual void MoeExpertsInto(const Tensor& x, const Tensor& idx, const Tensor& weight,
+                              const std::vector<ExpertWeights>& experts, float swiglu_limit, Tensor* out) {
+    Zero(out);
+    MoeExperts(x, idx, weight, experts, swiglu_limit, out);
+  }
   // out [n, D] += expert(x) (the shared expert).
   virtual void SharedExpert(const Tensor& x, const ExpertWeights& expert, float swiglu_limit, Tensor* out) = 0;
 

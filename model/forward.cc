@@ -354,10 +354,9 @@ void ModelImpl::MoeBlock(const BlockWeights& b, const Tensor& x, const std::vect
   Tensor wt = be.Scratch(DType::kF32, {N, (int64_t)p.top_k});
   be.MoeRoute(logits, tokens.data(), p, &idx, &wt);
   const float limit = static_cast<float>(c.swiglu_limit);
-  be.Zero(out);  // the experts accumulate
   {
     Phase phase(be, "routed experts");
-    be.MoeExperts(x, idx, wt, m.experts, limit, out);
+    be.MoeExpertsInto(x, idx, wt, m.experts, limit, out);  // out = the routed experts' sum
   }
   if (m.has_shared) {
     Phase phase(be, "shared expert");

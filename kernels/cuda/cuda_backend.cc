@@ -721,10 +721,19 @@ class CudaBackend final : public Backend {
 
   void MoeExperts(const Tensor& x, const Tensor& idx, const Tensor& weight, const std::vector<ExpertWeights>& experts,
                   float limit, Tensor* out) override {
+    RoutedExperts(x, idx, weight, experts, limit, out, /*accumulate=*/true);
+  }
+  // The fused decode path writes the experts' sum into out itself: no zeroing and no add.
+  void MoeExpertsInto(const Tensor& x, const Tensor& idx, const Tensor& weight,
+                      const std::vector<ExpertWeights>& experts, float limit, Tensor* out) override {
+    RoutedExperts(x, idx, weight, experts, limit, out, /*accumulate=*/false);
+  }
+  void RoutedExperts(const Tensor& x, const Tensor& idx, const Tensor& weight, const std::vector<ExpertWeights>& experts,
+                     float limit, Tensor* out, bool accumulate) {
     const ProfileScope ps = Profile("MoeExperts");
     Use();
     const int64_t fused_before = counters_.fused_moe;
-    moe_.Run(x, idx, weight, experts, limit, out, *this);
+    moe_.Run(x, idx, weight, experts, limit, out, accumulate, *this);
     // The fused kernel reads the experts the rows chose (known on the device: counted from the ids after
     // the op); the per-expert path's Linear calls count their own bytes.
     if (ps.on() && counters_.fused_moe != fused_before && !experts.empty()) {

@@ -376,10 +376,10 @@ TEST_F(CudaBackendTest, RmsNormAddScale) {
 TEST_F(CudaBackendTest, DenseLinear) {
   DSMESH_REQUIRE_GPU();
   for (DType dt : {DType::kBF16, DType::kF16, DType::kF32})
-    for (auto [out, in] : {std::pair<int64_t, int64_t>{100, 37}, {256, 512}, {7, 1}})
+    for (auto [out, in] : {std::pair<int64_t, int64_t>{100, 37}, {256, 512}, {7, 1}, {256, 4096}, {64, 4096}})
       for (bool bias : {true, false}) {
         const LinPair w = Dense(out, in, dt, bias);
-        for (int64_t m : {1, 5, 8, 9, 70}) {
+        for (int64_t m : {1, 5, 8, 9, 16, 70}) {
           Pair x = Rand({m, in}), y = Zeros(DType::kF32, {m, out});
           cpu_->Linear(x.c, w.c, &y.c);
           gpu().Linear(x.g, w.g, &y.g);
@@ -992,6 +992,49 @@ TEST_F(CudaBackendTest, MoeRoute) {
   }
 }
 
+// Biased top-k at the router's shapes (V4-Flash: 256 experts, top 6, 1 and 16 decode rows) and at the
+// edges of the one-warp kernel (fewer experts than lanes, the largest expert count and top-k). Rows are
+// redrawn until the top k+1 biased scores are 1e-4 apart, as in MoeRoute.
+TEST_F(CudaBackendTest, MoeRouteRouterShapes) {
+  DSMESH_REQUIRE_GPU();
+  struct Case {
+    int64_t n, E;
+    int k;
+  };
+  for (const Case& cs : {Case{1, 256, 6}, Case{16, 256, 6}, Case{3, 20, 6}, Case{2, 4096, 16}}) {
+    const int64_t n = cs.n, E = cs.E;
+    const int k = cs.k;
+    Pair bias = Rand({E}, 0.1f);
+    Tensor lh = AllocateTensor(DType::kF32, {n, E});
+    std::normal_distribution<float> nd(0.0f, 2.0f);
+    for (int64_t r = 0; r < n; ++r)
+      for (bool ok = false; !ok;) {
+        std::vector<double> sc(E);
+        for (int64_t e = 0; e < E; ++e) {
+          lh.as<float>()[r * E + e] = nd(rng_);
+          sc[e] = std::sqrt(std::log1p(std::exp(static_cast<double>(lh.as<float>()[r * E + e])))) +
+                  bias.c.as<float>()[e];
+        }
+        std::sort(sc.rbegin(), sc.rend());
+        ok = true;
+        for (int i = 0; i < k; ++i) ok &= sc[i] - sc[i + 1] > 1e-4;
+      }
+    Pair logits = Both(lh), idx = Zeros(DType::kI32, {n, k}), wt = Zeros(DType::kF32, {n, k});
+    RouterParams p;
+    p.top_k = k;
+    p.normalize = true;
+    p.routed_scale = 1.5f;
+    p.bias = &bias.c;
+    const std::vector<int32_t> tokens(n, 0);
+    cpu_->MoeRoute(logits.c, tokens.data(), p, &idx.c, &wt.c);
+    p.bias = &bias.g;
+    gpu().MoeRoute(logits.g, tokens.data(), p, &idx.g, &wt.g);
+    const std::string what = "MoeRoute n=" + std::to_string(n) + " E=" + std::to_string(E) + " top-" + std::to_string(k);
+    ExpectSame(idx, what + " ids");
+    ExpectClose(wt, kF32Tol, what + " weights");
+  }
+}
+
 TEST_F(CudaBackendTest, DenseExpertsAndSharedExpert) {
   DSMESH_REQUIRE_GPU();
   const int E = 8, k = 3;
@@ -1051,11 +1094,38 @@ TEST_F(CudaBackendTest, Exl3ExpertsMcgFusedAndPerExpert) {
     ExpectClose(out, kExl3Tol, "MoeExperts EXL3 MCG, 40 rows on the same 6 experts", &before);
   }
   // The shared expert through the EXL3 linears: GEMV (m <= 16) and GEMM (m > 16).
-  for (int64_t n : {1, 5, 20}) {
+  for (int64_t n : {1, 5, 16, 20}) {
     Pair x = Rand({n, D}, 0.5f, true), out = Rand({n, D}), before = Copy(out);
     cpu_->SharedExpert(x.c, ex.c[0], limit, &out.c);
     gpu().SharedExpert(x.g, ex.g[0], limit, &out.g);
     ExpectClose(out, kExl3Tol, "SharedExpert EXL3 n=" + std::to_string(n), &before);
+  }
+}
+
+// MoeExpertsInto: out = the routed experts' sum, whatever out held (the MoE block's first term). The fused
+// decode kernel writes out itself; the other paths zero it first. Against the CPU's Zero + MoeExperts.
+TEST_F(CudaBackendTest, MoeExpertsIntoOverwritesOut) {
+  DSMESH_REQUIRE_GPU();
+  const int E = 16, k = 6;
+  const int64_t D = 256, I = 256;
+  const float limit = 10.0f;
+  const ExpertSet ex = Exl3Experts(E, D, I, 2, Exl3Codebook::kMcg);
+  for (int64_t n : {1, 5, 16, 24, 30, 300}) {
+    auto [idx, wt] = Routing(n, k, E);
+    Pair x = Rand({n, D}, 0.5f, true), out = Rand({n, D}, 100.0f);
+    const CudaMoePathCounts c0 = CudaBackendStats(gpu()).moe;
+    cpu_->MoeExpertsInto(x.c, idx.c, wt.c, ex.c, limit, &out.c);
+    gpu().MoeExpertsInto(x.g, idx.g, wt.g, ex.g, limit, &out.g);
+    ExpectClose(out, kExl3Tol, "MoeExpertsInto EXL3 MCG n=" + std::to_string(n));
+    EXPECT_EQ(CudaBackendStats(gpu()).moe.fused_launches, c0.fused_launches + 1) << "n=" << n;
+  }
+  const ExpertSet dense = DenseExperts(8, 128, 96, DType::kBF16);
+  for (int64_t n : {1, 5}) {
+    auto [idx, wt] = Routing(n, 3, 8);
+    Pair x = Rand({n, 128}), out = Rand({n, 128}, 100.0f);
+    cpu_->MoeExpertsInto(x.c, idx.c, wt.c, dense.c, limit, &out.c);
+    gpu().MoeExpertsInto(x.g, idx.g, wt.g, dense.g, limit, &out.g);
+    ExpectClose(out, kF32Tol, "MoeExpertsInto dense n=" + std::to_string(n));
   }
 }
 
