@@ -42,9 +42,9 @@ struct CompressorBatch {
 // Rows before the sequence's start come from its ring (slot = position % slots), the others from this
 // step's kv/score rows. The slots' row addresses are worked out once per window (one integer division
 // each) into shared memory; each thread then issues kPoolBatch slots' loads of a channel before it uses
-// them, so that a window of 2 ratio slots costs 2 ratio / kPoolBatch memory round trips per pass, not 2
-// ratio (the pooled sums still take the slots in order: the same arithmetic as a plain loop).
-__device__ void PoolWindow(const CompressorStepArgs& a, const CompressorSeqDev& sq, int64_t w, float* row,
+// them, so that a window of S slots ((overlap ? 2 : 1) ratio) costs S / kPoolBatch memory round trips per
+// pass, not S (the pooled sums still take the slots in order: the same arithmetic as a plain loop).
+__device__ __forceinline__ void PoolWindow(const CompressorStepArgs& a, const CompressorSeqDev& sq, int64_t w, float* row,
                            const float** kv_rows, const float** score_rows) {
   const int ratio = a.ratio;
   const int64_t d = a.dim, width = a.overlap ? 2 * d : d;
@@ -121,7 +121,7 @@ __device__ void PoolWindow(const CompressorStepArgs& a, const CompressorSeqDev& 
 // complete. With one block per sequence it then writes the sequence's rings (the last min(count, slots)
 // rows), after a barrier: every read of the rings this step (the pooling) is done by then, and no other
 // block touches them.
-__global__ void __launch_bounds__(kCompressorThreads) CompressorStepKernel(const CompressorBatch* __restrict__ batch) {
+__global__ void __launch_bounds__(kCompressorThreads, 2) CompressorStepKernel(const CompressorBatch* __restrict__ batch) {
   PdlWait();
   PdlTrigger();
   __shared__ float row[kCompressorMaxDim];
