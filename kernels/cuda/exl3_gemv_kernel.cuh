@@ -34,12 +34,14 @@ __device__ __forceinline__ void StoreGemvRow(const GemvParams& p, int row, int s
     u.x = *reinterpret_cast<const uint32_t*>(&h0);
     u.y = *reinterpret_cast<const uint32_t*>(&h1);
     *reinterpret_cast<uint2*>(reinterpret_cast<__half*>(p.y) + yofs) = u;
-  } else if (p.y_accumulate) {
-    float4* y = reinterpret_cast<float4*>(reinterpret_cast<float*>(p.y) + yofs);
-    const float4 o = *y;
-    *y = make_float4(o.x + v[0], o.y + v[1], o.z + v[2], o.w + v[3]);
   } else {
-    *reinterpret_cast<float4*>(reinterpret_cast<float*>(p.y) + yofs) = make_float4(v[0], v[1], v[2], v[3]);
+    float4* y = reinterpret_cast<float4*>(reinterpret_cast<float*>(p.y) + yofs);
+    float4 r = make_float4(v[0], v[1], v[2], v[3]);
+    if (p.y_accumulate) {
+      const float4 o = *y;
+      r = make_float4(o.x + r.x, o.y + r.y, o.z + r.z, o.w + r.w);
+    }
+    *y = r;
   }
 }
 
