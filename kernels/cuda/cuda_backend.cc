@@ -405,12 +405,17 @@ class CudaBackend final : public Backend {
       Backend::CompressorStep(kv, score, spec, seqs);
       return;
     }
+    Require(!spec.ape || (spec.ape->dtype == DType::kF32 && spec.ape->shape[0] == spec.ratio &&
+                          RowWidth(*spec.ape) == width),
+            "CompressorStep", "ape shape");
     const ProfileScope ps = ProfileStaged("CompressorStep");
-    ps.Bytes(op_bytes::Copy(static_cast<int64_t>(kv.nbytes() + score.nbytes())));  // the step's rows into the rings
+    ps.Bytes(op_bytes::Copy(static_cast<int64_t>(kv.nbytes() + score.nbytes())) +  // the step's rows into the rings
+             (spec.ape ? static_cast<double>(spec.ape->nbytes()) : 0.0));
     Use();
     cuda_ops::CompressorStepArgs args;
     args.kv = F(kv);
     args.score = F(score);
+    args.ape = spec.ape ? F(*spec.ape) : nullptr;
     args.ratio = spec.ratio;
     args.overlap = spec.overlap;
     args.dim = spec.dim;

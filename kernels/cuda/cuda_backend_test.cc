@@ -498,7 +498,8 @@ TEST_F(CudaBackendTest, CompressorPositionBiasAndPool) {
 // Sequences that complete a window, several, or none; rows before `start` read from the ring (wrapped);
 // the decode shapes of V4-Flash (one row: entry width 512 at ratio 4 and 128, the indexer's 128 at ratio 4);
 // steps of 15 and 16 rows (the last of one launch, the first of two; 15 rows overwrite ring slots the same
-// step pools from); a prefill-sized step of one sequence.
+// step pools from); a prefill-sized step of one sequence; each with the position bias added before the
+// step or by it (CompressorSpec::ape).
 TEST_F(CudaBackendTest, CompressorStepEqualsCpu) {
   DSMESH_REQUIRE_GPU();
   struct Case {
@@ -520,7 +521,8 @@ TEST_F(CudaBackendTest, CompressorStepEqualsCpu) {
       {4, true, 64, 16, {{4003, 16}, {9, 16}}},
   };
   for (const Case& k : cases)
-    for (DType storage : {DType::kF32, DType::kBF16, DType::kU8}) {
+    for (DType storage : {DType::kF32, DType::kBF16, DType::kU8})
+    for (bool with_ape : {false, true}) {
       std::vector<float> inv_freq(k.rope / 2);
       for (size_t i = 0; i < inv_freq.size(); ++i) inv_freq[i] = std::pow(10000.0f, -2.0f * i / k.rope);
       const int64_t width = (k.overlap ? 2 : 1) * k.dim, slots = (k.overlap ? 2 : 1) * k.ratio + 4;
@@ -552,11 +554,16 @@ TEST_F(CudaBackendTest, CompressorStepEqualsCpu) {
       spec.eps = 1e-6f;
       spec.inv_freq = &inv_freq;
       spec.norm = &norm.c;
+      // With ape the score rows come without their position bias and the step adds it (the CPU: AddPositionBias
+      // on a copy, then the same op).
+      const Pair ape = Rand({k.ratio, width}, 0.5f);
+      spec.ape = with_ape ? &ape.c : nullptr;
       cpu_->CompressorStep(kv.c, score.c, spec, cs);
       spec.norm = &norm.g;
+      spec.ape = with_ape ? &ape.g : nullptr;
       gpu().CompressorStep(kv.g, score.g, spec, gs);
       const std::string what = "CompressorStep ratio " + std::to_string(k.ratio) + " dim " + std::to_string(k.dim) +
-                               " rows " + std::to_string(n) + " " + DTypeName(storage);
+                               " rows " + std::to_string(n) + " " + DTypeName(storage) + (with_ape ? " +ape" : "");
       for (size_t i = 0; i < k.seqs.size(); ++i) {
         ExpectSame(ring_kv[i], what + ": kv ring of sequence " + std::to_string(i));
         ExpectSame(ring_score[i], what + ": score ring of sequence " + std::to_string(i));

@@ -166,7 +166,8 @@ struct CompressorSeqDev {
 };
 struct CompressorStepArgs {
   const float* kv = nullptr;     // [rows, width], width = (overlap ? 2 : 1) * dim
-  const float* score = nullptr;  // the same, position bias added
+  const float* score = nullptr;  // the same
+  const float* ape = nullptr;    // [ratio, width]: added to score row by position % ratio (null: added already)
   int ratio = 0;
   bool overlap = false;
   int64_t dim = 0, rope_dim = 0;
@@ -180,12 +181,15 @@ int CompressorStepMaxWindowRows();
 void CompressorStep(const CompressorStepArgs& args, const CompressorSeqDev* seqs, int num_seqs, ParamStager& stage,
                     cudaStream_t s);
 // Backend::RingWriteBatch on f32 rings: rows src_row .. + n - 1 of src to slots (pos + i) % slots of ring,
-// `width` floats per row; the launch's shape depends on the number of writes and the largest n.
+// `width` floats per row, each plus row (pos + i) % add_period of `add` where given (the compressor's
+// position bias); the launch's shape depends on the number of writes and the largest n.
 struct RingWriteDev {
   const float* src = nullptr;
   int64_t src_row = 0, pos = 0, n = 0;
   float* ring = nullptr;
   int64_t slots = 0, width = 0;
+  const float* add = nullptr;
+  int64_t add_period = 1;
 };
 void RingWriteBatch(const RingWriteDev* writes, int num_writes, ParamStager& stage, cudaStream_t s);
 

@@ -37,15 +37,23 @@ struct CompressorBatch {
   int per_seq = 1;  // blocks per sequence: `windows` (one window each), or 1 (all of them, then the rings)
 };
 
+// Slot sl's score at channel ch, its position bias added where the slot has one.
+__device__ __forceinline__ float BiasedScore(const float* const* score_rows, const float* const* bias_rows, int sl,
+                                             int64_t ch) {
+  const float v = score_rows[sl][ch];
+  return bias_rows[sl] ? v + bias_rows[sl][ch] : v;
+}
+
 // Window w of sequence sq: the pooled row (CompressorPoolKernel's sums), then RmsNormKernel's and
 // RopeKernel's arithmetic on it in shared memory, then the row in the pool's storage (EncodeKvRowsKernel's).
 // Rows before the sequence's start come from its ring (slot = position % slots), the others from this
-// step's kv/score rows. The slots' row addresses are worked out once per window (one integer division
+// step's kv/score rows, their score plus the position bias row when args.ape is given (AddPositionBiasKernel's
+// sum; the rings hold it added). The slots' row addresses are worked out once per window (one integer division
 // each) into shared memory; each thread then issues kPoolBatch slots' loads of a channel before it uses
 // them, so that a window of S slots ((overlap ? 2 : 1) ratio) costs S / kPoolBatch memory round trips per
 // pass, not S (the pooled sums still take the slots in order: the same arithmetic as a plain loop).
 __device__ __forceinline__ void PoolWindow(const CompressorStepArgs& a, const CompressorSeqDev& sq, int64_t w, float* row,
-                           const float** kv_rows, const float** score_rows) {
+                                           const float** kv_rows, const float** score_rows, const float** bias_rows) {
   const int ratio = a.ratio;
   const int64_t d = a.dim, width = a.overlap ? 2 * d : d;
   const bool prev = a.overlap && w >= 1;
@@ -64,6 +72,7 @@ __device__ __forceinline__ void PoolWindow(const CompressorStepArgs& a, const Co
     const int64_t at = (old ? p % sq.ring_slots : sq.offset + p - sq.start) * width + col;
     kv_rows[sl] = (old ? sq.ring_kv : a.kv) + at;
     score_rows[sl] = (old ? sq.ring_score : a.score) + at;
+    bias_rows[sl] = old || !a.ape ? nullptr : a.ape + (p % ratio) * width + col;
   }
   __syncthreads();
   for (int64_t ch = threadIdx.x; ch < d; ch += blockDim.x) {
@@ -71,7 +80,7 @@ __device__ __forceinline__ void PoolWindow(const CompressorStepArgs& a, const Co
     for (int s0 = 0; s0 < slots; s0 += kPoolBatch) {
       float v[kPoolBatch];
 #pragma unroll
-      for (int j = 0; j < kPoolBatch; ++j) v[j] = s0 + j < slots ? score_rows[s0 + j][ch] : -INFINITY;
+      for (int j = 0; j < kPoolBatch; ++j) v[j] = s0 + j < slots ? BiasedScore(score_rows, bias_rows, s0 + j, ch) : -INFINITY;
 #pragma unroll
       for (int j = 0; j < kPoolBatch; ++j) mx = fmaxf(mx, v[j]);
     }
@@ -81,7 +90,7 @@ __device__ __forceinline__ void PoolWindow(const CompressorStepArgs& a, const Co
 #pragma unroll
       for (int j = 0; j < kPoolBatch; ++j)
         if (s0 + j < slots) {
-          sc[j] = score_rows[s0 + j][ch];
+          sc[j] = BiasedScore(score_rows, bias_rows, s0 + j, ch);
           kv[j] = kv_rows[s0 + j][ch];
         }
 #pragma unroll
@@ -127,6 +136,7 @@ __global__ void __launch_bounds__(kCompressorThreads, 2) CompressorStepKernel(co
   __shared__ float row[kCompressorMaxDim];
   __shared__ const float* kv_rows[kCompressorMaxWindowRows];
   __shared__ const float* score_rows[kCompressorMaxWindowRows];
+  __shared__ const float* bias_rows[kCompressorMaxWindowRows];
   const CompressorStepArgs& a = batch->args;
   const int per = batch->per_seq;
   const CompressorSeqDev& sq = batch->seq[blockIdx.x / per];
@@ -134,17 +144,19 @@ __global__ void __launch_bounds__(kCompressorThreads, 2) CompressorStepKernel(co
   for (int j = blockIdx.x % per; j < batch->windows; j += per) {
     const int64_t w = sq.num_entries + j;
     if (w >= end / a.ratio) break;  // the same for the whole block
-    PoolWindow(a, sq, w, row, kv_rows, score_rows);
+    PoolWindow(a, sq, w, row, kv_rows, score_rows, bias_rows);
   }
   if (per != 1) return;
   __syncthreads();
   const int64_t width = a.overlap ? 2 * a.dim : a.dim;
   const int64_t keep = sq.count < sq.ring_slots ? sq.count : sq.ring_slots;
   for (int64_t i = 0; i < keep; ++i) {
-    const int64_t src = (sq.offset + sq.count - keep + i) * width, dst = ((end - keep + i) % sq.ring_slots) * width;
+    const int64_t pos = end - keep + i;
+    const int64_t src = (sq.offset + sq.count - keep + i) * width, dst = (pos % sq.ring_slots) * width;
+    const float* bias = a.ape ? a.ape + (pos % a.ratio) * width : nullptr;
     for (int64_t c = threadIdx.x; c < width; c += blockDim.x) {
       sq.ring_kv[dst + c] = a.kv[src + c];
-      sq.ring_score[dst + c] = a.score[src + c];
+      sq.ring_score[dst + c] = bias ? a.score[src + c] + bias[c] : a.score[src + c];
     }
   }
 }
@@ -162,7 +174,8 @@ __global__ void RingWriteKernel(const RingWrites* __restrict__ writes) {
   if (i >= wr.n) return;
   const float* src = wr.src + (wr.src_row + i) * wr.width;
   float* dst = wr.ring + ((wr.pos + i) % wr.slots) * wr.width;
-  for (int64_t c = threadIdx.x; c < wr.width; c += blockDim.x) dst[c] = src[c];
+  const float* add = wr.add ? wr.add + ((wr.pos + i) % wr.add_period) * wr.width : nullptr;
+  for (int64_t c = threadIdx.x; c < wr.width; c += blockDim.x) dst[c] = add ? src[c] + add[c] : src[c];
 }
 
 }  // namespace
@@ -209,7 +222,8 @@ void CompressorStep(const CompressorStepArgs& args, const CompressorSeqDev* seqs
     const CompressorSeqDev& q = seqs[i];
     const int64_t keep = q.count < q.ring_slots ? q.count : q.ring_slots, end = q.start + q.count;
     writes[2 * i] = {args.kv, q.offset + q.count - keep, end - keep, keep, q.ring_kv, q.ring_slots, width};
-    writes[2 * i + 1] = {args.score, q.offset + q.count - keep, end - keep, keep, q.ring_score, q.ring_slots, width};
+    writes[2 * i + 1] = {args.score, q.offset + q.count - keep, end - keep, keep, q.ring_score, q.ring_slots, width,
+                         args.ape, args.ratio};
   }
   RingWriteBatch(writes, 2 * num_seqs, stage, s);
 }
