@@ -35,6 +35,18 @@ void Backend::CompressorStep(const Tensor& kv, const Tensor& score, const Compre
                              const std::vector<CompressorSeq>& seqs) {
   const int ratio = spec.ratio;
   const int64_t dim = spec.dim, width = (spec.overlap ? 2 : 1) * dim;
+  if (spec.ape) {  // the rows with their position bias, then the op as for such rows
+    std::vector<int64_t> positions(score.shape[0], 0);
+    for (const CompressorSeq& s : seqs)
+      for (int64_t i = 0; i < s.count; ++i) positions[s.offset + i] = s.start + i;
+    Tensor biased = Scratch(DType::kF32, score.shape);
+    CopyRows(score, 0, &biased, 0, score.shape[0]);
+    AddPositionBias(&biased, *spec.ape, positions.data(), ratio);
+    CompressorSpec plain = spec;
+    plain.ape = nullptr;
+    CompressorStep(kv, biased, plain, seqs);
+    return;
+  }
   std::vector<RingWrite> ring_writes;
   for (const CompressorSeq& s : seqs) {
     const int64_t end = s.start + s.count, emitted = s.num_entries, emitted_after = end / ratio;

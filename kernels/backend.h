@@ -297,7 +297,8 @@ class Backend {
                            int64_t dst_row) = 0;
 
   // One step of a compressor for several sequences. Sequence i's rows seqs[i].offset .. + count - 1 of kv
-  // and score (the position bias already added) are positions start .. start+count-1. Each window w these
+  // and score are positions start .. start+count-1; the score rows carry the position bias, or with
+  // spec.ape the op adds it first (AddPositionBias: ape[position % ratio]). Each window w these
   // rows complete (num_entries <= w < (start+count)/ratio) is pooled as CompressorPool does, normed
   // (RmsNorm with spec.norm), roped at its first position w*ratio (Rope on the trailing rope_dim values) and
   // stored as entry w of *entries (in the pool's storage, StoreKvRows with entries->rope_dim). Then each
@@ -318,6 +319,7 @@ class Backend {
     const Tensor* norm = nullptr;
     float eps = 0.0f;
     const std::vector<float>* inv_freq = nullptr;
+    const Tensor* ape = nullptr;  // [ratio, (overlap ? 2 : 1) * dim], or null when score has it added
   };
   virtual void CompressorStep(const Tensor& kv, const Tensor& score, const CompressorSpec& spec,
                               const std::vector<CompressorSeq>& seqs);
@@ -406,6 +408,13 @@ class Backend {
   // out [n, D] += sum_k weight[r,k] * expert_{idx[r,k]}(x[r]).  experts may hold only this rank's slice.
   virtual void MoeExperts(const Tensor& x, const Tensor& idx, const Tensor& weight,
                           const std::vector<ExpertWeights>& experts, float swiglu_limit, Tensor* out) = 0;
+  // out [n, D] = the same sum, whatever out held before (the MoE block's first term). The default zeroes
+  // out and runs MoeExperts; a device backend may write the sum straight into out instead.
+  virtual void MoeExpertsInto(const Tensor& x, const Tensor& idx, const Tensor& weight,
+                              const std::vector<ExpertWeights>& experts, float swiglu_limit, Tensor* out) {
+    Zero(out);
+    MoeExperts(x, idx, weight, experts, swiglu_limit, out);
+  }
   // out [n, D] += expert(x) (the shared expert).
   virtual void SharedExpert(const Tensor& x, const ExpertWeights& expert, float swiglu_limit, Tensor* out) = 0;
 

@@ -178,13 +178,9 @@ ModelImpl::BlockActivations ModelImpl::AllocateBlockActivations(const BlockWeigh
 }
 
 void ModelImpl::CompressorUpdate(const CompressorWeights& w, const Tensor& kvp, const Tensor& score, int layer,
-                                 bool indexer, const std::vector<SeqRows>& seqs, const std::vector<int64_t>& positions) {
+                                 bool indexer, const std::vector<SeqRows>& seqs) {
   Backend& be = *backend_;
   const CompressorState& first = indexer ? seqs[0].state->layers[layer].indexer : seqs[0].state->layers[layer].compressor;
-  {
-    Tensor all = score;
-    be.AddPositionBias(&all, w.ape, positions.data(), first.ratio);
-  }
   std::vector<PagedRows> entries(seqs.size());
   std::vector<Backend::CompressorSeq> parts;
   for (size_t i = 0; i < seqs.size(); ++i) {
@@ -201,6 +197,7 @@ void ModelImpl::CompressorUpdate(const CompressorWeights& w, const Tensor& kvp, 
   spec.norm = &w.norm;
   spec.eps = static_cast<float>(config_.rms_norm_eps);
   spec.inv_freq = &inv_freq_[layer];
+  spec.ape = &w.ape;  // the position bias, added inside the step
   be.CompressorStep(kvp, score, spec, parts);
   for (const SeqRows& s : seqs) {
     CompressorState& cs = indexer ? s.state->layers[layer].indexer : s.state->layers[layer].compressor;
@@ -256,11 +253,11 @@ void ModelImpl::AttentionCore(const BlockWeights& b, const std::vector<SeqRows>&
   // Compressed entries first: a query may use every window completed up to and including itself.
   if (b.kind != AttentionKind::kSliding) {
     Phase phase(be, "compressor");
-    CompressorUpdate(b.attn.compressor, a->ckv, a->cscore, b.layer, false, seqs, positions);
+    CompressorUpdate(b.attn.compressor, a->ckv, a->cscore, b.layer, false, seqs);
   }
   if (b.kind == AttentionKind::kCompressedSparse) {
     Phase phase(be, "indexer + top-k");
-    CompressorUpdate(b.attn.indexer_compressor, a->ikv, a->iscore, b.layer, true, seqs, positions);
+    CompressorUpdate(b.attn.indexer_compressor, a->ikv, a->iscore, b.layer, true, seqs);
     const int64_t hi = c.index_n_heads, di = c.index_head_dim;
     std::vector<PagedRows> keys(seqs.size());
     std::vector<Backend::IndexerSeq> parts(seqs.size());
@@ -354,10 +351,9 @@ void ModelImpl::MoeBlock(const BlockWeights& b, const Tensor& x, const std::vect
   Tensor wt = be.Scratch(DType::kF32, {N, (int64_t)p.top_k});
   be.MoeRoute(logits, tokens.data(), p, &idx, &wt);
   const float limit = static_cast<float>(c.swiglu_limit);
-  be.Zero(out);  // the experts accumulate
   {
     Phase phase(be, "routed experts");
-    be.MoeExperts(x, idx, wt, m.experts, limit, out);
+    be.MoeExpertsInto(x, idx, wt, m.experts, limit, out);  // out = the routed experts' sum
   }
   if (m.has_shared) {
     Phase phase(be, "shared expert");

@@ -74,10 +74,11 @@ class ModelImpl {
   void AttentionCore(const BlockWeights& b, const std::vector<SeqRows>& seqs, const std::vector<int64_t>& positions,
                      BlockActivations* a);
   void AttentionOutput(const BlockWeights& b, const std::vector<int64_t>& positions, BlockActivations* a);
-  // Folds every completed window of the projections kvp/score into new entries of each sequence's state
-  // (normed, roped at the window's first position) and keeps the pending rows.
+  // Folds every completed window of the projections kvp/score (score without the position bias, which the
+  // step adds) into new entries of each sequence's state (normed, roped at the window's first position) and
+  // keeps the pending rows.
   void CompressorUpdate(const CompressorWeights& w, const Tensor& kvp, const Tensor& score, int layer, bool indexer,
-                        const std::vector<SeqRows>& seqs, const std::vector<int64_t>& positions);
+                        const std::vector<SeqRows>& seqs);
   // image_rows: one flag per row (bias_vl routing), or empty for a step without images.
   void MoeBlock(const BlockWeights& b, const Tensor& x, const std::vector<int32_t>& tokens,
                 const std::vector<uint8_t>& image_rows, Tensor* out);

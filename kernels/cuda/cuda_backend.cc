@@ -411,25 +411,32 @@ class CudaBackend final : public Backend {
   void CompressorStep(const Tensor& kv, const Tensor& score, const CompressorSpec& spec,
                       const std::vector<CompressorSeq>& seqs) override {
     const int64_t width = (spec.overlap ? 2 : 1) * spec.dim;
-    bool device_op = spec.dim <= cuda_ops::CompressorStepMaxDim() && kv.dtype == DType::kF32 &&
+    bool device_op = spec.dim <= cuda_ops::CompressorStepMaxDim() &&
+                     (spec.overlap ? 2 : 1) * spec.ratio <= cuda_ops::CompressorStepMaxWindowRows() &&
+                     kv.dtype == DType::kF32 &&
                      score.dtype == DType::kF32 && RowWidth(kv) == width && RowWidth(score) == width;
     for (const CompressorSeq& q : seqs)
       device_op = device_op && q.pending_kv->dtype == DType::kF32 && q.pending_score->dtype == DType::kF32;
     if (!device_op) {
       arena_.Unrecordable("CompressorStep", "shapes the device op does not take");
       if (logged_fallback_.insert("CompressorStep").second)
-        std::fprintf(stderr, "[cuda] CompressorStep: entry width %lld or non-f32 rows: composed of CompressorPool, "
-                             "RmsNorm, Rope and StoreKvRows instead (logged once)\n",
-                     static_cast<long long>(spec.dim));
+        std::fprintf(stderr, "[cuda] CompressorStep: entry width %lld, windows of %d rows or non-f32 rows: composed "
+                             "of CompressorPool, RmsNorm, Rope and StoreKvRows instead (logged once)\n",
+                     static_cast<long long>(spec.dim), (spec.overlap ? 2 : 1) * spec.ratio);
       Backend::CompressorStep(kv, score, spec, seqs);
       return;
     }
+    Require(!spec.ape || (spec.ape->dtype == DType::kF32 && spec.ape->shape[0] == spec.ratio &&
+                          RowWidth(*spec.ape) == width),
+            "CompressorStep", "ape shape");
     const ProfileScope ps = ProfileStaged("CompressorStep");
-    ps.Bytes(op_bytes::Copy(static_cast<int64_t>(kv.nbytes() + score.nbytes())));  // the step's rows into the rings
+    ps.Bytes(op_bytes::Copy(static_cast<int64_t>(kv.nbytes() + score.nbytes())) +  // the step's rows into the rings
+             (spec.ape ? static_cast<double>(spec.ape->nbytes()) : 0.0));
     Use();
     cuda_ops::CompressorStepArgs args;
     args.kv = F(kv);
     args.score = F(score);
+    args.ape = spec.ape ? F(*spec.ape) : nullptr;
     args.ratio = spec.ratio;
     args.overlap = spec.overlap;
     args.dim = spec.dim;
@@ -740,10 +747,19 @@ class CudaBackend final : public Backend {
 
   void MoeExperts(const Tensor& x, const Tensor& idx, const Tensor& weight, const std::vector<ExpertWeights>& experts,
                   float limit, Tensor* out) override {
+    RoutedExperts(x, idx, weight, experts, limit, out, /*accumulate=*/true);
+  }
+  // The fused decode path writes the experts' sum into out itself: no zeroing and no add.
+  void MoeExpertsInto(const Tensor& x, const Tensor& idx, const Tensor& weight,
+                      const std::vector<ExpertWeights>& experts, float limit, Tensor* out) override {
+    RoutedExperts(x, idx, weight, experts, limit, out, /*accumulate=*/false);
+  }
+  void RoutedExperts(const Tensor& x, const Tensor& idx, const Tensor& weight, const std::vector<ExpertWeights>& experts,
+                     float limit, Tensor* out, bool accumulate) {
     const ProfileScope ps = Profile("MoeExperts");
     Use();
     const int64_t fused_before = counters_.fused_moe;
-    moe_.Run(x, idx, weight, experts, limit, out, *this);
+    moe_.Run(x, idx, weight, experts, limit, out, accumulate, *this);
     // The fused kernel reads the experts the rows chose (known on the device: counted from the ids after
     // the op); the per-expert path's Linear calls count their own bytes.
     if (ps.on() && counters_.fused_moe != fused_before && !experts.empty()) {
@@ -756,8 +772,13 @@ class CudaBackend final : public Backend {
   void SharedExpert(const Tensor& x, const ExpertWeights& expert, float limit, Tensor* out) override {
     const ProfileScope ps = Profile("SharedExpert");
     const int64_t m = x.shape[0], D = RowWidth(x), I = expert.w1.out;
-    Tensor g = arena_.Temp(DType::kF32, {m, I}), u = arena_.Temp(DType::kF32, {m, I}), y = arena_.Temp(DType::kF32, {m, D});
     ps.Bytes(op_bytes::SwiGlu(m * I) + op_bytes::Add(m * D));  // the linears count theirs
+    Use();
+    if (exl3_.SharedExpertRows(x, expert, limit, out)) {
+      if (ps.on()) ps.Bytes(LinearBytes(m, expert.w1) + LinearBytes(m, expert.w3) + LinearBytes(m, expert.w2));
+      return;
+    }
+    Tensor g = arena_.Temp(DType::kF32, {m, I}), u = arena_.Temp(DType::kF32, {m, I}), y = arena_.Temp(DType::kF32, {m, D});
     LinearBatch({{&x, &expert.w1, &g}, {&x, &expert.w3, &u}});
     cuda_ops::SwiGlu(F(g), F(u), m * I, limit, ctx_->stream);
     Linear(g, expert.w2, &y);

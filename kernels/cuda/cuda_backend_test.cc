@@ -376,10 +376,10 @@ TEST_F(CudaBackendTest, RmsNormAddScale) {
 TEST_F(CudaBackendTest, DenseLinear) {
   DSMESH_REQUIRE_GPU();
   for (DType dt : {DType::kBF16, DType::kF16, DType::kF32})
-    for (auto [out, in] : {std::pair<int64_t, int64_t>{100, 37}, {256, 512}, {7, 1}})
+    for (auto [out, in] : {std::pair<int64_t, int64_t>{100, 37}, {256, 512}, {7, 1}, {256, 4096}, {64, 4096}})
       for (bool bias : {true, false}) {
         const LinPair w = Dense(out, in, dt, bias);
-        for (int64_t m : {1, 5, 8, 9, 70}) {
+        for (int64_t m : {1, 5, 8, 9, 16, 70}) {
           Pair x = Rand({m, in}), y = Zeros(DType::kF32, {m, out});
           cpu_->Linear(x.c, w.c, &y.c);
           gpu().Linear(x.g, w.g, &y.g);
@@ -529,10 +529,14 @@ TEST_F(CudaBackendTest, CompressorPositionBiasAndPool) {
   }
 }
 
-// One compressor step for several sequences in the device's two launches (Backend::CompressorStep): the
-// entries it emits (pooled, normed, roped, stored as f32 / bf16 / fp8) and the rings it leaves against the
-// CPU, which runs CompressorPool, RmsNorm, Rope and StoreKvRows. Sequences that complete a window, several,
-// or none; rows before `start` read from the ring (wrapped); a prefill-sized step of one sequence.
+// One compressor step for several sequences (Backend::CompressorStep; one launch when every sequence can
+// complete at most 4 windows, else two): the entries it emits (pooled, normed, roped, stored as f32 / bf16 /
+// fp8) and the rings it leaves against the CPU, which runs CompressorPool, RmsNorm, Rope and StoreKvRows.
+// Sequences that complete a window, several, or none; rows before `start` read from the ring (wrapped);
+// the decode shapes of V4-Flash (one row: entry width 512 at ratio 4 and 128, the indexer's 128 at ratio 4);
+// steps of 15 and 16 rows (the last of one launch, the first of two; 15 rows overwrite ring slots the same
+// step pools from); a prefill-sized step of one sequence; each with the position bias added before the
+// step or by it (CompressorSpec::ape).
 TEST_F(CudaBackendTest, CompressorStepEqualsCpu) {
   DSMESH_REQUIRE_GPU();
   struct Case {
@@ -547,9 +551,15 @@ TEST_F(CudaBackendTest, CompressorStepEqualsCpu) {
       {128, false, 64, 16, {{255, 1}, {1000, 4}, {127, 2}}},
       {4, true, 64, 16, {{13, 37}}},
       {128, false, 48, 16, {{100, 300}}},
+      {4, true, 512, 64, {{4095, 1}, {4096, 1}, {4094, 1}}},
+      {128, false, 512, 64, {{4095, 1}, {4223, 1}, {4100, 1}}},
+      {4, true, 128, 64, {{4095, 1}, {61, 4}}},
+      {4, true, 64, 16, {{4001, 15}, {2, 15}}},
+      {4, true, 64, 16, {{4003, 16}, {9, 16}}},
   };
   for (const Case& k : cases)
-    for (DType storage : {DType::kF32, DType::kBF16, DType::kU8}) {
+    for (DType storage : {DType::kF32, DType::kBF16, DType::kU8})
+    for (bool with_ape : {false, true}) {
       std::vector<float> inv_freq(k.rope / 2);
       for (size_t i = 0; i < inv_freq.size(); ++i) inv_freq[i] = std::pow(10000.0f, -2.0f * i / k.rope);
       const int64_t width = (k.overlap ? 2 : 1) * k.dim, slots = (k.overlap ? 2 : 1) * k.ratio + 4;
@@ -581,11 +591,16 @@ TEST_F(CudaBackendTest, CompressorStepEqualsCpu) {
       spec.eps = 1e-6f;
       spec.inv_freq = &inv_freq;
       spec.norm = &norm.c;
+      // With ape the score rows come without their position bias and the step adds it (the CPU: AddPositionBias
+      // on a copy, then the same op).
+      const Pair ape = Rand({k.ratio, width}, 0.5f);
+      spec.ape = with_ape ? &ape.c : nullptr;
       cpu_->CompressorStep(kv.c, score.c, spec, cs);
       spec.norm = &norm.g;
+      spec.ape = with_ape ? &ape.g : nullptr;
       gpu().CompressorStep(kv.g, score.g, spec, gs);
       const std::string what = "CompressorStep ratio " + std::to_string(k.ratio) + " dim " + std::to_string(k.dim) +
-                               " rows " + std::to_string(n) + " " + DTypeName(storage);
+                               " rows " + std::to_string(n) + " " + DTypeName(storage) + (with_ape ? " +ape" : "");
       for (size_t i = 0; i < k.seqs.size(); ++i) {
         ExpectSame(ring_kv[i], what + ": kv ring of sequence " + std::to_string(i));
         ExpectSame(ring_score[i], what + ": score ring of sequence " + std::to_string(i));
@@ -1086,6 +1101,49 @@ TEST_F(CudaBackendTest, MoeRoute) {
   }
 }
 
+// Biased top-k at the router's shapes (V4-Flash: 256 experts, top 6, 1 and 16 decode rows) and at the
+// edges of the one-warp kernel (fewer experts than lanes, the largest expert count and top-k). Rows are
+// redrawn until the top k+1 biased scores are 1e-4 apart, as in MoeRoute.
+TEST_F(CudaBackendTest, MoeRouteRouterShapes) {
+  DSMESH_REQUIRE_GPU();
+  struct Case {
+    int64_t n, E;
+    int k;
+  };
+  for (const Case& cs : {Case{1, 256, 6}, Case{16, 256, 6}, Case{3, 20, 6}, Case{2, 4096, 16}}) {
+    const int64_t n = cs.n, E = cs.E;
+    const int k = cs.k;
+    Pair bias = Rand({E}, 0.1f);
+    Tensor lh = AllocateTensor(DType::kF32, {n, E});
+    std::normal_distribution<float> nd(0.0f, 2.0f);
+    for (int64_t r = 0; r < n; ++r)
+      for (bool ok = false; !ok;) {
+        std::vector<double> sc(E);
+        for (int64_t e = 0; e < E; ++e) {
+          lh.as<float>()[r * E + e] = nd(rng_);
+          sc[e] = std::sqrt(std::log1p(std::exp(static_cast<double>(lh.as<float>()[r * E + e])))) +
+                  bias.c.as<float>()[e];
+        }
+        std::sort(sc.rbegin(), sc.rend());
+        ok = true;
+        for (int i = 0; i < k; ++i) ok &= sc[i] - sc[i + 1] > 1e-4;
+      }
+    Pair logits = Both(lh), idx = Zeros(DType::kI32, {n, k}), wt = Zeros(DType::kF32, {n, k});
+    RouterParams p;
+    p.top_k = k;
+    p.normalize = true;
+    p.routed_scale = 1.5f;
+    p.bias = &bias.c;
+    const std::vector<int32_t> tokens(n, 0);
+    cpu_->MoeRoute(logits.c, tokens.data(), p, &idx.c, &wt.c);
+    p.bias = &bias.g;
+    gpu().MoeRoute(logits.g, tokens.data(), p, &idx.g, &wt.g);
+    const std::string what = "MoeRoute n=" + std::to_string(n) + " E=" + std::to_string(E) + " top-" + std::to_string(k);
+    ExpectSame(idx, what + " ids");
+    ExpectClose(wt, kF32Tol, what + " weights");
+  }
+}
+
 TEST_F(CudaBackendTest, DenseExpertsAndSharedExpert) {
   DSMESH_REQUIRE_GPU();
   const int E = 8, k = 3;
@@ -1145,11 +1203,38 @@ TEST_F(CudaBackendTest, Exl3ExpertsMcgFusedAndPerExpert) {
     ExpectClose(out, kExl3Tol, "MoeExperts EXL3 MCG, 40 rows on the same 6 experts", &before);
   }
   // The shared expert through the EXL3 linears: GEMV (m <= 16) and GEMM (m > 16).
-  for (int64_t n : {1, 5, 20}) {
+  for (int64_t n : {1, 5, 16, 20}) {
     Pair x = Rand({n, D}, 0.5f, true), out = Rand({n, D}), before = Copy(out);
     cpu_->SharedExpert(x.c, ex.c[0], limit, &out.c);
     gpu().SharedExpert(x.g, ex.g[0], limit, &out.g);
     ExpectClose(out, kExl3Tol, "SharedExpert EXL3 n=" + std::to_string(n), &before);
+  }
+}
+
+// MoeExpertsInto: out = the routed experts' sum, whatever out held (the MoE block's first term). The fused
+// decode kernel writes out itself; the other paths zero it first. Against the CPU's Zero + MoeExperts.
+TEST_F(CudaBackendTest, MoeExpertsIntoOverwritesOut) {
+  DSMESH_REQUIRE_GPU();
+  const int E = 16, k = 6;
+  const int64_t D = 256, I = 256;
+  const float limit = 10.0f;
+  const ExpertSet ex = Exl3Experts(E, D, I, 2, Exl3Codebook::kMcg);
+  for (int64_t n : {1, 5, 16, 24, 30, 300}) {
+    auto [idx, wt] = Routing(n, k, E);
+    Pair x = Rand({n, D}, 0.5f, true), out = Rand({n, D}, 100.0f);
+    const CudaMoePathCounts c0 = CudaBackendStats(gpu()).moe;
+    cpu_->MoeExpertsInto(x.c, idx.c, wt.c, ex.c, limit, &out.c);
+    gpu().MoeExpertsInto(x.g, idx.g, wt.g, ex.g, limit, &out.g);
+    ExpectClose(out, kExl3Tol, "MoeExpertsInto EXL3 MCG n=" + std::to_string(n));
+    EXPECT_EQ(CudaBackendStats(gpu()).moe.fused_launches, c0.fused_launches + 1) << "n=" << n;
+  }
+  const ExpertSet dense = DenseExperts(8, 128, 96, DType::kBF16);
+  for (int64_t n : {1, 5}) {
+    auto [idx, wt] = Routing(n, 3, 8);
+    Pair x = Rand({n, 128}), out = Rand({n, 128}, 100.0f);
+    cpu_->MoeExpertsInto(x.c, idx.c, wt.c, dense.c, limit, &out.c);
+    gpu().MoeExpertsInto(x.g, idx.g, wt.g, dense.g, limit, &out.g);
+    ExpectClose(out, kF32Tol, "MoeExpertsInto dense n=" + std::to_string(n));
   }
 }
 

@@ -182,15 +182,8 @@ Exl3Weights::GemvBatchPlan Exl3Weights::PlanGemvBatches(const std::vector<Backen
   for (const Backend::LinearJob& j : jobs) {
     const int64_t m = j.x->shape[0];
     const Exl3DeviceLinear* lin = nullptr;
-    if (j.w->is_exl3() && m >= 1 && m <= kExl3GemvMaxRows && RowWidth(*j.x) == j.w->in &&
-        reinterpret_cast<uintptr_t>(j.out->data) % 16 == 0) {
-      CudaExl3Linear& e = Of(*j.w);
-      const Exl3Part& part = PartFor(e, e.slice.out_begin, e.slice.out_end);
-      const Exl3DeviceLinear& l = part.buffers->linear();
-      if (part.x_col0 == 0 && part.kin == l.k && l.k == j.w->in && part.y_col0 == 0 && part.nout == l.n &&
-          l.n == j.w->out && !part.bias.data)
-        lin = &l;
-    }
+    if (m >= 1 && m <= kExl3GemvMaxRows && RowWidth(*j.x) == j.w->in && reinterpret_cast<uintptr_t>(j.out->data) % 16 == 0)
+      lin = WholeLinear(*j.w);
     if (lin) {
       taken.push_back({&j, lin});
     } else {
@@ -239,6 +232,41 @@ std::vector<Backend::LinearJob> Exl3Weights::RunGemvBatches(const GemvBatchPlan&
     LaunchGemvBatch(batch, static_cast<int>(set.size()), static_cast<int>(set[0]->job->x->shape[0]));
   }
   return rest;
+}
+
+const Exl3DeviceLinear* Exl3Weights::WholeLinear(const LinearWeight& w) {
+  if (!w.is_exl3()) return nullptr;
+  CudaExl3Linear& e = Of(w);
+  const Exl3Part& part = PartFor(e, e.slice.out_begin, e.slice.out_end);
+  const Exl3DeviceLinear& l = part.buffers->linear();
+  const bool whole = part.x_col0 == 0 && part.kin == l.k && l.k == w.in && part.y_col0 == 0 && part.nout == l.n &&
+                     l.n == w.out && !part.bias.data;
+  return whole ? &l : nullptr;
+}
+
+bool Exl3Weights::SharedExpertRows(const Tensor& x, const ExpertWeights& e, float limit, Tensor* out) {
+  const int64_t m = x.shape[0];
+  if (m < 1 || m > kExl3GemvMaxRows || x.dtype != DType::kF32 || out->dtype != DType::kF32) return false;
+  const Exl3DeviceLinear* w1 = WholeLinear(e.w1);
+  const Exl3DeviceLinear* w3 = WholeLinear(e.w3);
+  const Exl3DeviceLinear* w2 = WholeLinear(e.w2);
+  if (!w1 || !w3 || !w2 || !Exl3GemvBatchable(*w1, *w3) || w1->n != w3->n || w2->k != w1->n ||
+      RowWidth(x) != w1->k || RowWidth(*out) != w2->n || out->shape[0] != m ||
+      reinterpret_cast<uintptr_t>(out->data) % 16 != 0)
+    return false;
+  const int64_t D = w1->k, I = w1->n;
+  Tensor xh = arena_.Temp(DType::kF16, {m, D});
+  cuda_ops::ToHalfPadded(F(x), m, D, D, static_cast<uint16_t*>(xh.data), D, 0, ctx_->stream);
+  Tensor g = arena_.Temp(DType::kF32, {m, I}), u = arena_.Temp(DType::kF32, {m, I});
+  const Exl3GemvJob gate_up[2] = {{w1, static_cast<const uint16_t*>(xh.data), g.data},
+                                  {w3, static_cast<const uint16_t*>(xh.data), u.data}};
+  LaunchGemvBatch(gate_up, 2, static_cast<int>(m));
+  Tensor gh = arena_.Temp(DType::kF16, {m, I});
+  cuda_ops::SwiGluToHalf(F(g), F(u), m * I, limit, static_cast<uint16_t*>(gh.data), ctx_->stream);
+  const Exl3GemvJob down{w2, static_cast<const uint16_t*>(gh.data), out->data, true};
+  LaunchGemvBatch(&down, 1, static_cast<int>(m));
+  CheckLaunch("SharedExpert (EXL3 rows)");
+  return true;
 }
 
 bool Exl3Weights::GroupedRows(const Tensor& x, const LinearWeight& w, int groups, Tensor* out) {

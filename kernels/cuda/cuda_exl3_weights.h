@@ -9,6 +9,7 @@
 //   sized for the largest block range loaded.
 // - GEMV batching: independent linears of the same K, codebook, k and rows (Backend::LinearBatch, the
 //   groups of a grouped linear) share launches (Exl3GemvBatch), counted in CudaBackendStats().gemv_batches.
+// - The shared expert's decode rows as one fused path (SharedExpertRows).
 // It lives apart from the op dispatch because the fused decode paths grow here.
 #pragma once
 
@@ -102,10 +103,18 @@ class Exl3Weights {
   // the groups and (m > 1) one scatter back into rows. False when a group's slice is not a whole EXL3
   // linear (the caller then runs them group by group).
   bool GroupedRows(const Tensor& x, const LinearWeight& w, int groups, Tensor* out);
+  // The shared expert of m <= 16 rows, out += w2(SwiGLU(w1 x, w3 x)), in four launches: x to fp16, w1 and
+  // w3 in one batched GEMV, SwiGLU with its fp16 rounding in one kernel, and w2's GEMV adding into out (the
+  // same values as the composed op: its SwiGlu, ToHalfPadded and Add do the same arithmetic). False when
+  // the three are not whole EXL3 linears that can run so (the caller then composes the op).
+  bool SharedExpertRows(const Tensor& x, const ExpertWeights& e, float limit, Tensor* out);
 
  private:
   // The GEMM workspace is sized for the largest EXL3 block range loaded.
   void NoteSlice(const Exl3Slice& sl);
+  // The device linear of an EXL3 linear whose slice is the whole of its part and of w.in x w.out, no bias;
+  // else null.
+  const Exl3DeviceLinear* WholeLinear(const LinearWeight& w);
   // One batched GEMV launch on the main stream, counted (CudaBackendStats().gemv_batches) and announced once.
   void LaunchGemvBatch(const Exl3GemvJob* jobs, int count, int m);
 

@@ -16,29 +16,32 @@ MoeDispatch::MoeDispatch(std::shared_ptr<StreamContext> ctx, StepArena& arena, E
     : ctx_(std::move(ctx)), arena_(arena), exl3_(exl3), counters_(counters), prefill_(prefill), tuning_(tuning) {}
 
 void MoeDispatch::Run(const Tensor& x, const Tensor& idx, const Tensor& weight,
-                      const std::vector<ExpertWeights>& experts, float limit, Tensor* out, Backend& ops) {
+                      const std::vector<ExpertWeights>& experts, float limit, Tensor* out, bool accumulate,
+                      Backend& ops) {
   const int64_t n = x.shape[0], k = RowWidth(idx);
   FusedMoe* fused = FusedFor(experts, limit, static_cast<int>(k));
   if (fused && n > kExl3MoeMaxRows && prefill_ == CudaBackendOptions::PrefillMoe::kSortedPairs &&
       n * k <= cuda_ops::kMoeSortMaxPairs) {
+    if (!accumulate) ops.Zero(out);
     SortedPairs(x, idx, weight, *fused, out);
     return;
   }
   if (fused && (n <= kExl3MoeMaxRows || prefill_ != CudaBackendOptions::PrefillMoe::kPerExpert)) {
     // Steps of more rows reach this only with prefill_moe = kRowSlices or more pairs than the
     // device sort takes (kMoeSortMaxPairs): the single-launch kernel on slices of kExl3MoeMaxRows rows,
-    // reading an expert once per slice that uses it. Each row's result does not depend on its slice.
+    // reading an expert once per slice that uses it. Each row's result does not depend on its slice. The
+    // kernel overwrites its rows: without accumulation they are out's own.
     const int64_t D = RowWidth(x);
     Tensor xh = arena_.Temp(DType::kF16, {n, D});
     cuda_ops::ToHalfPadded(F(x), n, D, D, static_cast<uint16_t*>(xh.data), D, 0, ctx_->stream);
-    Tensor y = arena_.Temp(DType::kF32, {n, D});
+    const Tensor y = accumulate ? arena_.Temp(DType::kF32, {n, D}) : *out;
     for (int64_t r0 = 0; r0 < n; r0 += kExl3MoeMaxRows) {
       const int64_t m = std::min<int64_t>(kExl3MoeMaxRows, n - r0);
       Exl3MoeForward(fused->layer->layer(), static_cast<const uint16_t*>(xh.data) + r0 * D, I32(idx) + r0 * k,
                      F(weight) + r0 * k, static_cast<int>(m), F(y) + r0 * D, *fused->workspace, ctx_->stream);
       ++counters_.fused_moe;
     }
-    cuda_ops::Add(F(y), n * D, F(*out), ctx_->stream);
+    if (accumulate) cuda_ops::Add(F(y), n * D, F(*out), ctx_->stream);
     CheckLaunch("MoeExperts (fused)");
     if (n > kExl3MoeMaxRows && !logged_many_rows_) {
       std::fprintf(stderr, "[cuda] routed experts: steps of more than %d rows (prefill chunks) run the fused kernel "
@@ -48,6 +51,7 @@ void MoeDispatch::Run(const Tensor& x, const Tensor& idx, const Tensor& weight,
     return;
   }
   ++counters_.per_expert_moe;
+  if (!accumulate) ops.Zero(out);
   // Per expert: the routing leaves the device once (a sync), rows are grouped on the host.
   std::vector<int32_t> ix(n * k);
   std::vector<float> wt(n * k);

@@ -37,10 +37,12 @@ class MoeDispatch {
   MoeDispatch(const MoeDispatch&) = delete;
   MoeDispatch& operator=(const MoeDispatch&) = delete;
 
-  // Backend::MoeExperts, with the backend's device current. The per-expert path copies the routing through
-  // ops.ToHost and runs each expert's linears through ops.Linear (`ops` is the backend itself).
+  // Backend::MoeExperts (accumulate) or MoeExpertsInto, with the backend's device current. The
+  // single-launch kernel's rows go straight into out when not accumulating (the other paths zero out first
+  // through ops.Zero). The per-expert path copies the routing through ops.ToHost and runs each expert's
+  // linears through ops.Linear (`ops` is the backend itself).
   void Run(const Tensor& x, const Tensor& idx, const Tensor& weight, const std::vector<ExpertWeights>& experts,
-           float limit, Tensor* out, Backend& ops);
+           float limit, Tensor* out, bool accumulate, Backend& ops);
 
  private:
   struct FusedMoe {

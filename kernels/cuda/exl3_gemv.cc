@@ -110,6 +110,7 @@ void Exl3GemvBatch(const Exl3GemvJob* jobs, int count, int m, Exl3Out out, Exl3G
     CheckExl3LinearCall(w, jobs[j].x, jobs[j].y, ws.device_, name);
     if (!Exl3GemvBatchable(w0, w))
       throw std::runtime_error(who + ": '" + w.name + "' differs in K, codebook or k and cannot share the launch");
+    if (jobs[j].accumulate && out != Exl3Out::kF32) throw std::runtime_error(name + ": accumulates into fp16");
     total_n += w.n;
   }
   if (m < 1 || m > kExl3GemvMaxRows)
@@ -146,6 +147,7 @@ void Exl3GemvBatch(const Exl3GemvJob* jobs, int count, int m, Exl3Out out, Exl3G
     p.n = static_cast<int>(w.n);
     p.splits = splits;
     p.y_fp16 = out == Exl3Out::kF16;
+    p.y_accumulate = jobs[j].accumulate ? 1 : 0;
     p.one = 1;
     if (splits > 1) {  // each job its own partials and arrival counters
       p.partial = ws.partial_ + partial_offset;

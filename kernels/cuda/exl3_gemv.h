@@ -90,11 +90,13 @@ void CheckExl3LinearCall(const Exl3DeviceLinear& w, const void* x, const void* y
 void Exl3Gemv(const Exl3DeviceLinear& w, const uint16_t* x, int m, void* y, Exl3Out out, Exl3GemvWorkspace& ws,
               cudaStream_t stream);
 
-// One linear of a batched launch: y[m, w.n] = x[m, w.k] W.
+// One linear of a batched launch: y[m, w.n] = x[m, w.k] W, or with `accumulate` (fp32 output only)
+// y[m, w.n] += x[m, w.k] W.
 struct Exl3GemvJob {
   const Exl3DeviceLinear* w = nullptr;
   const uint16_t* x = nullptr;
   void* y = nullptr;
+  bool accumulate = false;
 };
 
 // Most linears one batched launch takes.

@@ -23,7 +23,9 @@
 namespace dsmesh::exl3cuda {
 
 
-// Writes one finished 128-column row slice (lane holds columns 4 lane .. 4 lane + 3) as fp32 or fp16.
+// Writes one finished 128-column row slice (lane holds columns 4 lane .. 4 lane + 3) as fp32 or fp16, or
+// adds it to the fp32 values there (y_accumulate: each output has one writer, so y + v in one rounding, as
+// a separate Add would).
 __device__ __forceinline__ void StoreGemvRow(const GemvParams& p, int row, int strip, int lane, const float v[4]) {
   const int64_t yofs = (int64_t)row * p.n + strip * 128 + lane * 4;
   if (p.y_fp16) {
@@ -33,7 +35,13 @@ __device__ __forceinline__ void StoreGemvRow(const GemvParams& p, int row, int s
     u.y = *reinterpret_cast<const uint32_t*>(&h1);
     *reinterpret_cast<uint2*>(reinterpret_cast<__half*>(p.y) + yofs) = u;
   } else {
-    *reinterpret_cast<float4*>(reinterpret_cast<float*>(p.y) + yofs) = make_float4(v[0], v[1], v[2], v[3]);
+    float4* y = reinterpret_cast<float4*>(reinterpret_cast<float*>(p.y) + yofs);
+    float4 r = make_float4(v[0], v[1], v[2], v[3]);
+    if (p.y_accumulate) {
+      const float4 o = *y;
+      r = make_float4(o.x + r.x, o.y + r.y, o.z + r.z, o.w + r.w);
+    }
+    *y = r;
   }
 }
 

@@ -16,6 +16,7 @@ struct GemvParams {
   int m, k, n;
   int splits;               // k is cut into `splits` ranges of whole 128-blocks, at most 8 blocks each
   int y_fp16;               // 1: y is fp16, 0: fp32
+  int y_accumulate;         // 1: y (fp32) += the result, 0: y = the result
   uint32_t one;             // always 1; a runtime value so shifts by it compile to IMADs (exl3_device.cuh)
 };
 

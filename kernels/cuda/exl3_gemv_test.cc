@@ -281,6 +281,44 @@ TEST(Exl3GemvTest, Fp16OutputMatchesFp32Output) {
   for (size_t i = 0; i < yf.size(); ++i) EXPECT_EQ(yh[i], FloatToFp16(yf[i])) << i;
 }
 
+// y += x W (Exl3GemvJob::accumulate, the shared expert's down projection adding into the MoE output): bit for
+// bit y + the plain launch's result, at one split and at several (the last CTA of a strip adds).
+TEST(Exl3GemvTest, AccumulateAddsThePlainResult) {
+  DSMESH_REQUIRE_GPU();
+  std::mt19937 rng(41);
+  Exl3GemvWorkspace ws;
+  for (const int64_t k : {128, 2048}) {
+    const int64_t n = 512;
+    const Exl3Weight w = testing::RandomExl3Weight(k, n, 6, Exl3Codebook::kMcg, rng);
+    DeviceExl3 d;
+    testing::UploadExl3(w, d);
+    for (const int m : {1, 3, 16}) {
+      const auto x = testing::RandomFp16(static_cast<size_t>(m) * k, rng);
+      std::vector<float> base(static_cast<size_t>(m) * n);
+      std::uniform_real_distribution<float> ud(-2.0f, 2.0f);
+      for (float& v : base) v = ud(rng);
+      DeviceBuffer<uint16_t> dx(x);
+      DeviceBuffer<float> plain(static_cast<size_t>(m) * n), acc(base);
+      Exl3Gemv(d.linear, dx.get(), m, plain.get(), Exl3Out::kF32, ws, nullptr);
+      const Exl3GemvJob job{&d.linear, dx.get(), acc.get(), true};
+      Exl3GemvBatch(&job, 1, m, Exl3Out::kF32, ws, nullptr);
+      CudaCheck(cudaDeviceSynchronize(), "sync");
+      const std::vector<float> y = plain.Download(), sum = acc.Download();
+      for (size_t i = 0; i < y.size(); ++i) {
+        const float want = base[i] + y[i];
+        ASSERT_EQ(0, std::memcmp(&want, &sum[i], sizeof(float)))
+            << "k=" << k << " m=" << m << " element " << i << ": " << sum[i] << " vs " << want;
+      }
+    }
+  }
+  DeviceBuffer<uint16_t> x(std::vector<uint16_t>(128, 0)), yh(128);
+  const Exl3Weight w = testing::RandomExl3Weight(128, 128, 2, Exl3Codebook::kMcg, rng);
+  DeviceExl3 d;
+  testing::UploadExl3(w, d);
+  const Exl3GemvJob half{&d.linear, x.get(), yh.get(), true};
+  EXPECT_THROW(Exl3GemvBatch(&half, 1, 1, Exl3Out::kF16, ws, nullptr), std::runtime_error);
+}
+
 TEST(Exl3GemvTest, GraphCaptureAndReplayWithFreshInputs) {
   DSMESH_REQUIRE_GPU();
   std::mt19937 rng(5);

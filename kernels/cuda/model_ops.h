@@ -112,6 +112,8 @@ void AddPairsToRows(const float* y, const int32_t* pos, const int32_t* sorted_id
                     float* out, cudaStream_t s);
 // g = silu(min(g, limit)) * clamp(u, -limit, limit) (no clamp for limit <= 0), in place in g.
 void SwiGlu(float* g, const float* u, int64_t n, float limit, cudaStream_t s);
+// gh = fp16(SwiGlu's value of g, u) (ToHalfPadded's rounding): the fp16 input of an EXL3 down projection.
+void SwiGluToHalf(const float* g, const float* u, int64_t n, float limit, uint16_t* gh, cudaStream_t s);
 // dst rows [dst_row, +rows) = src rows [src_row, +rows), row_bytes each (overlapping ranges allowed).
 // Up to CopyBytesBatchMax() copies of bytes[i] bytes from src[i] to dst[i], in one launch.
 struct ByteCopy {
@@ -159,10 +161,13 @@ void CompressorPool(const float* kv, const float* score, int64_t width, int64_t 
                     int64_t num_windows, int ratio, bool overlap, int64_t d, float* out, cudaStream_t s);
 
 // ---- stateful writes (model_ops_state.cu) ----
-// Backend::CompressorStep for up to CompressorStepMaxSeqs() sequences in two launches: one block per
-// (sequence, window it may complete) pools, norms, ropes and stores the entry (CompressorPool, RmsNorm,
-// Rope and EncodeKvRows in one), then the rings take the step's rows (RingWriteBatch). The launches'
-// shapes depend on the sequences' row counts only.
+// Backend::CompressorStep for up to CompressorStepMaxSeqs() sequences. Each window a sequence completes is
+// pooled, normed, roped and stored (CompressorPool, RmsNorm, Rope and EncodeKvRows in one), then the rings
+// take the step's rows. Steps whose sequences complete at most a few windows each (decode, verification)
+// are one launch, one block per sequence that does both in turn; longer ones (prefill chunks) one block per
+// (sequence, window it may complete), then the rings in a second launch (RingWriteBatch). The launches'
+// shapes depend on the sequences' row counts only. Entry width at most CompressorStepMaxDim(), windows of
+// at most CompressorStepMaxWindowRows() rows ((overlap ? 2 : 1) * ratio).
 struct CompressorSeqDev {
   int64_t offset = 0, count = 0, start = 0, num_entries = 0;
   float* ring_kv = nullptr;
@@ -172,7 +177,8 @@ struct CompressorSeqDev {
 };
 struct CompressorStepArgs {
   const float* kv = nullptr;     // [rows, width], width = (overlap ? 2 : 1) * dim
-  const float* score = nullptr;  // the same, position bias added
+  const float* score = nullptr;  // the same
+  const float* ape = nullptr;    // [ratio, width]: added to score row by position % ratio (null: added already)
   int ratio = 0;
   bool overlap = false;
   int64_t dim = 0, rope_dim = 0;
@@ -182,15 +188,19 @@ struct CompressorStepArgs {
 };
 int CompressorStepMaxSeqs();
 int64_t CompressorStepMaxDim();
+int CompressorStepMaxWindowRows();
 void CompressorStep(const CompressorStepArgs& args, const CompressorSeqDev* seqs, int num_seqs, ParamStager& stage,
                     cudaStream_t s);
 // Backend::RingWriteBatch on f32 rings: rows src_row .. + n - 1 of src to slots (pos + i) % slots of ring,
-// `width` floats per row; the launch's shape depends on the number of writes and the largest n.
+// `width` floats per row, each plus row (pos + i) % add_period of `add` where given (the compressor's
+// position bias); the launch's shape depends on the number of writes and the largest n.
 struct RingWriteDev {
   const float* src = nullptr;
   int64_t src_row = 0, pos = 0, n = 0;
   float* ring = nullptr;
   int64_t slots = 0, width = 0;
+  const float* add = nullptr;
+  int64_t add_period = 1;
 };
 void RingWriteBatch(const RingWriteDev* writes, int num_writes, ParamStager& stage, cudaStream_t s);
 

@@ -182,17 +182,27 @@ __global__ void ScatterAddRowsKernel(const float* src, const int32_t* rows, cons
   for (int64_t c = threadIdx.x; c < width; c += blockDim.x) d[c] += wi * src[i * width + c];
 }
 
+__device__ __forceinline__ float SwiGluValue(float gv, float uv, float limit) {
+  if (limit > 0) {
+    gv = fminf(gv, limit);
+    uv = fminf(fmaxf(uv, -limit), limit);
+  }
+  return gv / (1.0f + expf(-gv)) * uv;
+}
+
 __global__ void SwiGluKernel(float* g, const float* u, int64_t n, float limit) {
   PdlWait();
   PdlTrigger();
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    float gv = g[i], uv = u[i];
-    if (limit > 0) {
-      gv = fminf(gv, limit);
-      uv = fminf(fmaxf(uv, -limit), limit);
-    }
-    g[i] = gv / (1.0f + expf(-gv)) * uv;
-  }
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    g[i] = SwiGluValue(g[i], u[i], limit);
+}
+
+// SwiGluKernel's value rounded as ToHalfPaddedKernel rounds (the fp16 input of an EXL3 down projection).
+__global__ void SwiGluToHalfKernel(const float* g, const float* u, int64_t n, float limit, uint16_t* gh) {
+  PdlWait();
+  PdlTrigger();
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    gh[i] = __half_as_ushort(__float2half_rn(SwiGluValue(g[i], u[i], limit)));
 }
 
 // mixes[r, k] = rsqrt(mean(X_r^2) + eps) * (fn[k] . X_r): one block per (row, k), so the K dot products
@@ -754,6 +764,10 @@ void ScatterAddRows(const float* src, const int32_t* rows, const float* w, int64
 
 void SwiGlu(float* g, const float* u, int64_t n, float limit, cudaStream_t s) {
   if (n > 0) PdlLaunch(SwiGluKernel, Blocks(n), kThreads, 0, s, g, u, n, limit);
+}
+
+void SwiGluToHalf(const float* g, const float* u, int64_t n, float limit, uint16_t* gh, cudaStream_t s) {
+  if (n > 0) PdlLaunch(SwiGluToHalfKernel, Blocks(n), kThreads, 0, s, g, u, n, limit, gh);
 }
 
 namespace {
