@@ -129,9 +129,7 @@ void CopyRows(const void* src, int64_t src_row, void* dst, int64_t dst_row, int6
 // ---- hyper-connections ----
 // HcPre: one launch (a cluster of 8 blocks per role and group of rows; sm_90+), no scratch; at most 65535
 // rows per call. With y_norm, y is then RmsNorm'ed in place in the same launch (weight y_norm->weight, null
-// for none, eps y_norm->eps). HcPreTwoKernels: the previous design (mix parts, then apply + Sinkhorn), kept
-// for dsmesh-kernel-bench's A/B only; mixes: scratch of HcPreTwoKernelsScratchFloats(n, D, hc) floats.
-// HcHead's mixes: scratch of n * hc floats.
+// for none, eps y_norm->eps). HcHead's mixes: scratch of n * hc floats.
 struct HcYNorm {
   const float* weight;
   float eps;
@@ -139,10 +137,6 @@ struct HcYNorm {
 void HcPre(const float* X, int64_t n, int64_t D, int hc, const float* fn, const float* base, const float* scale,
            int iters, float eps, float norm_eps, float* y, float* post, float* comb, cudaStream_t s,
            const HcYNorm* y_norm = nullptr);
-int64_t HcPreTwoKernelsScratchFloats(int64_t n, int64_t D, int hc);
-void HcPreTwoKernels(const float* X, int64_t n, int64_t D, int hc, const float* fn, const float* base,
-                     const float* scale, int iters, float eps, float norm_eps, float* mixes, float* y, float* post,
-                     float* comb, cudaStream_t s);
 void HcExpand(const float* h, int64_t n, int64_t D, int hc, float* X, cudaStream_t s);
 void HcPost(const float* X, const float* f, const float* post, const float* comb, int64_t n, int64_t D, int hc,
             float* out, cudaStream_t s);

@@ -229,30 +229,6 @@ __global__ void HcMixesKernel(const float* X, int64_t w, const float* fn, int K,
   if (threadIdx.x == 0) mixes[r * K + k] = (1.0f / sqrtf(ss / static_cast<float>(w) + norm_eps)) * dot;
 }
 
-// The previous HcPre (two launches), kept for dsmesh-kernel-bench --only hc's A/B against HcPreKernel.
-// First half: the K = (2 + hc) hc mixes of a row as partial sums: block (r, k, p) takes the p-th of
-// `parts` equal ranges of the row (hc D values) and stores (sum of x^2, fn[k] . x) over it, each thread
-// adding its elements in index order. The apply kernel adds the parts in part order.
-__global__ void HcMixPartsKernel(const float* X, int64_t w, const float* fn, int K, int parts, float2* out) {
-  PdlWait();
-  PdlTrigger();
-  const int64_t r = blockIdx.x;
-  const int k = blockIdx.y, part = blockIdx.z;
-  const int64_t len = w / parts, begin = part * len, end = part + 1 == parts ? w : begin + len;
-  const float* x = X + r * w;
-  const float* f = fn + k * w;
-  float ss = 0.0f, dot = 0.0f;
-#pragma unroll 8
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const float v = x[i];
-    ss += v * v;
-    dot += __ldg(f + i) * v;
-  }
-  ss = BlockSum(ss);
-  dot = BlockSum(dot);
-  if (threadIdx.x == 0) out[(r * K + k) * parts + part] = make_float2(ss, dot);
-}
-
 // comb's softmax rows (+ eps) and Sinkhorn normalisation (columns, then rows and columns iters - 1 times)
 // on the cells c[hc x hc] in shared memory; thread t < hc * hc owns cell t and returns its value. Every
 // row and column sum is taken in the CPU op's order (j, resp. i, ascending). `sync` is the barrier of the
@@ -589,56 +565,6 @@ __global__ void __cluster_dims__(kHcParts, 1, 1) __launch_bounds__(kHcPreThreads
   __cluster_barrier_wait();  // no block leaves while a peer may still read its shared memory
 }
 
-// The previous HcPre's second half. Grid (column blocks of D, rows). Every block adds its row's mix
-// parts (part order), takes pre = sigmoid + eps and writes its columns of y = sum_i pre_i X_i; block 0 of
-// the row also writes post (2 sigmoid), comb (SinkhornCells) and the mixes.
-__global__ void HcPreApplyKernel(const float* X, int64_t D, int hc, const float2* mix_parts, int parts,
-                                 float inv_w, float norm_eps, const float* base, const float* scale, int iters,
-                                 float eps, float* mixes_out, float* y, float* post, float* comb) {
-  PdlWait();
-  PdlTrigger();
-  __shared__ float mixes[(2 + kMaxHc) * kMaxHc];
-  __shared__ float pre[kMaxHc];
-  __shared__ float c[kMaxHc * kMaxHc];
-  const int64_t r = blockIdx.y;
-  const int K = (2 + hc) * hc, t = threadIdx.x;
-  const bool first = blockIdx.x == 0;
-  for (int k = t; k < (first ? K : hc); k += blockDim.x) {
-    const float2* q = mix_parts + (r * K + k) * parts;
-    float ss = 0.0f, dot = 0.0f;
-#pragma unroll 8
-    for (int p = 0; p < parts; ++p) {  // the loads are independent: all in flight at once
-      ss += q[p].x;
-      dot += q[p].y;
-    }
-    mixes[k] = (1.0f / sqrtf(ss * inv_w + norm_eps)) * dot;
-    if (first) mixes_out[r * K + k] = mixes[k];
-  }
-  __syncthreads();
-  if (t < hc) pre[t] = Sigmoid(mixes[t] * scale[0] + base[t]) + eps;
-  if (first) {
-    if (t < hc) post[r * hc + t] = 2.0f * Sigmoid(mixes[hc + t] * scale[1] + base[hc + t]);
-    const int cells = hc * hc;
-    const float v = t < cells ? mixes[2 * hc + t] * scale[2] + base[2 * hc + t] : 0.0f;
-    if (cells <= 32) {
-      if (t < 32) {
-        const float out = SinkhornCells(c, v, hc, iters, eps, [] { __syncwarp(); });
-        if (t < cells) comb[r * cells + t] = out;
-      }
-    } else {
-      const float out = SinkhornCells(c, v, hc, iters, eps, [] { __syncthreads(); });
-      if (t < cells) comb[r * cells + t] = out;
-    }
-  }
-  __syncthreads();
-  const float* x = X + r * hc * D;
-  for (int64_t k = blockIdx.x * (int64_t)blockDim.x + t; k < D; k += (int64_t)gridDim.x * blockDim.x) {
-    float acc = 0.0f;
-    for (int ii = 0; ii < hc; ++ii) acc += pre[ii] * x[ii * D + k];
-    y[r * D + k] = acc;
-  }
-}
-
 __global__ void HcHeadFinishKernel(const float* X, int64_t D, int hc, const float* mixes_all, const float* base,
                                    const float* scale, float eps, float* y) {
   PdlWait();
@@ -819,26 +745,6 @@ void CopyRows(const void* src, int64_t src_row, void* dst, int64_t dst_row, int6
   if (rows <= 0) return;
   cudaMemcpyAsync(static_cast<char*>(dst) + dst_row * row_bytes, static_cast<const char*>(src) + src_row * row_bytes,
                   rows * row_bytes, cudaMemcpyDeviceToDevice, s);
-}
-
-static int HcMixParts(int64_t w) { return static_cast<int>(w / 2048 < 1 ? 1 : (w / 2048 > 8 ? 8 : w / 2048)); }
-
-int64_t HcPreTwoKernelsScratchFloats(int64_t n, int64_t D, int hc) {
-  const int64_t K = (2 + hc) * hc;
-  return (n * K + 1) / 2 * 2 + 2 * n * K * HcMixParts(hc * D);  // the parts (float2) start 8-byte aligned
-}
-
-void HcPreTwoKernels(const float* X, int64_t n, int64_t D, int hc, const float* fn, const float* base,
-                     const float* scale, int iters, float eps, float norm_eps, float* mixes, float* y, float* post,
-                     float* comb, cudaStream_t s) {
-  if (n <= 0) return;
-  if (n > 65535) throw std::runtime_error("cuda HcPre: " + std::to_string(n) + " rows, at most 65535 per call");
-  const int K = (2 + hc) * hc, parts = HcMixParts(hc * D);
-  auto* mix_parts = reinterpret_cast<float2*>(mixes + (n * K + 1) / 2 * 2);
-  PdlLaunch(HcMixPartsKernel, dim3(static_cast<unsigned>(n), K, parts), kThreads, 0, s, X, hc * D, fn, K, parts,
-            mix_parts);
-  PdlLaunch(HcPreApplyKernel, dim3(Blocks(D), RowBlocks(n)), kThreads, 0, s, X, D, hc, mix_parts, parts,
-            1.0f / static_cast<float>(hc * D), norm_eps, base, scale, iters, eps, mixes, y, post, comb);
 }
 
 template <int V>
