@@ -323,14 +323,7 @@ class CudaBackend final : public Backend {
   void HcPre(const Tensor& X, const Tensor& fn, const Tensor& base, const Tensor& scale, int hc, int iters, float eps,
              float norm_eps, Tensor* y, Tensor* post, Tensor* comb) override {
     const ProfileScope ps = Profile("HcPre");
-    Require(hc <= 16, "HcPre", "hc_mult above 16");
-    const int64_t n = X.shape[0], D = RowWidth(X) / hc;
-    Require(fn.shape.size() == 2 && fn.shape[0] == (2 + hc) * hc && fn.shape[1] == hc * D, "HcPre", "fn shape");
-    ps.Bytes(op_bytes::HcPre(n, D, hc));
-    Use();
-    cuda_ops::HcPre(F(X), n, D, hc, F(fn), F(base), F(scale), iters, eps, norm_eps, F(*y), F(*post), F(*comb),
-                    ctx_->stream);
-    CheckLaunch("HcPre");
+    LaunchHcPre("HcPre", ps, X, fn, base, scale, hc, iters, eps, norm_eps, nullptr, y, post, comb);
   }
 
   // y's RmsNorm in the same launch (the kernel's y blocks add their sums of y^2 through the cluster).
@@ -338,16 +331,8 @@ class CudaBackend final : public Backend {
                  float eps, float norm_eps, const Tensor* y_norm, float y_norm_eps, Tensor* y, Tensor* post,
                  Tensor* comb) override {
     const ProfileScope ps = Profile("HcPreNorm");
-    Require(hc <= 16, "HcPreNorm", "hc_mult above 16");
-    const int64_t n = X.shape[0], D = RowWidth(X) / hc;
-    Require(fn.shape.size() == 2 && fn.shape[0] == (2 + hc) * hc && fn.shape[1] == hc * D, "HcPreNorm", "fn shape");
-    Require(y->numel() == n * D && (!y_norm || y_norm->numel() == D), "HcPreNorm", "y / norm weight shape");
-    ps.Bytes(op_bytes::HcPre(n, D, hc) + (y_norm ? 4.0 * D : 0.0));
-    Use();
-    const cuda_ops::HcYNorm norm{y_norm ? F(*y_norm) : nullptr, y_norm_eps};
-    cuda_ops::HcPre(F(X), n, D, hc, F(fn), F(base), F(scale), iters, eps, norm_eps, F(*y), F(*post), F(*comb),
-                    ctx_->stream, &norm);
-    CheckLaunch("HcPreNorm");
+    const HcNorm norm{y_norm, y_norm_eps};
+    LaunchHcPre("HcPreNorm", ps, X, fn, base, scale, hc, iters, eps, norm_eps, &norm, y, post, comb);
   }
 
   void HcExpand(const Tensor& h, int hc, Tensor* X) override {
@@ -890,12 +875,30 @@ class CudaBackend final : public Backend {
 
   // Waits for the stream; inside a step the wait counts as the host waiting for the device (CudaStepHostTimes).
   void SynchronizeTimed(const char* what) {
-    std::atomic<int64_t> waited{0};
-    {
-      const HostTimer t(waited);
-      CudaCheck(cudaStreamSynchronize(ctx_->stream), what);
-    }
-    if (arena_.in_step()) counters_.step_sync_wait_ns += waited.load();
+    std::optional<HostTimer> t;
+    if (arena_.in_step()) t.emplace(counters_.step_sync_wait_ns);
+    CudaCheck(cudaStreamSynchronize(ctx_->stream), what);
+  }
+
+  // HcPre's launch, with y's RmsNorm in it when `norm` is given (its weight may be null: no weight).
+  struct HcNorm {
+    const Tensor* weight;
+    float eps;
+  };
+  void LaunchHcPre(const char* op, const ProfileScope& ps, const Tensor& X, const Tensor& fn, const Tensor& base,
+                   const Tensor& scale, int hc, int iters, float eps, float norm_eps, const HcNorm* norm, Tensor* y,
+                   Tensor* post, Tensor* comb) {
+    Require(hc <= 16, op, "hc_mult above 16");
+    const int64_t n = X.shape[0], D = RowWidth(X) / hc;
+    Require(fn.shape.size() == 2 && fn.shape[0] == (2 + hc) * hc && fn.shape[1] == hc * D, op, "fn shape");
+    Require(y->numel() == n * D && (!norm || !norm->weight || norm->weight->numel() == D), op,
+            "y / norm weight shape");
+    ps.Bytes(op_bytes::HcPre(n, D, hc) + (norm && norm->weight ? 4.0 * D : 0.0));
+    Use();
+    const cuda_ops::HcYNorm y_norm{norm && norm->weight ? F(*norm->weight) : nullptr, norm ? norm->eps : 0.0f};
+    cuda_ops::HcPre(F(X), n, D, hc, F(fn), F(base), F(scale), iters, eps, norm_eps, F(*y), F(*post), F(*comb),
+                    ctx_->stream, norm ? &y_norm : nullptr);
+    CheckLaunch(op);
   }
 
   std::shared_ptr<StreamContext> ctx_;

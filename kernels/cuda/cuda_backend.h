@@ -58,8 +58,7 @@ struct CudaGemvBatchCounts {
 // in a stream synchronization (ToHost, FromHost: waiting for the device). What is left, busy_ms, is the host
 // issuing the step (its logic, parameter staging, launches and graph replays), which includes the time a
 // launch blocks while the device's launch queue is full: waiting near zero alone does not mean the device
-// idles for the host (on the H200 the full-size step's graphs run 12.2 ms back to back in a 14.6 ms step
-// whose host "busy" time is 14.4 ms).
+// idles for the host (compare the step with its graphs' device time, `dsmesh bench --profile`).
 struct CudaStepHostTimes {
   int64_t steps = 0;
   double wall_ms = 0, sync_wait_ms = 0;

@@ -38,13 +38,22 @@ __device__ __forceinline__ void PdlTrigger() {
 #endif
 }
 
-// The launch attribute on `config` and one more on the stream's counter, when PDL is on for `s`.
-inline void AddPdlAttribute(cudaLaunchConfig_t& config, cudaLaunchAttribute& attr, std::atomic<int64_t>& launches) {
+// A launch of `grid` x `block` with `smem` bytes on `s` carrying the PDL attribute (`attr` holds it, so it
+// must outlive the launch), counted on the stream's counter.
+inline cudaLaunchConfig_t PdlConfig(dim3 grid, dim3 block, size_t smem, cudaStream_t s, cudaLaunchAttribute& attr,
+                                    std::atomic<int64_t>& launches) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = s;
+  attr = cudaLaunchAttribute{};
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &attr;
   config.numAttrs = 1;
   launches.fetch_add(1, std::memory_order_relaxed);
+  return config;
 }
 
 // kernel<<<grid, block, smem, s>>>(args...), with the PDL attribute when the stream has PDL on
@@ -57,13 +66,8 @@ void PdlLaunch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cu
     kernel<<<grid, block, smem, s>>>(std::forward<Args>(args)...);
     return;
   }
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem;
-  config.stream = s;
-  cudaLaunchAttribute attr{};
-  AddPdlAttribute(config, attr, *launches);
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t config = PdlConfig(grid, block, smem, s, attr, *launches);
   cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
@@ -73,13 +77,8 @@ inline cudaError_t PdlLaunchKernel(const void* kernel, dim3 grid, dim3 block, vo
                                    cudaStream_t s) {
   std::atomic<int64_t>* launches = PdlLaunchCounter(s);
   if (!launches) return cudaLaunchKernel(kernel, grid, block, args, smem, s);
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem;
-  config.stream = s;
-  cudaLaunchAttribute attr{};
-  AddPdlAttribute(config, attr, *launches);
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t config = PdlConfig(grid, block, smem, s, attr, *launches);
   return cudaLaunchKernelExC(&config, kernel, args);
 }
 
