@@ -141,8 +141,8 @@ TEST_F(Exl3ForwardTest, DraftHeadRowsOfAnExl3Head) {
   auto a = full->NewState(2), b = sub->NewState(2);
   full->Forward({{a.get(), tokens, false}});
   sub->Forward({{b.get(), tokens, false}});
-  const DraftResult f = full->Draft({{a.get(), 7, 2}})[0];
-  const DraftResult d = sub->Draft({{b.get(), 7, 2}})[0];
+  const DraftResult f = full->Draft({{a.get(), 7, 2, {}, true}})[0];
+  const DraftResult d = sub->Draft({{b.get(), 7, 2, {}, true}})[0];
   EXPECT_LT(RelL2(d.logits.as<float>(), f.logits.as<float>(), 256), 1e-6);
   for (int64_t v = 256; v < 512; ++v) EXPECT_EQ(d.logits.as<float>()[v], -std::numeric_limits<float>::infinity());
   for (int32_t t : d.tokens) EXPECT_LT(t, 256);

@@ -17,31 +17,6 @@
 namespace dsmesh {
 namespace {
 
-// The forward's graph segments (Backend::SegmentKey::site): runs of per-token ops, and the stateful work
-// between them (kAttentionCoreSite: compressors, indexer, attention against each sequence's own state,
-// Backend::StatefulSegment), split at the collectives.
-enum SegmentSite {
-  kEmbedSite = 1,
-  kAttentionInputSite,
-  kAttentionOutputSite,
-  kFfnSite,
-  kHeadSite,
-  kAttentionCoreSite,
-  kDraftHeadSite,  // the drafts' vocabulary subset (ModelWeights::draft_head)
-};
-
-// Names the phase of the ops inside its scope for the backend's profiler (dsmesh bench --profile).
-class Phase {
- public:
-  Phase(Backend& be, const char* name) : be_(be) { be_.BeginPhase(name); }
-  ~Phase() { be_.EndPhase(); }
-  Phase(const Phase&) = delete;
-  Phase& operator=(const Phase&) = delete;
-
- private:
-  Backend& be_;
-};
-
 // Runs `ops` as the graph segment `key`, or directly in a step with image rows: where the image rows lie
 // changes the launches (embeddings placed over rows, bias_vl routing), and the key holds only shapes, so a
 // record of a text step of the same shapes must not replay for it.
@@ -569,11 +544,7 @@ std::vector<SequenceOutput> ModelImpl::Forward(const std::vector<SequenceStep>& 
     seqs[i].table = tables.data() + at;
 
   // The step's metadata reaches the backend once; its temporaries are released when the step ends.
-  struct StepScope {
-    Backend& be;
-    ~StepScope() { be.EndStep(); }
-  } scope{be};
-  be.BeginStep(Backend::StepMetadata{tokens.data(), positions.data(), N, tables.data(), static_cast<int64_t>(tables.size())});
+  const BackendStep step_scope(be, tokens, positions, tables);
   Tensor X = be.Scratch(DType::kF32, {N, hc * D});
   Tensor h = be.Scratch(DType::kF32, {N, D});
   SegmentUnlessImages(be, {kEmbedSite, -1, N, 0}, !image_rows.empty(), [&] {

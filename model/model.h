@@ -127,13 +127,17 @@ struct DraftRequest {
                             // known yet (a prefill chunk that is not the last: only catch the MTP window up)
   int num_drafts = 0;       // drafts wanted (<= state->speculative_tokens() + 1; 0 with next_token -1)
   // Picks draft step+1 (step 0 first) from that step's MTP logits (vocab floats); the choice is fed to the
-  // next step. Empty: the argmax (greedy drafts).
+  // next step. Empty: the argmax (greedy drafts), taken where the logits are.
   std::function<int32_t(int step, const float* logits)> choose;
+  // Return the MTP logits of each draft (DraftResult::logits). Greedy drafts without it leave only their
+  // tokens on the backend's side.
+  bool want_logits = false;
 };
 
 struct DraftResult {
   std::vector<int32_t> tokens;  // the drafts, for positions length+1 .. length+num_drafts
-  Tensor logits;                // host f32 [num_drafts, vocab]: the MTP logits each draft was picked from
+  Tensor logits;                // with want_logits: host f32 [num_drafts, vocab], the MTP logits each draft
+                                // was picked from; else empty
 };
 
 struct SequenceOutput {

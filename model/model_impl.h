@@ -2,6 +2,7 @@
 // written once against the Backend interface.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -16,6 +17,57 @@
 #include "model/weights.h"
 
 namespace dsmesh {
+
+// The forward's graph segments (Backend::SegmentKey::site): runs of per-token ops, and the stateful work
+// between them (kAttentionCoreSite: compressors, indexer, attention against each sequence's own state,
+// Backend::StatefulSegment), split at the collectives. The MTP blocks' segments are keyed by their layer
+// (num_layers + block), so they never meet the target's.
+enum SegmentSite {
+  kEmbedSite = 1,
+  kAttentionInputSite,
+  kAttentionOutputSite,
+  kFfnSite,
+  kHeadSite,
+  kAttentionCoreSite,
+  kDraftHeadSite,  // the drafts' vocabulary subset (ModelWeights::draft_head)
+  kMtpInputSite,   // an MTP block's input rows (ModelImpl::MtpInput)
+};
+
+// A backend step (Backend::BeginStep .. EndStep) for as long as it lives: the rows' tokens, positions and
+// block tables reach the backend once, and the step's Scratch is released at its end. The arrays must
+// outlive it unchanged (ops of the step are passed pointers into them).
+class BackendStep {
+ public:
+  BackendStep(Backend& be, const std::vector<int32_t>& tokens, const std::vector<int64_t>& positions,
+              const std::vector<int32_t>& tables = {})
+      : be_(be) {
+    try {
+      be_.BeginStep(Backend::StepMetadata{tokens.data(), positions.data(), static_cast<int64_t>(tokens.size()),
+                                          tables.data(), static_cast<int64_t>(tables.size())});
+    } catch (...) {
+      be_.EndStep();
+      throw;
+    }
+  }
+  ~BackendStep() { be_.EndStep(); }
+  BackendStep(const BackendStep&) = delete;
+  BackendStep& operator=(const BackendStep&) = delete;
+
+ private:
+  Backend& be_;
+};
+
+// Names the phase of the ops inside its scope for the backend's profiler (dsmesh bench --profile).
+class Phase {
+ public:
+  Phase(Backend& be, const char* name) : be_(be) { be_.BeginPhase(name); }
+  ~Phase() { be_.EndPhase(); }
+  Phase(const Phase&) = delete;
+  Phase& operator=(const Phase&) = delete;
+
+ private:
+  Backend& be_;
+};
 
 class ModelImpl {
  public:
@@ -118,8 +170,25 @@ class ModelImpl {
   };
   // The MTP block's input rows: h_proj(hnorm(X) per stream) + e_proj(enorm(e)) on every stream, where e is
   // embed(token), or the recorded image embedding for the rows in `images`.
+  // The rows are Scratch of the current step; without image rows and position 0 (whose embedding row is
+  // zeroed) they are one graph segment.
   Tensor MtpInput(const MtpWeights& m, const Tensor& X, const std::vector<int32_t>& tokens,
                   const std::vector<int64_t>& positions, const std::vector<MtpImageInput>& images = {});
+  // One run of MTP block m over rows of these tokens and positions as a backend step of its own (its segments
+  // record and replay like the target's; its temporaries are Scratch): `fill` writes the rows' residual
+  // input into X [N, hc*D] (Scratch), MtpInput and the block run on it, and the block's output comes back in
+  // backend memory that outlives the step.
+  Tensor MtpBlockStep(const MtpWeights& m, const std::vector<SeqRows>& seqs, const std::vector<int64_t>& positions,
+                      const std::vector<int32_t>& tokens, const std::vector<MtpImageInput>& images,
+                      const std::function<void(Tensor* X)>& fill);
+  // One link of the draft chain, as a backend step: MTP head m over rows `head_rows` of `prev` (one per
+  // request in `requests`), and each request's draft. Greedy drafts are picked where the logits are
+  // (Backend::SampleRows: only the tokens leave the backend) unless a request asks for its logits, picks
+  // with `choose`, or the head's rows must be gathered through the host; then the logits come to the host
+  // and go into each request's logits row `step` where it asked for them.
+  std::vector<int32_t> PickDrafts(const MtpWeights& m, const Tensor& prev, const std::vector<int64_t>& head_rows,
+                                  const std::vector<const DraftRequest*>& requests, int step,
+                                  const std::vector<DraftResult*>& results);
   void AllReduce(Tensor* t);
 
   ModelConfig config_;

@@ -7,6 +7,12 @@
 // window ring and MoE, then its own hc head and norm and the shared lm_head (or, with SetDraftVocabulary, the
 // head's first rows only: the drafts' vocabulary, every other id's logit -inf). Each draft is the argmax of
 // its logits or what the request's `choose` picks (sampled drafts).
+//
+// Every block run and every link of the draft chain is a backend step of its own (BackendStep): its rows'
+// tokens and positions are the step's metadata and its temporaries Scratch, so on a device backend the
+// block's segments replay recorded graphs as the target's do, and greedy drafts are picked where the logits
+// are (only the token ids come back). What crosses steps (a block's outputs, the chain's last rows) is
+// copied into backend memory that outlives the step.
 #include <algorithm>
 #include <set>
 #include <stdexcept>
@@ -24,31 +30,95 @@ Tensor ModelImpl::MtpInput(const MtpWeights& m, const Tensor& X, const std::vect
   const int hc = c.hc_mult;
   const int64_t D = c.hidden_size, N = X.shape[0];
   const float eps = static_cast<float>(c.rms_norm_eps);
-  Tensor e = be.Alloc(DType::kF32, {N, D});
-  be.Embedding(weights_.embed, tokens.data(), N, &e);
-  // An image row's input is its image embedding, as in the target's embedding rows (PlaceImageEmbeddings).
-  for (const MtpImageInput& im : images) RingGet(be, *im.ring, im.position, 1, &e, im.row);
-  for (int64_t r = 0; r < N; ++r)
-    if (positions[r] == 0) {
-      Tensor row = RowView(e, r, 1);
-      be.Scale(&row, 0.0f);
-    }
-  be.RmsNorm(e, D, &m.enorm, eps, &e);
-  Tensor ep = be.Alloc(DType::kF32, {N, D});
-  be.Linear(e, m.e_proj, &ep);
-
-  Tensor hs = be.Alloc(DType::kF32, {N * hc, D});  // one row per (token, stream)
-  Tensor hs_rows = hs;
-  hs_rows.shape = {N, hc * D};
-  be.CopyRows(X, 0, &hs_rows, 0, N);
-  be.RmsNorm(hs, D, &m.hnorm, eps, &hs);
-  Tensor hp = be.Alloc(DType::kF32, {N * hc, D});
-  be.Linear(hs, m.h_proj, &hp);
+  Tensor e = be.Scratch(DType::kF32, {N, D});
+  Tensor ep = be.Scratch(DType::kF32, {N, D});
+  Tensor hs = be.Scratch(DType::kF32, {N * hc, D});  // one row per (token, stream)
+  Tensor hp = be.Scratch(DType::kF32, {N * hc, D});
+  Tensor eb = be.Scratch(DType::kF32, {N, hc * D});
+  const bool zero_row = std::find(positions.begin(), positions.end(), 0) != positions.end();
+  auto ops = [&] {
+    be.Embedding(weights_.embed, tokens.data(), N, &e);
+    // An image row's input is its image embedding, as in the target's embedding rows (PlaceImageEmbeddings).
+    for (const MtpImageInput& im : images) RingGet(be, *im.ring, im.position, 1, &e, im.row);
+    for (int64_t r = 0; r < N; ++r)
+      if (positions[r] == 0) {
+        Tensor row = RowView(e, r, 1);
+        be.Scale(&row, 0.0f);
+      }
+    be.RmsNorm(e, D, &m.enorm, eps, &e);
+    be.Linear(e, m.e_proj, &ep);
+    Tensor hs_rows = hs;
+    hs_rows.shape = {N, hc * D};
+    be.CopyRows(X, 0, &hs_rows, 0, N);
+    be.RmsNorm(hs, D, &m.hnorm, eps, &hs);
+    be.Linear(hs, m.h_proj, &hp);
+    be.HcExpand(ep, hc, &eb);
+    Tensor sum = hp;
+    sum.shape = {N, hc * D};
+    be.Add(eb, &sum);
+  };
+  // Which rows are images or at position 0 changes the launches, and a key holds only shapes.
+  if (images.empty() && !zero_row) {
+    be.Segment({kMtpInputSite, m.block.layer, N, 0}, ops);
+  } else {
+    ops();
+  }
   hp.shape = {N, hc * D};
-  Tensor eb = be.Alloc(DType::kF32, {N, hc * D});
-  be.HcExpand(ep, hc, &eb);
-  be.Add(eb, &hp);
   return hp;
+}
+
+Tensor ModelImpl::MtpBlockStep(const MtpWeights& m, const std::vector<SeqRows>& seqs, const std::vector<int64_t>& positions,
+                               const std::vector<int32_t>& tokens, const std::vector<MtpImageInput>& images,
+                               const std::function<void(Tensor* X)>& fill) {
+  Backend& be = *backend_;
+  const int64_t N = static_cast<int64_t>(positions.size()), W = config_.hc_mult * config_.hidden_size;
+  Tensor out = be.Alloc(DType::kF32, {N, W});
+  const BackendStep step(be, tokens, positions);
+  // Every run of N rows takes the same Scratch in the same order, so its segments meet the offsets they
+  // were recorded at whichever phase (window catch-up or draft chain) runs them.
+  Tensor X = be.Scratch(DType::kF32, {N, W});
+  fill(&X);
+  Tensor y = MtpInput(m, X, tokens, positions, images);
+  RunBlock(m.block, seqs, positions, tokens, &y);
+  be.CopyRows(y, 0, &out, 0, N);
+  return out;
+}
+
+std::vector<int32_t> ModelImpl::PickDrafts(const MtpWeights& m, const Tensor& prev, const std::vector<int64_t>& head_rows,
+                                           const std::vector<const DraftRequest*>& requests, int step,
+                                           const std::vector<DraftResult*>& results) {
+  Backend& be = *backend_;
+  const int64_t A = static_cast<int64_t>(head_rows.size()), V = config_.vocab_size;
+  const std::vector<int32_t> no_tokens;
+  const std::vector<int64_t> no_positions;
+  const BackendStep scope(be, no_tokens, no_positions);
+  Tensor heads = be.Scratch(DType::kF32, {A, config_.hc_mult * config_.hidden_size});
+  std::vector<Backend::RowCopy> copies;
+  for (int64_t a = 0; a < A; ++a) copies.push_back({&prev, head_rows[a], &heads, a, 1});
+  be.CopyRowsBatch(copies);
+  std::vector<int32_t> picks(A);
+  const bool host_picks = std::any_of(requests.begin(), requests.end(),
+                                      [](const DraftRequest* q) { return q->choose || q->want_logits; });
+  // Where the head's rows are whole on this rank (a draft head, one rank) or gathered on the device.
+  const bool whole_here = weights_.draft_rows > 0 || comm_->world() == 1 || GathersLogitsOnDevice();
+  if (!host_picks && whole_here) {
+    Tensor lv = weights_.draft_rows > 0
+                    ? HeadLocalLogits(heads, m.hc_head, m.norm, /*step_rows=*/0, &weights_.draft_head)
+                    : HeadLocalLogits(heads, m.hc_head, m.norm, /*step_rows=*/0);
+    if (weights_.draft_rows == 0 && comm_->world() > 1) lv = GatherLogitsOnDevice(lv);
+    Phase phase(be, "draft picks");
+    const std::vector<SampledRow> rows = be.SampleRows(lv, std::vector<RowSampling>(A));  // greedy: argmax
+    for (int64_t a = 0; a < A; ++a) picks[a] = rows[a].token;
+    return picks;
+  }
+  const int64_t draft_vocab = draft_vocab_size();  // logits of ids past it are -inf (DraftHeadLogits)
+  Tensor logits = DraftHeadLogits(heads, m.hc_head, m.norm);
+  for (int64_t a = 0; a < A; ++a) {
+    const float* row = logits.as<float>() + a * V;
+    if (requests[a]->want_logits) std::copy(row, row + V, results[a]->logits.as<float>() + step * V);
+    picks[a] = requests[a]->choose ? requests[a]->choose(step, row) : Argmax(row, draft_vocab);
+  }
+  return picks;
 }
 
 std::vector<DraftResult> ModelImpl::Draft(const std::vector<DraftRequest>& batch) {
@@ -59,7 +129,6 @@ std::vector<DraftResult> ModelImpl::Draft(const std::vector<DraftRequest>& batch
   const int64_t window = c.sliding_window;
   if (weights_.mtp.empty()) throw std::runtime_error("Draft: the model has no MTP block");
   const int n = static_cast<int>(weights_.mtp.size());
-  const int64_t draft_vocab = draft_vocab_size();  // logits of ids past it are -inf (DraftHeadLogits)
 
   std::set<const SequenceState*> seen;
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -117,29 +186,28 @@ std::vector<DraftResult> ModelImpl::Draft(const std::vector<DraftRequest>& batch
         tokens.push_back(stored ? ms.tokens[(t + 1) % slots] : batch[w.entry].next_token);
       }
     }
-    Tensor X = be.Alloc(DType::kF32, {static_cast<int64_t>(positions.size()), hc * D});
-    for (size_t k = 0; k < work.size(); ++k) {
-      const SeqRows& s = seqs[k];
-      if (j == 0) {
-        RingGet(be, s.state->mtp.hidden, s.start, s.count, &X, s.offset);
-        continue;
-      }
-      // Block j-1's outputs of this call where it computed position t-1, its kept history before that.
-      const SeqRows& p = rows[j - 1][k];
-      for (int64_t t = s.start; t <= std::min(p.start, work[k].last); ++t) {
-        if (t == 0) {  // no output before position 0: a zero residual
-          Tensor row = RowView(X, s.offset + (t - s.start), 1);
-          be.Zero(&row);
-        } else {
-          RingGet(be, s.state->mtp.chain[j - 1], t, 1, &X, s.offset + (t - s.start));
+    outs[j] = MtpBlockStep(m, seqs, positions, tokens, images, [&](Tensor* X) {
+      for (size_t k = 0; k < work.size(); ++k) {
+        const SeqRows& s = seqs[k];
+        if (j == 0) {
+          RingGet(be, s.state->mtp.hidden, s.start, s.count, X, s.offset);
+          continue;
         }
+        // Block j-1's outputs of this call where it computed position t-1, its kept history before that.
+        const SeqRows& p = rows[j - 1][k];
+        for (int64_t t = s.start; t <= std::min(p.start, work[k].last); ++t) {
+          if (t == 0) {  // no output before position 0: a zero residual
+            Tensor row = RowView(*X, s.offset + (t - s.start), 1);
+            be.Zero(&row);
+          } else {
+            RingGet(be, s.state->mtp.chain[j - 1], t, 1, X, s.offset + (t - s.start));
+          }
+        }
+        const int64_t from = std::max(s.start, p.start + 1);
+        if (from <= work[k].last)
+          be.CopyRows(outs[j - 1], p.offset + (from - 1 - p.start), X, s.offset + (from - s.start), work[k].last - from + 1);
       }
-      const int64_t from = std::max(s.start, p.start + 1);
-      if (from <= work[k].last)
-        be.CopyRows(outs[j - 1], p.offset + (from - 1 - p.start), &X, s.offset + (from - s.start), work[k].last - from + 1);
-    }
-    outs[j] = MtpInput(m, X, tokens, positions, images);
-    RunBlock(m.block, seqs, positions, tokens, &outs[j]);
+    });
     if (j + 1 < n)  // block j+1's input history: this block's output for t, at position t+1
       for (const SeqRows& s : seqs) {
         Tensor& ring = s.state->mtp.chain[j];
@@ -157,26 +225,33 @@ std::vector<DraftResult> ModelImpl::Draft(const std::vector<DraftRequest>& batch
   for (size_t i = 0; i < batch.size(); ++i)
     if (batch[i].num_drafts > 0) {
       active.push_back(i);
-      out[i].logits = AllocateTensor(DType::kF32, {batch[i].num_drafts, V});
+      if (batch[i].want_logits) out[i].logits = AllocateTensor(DType::kF32, {batch[i].num_drafts, V});
     }
   // prev: per active sequence `r` consecutive output rows of the last step's block, positions L-1 .. L-2+r.
   int64_t r = 1;
   Tensor prev = be.Alloc(DType::kF32, {static_cast<int64_t>(active.size()), hc * D});
-  for (size_t a = 0; a < active.size(); ++a) {
-    const size_t k = static_cast<size_t>(work_of[active[a]]);
-    be.CopyRows(outs[0], rows[0][k].offset + rows[0][k].count - 1, &prev, static_cast<int64_t>(a), 1);
+  {
+    std::vector<Backend::RowCopy> copies;
+    for (size_t a = 0; a < active.size(); ++a) {
+      const SeqRows& s = rows[0][static_cast<size_t>(work_of[active[a]])];
+      copies.push_back({&outs[0], s.offset + s.count - 1, &prev, static_cast<int64_t>(a), 1});
+    }
+    be.CopyRowsBatch(copies);
   }
   for (int step = 0; !active.empty(); ++step) {
-    const MtpWeights& m = weights_.mtp[std::min(step, n - 1)];
-    Tensor heads = be.Alloc(DType::kF32, {static_cast<int64_t>(active.size()), hc * D});
-    for (size_t a = 0; a < active.size(); ++a) be.CopyRows(prev, static_cast<int64_t>(a) * r + r - 1, &heads, a, 1);
-    Tensor logits = DraftHeadLogits(heads, m.hc_head, m.norm);
+    std::vector<int64_t> head_rows;
+    std::vector<const DraftRequest*> requests;
+    std::vector<DraftResult*> results;
+    for (size_t a = 0; a < active.size(); ++a) {
+      head_rows.push_back(static_cast<int64_t>(a) * r + r - 1);
+      requests.push_back(&batch[active[a]]);
+      results.push_back(&out[active[a]]);
+    }
+    const std::vector<int32_t> picks = PickDrafts(weights_.mtp[std::min(step, n - 1)], prev, head_rows, requests, step, results);
     std::vector<size_t> next, keep;
     for (size_t a = 0; a < active.size(); ++a) {
       const size_t i = active[a];
-      const float* row = logits.as<float>() + a * V;
-      std::copy(row, row + V, out[i].logits.as<float>() + step * V);
-      out[i].tokens.push_back(batch[i].choose ? batch[i].choose(step, row) : Argmax(row, draft_vocab));
+      out[i].tokens.push_back(picks[a]);
       if (static_cast<int>(out[i].tokens.size()) < batch[i].num_drafts) {
         next.push_back(i);
         keep.push_back(a);
@@ -190,7 +265,6 @@ std::vector<DraftResult> ModelImpl::Draft(const std::vector<DraftRequest>& batch
     std::vector<SeqRows> cs;
     std::vector<int64_t> pos;
     std::vector<int32_t> tok;
-    Tensor x = be.Alloc(DType::kF32, {static_cast<int64_t>(next.size()) * count, hc * D});
     for (size_t k = 0; k < next.size(); ++k) {
       SequenceStateData& st = batch[next[k]].state->data();
       const int64_t first = fresh ? st.length : st.length - 1 + s;
@@ -199,17 +273,23 @@ std::vector<DraftResult> ModelImpl::Draft(const std::vector<DraftRequest>& batch
         pos.push_back(first + q);
         tok.push_back(out[next[k]].tokens[first + q - st.length]);  // position p is fed draft p+1-L
       }
-      be.CopyRows(prev, static_cast<int64_t>(keep[k]) * r + r - count, &x, static_cast<int64_t>(k) * count, count);
     }
-    Tensor y = MtpInput(weights_.mtp[b], x, tok, pos);
-    RunBlock(weights_.mtp[b].block, cs, pos, tok, &y);  // ring rows past mtp.length: forgotten, within the spare
+    // (ring rows past mtp.length: forgotten, within the spare)
+    Tensor y = MtpBlockStep(weights_.mtp[b], cs, pos, tok, {}, [&](Tensor* x) {
+      std::vector<Backend::RowCopy> copies;
+      for (size_t k = 0; k < next.size(); ++k)
+        copies.push_back({&prev, static_cast<int64_t>(keep[k]) * r + r - count, x, static_cast<int64_t>(k) * count, count});
+      be.CopyRowsBatch(copies);
+    });
     if (fresh) {  // the next block's inputs: this block's catch-up output for L-1, then the rows just made
       prev = be.Alloc(DType::kF32, {static_cast<int64_t>(next.size()) * (count + 1), hc * D});
+      std::vector<Backend::RowCopy> copies;
       for (size_t k = 0; k < next.size(); ++k) {
         const SeqRows& c0 = rows[b][static_cast<size_t>(work_of[next[k]])];
-        be.CopyRows(outs[b], c0.offset + c0.count - 1, &prev, static_cast<int64_t>(k) * (count + 1), 1);
-        be.CopyRows(y, static_cast<int64_t>(k) * count, &prev, static_cast<int64_t>(k) * (count + 1) + 1, count);
+        copies.push_back({&outs[b], c0.offset + c0.count - 1, &prev, static_cast<int64_t>(k) * (count + 1), 1});
+        copies.push_back({&y, static_cast<int64_t>(k) * count, &prev, static_cast<int64_t>(k) * (count + 1) + 1, count});
       }
+      be.CopyRowsBatch(copies);
       r = count + 1;
     } else {
       prev = y;

@@ -56,7 +56,7 @@ TEST(MtpGoldenTest, DraftLogitsMatchReferenceMtpBlock) {
     // The chain is fed the reference's drafts, so a near-tie argmax cannot send the two chains apart;
     // the argmax itself is checked separately below.
     DraftRequest q{st.get(), static_cast<int32_t>(next[c]), K,
-                   [&](int step, const float*) { return static_cast<int32_t>(drafts[c * K + step]); }};
+                   [&](int step, const float*) { return static_cast<int32_t>(drafts[c * K + step]); }, true};
     DraftResult r = model->Draft({q})[0];
     ASSERT_EQ(r.logits.shape, (std::vector<int64_t>{K, V}));
     for (int s = 0; s < K; ++s) {

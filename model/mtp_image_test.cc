@@ -135,7 +135,7 @@ DraftResult DraftsWithPicture(Model& m, SequenceState* st, const std::vector<flo
   m.Forward({TextStep(st, Slice(prompt, 0, kChunk))});
   m.Draft({{st, -1, 0}});
   m.Forward({ImageChunk(st, prompt, embeddings, D)});
-  return m.Draft({{st, prompt[kLength], kSpec, Pick}})[0];
+  return m.Draft({{st, prompt[kLength], kSpec, Pick, true}})[0];
 }
 
 // The same schedule on a text prompt (`prompt`), with the target residuals taken from `target` (a state
@@ -152,7 +152,7 @@ DraftResult DraftsFromText(Model& m, SequenceState* st, const std::vector<int32_
   target_model.Forward({ImageChunk(target.get(), with_picture, embeddings, D)});
   m.Forward({TextStep(st, Slice(prompt, kChunk, kLength))});
   CopyTargetResiduals(*target, st);
-  return m.Draft({{st, prompt[kLength], kSpec, Pick}})[0];
+  return m.Draft({{st, prompt[kLength], kSpec, Pick, true}})[0];
 }
 
 class MtpImageTest : public testing::TestWithParam<int> {};
@@ -204,8 +204,8 @@ TEST(MtpImageStateTest, CloneKeepsTheImageRows) {
   m->Forward({TextStep(st.get(), Slice(prompt, 0, kChunk))});
   m->Forward({ImageChunk(st.get(), prompt, picture, m->config().hidden_size)});
   auto copy = st->Clone();
-  const DraftResult a = m->Draft({{st.get(), prompt[kLength], kSpec, Pick}})[0];
-  const DraftResult b = m->Draft({{copy.get(), prompt[kLength], kSpec, Pick}})[0];
+  const DraftResult a = m->Draft({{st.get(), prompt[kLength], kSpec, Pick, true}})[0];
+  const DraftResult b = m->Draft({{copy.get(), prompt[kLength], kSpec, Pick, true}})[0];
   EXPECT_EQ(std::memcmp(a.logits.data, b.logits.data, a.logits.nbytes()), 0);
 }
 
@@ -227,12 +227,12 @@ TEST(MtpImageStateTest, TextAfterAPictureInTheSameSlot) {
   auto again = m->NewState(kSpec);
   ASSERT_EQ(again->data().slot, slot) << "the test wants the freed slot back";
   m->Forward({TextStep(again.get(), Slice(text, 0, kLength))});
-  const DraftResult a = m->Draft({{again.get(), text[kLength], kSpec}})[0];
+  const DraftResult a = m->Draft({{again.get(), text[kLength], kSpec, {}, true}})[0];
 
   auto fresh_model = LoadModel(dir, ShardSpec{}, MakeCpuBackend(1));
   auto fresh = fresh_model->NewState(kSpec);
   fresh_model->Forward({TextStep(fresh.get(), Slice(text, 0, kLength))});
-  const DraftResult b = fresh_model->Draft({{fresh.get(), text[kLength], kSpec}})[0];
+  const DraftResult b = fresh_model->Draft({{fresh.get(), text[kLength], kSpec, {}, true}})[0];
   EXPECT_EQ(a.tokens, b.tokens);
   EXPECT_EQ(std::memcmp(a.logits.data, b.logits.data, a.logits.nbytes()), 0);
 }

@@ -47,8 +47,8 @@ TEST(MtpLayersTest, EachDraftStepUsesItsOwnBlock) {
   three->Forward({{b.get(), Slice(seq, 0, 60), false}});
   // Fed the same drafts, so only the blocks differ.
   auto pick = [](int step, const float*) { return static_cast<int32_t>(7 + step); };
-  DraftResult ra = one->Draft({{a.get(), seq[60], kSpec, pick}})[0];
-  DraftResult rb = three->Draft({{b.get(), seq[60], kSpec, pick}})[0];
+  DraftResult ra = one->Draft({{a.get(), seq[60], kSpec, pick, true}})[0];
+  DraftResult rb = three->Draft({{b.get(), seq[60], kSpec, pick, true}})[0];
   EXPECT_TRUE(SameRow(ra.logits, rb.logits, 0)) << "draft 1 comes from mtp.0 in both";
   for (int s = 1; s < kSpec; ++s)
     EXPECT_GT(RelL2(rb.logits.as<float>() + s * kVocab, ra.logits.as<float>() + s * kVocab, kVocab), 0.05)
@@ -56,7 +56,7 @@ TEST(MtpLayersTest, EachDraftStepUsesItsOwnBlock) {
   // More drafts than blocks: the last block is reused for the rest (needs spare rows for them).
   auto c = three->NewState(4);
   three->Forward({{c.get(), Slice(seq, 0, 60), false}});
-  DraftResult rc = three->Draft({{c.get(), seq[60], 5, pick}})[0];
+  DraftResult rc = three->Draft({{c.get(), seq[60], 5, pick, true}})[0];
   for (int s = 0; s < kSpec; ++s) EXPECT_TRUE(SameRow(rc.logits, rb.logits, s)) << "draft " << s + 1;
 }
 
@@ -74,9 +74,9 @@ TEST(MtpLayersTest, DraftsIndependentOfCatchUpSchedule) {
     m->Forward({{chunks.get(), Slice(seq, t, std::min<int64_t>(140, t + 50)), false}});
     if (t + 50 < 140) m->Draft({{chunks.get(), -1, 0}});
   }
-  auto a = m->Draft({{once.get(), seq[140], kSpec}})[0];
-  auto b = m->Draft({{steps.get(), seq[140], kSpec}})[0];
-  auto c = m->Draft({{chunks.get(), seq[140], kSpec}})[0];
+  auto a = m->Draft({{once.get(), seq[140], kSpec, {}, true}})[0];
+  auto b = m->Draft({{steps.get(), seq[140], kSpec, {}, true}})[0];
+  auto c = m->Draft({{chunks.get(), seq[140], kSpec, {}, true}})[0];
   for (int s = 0; s < kSpec; ++s) {
     EXPECT_TRUE(SameRow(a.logits, b.logits, s)) << "draft " << s + 1;
     EXPECT_TRUE(SameRow(a.logits, c.logits, s)) << "draft " << s + 1;
@@ -85,7 +85,7 @@ TEST(MtpLayersTest, DraftsIndependentOfCatchUpSchedule) {
   auto other = m->NewState(kSpec), again = m->NewState(kSpec);
   m->Forward({{other.get(), Slice(seq, 3, 40), false}});
   m->Forward({{again.get(), Slice(seq, 0, 140), false}});
-  auto batched = m->Draft({{other.get(), seq[1], 2}, {again.get(), seq[140], kSpec}});
+  auto batched = m->Draft({{other.get(), seq[1], 2}, {again.get(), seq[140], kSpec, {}, true}});
   for (int s = 0; s < kSpec; ++s) EXPECT_TRUE(SameRow(batched[1].logits, a.logits, s)) << "draft " << s + 1;
 }
 
@@ -105,8 +105,8 @@ TEST(MtpLayersTest, RollbackLeavesEveryBlockExact) {
       m->Forward({{spec.get(), verify, true}});
       spec->Rollback(P + 1 + accepted);
       m->Forward({{plain.get(), Slice(seq, 0, P + 1 + accepted), false}});
-      auto a = m->Draft({{spec.get(), seq[P + 1 + accepted], kSpec}})[0];
-      auto b = m->Draft({{plain.get(), seq[P + 1 + accepted], kSpec}})[0];
+      auto a = m->Draft({{spec.get(), seq[P + 1 + accepted], kSpec, {}, true}})[0];
+      auto b = m->Draft({{plain.get(), seq[P + 1 + accepted], kSpec, {}, true}})[0];
       for (int s = 0; s < kSpec; ++s) EXPECT_TRUE(SameRow(a.logits, b.logits, s)) << "P " << P << " accepted " << accepted;
       ++checked;
     }

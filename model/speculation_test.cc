@@ -94,8 +94,8 @@ TEST_F(SpeculationTest, RollbackIsExactAroundEveryBoundary) {
       // Continue all three over the next 12 tokens in verification-sized steps; drafts at each step.
       for (int64_t at = P + 1 + a; at < P + 1 + a + 12; at += kSpec + 1) {
         const auto next = Slice(seq, at, at + kSpec + 1);
-        auto ds = m->Draft({{spec.get(), seq[at], kSpec}});
-        auto dr = m->Draft({{ref.get(), seq[at], kSpec}});
+        auto ds = m->Draft({{spec.get(), seq[at], kSpec, {}, true}});
+        auto dr = m->Draft({{ref.get(), seq[at], kSpec, {}, true}});
         ASSERT_TRUE(SameBits(ds[0].logits, dr[0].logits)) << "MTP logits, prefix " << P << " accepted " << a << " at " << at;
         ASSERT_EQ(ds[0].tokens, dr[0].tokens);
         Tensor ls = m->Forward({{spec.get(), next, true}})[0].logits;
@@ -125,9 +125,9 @@ TEST_F(SpeculationTest, DraftsIndependentOfCatchUpSchedule) {
     m->Forward({{chunks.get(), Slice(seq, t, std::min<int64_t>(140, t + 50)), false}});
     if (t + 50 < 140) m->Draft({{chunks.get(), -1, 0}});
   }
-  auto a = m->Draft({{once.get(), seq[140], kSpec}});
-  auto b = m->Draft({{steps.get(), seq[140], kSpec}});
-  auto c = m->Draft({{chunks.get(), seq[140], kSpec}});
+  auto a = m->Draft({{once.get(), seq[140], kSpec, {}, true}});
+  auto b = m->Draft({{steps.get(), seq[140], kSpec, {}, true}});
+  auto c = m->Draft({{chunks.get(), seq[140], kSpec, {}, true}});
   ASSERT_EQ(a[0].tokens.size(), static_cast<size_t>(kSpec));
   EXPECT_TRUE(SameBits(a[0].logits, b[0].logits));
   EXPECT_TRUE(SameBits(a[0].logits, c[0].logits));
@@ -140,7 +140,7 @@ TEST_F(SpeculationTest, DraftsIndependentOfCatchUpSchedule) {
   m->Forward({{other.get(), Slice(seq, 3, 40), false}});
   auto again = m->NewState(kSpec);
   m->Forward({{again.get(), Slice(seq, 0, 140), false}});
-  auto batched = m->Draft({{other.get(), seq[1], 1}, {again.get(), seq[140], kSpec}});
+  auto batched = m->Draft({{other.get(), seq[1], 1}, {again.get(), seq[140], kSpec, {}, true}});
   EXPECT_TRUE(SameBits(batched[1].logits, a[0].logits));
   EXPECT_EQ(batched[0].tokens.size(), 1u);
 }
@@ -150,10 +150,10 @@ TEST_F(SpeculationTest, TensorParallelDraftsMatchSingleRank) {
   auto single = Load();
   auto st = single->NewState(kSpec);
   single->Forward({{st.get(), Slice(seq, 0, 50), false}});
-  auto want = single->Draft({{st.get(), seq[50], kSpec}})[0];
+  auto want = single->Draft({{st.get(), seq[50], kSpec, {}, true}})[0];
   single->Forward({{st.get(), Slice(seq, 50, 54), true}});
   st->Rollback(52);
-  auto want2 = single->Draft({{st.get(), seq[52], kSpec}})[0];
+  auto want2 = single->Draft({{st.get(), seq[52], kSpec, {}, true}})[0];
   const int world = 2;
   ThreadGroup group(world);
   std::vector<DraftResult> got(world), got2(world);
@@ -166,10 +166,10 @@ TEST_F(SpeculationTest, TensorParallelDraftsMatchSingleRank) {
         auto m = LoadModel(*dir_, ShardSpec{r, world}, MakeCpuBackend(1), &comm);
         auto s = m->NewState(kSpec);
         m->Forward({{s.get(), Slice(seq, 0, 50), false}});
-        got[r] = m->Draft({{s.get(), seq[50], kSpec}})[0];
+        got[r] = m->Draft({{s.get(), seq[50], kSpec, {}, true}})[0];
         m->Forward({{s.get(), Slice(seq, 50, 54), true}});
         s->Rollback(52);
-        got2[r] = m->Draft({{s.get(), seq[52], kSpec}})[0];
+        got2[r] = m->Draft({{s.get(), seq[52], kSpec, {}, true}})[0];
       } catch (const std::exception& e) {
         errors[r] = e.what();
       }
@@ -221,8 +221,8 @@ TEST_F(SpeculationTest, DraftVocabularySubset) {
   sub->Forward({{b.get(), Slice(seq, 0, 40), false}});
   int differs = 0, steps = 0;
   for (int64_t at = 40; at < 76; ++at, ++steps) {
-    const DraftResult f = full->Draft({{a.get(), seq[at], kSpec}})[0];
-    const DraftResult d = sub->Draft({{b.get(), seq[at], kSpec}})[0];
+    const DraftResult f = full->Draft({{a.get(), seq[at], kSpec, {}, true}})[0];
+    const DraftResult d = sub->Draft({{b.get(), seq[at], kSpec, {}, true}})[0];
     ASSERT_EQ(d.tokens.size(), static_cast<size_t>(kSpec));
     ASSERT_EQ(d.logits.shape, (std::vector<int64_t>{kSpec, kVocab}));
     for (int i = 0; i < kSpec; ++i) {
@@ -256,10 +256,37 @@ TEST_F(SpeculationTest, DraftVocabularySubset) {
   EXPECT_EQ(sub->WeightsDescription().find("draft head"), std::string::npos);
   full->Forward({{a.get(), {seq[76]}, false}});
   sub->Forward({{b.get(), {seq[76]}, false}});
-  const DraftResult f = full->Draft({{a.get(), seq[77], kSpec}})[0];
-  const DraftResult d = sub->Draft({{b.get(), seq[77], kSpec}})[0];
+  const DraftResult f = full->Draft({{a.get(), seq[77], kSpec, {}, true}})[0];
+  const DraftResult d = sub->Draft({{b.get(), seq[77], kSpec, {}, true}})[0];
   EXPECT_TRUE(SameBits(f.logits, d.logits));
   EXPECT_EQ(sub->SetDraftVocabulary(kVocab), kVocab);  // the vocabulary's size means the whole head too
+}
+
+// Greedy drafts without their logits are picked on the backend (Backend::SampleRows: only token ids come
+// back); they equal the argmax of the logits the host path returns, with the whole head and with a draft
+// vocabulary, for one sequence and a batch.
+TEST_F(SpeculationTest, DraftsPickedOnTheBackendEqualTheLogitsArgmax) {
+  const auto seq = Tokens(90, kVocab, 21);
+  for (const int64_t vocab : {int64_t{0}, int64_t{kDraftVocab}}) {
+    auto m = Load();
+    m->SetDraftVocabulary(vocab);
+    auto a = m->NewState(kSpec), b = m->NewState(kSpec);
+    m->Forward({{a.get(), Slice(seq, 0, 40), false}});
+    m->Forward({{b.get(), Slice(seq, 5, 33), false}});
+    int compared = 0;
+    for (int64_t at = 40; at < 70; ++at) {
+      const auto logits = m->Draft({{a.get(), seq[at], kSpec, {}, true}, {b.get(), seq[at - 7], 2, {}, true}});
+      const auto tokens = m->Draft({{a.get(), seq[at], kSpec}, {b.get(), seq[at - 7], 2}});
+      for (size_t q = 0; q < 2; ++q) {
+        EXPECT_TRUE(tokens[q].logits.data == nullptr) << "logits returned unasked";
+        ASSERT_EQ(tokens[q].tokens, logits[q].tokens) << "draft vocabulary " << vocab << " at " << at << " entry " << q;
+        for (size_t i = 0; i < tokens[q].tokens.size(); ++i, ++compared)
+          EXPECT_EQ(tokens[q].tokens[i], ArgmaxOf(logits[q].logits.as<float>() + i * kVocab, m->draft_vocab_size()));
+      }
+      m->Forward({{a.get(), {seq[at]}, false}, {b.get(), {seq[at - 7]}, false}});
+    }
+    EXPECT_EQ(compared, 30 * (kSpec + 2));
+  }
 }
 
 // A checkpoint whose head is its embedding (tie_word_embeddings, no head.weight): the drafts' rows come
@@ -280,15 +307,15 @@ TEST_F(SpeculationTest, DraftVocabularyOfATiedHead) {
   auto a = full->NewState(kSpec), b = sub->NewState(kSpec);
   full->Forward({{a.get(), Slice(seq, 0, 40), false}});
   sub->Forward({{b.get(), Slice(seq, 0, 40), false}});
-  const DraftResult f = full->Draft({{a.get(), seq[40], kSpec}})[0];
-  const DraftResult d = sub->Draft({{b.get(), seq[40], kSpec}})[0];
+  const DraftResult f = full->Draft({{a.get(), seq[40], kSpec, {}, true}})[0];
+  const DraftResult d = sub->Draft({{b.get(), seq[40], kSpec, {}, true}})[0];
   EXPECT_LT(RelMaxDiff(d.logits.as<float>(), f.logits.as<float>(), kDraftVocab), 1e-5);
   ExpectSubsetRow(d.logits.as<float>(), "tied head");
   // Not the untied model's head: the embedding really is what both read.
   auto untied = Load();
   auto c = untied->NewState(kSpec);
   untied->Forward({{c.get(), Slice(seq, 0, 40), false}});
-  const DraftResult u = untied->Draft({{c.get(), seq[40], kSpec}})[0];
+  const DraftResult u = untied->Draft({{c.get(), seq[40], kSpec, {}, true}})[0];
   EXPECT_GT(RelMaxDiff(u.logits.as<float>(), f.logits.as<float>(), kDraftVocab), 1e-2);
 }
 
@@ -316,11 +343,12 @@ TEST_F(SpeculationTest, TensorParallelDraftVocabularyMatchesSingleRank) {
   single->SetDraftVocabulary(kDraftVocab);
   auto st = single->NewState(kSpec);
   single->Forward({{st.get(), Slice(seq, 0, 50), false}});
-  const DraftResult want = single->Draft({{st.get(), seq[50], kSpec}})[0];
+  const DraftResult want = single->Draft({{st.get(), seq[50], kSpec, {}, true}})[0];
   const int world = 2;
   ThreadGroup group(world);
   std::vector<DraftResult> got(world);
   std::vector<int> gathers(world, -1);
+  std::vector<std::vector<int32_t>> picked(world);
   std::vector<std::string> errors(world);
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r)
@@ -333,8 +361,10 @@ TEST_F(SpeculationTest, TensorParallelDraftVocabularyMatchesSingleRank) {
         auto s = m->NewState(kSpec);
         m->Forward({{s.get(), Slice(seq, 0, 50), false}});
         const int before = comm.gathers;
-        got[r] = m->Draft({{s.get(), seq[50], kSpec}})[0];
+        got[r] = m->Draft({{s.get(), seq[50], kSpec, {}, true}})[0];
         gathers[r] = comm.gathers - before;
+        // The same drafts again, picked where the logits are (each rank holds the whole draft head).
+        picked[r] = m->Draft({{s.get(), seq[50], kSpec}})[0].tokens;
       } catch (const std::exception& e) {
         errors[r] = e.what();
       }
@@ -348,6 +378,7 @@ TEST_F(SpeculationTest, TensorParallelDraftVocabularyMatchesSingleRank) {
       EXPECT_LT(RelMaxDiff(got[r].logits.as<float>() + i * kVocab, want.logits.as<float>() + i * kVocab, kDraftVocab),
                 1e-4);
     EXPECT_EQ(got[r].tokens, want.tokens) << "rank " << r;
+    EXPECT_EQ(picked[r], want.tokens) << "rank " << r << ", drafts picked on the backend";
   }
 }
 
