@@ -366,22 +366,35 @@ void ModelImpl::RunBlock(const BlockWeights& b, const std::vector<SeqRows>& seqs
     }
     be.ReleaseScratch(mark);
   }
-  be.Segment({kAttentionOutputSite, b.layer, N, 0}, [&] {
+  auto attention_output = [&] {
     Phase phase(be, "attention output (de-rope, wo_a, wo_b)");
     AttentionOutput(b, positions, &a);
-  });
-  AllReduce(&a.attn_out);
-
-  SegmentUnlessImages(be, {kFfnSite, b.layer, N, 0}, !image_rows.empty(), [&] {
+  };
+  auto ffn = [&] {
     Phase phase(be, "hc post/pre + norms");
     be.HcPost(*X, a.attn_out, a.post, a.comb, hc, &a.X2);
     be.HcPreNorm(a.X2, b.hc_ffn.fn, b.hc_ffn.base, b.hc_ffn.scale, hc, c.hc_sinkhorn_iters, hc_eps, eps,
                  &b.ffn_norm, eps, &a.y, &a.post, &a.comb);
     MoeBlock(b, a.y, tokens, image_rows, &a.moe_out);
-  });
-  AllReduce(&a.moe_out);
-  Phase phase(be, "hc post/pre + norms");
-  be.HcPost(a.X2, a.moe_out, a.post, a.comb, hc, X);
+  };
+  auto ffn_post = [&] {
+    Phase phase(be, "hc post/pre + norms");
+    be.HcPost(a.X2, a.moe_out, a.post, a.comb, hc, X);
+  };
+  if (comm_->world() == 1 && image_rows.empty()) {
+    // No collective between them: the attention output, the FFN and the block's last hc post are one run.
+    be.Segment({kOutputFfnSite, b.layer, N, 0}, [&] {
+      attention_output();
+      ffn();
+      ffn_post();
+    });
+  } else {
+    be.Segment({kAttentionOutputSite, b.layer, N, 0}, attention_output);
+    AllReduce(&a.attn_out);
+    SegmentUnlessImages(be, {kFfnSite, b.layer, N, 0}, !image_rows.empty(), ffn);
+    AllReduce(&a.moe_out);
+    ffn_post();
+  }
   be.ReleaseScratch(block_mark);
 }
 

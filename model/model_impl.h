@@ -31,6 +31,7 @@ enum SegmentSite {
   kAttentionCoreSite,
   kDraftHeadSite,  // the drafts' vocabulary subset (ModelWeights::draft_head)
   kMtpInputSite,   // an MTP block's input rows (ModelImpl::MtpInput)
+  kOutputFfnSite,  // on one rank (no collective between them): attention output, FFN and the block's hc post
 };
 
 // A backend step (Backend::BeginStep .. EndStep) for as long as it lives: the rows' tokens, positions and
