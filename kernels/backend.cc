@@ -22,6 +22,23 @@ void ForEachRingRun(int64_t pos, int64_t n, int64_t slots, const char* who, Run 
 
 }  // namespace
 
+void Backend::ArgmaxRows(const Tensor& logits, Tensor* ids) {
+  const int64_t rows = logits.shape.at(0);
+  if (ids->dtype != DType::kI32 || ids->numel() != rows)
+    throw std::runtime_error("ArgmaxRows: ids must be i32 [" + std::to_string(rows) + "]");
+  const std::vector<SampledRow> picked = SampleRows(logits, std::vector<RowSampling>(rows));  // greedy
+  std::vector<int32_t> host(rows);
+  for (int64_t r = 0; r < rows; ++r) host[r] = picked[r].token;
+  if (rows > 0) FromHost(host.data(), ids);
+}
+
+void Backend::EmbeddingIds(const Tensor& table, const Tensor& ids, Tensor* out) {
+  if (ids.dtype != DType::kI32) throw std::runtime_error("EmbeddingIds: ids must be i32");
+  std::vector<int32_t> host(static_cast<size_t>(ids.numel()));
+  if (!host.empty()) ToHost(ids, host.data());
+  Embedding(table, host.data(), ids.numel(), out);
+}
+
 void Backend::RingWriteBatch(const std::vector<RingWrite>& writes) {
   std::vector<RowCopy> copies;
   for (const RingWrite& w : writes)

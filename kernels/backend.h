@@ -427,6 +427,15 @@ class Backend {
   virtual std::vector<SampledRow> SampleRows(const Tensor& logits, const std::vector<RowSampling>& rows) {
     NotImplemented("SampleRows");
   }
+  // ids I32 [rows] (backend memory) = the lowest id of the largest value of each row of logits f32 [rows,
+  // vocab] (NaN never; 0 for a row of NaN): greedy SampleRows' tokens, left where the logits are, so that a
+  // later op can take them (EmbeddingIds) without a trip through the host. May run inside a Segment when
+  // the backend overrides it; the default samples on the host side and copies the ids back.
+  virtual void ArgmaxRows(const Tensor& logits, Tensor* ids);
+  // Embedding of token ids held in backend memory (ids I32 [n], e.g. ArgmaxRows'): out [n, D]. The ids
+  // are trusted to lie inside the table (a device backend cannot check them without a host sync). The
+  // default copies them to the host and calls Embedding.
+  virtual void EmbeddingIds(const Tensor& table, const Tensor& ids, Tensor* out);
 
   // ---- vision encoder (a ViT and its aligner; model/vision_tower.cc) ----
   // Not pure: a backend that has not written them yet throws "<op> is not implemented on <backend>".

@@ -173,20 +173,29 @@ class ModelImpl {
   // embed(token), or the recorded image embedding for the rows in `images`.
   // The rows are Scratch of the current step; without image rows and position 0 (whose embedding row is
   // zeroed) they are one graph segment.
+  // With `ids` (I32 [N], Scratch) the rows' token ids come from there (Backend::EmbeddingIds) instead of
+  // `tokens`, which then only stand in as the step's metadata.
   Tensor MtpInput(const MtpWeights& m, const Tensor& X, const std::vector<int32_t>& tokens,
-                  const std::vector<int64_t>& positions, const std::vector<MtpImageInput>& images = {});
+                  const std::vector<int64_t>& positions, const std::vector<MtpImageInput>& images = {},
+                  const Tensor* ids = nullptr);
   // One run of MTP block m over rows of these tokens and positions as a backend step of its own (its segments
   // record and replay like the target's; its temporaries are Scratch): `fill` writes the rows' residual
   // input into X [N, hc*D] (Scratch), MtpInput and the block run on it, and the block's output comes back in
-  // backend memory that outlives the step.
+  // backend memory that outlives the step. With `fill_ids` the rows' token ids are written by it into an
+  // I32 [N] Scratch on the backend (the draft chain's picks) and `tokens` are placeholders.
   Tensor MtpBlockStep(const MtpWeights& m, const std::vector<SeqRows>& seqs, const std::vector<int64_t>& positions,
                       const std::vector<int32_t>& tokens, const std::vector<MtpImageInput>& images,
-                      const std::function<void(Tensor* X)>& fill);
-  // One link of the draft chain, as a backend step: MTP head m over rows `head_rows` of `prev` (one per
-  // request in `requests`), and each request's draft. Greedy drafts are picked where the logits are
-  // (Backend::SampleRows: only the tokens leave the backend) unless a request asks for its logits, picks
-  // with `choose`, or the head's rows must be gathered through the host; then the logits come to the host
-  // and go into each request's logits row `step` where it asked for them.
+                      const std::function<void(Tensor* X)>& fill,
+                      const std::function<void(Tensor* ids)>& fill_ids = nullptr);
+  // Whether this Draft call's chain keeps its picks on the backend (PickDraftIds): every drafting request
+  // greedy without asking for logits, the head's rows whole here, no hash-routed MTP block.
+  bool DraftsStayOnBackend(const std::vector<DraftRequest>& batch) const;
+  // A chain link on the backend: MTP head m over rows `head_rows` of `prev` and the argmax of each row into
+  // ids (I32 [rows], Backend::ArgmaxRows), as a backend step; nothing comes to the host.
+  void PickDraftIds(const MtpWeights& m, const Tensor& prev, const std::vector<int64_t>& head_rows, Tensor* ids);
+  // A chain link on the host: MTP head m over rows `head_rows` of `prev` (one per request in `requests`) as a
+  // backend step, its logits on the host (into each request's logits row `step` where it asked for them),
+  // and each request's draft (its `choose`, else the argmax).
   std::vector<int32_t> PickDrafts(const MtpWeights& m, const Tensor& prev, const std::vector<int64_t>& head_rows,
                                   const std::vector<const DraftRequest*>& requests, int step,
                                   const std::vector<DraftResult*>& results);

@@ -24,7 +24,8 @@
 namespace dsmesh {
 
 Tensor ModelImpl::MtpInput(const MtpWeights& m, const Tensor& X, const std::vector<int32_t>& tokens,
-                           const std::vector<int64_t>& positions, const std::vector<MtpImageInput>& images) {
+                           const std::vector<int64_t>& positions, const std::vector<MtpImageInput>& images,
+                           const Tensor* ids) {
   Backend& be = *backend_;
   const ModelConfig& c = config_;
   const int hc = c.hc_mult;
@@ -37,7 +38,11 @@ Tensor ModelImpl::MtpInput(const MtpWeights& m, const Tensor& X, const std::vect
   Tensor eb = be.Scratch(DType::kF32, {N, hc * D});
   const bool zero_row = std::find(positions.begin(), positions.end(), 0) != positions.end();
   auto ops = [&] {
-    be.Embedding(weights_.embed, tokens.data(), N, &e);
+    if (ids) {
+      be.EmbeddingIds(weights_.embed, *ids, &e);
+    } else {
+      be.Embedding(weights_.embed, tokens.data(), N, &e);
+    }
     // An image row's input is its image embedding, as in the target's embedding rows (PlaceImageEmbeddings).
     for (const MtpImageInput& im : images) RingGet(be, *im.ring, im.position, 1, &e, im.row);
     for (int64_t r = 0; r < N; ++r)
@@ -59,7 +64,7 @@ Tensor ModelImpl::MtpInput(const MtpWeights& m, const Tensor& X, const std::vect
   };
   // Which rows are images or at position 0 changes the launches, and a key holds only shapes.
   if (images.empty() && !zero_row) {
-    be.Segment({kMtpInputSite, m.block.layer, N, 0}, ops);
+    be.Segment({kMtpInputSite, m.block.layer, N, ids ? 1 : 0}, ops);
   } else {
     ops();
   }
@@ -69,19 +74,50 @@ Tensor ModelImpl::MtpInput(const MtpWeights& m, const Tensor& X, const std::vect
 
 Tensor ModelImpl::MtpBlockStep(const MtpWeights& m, const std::vector<SeqRows>& seqs, const std::vector<int64_t>& positions,
                                const std::vector<int32_t>& tokens, const std::vector<MtpImageInput>& images,
-                               const std::function<void(Tensor* X)>& fill) {
+                               const std::function<void(Tensor* X)>& fill, const std::function<void(Tensor* ids)>& fill_ids) {
   Backend& be = *backend_;
   const int64_t N = static_cast<int64_t>(positions.size()), W = config_.hc_mult * config_.hidden_size;
   Tensor out = be.Alloc(DType::kF32, {N, W});
   const BackendStep step(be, tokens, positions);
-  // Every run of N rows takes the same Scratch in the same order, so its segments meet the offsets they
-  // were recorded at whichever phase (window catch-up or draft chain) runs them.
+  // Every run of N rows takes the same Scratch in the same order (the ids too, used or not), so its
+  // segments meet the offsets they were recorded at whichever phase (window catch-up or draft chain) runs them.
   Tensor X = be.Scratch(DType::kF32, {N, W});
+  Tensor ids = be.Scratch(DType::kI32, {N});
   fill(&X);
-  Tensor y = MtpInput(m, X, tokens, positions, images);
+  if (fill_ids) fill_ids(&ids);
+  Tensor y = MtpInput(m, X, tokens, positions, images, fill_ids ? &ids : nullptr);
   RunBlock(m.block, seqs, positions, tokens, &y);
   be.CopyRows(y, 0, &out, 0, N);
   return out;
+}
+
+bool ModelImpl::DraftsStayOnBackend(const std::vector<DraftRequest>& batch) const {
+  // The chain's token ids feed only the embedding (EmbeddingIds); a hash-routed MTP block would need them
+  // on the host.
+  for (const MtpWeights& m : weights_.mtp)
+    if (config_.mlp_kind(m.block.layer) == MlpKind::kHashMoe) return false;
+  // The head's rows whole on this rank (a draft head, one rank) or gathered on the device.
+  if (weights_.draft_rows == 0 && comm_->world() > 1 && !GathersLogitsOnDevice()) return false;
+  return std::none_of(batch.begin(), batch.end(),
+                      [](const DraftRequest& q) { return q.num_drafts > 0 && (q.choose || q.want_logits); });
+}
+
+void ModelImpl::PickDraftIds(const MtpWeights& m, const Tensor& prev, const std::vector<int64_t>& head_rows, Tensor* ids) {
+  Backend& be = *backend_;
+  const int64_t A = static_cast<int64_t>(head_rows.size());
+  const std::vector<int32_t> no_tokens;
+  const std::vector<int64_t> no_positions;
+  const BackendStep scope(be, no_tokens, no_positions);
+  Tensor heads = be.Scratch(DType::kF32, {A, config_.hc_mult * config_.hidden_size});
+  std::vector<Backend::RowCopy> copies;
+  for (int64_t a = 0; a < A; ++a) copies.push_back({&prev, head_rows[a], &heads, a, 1});
+  be.CopyRowsBatch(copies);
+  Tensor lv = weights_.draft_rows > 0
+                  ? HeadLocalLogits(heads, m.hc_head, m.norm, /*step_rows=*/0, &weights_.draft_head)
+                  : HeadLocalLogits(heads, m.hc_head, m.norm, /*step_rows=*/0);
+  if (weights_.draft_rows == 0 && comm_->world() > 1) lv = GatherLogitsOnDevice(lv);
+  Phase phase(be, "draft picks");
+  be.ArgmaxRows(lv, ids);
 }
 
 std::vector<int32_t> ModelImpl::PickDrafts(const MtpWeights& m, const Tensor& prev, const std::vector<int64_t>& head_rows,
@@ -96,23 +132,9 @@ std::vector<int32_t> ModelImpl::PickDrafts(const MtpWeights& m, const Tensor& pr
   std::vector<Backend::RowCopy> copies;
   for (int64_t a = 0; a < A; ++a) copies.push_back({&prev, head_rows[a], &heads, a, 1});
   be.CopyRowsBatch(copies);
-  std::vector<int32_t> picks(A);
-  const bool host_picks = std::any_of(requests.begin(), requests.end(),
-                                      [](const DraftRequest* q) { return q->choose || q->want_logits; });
-  // Where the head's rows are whole on this rank (a draft head, one rank) or gathered on the device.
-  const bool whole_here = weights_.draft_rows > 0 || comm_->world() == 1 || GathersLogitsOnDevice();
-  if (!host_picks && whole_here) {
-    Tensor lv = weights_.draft_rows > 0
-                    ? HeadLocalLogits(heads, m.hc_head, m.norm, /*step_rows=*/0, &weights_.draft_head)
-                    : HeadLocalLogits(heads, m.hc_head, m.norm, /*step_rows=*/0);
-    if (weights_.draft_rows == 0 && comm_->world() > 1) lv = GatherLogitsOnDevice(lv);
-    Phase phase(be, "draft picks");
-    const std::vector<SampledRow> rows = be.SampleRows(lv, std::vector<RowSampling>(A));  // greedy: argmax
-    for (int64_t a = 0; a < A; ++a) picks[a] = rows[a].token;
-    return picks;
-  }
   const int64_t draft_vocab = draft_vocab_size();  // logits of ids past it are -inf (DraftHeadLogits)
   Tensor logits = DraftHeadLogits(heads, m.hc_head, m.norm);
+  std::vector<int32_t> picks(A);
   for (int64_t a = 0; a < A; ++a) {
     const float* row = logits.as<float>() + a * V;
     if (requests[a]->want_logits) std::copy(row, row + V, results[a]->logits.as<float>() + step * V);
@@ -220,13 +242,24 @@ std::vector<DraftResult> ModelImpl::Draft(const std::vector<DraftRequest>& batch
   // Step 2: the drafts. Draft step s comes from block min(s, n-1) at position L-1+s. A block's first step
   // (s < n) needs its own rows for positions L .. L-1+s (fed block s-1's outputs for L-1 .. L-2+s and the
   // drafts d_1 .. d_s); past the last block, that block is reused on its own output, one row per step.
+  // Greedy drafts nobody asked the logits of stay on the backend through the whole chain (each link's
+  // picks feed the next link's embedding there) and come to the host once at the end; otherwise each link
+  // brings its logits to the host and picks there.
+  const bool on_backend = DraftsStayOnBackend(batch);
   std::vector<DraftResult> out(batch.size());
   std::vector<size_t> active;
+  std::vector<int> made(batch.size(), 0);
   for (size_t i = 0; i < batch.size(); ++i)
     if (batch[i].num_drafts > 0) {
       active.push_back(i);
       if (batch[i].want_logits) out[i].logits = AllocateTensor(DType::kF32, {batch[i].num_drafts, V});
     }
+  // On the backend, link s's picks: ids I32 [requests drafting at s], and each request's row in them.
+  struct Link {
+    Tensor ids;
+    std::vector<int64_t> row;
+  };
+  std::vector<Link> links;
   // prev: per active sequence `r` consecutive output rows of the last step's block, positions L-1 .. L-2+r.
   int64_t r = 1;
   Tensor prev = be.Alloc(DType::kF32, {static_cast<int64_t>(active.size()), hc * D});
@@ -240,19 +273,27 @@ std::vector<DraftResult> ModelImpl::Draft(const std::vector<DraftRequest>& batch
   }
   for (int step = 0; !active.empty(); ++step) {
     std::vector<int64_t> head_rows;
-    std::vector<const DraftRequest*> requests;
-    std::vector<DraftResult*> results;
-    for (size_t a = 0; a < active.size(); ++a) {
-      head_rows.push_back(static_cast<int64_t>(a) * r + r - 1);
-      requests.push_back(&batch[active[a]]);
-      results.push_back(&out[active[a]]);
+    for (size_t a = 0; a < active.size(); ++a) head_rows.push_back(static_cast<int64_t>(a) * r + r - 1);
+    const MtpWeights& head_block = weights_.mtp[std::min(step, n - 1)];
+    if (on_backend) {
+      Link link{be.Alloc(DType::kI32, {static_cast<int64_t>(active.size())}), std::vector<int64_t>(batch.size(), -1)};
+      PickDraftIds(head_block, prev, head_rows, &link.ids);
+      for (size_t a = 0; a < active.size(); ++a) link.row[active[a]] = static_cast<int64_t>(a);
+      links.push_back(std::move(link));
+    } else {
+      std::vector<const DraftRequest*> requests;
+      std::vector<DraftResult*> results;
+      for (size_t i : active) {
+        requests.push_back(&batch[i]);
+        results.push_back(&out[i]);
+      }
+      const std::vector<int32_t> picks = PickDrafts(head_block, prev, head_rows, requests, step, results);
+      for (size_t a = 0; a < active.size(); ++a) out[active[a]].tokens.push_back(picks[a]);
     }
-    const std::vector<int32_t> picks = PickDrafts(weights_.mtp[std::min(step, n - 1)], prev, head_rows, requests, step, results);
     std::vector<size_t> next, keep;
     for (size_t a = 0; a < active.size(); ++a) {
       const size_t i = active[a];
-      out[i].tokens.push_back(picks[a]);
-      if (static_cast<int>(out[i].tokens.size()) < batch[i].num_drafts) {
+      if (++made[i] < batch[i].num_drafts) {
         next.push_back(i);
         keep.push_back(a);
       }
@@ -264,23 +305,40 @@ std::vector<DraftResult> ModelImpl::Draft(const std::vector<DraftRequest>& batch
     const int64_t count = fresh ? s : 1;
     std::vector<SeqRows> cs;
     std::vector<int64_t> pos;
-    std::vector<int32_t> tok;
+    std::vector<int32_t> tok;  // on the backend: placeholders (the ids come from the links)
+    std::vector<Backend::RowCopy> id_copies;
     for (size_t k = 0; k < next.size(); ++k) {
       SequenceStateData& st = batch[next[k]].state->data();
       const int64_t first = fresh ? st.length : st.length - 1 + s;
       cs.push_back({&st, static_cast<int64_t>(k) * count, count, first});
       for (int64_t q = 0; q < count; ++q) {
         pos.push_back(first + q);
-        tok.push_back(out[next[k]].tokens[first + q - st.length]);  // position p is fed draft p+1-L
+        const int64_t d = first + q - st.length;  // position p is fed draft p+1-L
+        if (on_backend) {
+          tok.push_back(0);
+          const Link& l = links[static_cast<size_t>(d)];
+          id_copies.push_back({&l.ids, l.row[next[k]], nullptr, static_cast<int64_t>(k) * count + q, 1});
+        } else {
+          tok.push_back(out[next[k]].tokens[d]);
+        }
       }
     }
+    std::function<void(Tensor*)> fill_ids;
+    if (on_backend)
+      fill_ids = [&](Tensor* ids) {
+        for (Backend::RowCopy& c : id_copies) c.dst = ids;
+        be.CopyRowsBatch(id_copies);
+      };
     // (ring rows past mtp.length: forgotten, within the spare)
-    Tensor y = MtpBlockStep(weights_.mtp[b], cs, pos, tok, {}, [&](Tensor* x) {
-      std::vector<Backend::RowCopy> copies;
-      for (size_t k = 0; k < next.size(); ++k)
-        copies.push_back({&prev, static_cast<int64_t>(keep[k]) * r + r - count, x, static_cast<int64_t>(k) * count, count});
-      be.CopyRowsBatch(copies);
-    });
+    Tensor y = MtpBlockStep(
+        weights_.mtp[b], cs, pos, tok, {},
+        [&](Tensor* x) {
+          std::vector<Backend::RowCopy> copies;
+          for (size_t k = 0; k < next.size(); ++k)
+            copies.push_back({&prev, static_cast<int64_t>(keep[k]) * r + r - count, x, static_cast<int64_t>(k) * count, count});
+          be.CopyRowsBatch(copies);
+        },
+        fill_ids);
     if (fresh) {  // the next block's inputs: this block's catch-up output for L-1, then the rows just made
       prev = be.Alloc(DType::kF32, {static_cast<int64_t>(next.size()) * (count + 1), hc * D});
       std::vector<Backend::RowCopy> copies;
@@ -296,6 +354,27 @@ std::vector<DraftResult> ModelImpl::Draft(const std::vector<DraftRequest>& batch
       r = 1;
     }
     active = next;
+  }
+  if (on_backend && !links.empty()) {
+    // Every link's picks in one buffer, one copy to the host.
+    int64_t total = 0;
+    for (const Link& l : links) total += l.ids.numel();
+    Tensor all = be.Alloc(DType::kI32, {total});
+    std::vector<Backend::RowCopy> copies;
+    int64_t at = 0;
+    for (const Link& l : links) {
+      copies.push_back({&l.ids, 0, &all, at, l.ids.numel()});
+      at += l.ids.numel();
+    }
+    be.CopyRowsBatch(copies);
+    std::vector<int32_t> host(static_cast<size_t>(total));
+    be.ToHost(all, host.data());
+    at = 0;
+    for (const Link& l : links) {
+      for (size_t i = 0; i < batch.size(); ++i)
+        if (l.row[i] >= 0) out[i].tokens.push_back(host[static_cast<size_t>(at + l.row[i])]);
+      at += l.ids.numel();
+    }
   }
   return out;
 }

@@ -218,6 +218,19 @@ class CudaBackend final : public Backend {
     CheckLaunch("Embedding");
   }
 
+  void EmbeddingIds(const Tensor& table, const Tensor& ids, Tensor* out) override {
+    const ProfileScope ps = Profile("EmbeddingIds");
+    const int64_t D = table.shape[1], n = ids.numel();
+    Require(ids.dtype == DType::kI32, "EmbeddingIds", "ids must be i32");
+    Require(out->shape[0] == n && RowWidth(*out) == D, "EmbeddingIds", "output shape");
+    ps.Bytes(op_bytes::Embedding(n, D, static_cast<int64_t>(DTypeSize(table.dtype))));
+    if (n == 0) return;
+    Use();
+    cuda_ops::Embedding(table.data, WTypeOf(table.dtype, "the embedding"), D, static_cast<const int32_t*>(ids.data), n,
+                        F(*out), ctx_->stream);
+    CheckLaunch("EmbeddingIds");
+  }
+
   void RmsNorm(const Tensor& x, int64_t dim, const Tensor* weight, float eps, Tensor* out) override {
     const ProfileScope ps = Profile("RmsNorm");
     const int64_t groups = x.numel() / dim;
@@ -785,6 +798,18 @@ class CudaBackend final : public Backend {
     std::vector<cuda_ops::SampleRowOut> host(n);
     ToHost(dout, host.data());
     return SampledRowsOf(host, rows, vocab);
+  }
+
+  void ArgmaxRows(const Tensor& logits, Tensor* ids) override {
+    const ProfileScope ps = Profile("ArgmaxRows");
+    const int64_t rows = logits.shape.at(0), vocab = RowWidth(logits);
+    Require(logits.dtype == DType::kF32, "ArgmaxRows", "logits must be f32 [rows, vocab]");
+    Require(ids->dtype == DType::kI32 && ids->numel() == rows, "ArgmaxRows", "ids must be i32 [rows]");
+    Require(vocab < (int64_t{1} << 31), "ArgmaxRows", "vocabulary too large for 32-bit token ids");
+    ps.Bytes(static_cast<double>(logits.nbytes()));
+    Use();
+    cuda_ops::ArgmaxRows(F(logits), rows, vocab, static_cast<int32_t*>(ids->data), ctx_->stream);
+    CheckLaunch("ArgmaxRows");
   }
 
   // The stream every op runs on (CudaBackendStream).

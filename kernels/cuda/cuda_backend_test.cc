@@ -1416,6 +1416,38 @@ TEST_F(CudaBackendTest, SampleRowsEqualsCpuOnRandomRowsAndParameters) {
   EXPECT_GT(drawn, 200);
 }
 
+// ArgmaxRows (greedy picks left on the device) against the CPU's (the Backend default: the host sampler's
+// greedy rows) on every kind of row (ties, -inf, NaN, all -inf), and EmbeddingIds fed by them: the rows
+// Embedding gives for the same ids as host arrays.
+TEST_F(CudaBackendTest, ArgmaxRowsAndEmbeddingIds) {
+  DSMESH_REQUIRE_GPU();
+  std::mt19937 rng(5);
+  for (int64_t vocab : {1, 7, 1000, 32768, 129280}) {
+    const int rows = 21;
+    Tensor host = AllocateTensor(DType::kF32, {rows, vocab});
+    for (int r = 0; r < rows; ++r) {
+      const std::vector<float> x = SamplingRow(rng, vocab, r % 7);
+      std::copy(x.begin(), x.end(), host.as<float>() + r * vocab);
+    }
+    const Pair logits = Both(host);
+    Pair ids = Zeros(DType::kI32, {rows});
+    cpu_->ArgmaxRows(logits.c, &ids.c);
+    gpu().ArgmaxRows(logits.g, &ids.g);
+    ExpectSame(ids, "ArgmaxRows vocab " + std::to_string(vocab));
+    const std::vector<SampledRow> greedy = cpu_->SampleRows(logits.c, std::vector<RowSampling>(rows));
+    for (int r = 0; r < rows; ++r) EXPECT_EQ(ids.c.as<int32_t>()[r], greedy[r].token) << "row " << r;
+
+    const Pair table = Both(HostRand(DType::kBF16, {std::max<int64_t>(vocab, 1), 64}));
+    Pair by_ids = Zeros(DType::kF32, {rows, 64}), by_host = Zeros(DType::kF32, {rows, 64});
+    gpu().EmbeddingIds(table.g, ids.g, &by_ids.g);
+    cpu_->Embedding(table.c, ids.c.as<int32_t>(), rows, &by_ids.c);
+    ExpectSame(by_ids, "EmbeddingIds vocab " + std::to_string(vocab));
+    gpu().Embedding(table.g, ids.c.as<int32_t>(), rows, &by_host.g);
+    cpu_->EmbeddingIds(table.c, ids.c, &by_host.c);
+    ExpectSame(by_host, "Embedding / CPU EmbeddingIds vocab " + std::to_string(vocab));
+  }
+}
+
 TEST_F(CudaBackendTest, SampleRowsCutsAtTheirBoundariesAndDrawsAcrossPositions) {
   DSMESH_REQUIRE_GPU();
   // One peaked row of the real vocabulary, every cut alone and together, 64 positions each: the draw

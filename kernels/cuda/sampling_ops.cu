@@ -337,6 +337,14 @@ __global__ void __launch_bounds__(kThreads) SampleRowsKernel(const float* logits
   if (p.logprobs >= 0) RowLogprobs(raw, vocab, token, p.logprobs, out, sh);
 }
 
+__global__ void __launch_bounds__(kThreads) ArgmaxRowsKernel(const float* logits, int64_t vocab, int32_t* ids) {
+  PdlWait();
+  PdlTrigger();
+  __shared__ SharedState sh;
+  const int32_t token = RowArgmax(logits + blockIdx.x * vocab, vocab, sh).index;
+  if (threadIdx.x == 0) ids[blockIdx.x] = token;
+}
+
 }  // namespace
 
 int64_t SampleRowsScratchBytes(int64_t rows, int64_t vocab) { return rows * vocab * 16; }
@@ -345,6 +353,10 @@ void SampleRows(const float* logits, int64_t rows, int64_t vocab, const SampleRo
                 SampleRowOut* out, cudaStream_t s) {
   if (rows > 0)
     PdlLaunch(SampleRowsKernel, static_cast<unsigned>(rows), kThreads, 0, s, logits, vocab, params, scratch, out);
+}
+
+void ArgmaxRows(const float* logits, int64_t rows, int64_t vocab, int32_t* ids, cudaStream_t s) {
+  if (rows > 0) PdlLaunch(ArgmaxRowsKernel, static_cast<unsigned>(rows), kThreads, 0, s, logits, vocab, ids);
 }
 
 }  // namespace dsmesh::cuda_ops

@@ -49,4 +49,8 @@ int64_t SampleRowsScratchBytes(int64_t rows, int64_t vocab);
 void SampleRows(const float* logits, int64_t rows, int64_t vocab, const SampleRowParams* params, void* scratch,
                 SampleRowOut* out, cudaStream_t s);
 
+// ids[r] = the lowest id of the largest logit of row r (NaN never; 0 when the whole row is NaN): greedy
+// SampleRows' choice, left on the device for the ops that take token ids from there.
+void ArgmaxRows(const float* logits, int64_t rows, int64_t vocab, int32_t* ids, cudaStream_t s);
+
 }  // namespace dsmesh::cuda_ops
