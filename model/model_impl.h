@@ -50,11 +50,15 @@ class BackendStep {
       throw;
     }
   }
+  // A step without rows of its own (ops on rows other steps made, such as a draft head).
+  explicit BackendStep(Backend& be) : BackendStep(be, kNoTokens, kNoPositions) {}
   ~BackendStep() { be_.EndStep(); }
   BackendStep(const BackendStep&) = delete;
   BackendStep& operator=(const BackendStep&) = delete;
 
  private:
+  static inline const std::vector<int32_t> kNoTokens;
+  static inline const std::vector<int64_t> kNoPositions;
   Backend& be_;
 };
 
@@ -190,6 +194,8 @@ class ModelImpl {
   // Whether this Draft call's chain keeps its picks on the backend (PickDraftIds): every drafting request
   // greedy without asking for logits, the head's rows whole here, no hash-routed MTP block.
   bool DraftsStayOnBackend(const std::vector<DraftRequest>& batch) const;
+  // The head's input rows of a chain link: rows `head_rows` of `prev`, in Scratch of the current step.
+  Tensor DraftHeadInputs(const Tensor& prev, const std::vector<int64_t>& head_rows);
   // A chain link on the backend: MTP head m over rows `head_rows` of `prev` and the argmax of each row into
   // ids (I32 [rows], Backend::ArgmaxRows), as a backend step; nothing comes to the host.
   void PickDraftIds(const MtpWeights& m, const Tensor& prev, const std::vector<int64_t>& head_rows, Tensor* ids);

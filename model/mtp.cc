@@ -102,16 +102,20 @@ bool ModelImpl::DraftsStayOnBackend(const std::vector<DraftRequest>& batch) cons
                       [](const DraftRequest& q) { return q.num_drafts > 0 && (q.choose || q.want_logits); });
 }
 
-void ModelImpl::PickDraftIds(const MtpWeights& m, const Tensor& prev, const std::vector<int64_t>& head_rows, Tensor* ids) {
+Tensor ModelImpl::DraftHeadInputs(const Tensor& prev, const std::vector<int64_t>& head_rows) {
   Backend& be = *backend_;
   const int64_t A = static_cast<int64_t>(head_rows.size());
-  const std::vector<int32_t> no_tokens;
-  const std::vector<int64_t> no_positions;
-  const BackendStep scope(be, no_tokens, no_positions);
   Tensor heads = be.Scratch(DType::kF32, {A, config_.hc_mult * config_.hidden_size});
   std::vector<Backend::RowCopy> copies;
   for (int64_t a = 0; a < A; ++a) copies.push_back({&prev, head_rows[a], &heads, a, 1});
   be.CopyRowsBatch(copies);
+  return heads;
+}
+
+void ModelImpl::PickDraftIds(const MtpWeights& m, const Tensor& prev, const std::vector<int64_t>& head_rows, Tensor* ids) {
+  Backend& be = *backend_;
+  const BackendStep scope(be);
+  const Tensor heads = DraftHeadInputs(prev, head_rows);
   Tensor lv = weights_.draft_rows > 0
                   ? HeadLocalLogits(heads, m.hc_head, m.norm, /*step_rows=*/0, &weights_.draft_head)
                   : HeadLocalLogits(heads, m.hc_head, m.norm, /*step_rows=*/0);
@@ -123,15 +127,9 @@ void ModelImpl::PickDraftIds(const MtpWeights& m, const Tensor& prev, const std:
 std::vector<int32_t> ModelImpl::PickDrafts(const MtpWeights& m, const Tensor& prev, const std::vector<int64_t>& head_rows,
                                            const std::vector<const DraftRequest*>& requests, int step,
                                            const std::vector<DraftResult*>& results) {
-  Backend& be = *backend_;
   const int64_t A = static_cast<int64_t>(head_rows.size()), V = config_.vocab_size;
-  const std::vector<int32_t> no_tokens;
-  const std::vector<int64_t> no_positions;
-  const BackendStep scope(be, no_tokens, no_positions);
-  Tensor heads = be.Scratch(DType::kF32, {A, config_.hc_mult * config_.hidden_size});
-  std::vector<Backend::RowCopy> copies;
-  for (int64_t a = 0; a < A; ++a) copies.push_back({&prev, head_rows[a], &heads, a, 1});
-  be.CopyRowsBatch(copies);
+  const BackendStep scope(*backend_);
+  const Tensor heads = DraftHeadInputs(prev, head_rows);
   const int64_t draft_vocab = draft_vocab_size();  // logits of ids past it are -inf (DraftHeadLogits)
   Tensor logits = DraftHeadLogits(heads, m.hc_head, m.norm);
   std::vector<int32_t> picks(A);
