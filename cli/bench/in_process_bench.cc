@@ -166,9 +166,9 @@ int RunInProcessBench(const std::vector<std::string>& args) {
     const StatePool& probe = model->state_pool();
     // (the warm-up step, the timed steps, and with --profile the two profiled passes and the graph trace)
     const int64_t all_steps = 1 + (profile ? 3 : 1) * static_cast<int64_t>(steps) + (profile ? 4 : 0);
-    // (with --profile also two profiled 512-token prefill chunks after the steps)
+    // (with --profile also two profiled --prefill-chunk-token chunks after the steps)
     const int64_t max_ctx =
-        *std::max_element(contexts.begin(), contexts.end()) + all_steps * rows + (profile ? 1024 : 0);
+        *std::max_element(contexts.begin(), contexts.end()) + all_steps * rows + (profile ? 2 * chunk_tokens : 0);
     const int max_streams = *std::max_element(streams.begin(), streams.end());
     const int64_t blocks = (max_ctx + probe.block_tokens() - 1) / probe.block_tokens();
     StatePoolOptions po;
@@ -308,13 +308,14 @@ int RunInProcessBench(const std::vector<std::string>& args) {
         row["step_graphs"] =
             PrintStepGraphs(TraceDecodeGraphs(model->backend(), [&] { step(++trace_step); }, 20), ms);
         if (ns == streams.front()) {
-          // One 512-token prefill chunk of stream 0 at this context, timed the same two ways.
+          // One --prefill-chunk-token chunk of stream 0 at this context, timed the same two ways.
           auto chunk = [&](int k) {
             std::vector<int32_t> t;
-            for (int i = 0; i < 512; ++i) t.push_back(TokenAtPosition(ctx + 100000 * (k + 1) + i, c.vocab_size));
+            for (int64_t i = 0; i < chunk_tokens; ++i) t.push_back(TokenAtPosition(ctx + 100000 * (k + 1) + i, c.vocab_size));
             model->Forward({{st[0].get(), t, false}});
           };
-          std::printf("  one 512-token prefill chunk of stream 0 after its context (ms per chunk):\n");
+          std::printf("  one %lld-token prefill chunk of stream 0 after its context (ms per chunk):\n",
+                      static_cast<long long>(chunk_tokens));
           model->backend().SetOpProfiling(OpProfiling::kTimeline);
           chunk(0);
           const OpProfile chunk_prof = model->backend().TakeOpProfile();

@@ -127,7 +127,7 @@ fi
 if has profile; then
   step "dsmesh bench --profile on the full-size synthetic V4-Flash: graphs timed, then every op timed eagerly by device events"
   timeout ${PROFILE_TIMEOUT:-400} $DS bench --device cuda --model synthetic:v4-flash:seed=1 --contexts ${FLASH_CONTEXTS:-4096} \
-    --streams ${FLASH_STREAMS:-1,4} --steps ${FLASH_STEPS:-8} --profile \
+    --streams ${FLASH_STREAMS:-1,4} --steps ${FLASH_STEPS:-8} --profile --prefill-chunk ${PROFILE_CHUNK:-512} \
     --json "$OUT/flash_profile.json" 2> "$OUT/flash_profile.log" | tee "$OUT/flash_profile.txt"
   check test -s "$OUT/flash_profile.json"
 fi
@@ -145,13 +145,15 @@ fi
 if has prefill; then
   # Issue 41: prefill rate by chunk size at 4K, then one long prompt with the chunk rate at every tenth of it.
   step "dsmesh bench: prefill of the full-size synthetic V4-Flash by chunk size (4K), then a ${PREFILL_LONG:-166000}-token prompt"
+  # PREFILL_MOE=per-expert|row-slices runs the routed experts' older paths (DSMESH_CUDA_PREFILL_MOE) for an A/B.
+  moe_env=(${PREFILL_MOE:+DSMESH_CUDA_PREFILL_MOE=$PREFILL_MOE})
   for chunk in ${PREFILL_CHUNKS:-512 2048 4096}; do
-    timeout 300 $DS bench --device cuda --model synthetic:v4-flash:seed=1 --contexts 4096 --streams 1 --steps 2 \
+    env "${moe_env[@]}" timeout 300 $DS bench --device cuda --model synthetic:v4-flash:seed=1 --contexts 4096 --streams 1 --steps 2 \
       --prefill-chunk $chunk --json "$OUT/prefill_chunk$chunk.json" 2> "$OUT/prefill_chunk$chunk.log" |
       tee "$OUT/prefill_chunk$chunk.txt" | grep -E "prefill"
     check test -s "$OUT/prefill_chunk$chunk.json"
   done
-  timeout 560 $DS bench --device cuda --model synthetic:v4-flash:seed=1 --contexts ${PREFILL_LONG:-166000} --streams 1 \
+  env "${moe_env[@]}" timeout 560 $DS bench --device cuda --model synthetic:v4-flash:seed=1 --contexts ${PREFILL_LONG:-166000} --streams 1 \
     --steps 2 --prefill-chunk ${PREFILL_LONG_CHUNK:-512} --json "$OUT/prefill_long.json" 2> "$OUT/prefill_long.log" |
     tee "$OUT/prefill_long.txt" | grep -E "prefill|^1 "
   check test -s "$OUT/prefill_long.json"
