@@ -192,6 +192,11 @@ class Backend {
   // the record with them. Only ops that support that may run inside: AddPositionBias, CompressorStep,
   // IndexerTopK(Batch), Attention(Batch), RingWriteBatch and Scratch.
   virtual void StatefulSegment(const SegmentKey& key, const std::function<void()>& ops) { ops(); }
+  // Runs `ops`: one whole block of a decode step whose Segments and StatefulSegment follow each other with
+  // nothing else launched between them (one rank: no collective). `key` must tell apart every launch shape
+  // its parts' keys do. A device backend may record the block as one graph (its parts recorded alone
+  // first) and afterwards run `ops` only for the stateful part's parameters, as StatefulSegment does.
+  virtual void BlockSegment(const SegmentKey& key, const std::function<void()>& ops) { ops(); }
 
   // Device memory in use and in all, one line ("" for host backends): for benchmark reports.
   virtual std::string MemoryDescription() const { return ""; }

@@ -347,25 +347,29 @@ void ModelImpl::RunBlock(const BlockWeights& b, const std::vector<SeqRows>& seqs
   const size_t block_mark = be.ScratchMark();
   BlockActivations a = AllocateBlockActivations(b, seqs[0], N);
 
-  be.Segment({kAttentionInputSite, b.layer, N, 0}, [&] {
-    Phase phase(be, "attention inputs (hc, norms, projections, rope)");
-    be.HcPreNorm(*X, b.hc_attn.fn, b.hc_attn.base, b.hc_attn.scale, hc, c.hc_sinkhorn_iters, hc_eps, eps,
-                 &b.attn_norm, eps, &a.y, &a.post, &a.comb);
-    AttentionInputs(b, positions, &a);
-  });
-  {
+  // The stateful part's launches depend on how the rows split into sequences: the counts in order, as one
+  // number.
+  uint64_t pattern = 1469598103934665603ull;  // FNV-1a
+  for (const SeqRows& s : seqs) pattern = (pattern ^ static_cast<uint64_t>(s.count)) * 1099511628211ull;
+  const int64_t pattern_key = static_cast<int64_t>(pattern >> 1);
+  auto attention_inputs = [&] {
+    be.Segment({kAttentionInputSite, b.layer, N, 0}, [&] {
+      Phase phase(be, "attention inputs (hc, norms, projections, rope)");
+      be.HcPreNorm(*X, b.hc_attn.fn, b.hc_attn.base, b.hc_attn.scale, hc, c.hc_sinkhorn_iters, hc_eps, eps,
+                   &b.attn_norm, eps, &a.y, &a.post, &a.comb);
+      AttentionInputs(b, positions, &a);
+    });
+  };
+  auto attention_core = [&] {
     const size_t mark = be.ScratchMark();  // the stateful part's temporaries vary from step to step
     auto core = [&] { AttentionCore(b, seqs, positions, &a); };
     if (image_rows.empty()) {
-      // Its launches depend on how the rows split into sequences: the counts in order, as one number.
-      uint64_t pattern = 1469598103934665603ull;  // FNV-1a
-      for (const SeqRows& s : seqs) pattern = (pattern ^ static_cast<uint64_t>(s.count)) * 1099511628211ull;
-      be.StatefulSegment({kAttentionCoreSite, b.layer, N, static_cast<int64_t>(pattern >> 1)}, core);
+      be.StatefulSegment({kAttentionCoreSite, b.layer, N, pattern_key}, core);
     } else {
       core();  // rows in image spans take the span attention, one sequence at a time
     }
     be.ReleaseScratch(mark);
-  }
+  };
   auto attention_output = [&] {
     Phase phase(be, "attention output (de-rope, wo_a, wo_b)");
     AttentionOutput(b, positions, &a);
@@ -382,13 +386,20 @@ void ModelImpl::RunBlock(const BlockWeights& b, const std::vector<SeqRows>& seqs
     be.HcPost(a.X2, a.moe_out, a.post, a.comb, hc, X);
   };
   if (comm_->world() == 1 && image_rows.empty()) {
-    // No collective between them: the attention output, the FFN and the block's last hc post are one run.
-    be.Segment({kOutputFfnSite, b.layer, N, 0}, [&] {
-      attention_output();
-      ffn();
-      ffn_post();
+    // No collective anywhere in the block: the attention output, the FFN and the block's last hc post are
+    // one segment, and the whole block may be one record (Backend::BlockSegment).
+    be.BlockSegment({kBlockSite, b.layer, N, pattern_key}, [&] {
+      attention_inputs();
+      attention_core();
+      be.Segment({kOutputFfnSite, b.layer, N, 0}, [&] {
+        attention_output();
+        ffn();
+        ffn_post();
+      });
     });
   } else {
+    attention_inputs();
+    attention_core();
     be.Segment({kAttentionOutputSite, b.layer, N, 0}, attention_output);
     AllReduce(&a.attn_out);
     SegmentUnlessImages(be, {kFfnSite, b.layer, N, 0}, !image_rows.empty(), ffn);

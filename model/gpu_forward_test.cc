@@ -550,59 +550,69 @@ TEST(GpuForward, DraftChainReplaysGraphsAndMatchesEagerAndCpu) {
 
 TEST(GpuForward, GraphReplayEqualsEagerBitwise) {
   DSMESH_REQUIRE_GPU();
+  // With block graphs (CudaBackendOptions::block_graphs) each decode block replays as one graph: the same
+  // bits, fewer replays.
   for (const std::string& dir : {Exl3PackDir(), GoldenDir()}) {
-    const bool exl3 = dir == Exl3PackDir();
-    CudaBackendOptions eager_options;
-    eager_options.cuda_graphs = false;
-    auto graphs = LoadModel(dir, ShardSpec{}, MakeCudaBackend(0));
-    auto eager = LoadModel(dir, ShardSpec{}, MakeCudaBackend(0, eager_options));
-    const int V = static_cast<int>(graphs->config().vocab_size);
-    const CudaGraphCounts before = CudaBackendStats(graphs->backend()).graphs;
-    const int64_t eager_overflows_before = CudaBackendStats(eager->backend()).graphs.scratch_overflows;
-    std::vector<std::unique_ptr<SequenceState>> sg, se;
-    for (int s = 0; s < 5; ++s) {
-      sg.push_back(graphs->NewState());
-      se.push_back(eager->NewState());
-      // Sequence 4's decode steps cross a ratio-128 window (position 256) inside the recorded graphs.
-      const std::vector<int32_t> prompt = Tokens(s == 4 ? 250 : 9 + 13 * s, V, 40 + s);
-      ASSERT_TRUE(Bitwise(graphs->Forward({{sg.back().get(), prompt, false}})[0].logits,
-                          eager->Forward({{se.back().get(), prompt, false}})[0].logits));
-    }
-    for (int step = 0; step < 14; ++step) {
-      // Sequence 4 alone (1 row), sequences 0-3 together (4 rows); every 5th step 4 rows each (16 rows).
-      const int rows = step % 5 == 4 ? 4 : 1;
-      std::vector<SequenceStep> bg, be;
-      for (int s = 0; s < 4; ++s) {
-        const std::vector<int32_t> t = Tokens(rows, V, 300 + step * 8 + s);
-        bg.push_back({sg[s].get(), t, rows > 1});
-        be.push_back({se[s].get(), t, rows > 1});
+    int64_t plain_replays = 0;
+    for (const bool blocks : {false, true}) {
+      const bool exl3 = dir == Exl3PackDir();
+      CudaBackendOptions eager_options, graph_options;
+      eager_options.cuda_graphs = false;
+      graph_options.block_graphs = blocks;
+      auto graphs = LoadModel(dir, ShardSpec{}, MakeCudaBackend(0, graph_options));
+      auto eager = LoadModel(dir, ShardSpec{}, MakeCudaBackend(0, eager_options));
+      const int V = static_cast<int>(graphs->config().vocab_size);
+      const CudaGraphCounts before = CudaBackendStats(graphs->backend()).graphs;
+      const int64_t eager_overflows_before = CudaBackendStats(eager->backend()).graphs.scratch_overflows;
+      std::vector<std::unique_ptr<SequenceState>> sg, se;
+      for (int s = 0; s < 5; ++s) {
+        sg.push_back(graphs->NewState());
+        se.push_back(eager->NewState());
+        // Sequence 4's decode steps cross a ratio-128 window (position 256) inside the recorded graphs.
+        const std::vector<int32_t> prompt = Tokens(s == 4 ? 250 : 9 + 13 * s, V, 40 + s);
+        ASSERT_TRUE(Bitwise(graphs->Forward({{sg.back().get(), prompt, false}})[0].logits,
+                            eager->Forward({{se.back().get(), prompt, false}})[0].logits));
       }
-      auto og = graphs->Forward(bg), oe = eager->Forward(be);
-      for (int s = 0; s < 4; ++s) ASSERT_TRUE(Bitwise(og[s].logits, oe[s].logits)) << dir << " step " << step << " seq " << s;
-      const std::vector<int32_t> t = Tokens(1, V, 900 + step);
-      ASSERT_TRUE(Bitwise(graphs->Forward({{sg[4].get(), t, false}})[0].logits,
-                          eager->Forward({{se[4].get(), t, false}})[0].logits))
-          << dir << " step " << step << " alone";
+      for (int step = 0; step < 14; ++step) {
+        // Sequence 4 alone (1 row), sequences 0-3 together (4 rows); every 5th step 4 rows each (16 rows).
+        const int rows = step % 5 == 4 ? 4 : 1;
+        std::vector<SequenceStep> bg, be;
+        for (int s = 0; s < 4; ++s) {
+          const std::vector<int32_t> t = Tokens(rows, V, 300 + step * 8 + s);
+          bg.push_back({sg[s].get(), t, rows > 1});
+          be.push_back({se[s].get(), t, rows > 1});
+        }
+        auto og = graphs->Forward(bg), oe = eager->Forward(be);
+        for (int s = 0; s < 4; ++s) ASSERT_TRUE(Bitwise(og[s].logits, oe[s].logits)) << dir << " step " << step << " seq " << s;
+        const std::vector<int32_t> t = Tokens(1, V, 900 + step);
+        ASSERT_TRUE(Bitwise(graphs->Forward({{sg[4].get(), t, false}})[0].logits,
+                            eager->Forward({{se[4].get(), t, false}})[0].logits))
+            << dir << " step " << step << " alone";
+      }
+      const CudaGraphCounts after = CudaBackendStats(graphs->backend()).graphs;
+      std::printf("%s%s: graph captures %lld, replays %lld, failed captures %lld, eager segments %lld; stateful "
+                  "segments: captures %lld, replays %lld, kept eager %lld\n",
+                  exl3 ? "exl3-tiny" : "golden", blocks ? " (block graphs)" : "",
+                  static_cast<long long>(after.captures - before.captures),
+                  static_cast<long long>(after.replays - before.replays),
+                  static_cast<long long>(after.failures - before.failures),
+                  static_cast<long long>(after.eager_segments - before.eager_segments),
+                  static_cast<long long>(after.stateful_captures - before.stateful_captures),
+                  static_cast<long long>(after.stateful_replays - before.stateful_replays),
+                  static_cast<long long>(after.stateful_failures - before.stateful_failures));
+      EXPECT_GT(after.replays, before.replays) << "no segment was replayed from a graph";
+      // The stateful part (compressors, indexer, attention) replays too, on both models.
+      EXPECT_GT(after.stateful_replays, before.stateful_replays) << "no stateful segment was replayed";
+      EXPECT_EQ(after.stateful_failures, before.stateful_failures) << "a stateful segment could not be recorded";
+      if (exl3) {
+        EXPECT_EQ(after.failures, before.failures) << "a segment of the EXL3 pack could not be captured";
+      }
+      EXPECT_EQ(after.scratch_overflows, before.scratch_overflows);
+      EXPECT_EQ(CudaBackendStats(eager->backend()).graphs.scratch_overflows, eager_overflows_before);
+      if (!blocks) plain_replays = after.replays - before.replays;
+      if (blocks && exl3)
+        EXPECT_LT(after.replays - before.replays, plain_replays) << "the blocks of the EXL3 pack were not recorded whole";
     }
-    const CudaGraphCounts after = CudaBackendStats(graphs->backend()).graphs;
-    std::printf("%s: graph captures %lld, replays %lld, failed captures %lld, eager segments %lld; stateful "
-                "segments: captures %lld, replays %lld, kept eager %lld\n",
-                exl3 ? "exl3-tiny" : "golden", static_cast<long long>(after.captures - before.captures),
-                static_cast<long long>(after.replays - before.replays),
-                static_cast<long long>(after.failures - before.failures),
-                static_cast<long long>(after.eager_segments - before.eager_segments),
-                static_cast<long long>(after.stateful_captures - before.stateful_captures),
-                static_cast<long long>(after.stateful_replays - before.stateful_replays),
-                static_cast<long long>(after.stateful_failures - before.stateful_failures));
-    EXPECT_GT(after.replays, before.replays) << "no segment was replayed from a graph";
-    // The stateful part (compressors, indexer, attention) replays too, on both models.
-    EXPECT_GT(after.stateful_replays, before.stateful_replays) << "no stateful segment was replayed";
-    EXPECT_EQ(after.stateful_failures, before.stateful_failures) << "a stateful segment could not be recorded";
-    if (exl3) {
-      EXPECT_EQ(after.failures, before.failures) << "a segment of the EXL3 pack could not be captured";
-    }
-    EXPECT_EQ(after.scratch_overflows, before.scratch_overflows);
-    EXPECT_EQ(CudaBackendStats(eager->backend()).graphs.scratch_overflows, eager_overflows_before);
   }
 }
 

@@ -32,6 +32,7 @@ enum SegmentSite {
   kDraftHeadSite,  // the drafts' vocabulary subset (ModelWeights::draft_head)
   kMtpInputSite,   // an MTP block's input rows (ModelImpl::MtpInput)
   kOutputFfnSite,  // on one rank (no collective between them): attention output, FFN and the block's hc post
+  kBlockSite,      // on one rank: a whole block (Backend::BlockSegment) around the three above
 };
 
 // A backend step (Backend::BeginStep .. EndStep) for as long as it lives: the rows' tokens, positions and

@@ -111,6 +111,10 @@ class CudaBackend final : public Backend {
   void StatefulSegment(const SegmentKey& key, const std::function<void()>& ops) override {
     recorder_.StatefulSegment(key, options_.cuda_graphs && options_.stateful_graphs && !profiler_, ops);
   }
+  void BlockSegment(const SegmentKey& key, const std::function<void()>& ops) override {
+    recorder_.BlockSegment(key, options_.cuda_graphs && options_.stateful_graphs && options_.block_graphs && !profiler_,
+                           ops);
+  }
 
   void SetOpProfiling(OpProfiling mode) override {
     Use();
@@ -858,7 +862,8 @@ class CudaBackend final : public Backend {
   // recorded they cannot run (Unrecordable). Ops that stage their parameters call ProfileStaged.
   ProfileScope Profile(const std::string& op) { return Profile(op.c_str()); }
   ProfileScope Profile(const char* op) {
-    if (arena_.mode() != StatefulMode::kNone) arena_.Unrecordable(op, "launch parameters not staged");
+    if (arena_.mode() != StatefulMode::kNone && !arena_.plain_ops())
+      arena_.Unrecordable(op, "launch parameters not staged");
     return ProfileStaged(op);
   }
   ProfileScope ProfileStaged(const char* op) {

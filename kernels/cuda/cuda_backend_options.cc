@@ -47,6 +47,14 @@ CudaBackendOptions CudaBackendOptionsFromEnvironment(CudaBackendOptions options)
   } else if (!graphs.empty()) {
     UnknownValue("DSMESH_CUDA_STATEFUL_GRAPHS", graphs, "on or off");
   }
+  const std::string blocks = EnvValue("DSMESH_CUDA_BLOCK_GRAPHS");
+  if (blocks == "1" || blocks == "on") {
+    options.block_graphs = true;
+  } else if (blocks == "0" || blocks == "off") {
+    options.block_graphs = false;
+  } else if (!blocks.empty()) {
+    UnknownValue("DSMESH_CUDA_BLOCK_GRAPHS", blocks, "1 (on) or 0 (off)");
+  }
   const std::string pdl = EnvValue("DSMESH_CUDA_PDL");
   if (pdl == "1" || pdl == "on") {
     options.pdl = true;
@@ -109,6 +117,7 @@ std::string CudaBackendVariants(const CudaBackendOptions& options) {
            : attention == PrefillAttention::kMmaFp16 ? " attention on tensor cores with fp16 operands"
                                                      : "");
   if (!options.stateful_graphs) out += std::string(out.empty() ? "" : "; ") + "stateful segments run eagerly";
+  if (options.block_graphs) out += std::string(out.empty() ? "" : "; ") + "one graph per decode block";
   if (options.pdl) out += std::string(out.empty() ? "" : "; ") + "programmatic dependent launch";
   return out;
 }

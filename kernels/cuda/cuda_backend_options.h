@@ -49,12 +49,17 @@ struct CudaBackendOptions {
   // makes takes it (DSMESH_EXL3_GEMV_CTAS_PER_SM, DSMESH_EXL3_MOE_*).
   Exl3GemvTuning gemv;
   Exl3MoeTuning moe;
+  // A decode block's segments (attention inputs, the stateful part, attention output + FFN: one rank, no
+  // collective between them) are recorded as one CUDA graph per block (Backend::BlockSegment) after each
+  // part has recorded alone, so a step launches one graph and one parameter upload per block
+  // (DSMESH_CUDA_BLOCK_GRAPHS=on). Off by default: not yet measured. (Last, so that an earlier build's
+  // libraries read the fields before it where they were: run_gpu.sh's base mode.)
+  bool block_graphs = false;
 };
 
 // `options` with the A/B variants and tunings the environment names (DSMESH_CUDA_STATEFUL_GRAPHS,
-// DSMESH_CUDA_PREFILL_MOE, DSMESH_CUDA_PREFILL_ATTENTION, DSMESH_CUDA_PDL, DSMESH_EXL3_GEMV_CTAS_PER_SM,
-// DSMESH_EXL3_MOE_*):
-// how the CLI and the worker set them. Throws naming the variable on a value it does not know.
+// DSMESH_CUDA_BLOCK_GRAPHS, DSMESH_CUDA_PREFILL_MOE, DSMESH_CUDA_PREFILL_ATTENTION, DSMESH_CUDA_PDL,
+// DSMESH_EXL3_GEMV_CTAS_PER_SM, DSMESH_EXL3_MOE_*): how the CLI and the worker set them. Throws naming the variable on a value it does not know.
 CudaBackendOptions CudaBackendOptionsFromEnvironment(CudaBackendOptions options = {});
 // The A/B variants `options` takes in words ("" for the defaults); the backend logs it when made.
 std::string CudaBackendVariants(const CudaBackendOptions& options);

@@ -15,7 +15,7 @@
 namespace dsmesh {
 namespace {
 
-constexpr const char* kVariables[] = {"DSMESH_CUDA_STATEFUL_GRAPHS",  "DSMESH_CUDA_PREFILL_MOE",
+constexpr const char* kVariables[] = {"DSMESH_CUDA_STATEFUL_GRAPHS",  "DSMESH_CUDA_BLOCK_GRAPHS", "DSMESH_CUDA_PREFILL_MOE",
                                       "DSMESH_CUDA_PREFILL_ATTENTION", "DSMESH_CUDA_PDL",
                                       "DSMESH_EXL3_GEMV_CTAS_PER_SM",  "DSMESH_EXL3_MOE_ITEMS_PER_SM",
                                       "DSMESH_EXL3_MOE_DOWN_WIDE",     "DSMESH_EXL3_MOE_FUSED_FINISH",
@@ -38,14 +38,17 @@ TEST_F(CudaOptionsEnvironmentTest, UnsetKeepsTheGivenOptions) {
   given.prefill_moe = CudaBackendOptions::PrefillMoe::kRowSlices;
   given.prefill_attention = CudaBackendOptions::PrefillAttention::kSplit;
   given.pdl = true;
+  given.block_graphs = true;
   const CudaBackendOptions o = CudaBackendOptionsFromEnvironment(given);
   EXPECT_TRUE(o.pdl);
+  EXPECT_TRUE(o.block_graphs);
   EXPECT_FALSE(o.cuda_graphs);
   EXPECT_FALSE(o.stateful_graphs);
   EXPECT_EQ(o.prefill_moe, CudaBackendOptions::PrefillMoe::kRowSlices);
   EXPECT_EQ(o.prefill_attention, CudaBackendOptions::PrefillAttention::kSplit);
   const CudaBackendOptions d = CudaBackendOptionsFromEnvironment();
   EXPECT_FALSE(d.pdl);  // off unless asked for
+  EXPECT_FALSE(d.block_graphs);
   EXPECT_TRUE(d.stateful_graphs);
   EXPECT_EQ(d.prefill_moe, CudaBackendOptions::PrefillMoe::kSortedPairs);
   EXPECT_EQ(d.prefill_attention, CudaBackendOptions::PrefillAttention::kMma);
@@ -56,6 +59,16 @@ TEST_F(CudaOptionsEnvironmentTest, EveryValueTheDocsName) {
   EXPECT_FALSE(CudaBackendOptionsFromEnvironment().stateful_graphs);
   setenv("DSMESH_CUDA_STATEFUL_GRAPHS", "on", 1);
   EXPECT_TRUE(CudaBackendOptionsFromEnvironment().stateful_graphs);
+  for (const char* value : {"1", "on"}) {
+    setenv("DSMESH_CUDA_BLOCK_GRAPHS", value, 1);
+    EXPECT_TRUE(CudaBackendOptionsFromEnvironment().block_graphs) << value;
+  }
+  CudaBackendOptions blocks_on;
+  blocks_on.block_graphs = true;
+  for (const char* value : {"0", "off"}) {
+    setenv("DSMESH_CUDA_BLOCK_GRAPHS", value, 1);
+    EXPECT_FALSE(CudaBackendOptionsFromEnvironment(blocks_on).block_graphs) << value;
+  }
   CudaBackendOptions pdl_on;
   pdl_on.pdl = true;
   for (const char* value : {"1", "on"}) {
@@ -134,7 +147,8 @@ TEST(Exl3TuningTest, WorkspacesRefuseTuningsOutOfRange) {
 // A misspelt variant is an error naming the variable, not a silent run of the default path.
 TEST_F(CudaOptionsEnvironmentTest, UnknownValueNamesTheVariable) {
   for (const char* v :
-       {"DSMESH_CUDA_STATEFUL_GRAPHS", "DSMESH_CUDA_PREFILL_MOE", "DSMESH_CUDA_PREFILL_ATTENTION", "DSMESH_CUDA_PDL"}) {
+       {"DSMESH_CUDA_STATEFUL_GRAPHS", "DSMESH_CUDA_BLOCK_GRAPHS", "DSMESH_CUDA_PREFILL_MOE",
+        "DSMESH_CUDA_PREFILL_ATTENTION", "DSMESH_CUDA_PDL"}) {
     setenv(v, "per_expert", 1);
     try {
       CudaBackendOptionsFromEnvironment();

@@ -21,15 +21,21 @@ void GraphRecorder::Recorded::Destroy() {
 
 GraphRecorder::~GraphRecorder() {
   for (auto& [k, g] : graphs_) g.rec.Destroy();
-  for (auto& [k, g] : stateful_graphs_) {
+  auto destroy = [](StatefulGraph& g) {
     g.rec.Destroy();
     if (g.uploaded) cudaEventDestroy(g.uploaded);
     cudaFreeHost(g.params.host);
     cudaFree(g.params.dev);
-  }
+  };
+  for (auto& [k, g] : stateful_graphs_) destroy(g);
+  for (auto& [k, g] : block_graphs_) destroy(g);
 }
 
 void GraphRecorder::Segment(const Backend::SegmentKey& key, bool graphs, const std::function<void()>& ops) {
+  if (nest_) {
+    BlockPart(key, ops);
+    return;
+  }
   if (!graphs || !arena_.in_step() || key.rows > kGraphMaxRows || arena_.step_rows() > kGraphMaxRows) {
     ++counters_.eager_segments;
     ops();
@@ -64,8 +70,9 @@ void GraphRecorder::Segment(const Backend::SegmentKey& key, bool graphs, const s
 }
 
 void GraphRecorder::StatefulSegment(const Backend::SegmentKey& key, bool graphs, const std::function<void()>& ops) {
+  // (inside a block record, its ops stage into the block's buffers and launch into the block's capture)
   if (!graphs || !arena_.in_step() || key.rows > kGraphMaxRows ||
-      arena_.step_rows() > kGraphMaxRows || arena_.capturing()) {
+      arena_.step_rows() > kGraphMaxRows || arena_.capturing() || nest_) {
     ops();
     return;
   }
@@ -214,11 +221,7 @@ void GraphRecorder::LaunchStateful(StatefulGraph* g) {
 // A failure (an op that cannot be recorded) is logged once and the key runs eagerly from then on.
 void GraphRecorder::CaptureStateful(const Backend::SegmentKey& key, StatefulGraph* g, const std::function<void()>& ops) {
   ctx_->Use();
-  if (!g->params.host) {
-    CudaCheck(cudaMallocHost(&g->params.host, StagedParams::kBytes), "cudaMallocHost for segment parameters");
-    CudaCheck(cudaMalloc(&g->params.dev, StagedParams::kBytes), "cudaMalloc for segment parameters");
-    CudaCheck(cudaEventCreateWithFlags(&g->uploaded, cudaEventDisableTiming), "cudaEventCreate");
-  }
+  EnsureStagingBuffers(g);
   const size_t begin = arena_.top();
   std::string why;
   {
@@ -245,6 +248,134 @@ void GraphRecorder::CaptureStateful(const Backend::SegmentKey& key, StatefulGrap
   }
   ++counters_.graph_captures;
   LaunchStateful(g);
+}
+
+void GraphRecorder::EnsureStagingBuffers(StatefulGraph* g) {
+  if (g->params.host) return;
+  CudaCheck(cudaMallocHost(&g->params.host, StagedParams::kBytes), "cudaMallocHost for segment parameters");
+  CudaCheck(cudaMalloc(&g->params.dev, StagedParams::kBytes), "cudaMalloc for segment parameters");
+  CudaCheck(cudaEventCreateWithFlags(&g->uploaded, cudaEventDisableTiming), "cudaEventCreate");
+}
+
+void GraphRecorder::BlockSegment(const Backend::SegmentKey& key, bool graphs, const std::function<void()>& ops) {
+  if (!graphs || !arena_.in_step() || key.rows > kGraphMaxRows || arena_.step_rows() > kGraphMaxRows ||
+      arena_.capturing() || nest_ || arena_.mode() != StatefulMode::kNone) {
+    ops();
+    return;
+  }
+  BlockGraph& g = block_graphs_[std::make_pair(key, arena_.key_bucket())];
+  if (g.failed || g.sightings < 2) {
+    // The parts on their own: the first sighting records nothing new, the second must find every part
+    // recorded (or record it now) without an eager run or a failed capture.
+    const int64_t eager = counters_.eager_segments, failures = counters_.graph_failures;
+    ops();
+    if (!g.failed && ++g.sightings == 2 && (counters_.eager_segments != eager || counters_.graph_failures != failures)) {
+      g.failed = true;
+      if (!logged_block_apart_)
+        std::fprintf(stderr, "[cuda] the decode block of layer %d (%lld rows) keeps its segments apart: a part of it "
+                             "runs eagerly or failed to record (logged once)\n",
+                     key.layer, static_cast<long long>(key.rows));
+      logged_block_apart_ = true;
+    }
+    return;
+  }
+  if (!g.rec.exec) {
+    CaptureBlock(key, &g, ops);
+    return;
+  }
+  ReplayBlock(key, &g, ops);
+}
+
+void GraphRecorder::BlockPart(const Backend::SegmentKey& key, const std::function<void()>& ops) {
+  Nest& n = *nest_;
+  if (n.replaying) {
+    if (n.next >= n.block->parts.size() || arena_.top() != n.block->parts[n.next].first)
+      throw std::runtime_error("cuda backend: block replay: segment (site " + std::to_string(key.site) + ", layer " +
+                               std::to_string(key.layer) + ") is not where the block's capture had its part " +
+                               std::to_string(n.next));
+    arena_.SetTop(n.block->parts[n.next].second);
+    ++n.next;
+    return;
+  }
+  const size_t begin = arena_.top();
+  arena_.SetPlainOps(true);
+  try {
+    ops();
+  } catch (...) {
+    arena_.SetPlainOps(false);
+    throw;
+  }
+  arena_.SetPlainOps(false);
+  n.block->parts.push_back({begin, arena_.top()});
+}
+
+void GraphRecorder::CaptureBlock(const Backend::SegmentKey& key, BlockGraph* g, const std::function<void()>& ops) {
+  ctx_->Use();
+  EnsureStagingBuffers(g);
+  const size_t begin = arena_.top();
+  g->parts.clear();
+  std::string why;
+  {
+    Nest nest{g, false};
+    NestScope scope(this, &nest);
+    StepArena::StagingInto into(&arena_, &g->params, StatefulMode::kRecording);
+    why = CaptureGraph(ops, &g->rec);
+  }
+  if (!why.empty()) {
+    // Every part recorded alone at the sighting before, so this is unexpected; as with a stateful record,
+    // the ops ran their host logic but nothing they launched ran, so the step fails loudly.
+    g->failed = true;
+    ++counters_.graph_failures;
+    throw std::runtime_error("cuda backend: recording the decode block (layer " + std::to_string(key.layer) +
+                             ", rows " + std::to_string(key.rows) + ") failed: " + why);
+  }
+  g->scratch_begin = begin;
+  g->scratch_end = arena_.top();
+  g->params.captured = g->params.used;
+  ++counters_.stateful_captures;
+  ++counters_.graph_captures;
+  if (!logged_block_graphs_) {
+    std::fprintf(stderr, "[cuda] decode blocks replay as one CUDA graph each (attention inputs, stateful part, "
+                         "attention output + FFN), their parameters staged per step\n");
+    logged_block_graphs_ = true;
+  }
+  LaunchStateful(g);
+}
+
+void GraphRecorder::ReplayBlock(const Backend::SegmentKey& key, BlockGraph* g, const std::function<void()>& ops) {
+  if (arena_.top() != g->scratch_begin)
+    throw std::runtime_error("cuda backend: decode block (layer " + std::to_string(key.layer) + ", rows " +
+                             std::to_string(key.rows) + ") replayed at scratch offset " + std::to_string(arena_.top()) +
+                             ", captured at " + std::to_string(g->scratch_begin));
+  ctx_->Use();
+  {
+    const HostTimer t(counters_.step_sync_wait_ns);
+    CudaCheck(cudaEventSynchronize(g->uploaded), "block parameters");  // the last upload read them
+  }
+  Nest nest{g, true};
+  {
+    const HostTimer t(counters_.host_stateful_ops_ns);
+    NestScope scope(this, &nest);
+    StepArena::StagingInto into(&arena_, &g->params, StatefulMode::kReplaying);
+    ops();
+  }
+  if (nest.next != g->parts.size() || g->params.used != g->params.captured || arena_.top() != g->scratch_end ||
+      g->params.shapes_seen != g->params.shapes.size())
+    throw std::runtime_error("cuda backend: decode block (layer " + std::to_string(key.layer) + ", rows " +
+                             std::to_string(key.rows) + ") met " + std::to_string(nest.next) + " of its " +
+                             std::to_string(g->parts.size()) + " segments, staged " + std::to_string(g->params.used) +
+                             " parameter bytes and ended at scratch " + std::to_string(arena_.top()) +
+                             "; its record has " + std::to_string(g->params.captured) + " and " +
+                             std::to_string(g->scratch_end));
+  {
+    const HostTimer t(counters_.host_graph_launch_ns);
+    LaunchStateful(g);
+  }
+  ++counters_.host_graph_launches;
+  ++counters_.graph_replays;
+  ++counters_.stateful_replays;
+  counters_.replayed_nodes += g->rec.shape.nodes;
+  NoteReplay(key, true, &g->rec);
 }
 
 void GraphRecorder::NoteReplay(const Backend::SegmentKey& key, bool stateful, Recorded* rec) {

@@ -51,6 +51,14 @@ class GraphRecorder {
   // before the graph launches. The record's key adds the step's key bucket (the indexer's launch covers
   // bucket / ratio keys; StepArena::IndexerKeysLd). With `graphs` false it runs eagerly.
   void StatefulSegment(const Backend::SegmentKey& key, bool graphs, const std::function<void()>& ops);
+  // Backend::BlockSegment: a decode block's segments and stateful segment as one record, keyed also by the
+  // step's key bucket. Its first two sightings run the parts as they are (each recording its own graph, so
+  // the second proves every part recordable alone; a part that stayed eager or failed keeps the block apart
+  // for good); the third captures the whole block, the plain segments' ops straight into the capture; from
+  // then on `ops` runs only for the stateful part's parameters (each plain segment skipped, the arena moved
+  // to where it ended at the capture) and the block's graph replays after one upload, as a stateful
+  // record's does. Counted as stateful captures and replays.
+  void BlockSegment(const Backend::SegmentKey& key, bool graphs, const std::function<void()>& ops);
 
   // Backend::TraceStepGraphs: while on, BeginStep .. EndStep note the graphs the step replays.
   void Trace(bool on) { tracing_ = on; }
@@ -82,6 +90,27 @@ class GraphRecorder {
     StagedParams params;
     cudaEvent_t uploaded = nullptr;
   };
+  // A recorded block (BlockSegment): a stateful record whose graph also holds the block's plain segments.
+  struct BlockGraph : StatefulGraph {
+    int sightings = 0;
+    std::vector<std::pair<size_t, size_t>> parts;  // each plain segment's scratch begin and end, in order
+  };
+  // The block record being captured or replayed: its plain segments are parts of it (Segment).
+  struct Nest {
+    BlockGraph* block;
+    bool replaying;
+    size_t next = 0;  // the part a replay is at
+  };
+  class NestScope {
+   public:
+    NestScope(GraphRecorder* r, Nest* nest) : r_(r) { r_->nest_ = nest; }
+    ~NestScope() { r_->nest_ = nullptr; }
+    NestScope(const NestScope&) = delete;
+    NestScope& operator=(const NestScope&) = delete;
+
+   private:
+    GraphRecorder* r_;
+  };
   // A graph a traced step replayed (records live in the maps below, whose elements never move).
   struct Traced {
     Recorded* rec;
@@ -98,6 +127,14 @@ class GraphRecorder {
   void LaunchStateful(StatefulGraph* g);
   // Records a stateful segment: its ops stage into the record's buffers and launch into the capture.
   void CaptureStateful(const Backend::SegmentKey& key, StatefulGraph* g, const std::function<void()>& ops);
+  // The pinned and device buffers a stateful record stages into, and its upload event (made once).
+  void EnsureStagingBuffers(StatefulGraph* g);
+  // A plain segment inside a block record being captured (its ops go into the capture) or replayed
+  // (skipped: the arena moves to where the part ended).
+  void BlockPart(const Backend::SegmentKey& key, const std::function<void()>& ops);
+  // Records a block: its plain segments' ops and its stateful ops into one capture.
+  void CaptureBlock(const Backend::SegmentKey& key, BlockGraph* g, const std::function<void()>& ops);
+  void ReplayBlock(const Backend::SegmentKey& key, BlockGraph* g, const std::function<void()>& ops);
 
   std::shared_ptr<StreamContext> ctx_;
   StepArena& arena_;
@@ -105,6 +142,10 @@ class GraphRecorder {
   std::map<Backend::SegmentKey, Graph> graphs_;
   // Stateful records by (key, the step's key bucket).
   std::map<std::pair<Backend::SegmentKey, int64_t>, StatefulGraph> stateful_graphs_;
+  // Block records by (key, the step's key bucket).
+  std::map<std::pair<Backend::SegmentKey, int64_t>, BlockGraph> block_graphs_;
+  Nest* nest_ = nullptr;
+  bool logged_block_graphs_ = false, logged_block_apart_ = false;
   bool logged_graphs_ = false, logged_capture_failure_ = false;
   bool logged_stateful_graphs_ = false, logged_stateful_failure_ = false;
   bool tracing_ = false, in_traced_step_ = false;

@@ -108,6 +108,11 @@ class StepArena {
   void SetCapturing(bool on) { capturing_ = on; }
   StatefulMode mode() const { return stateful_mode_; }
   void SetMode(StatefulMode mode) { stateful_mode_ = mode; }
+  // While a block record (GraphRecorder::BlockSegment) captures one of its plain segments, that segment's
+  // ops launch with their parameters by value into the capture, as in any Segment, although the record
+  // being made is a stateful one.
+  bool plain_ops() const { return plain_ops_; }
+  void SetPlainOps(bool on) { plain_ops_ = on; }
   // What made the segment being probed unrecordable ("" when nothing did).
   const std::string& unrecordable() const { return unrecordable_; }
   void ClearUnrecordable() { unrecordable_.clear(); }
@@ -148,7 +153,7 @@ class StepArena {
   CudaBackendCounters& counters_;
   void* arena_ = nullptr;
   size_t arena_bytes_ = 0, arena_top_ = 0;
-  bool in_step_ = false, capturing_ = false, logged_overflow_ = false;
+  bool in_step_ = false, capturing_ = false, logged_overflow_ = false, plain_ops_ = false;
   const int32_t* step_tokens_ = nullptr;
   const int64_t* step_positions_ = nullptr;
   const int32_t* step_tables_ = nullptr;

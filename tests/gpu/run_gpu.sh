@@ -105,7 +105,8 @@ if has flashbench; then
   step "dsmesh bench on the full-size synthetic V4-Flash: decode at 1 and 4 streams, 4K context, beside the floor"
   # modes: graphs (everything recorded), stateful-eager (the stateful part eager between the graph segments,
   # DSMESH_CUDA_STATEFUL_GRAPHS=off), eager (--enforce-eager), pdl (graphs with programmatic dependent
-  # launch, DSMESH_CUDA_PDL=1), base (graphs with the libraries of folder $BASE_LIBS first on the library
+  # launch, DSMESH_CUDA_PDL=1), block (one graph per decode block, DSMESH_CUDA_BLOCK_GRAPHS=1), base (graphs
+  # with the libraries of folder $BASE_LIBS first on the library
   # path: an earlier build's kernels, side by side with this one's in one call). A mode named twice runs
   # twice (its logs get a run number), so "base graphs base graphs" alternates.
   declare -A seen=()
@@ -115,12 +116,13 @@ if has flashbench; then
     flag=; [[ $mode == eager ]] && flag=--enforce-eager
     sg=on; [[ $mode == stateful-eager ]] && sg=off
     pdl=0; [[ $mode == pdl ]] && pdl=1
+    blocks=0; [[ $mode == block ]] && blocks=1
     libs=$LD_LIBRARY_PATH; [[ $mode == base ]] && libs=${BASE_LIBS:?mode base needs BASE_LIBS}:$LD_LIBRARY_PATH
-    LD_LIBRARY_PATH=$libs DSMESH_CUDA_PDL=$pdl DSMESH_CUDA_STATEFUL_GRAPHS=$sg timeout 500 $DS bench --device cuda --model synthetic:v4-flash:seed=1 --contexts ${FLASH_CONTEXTS:-4096} \
+    LD_LIBRARY_PATH=$libs DSMESH_CUDA_PDL=$pdl DSMESH_CUDA_BLOCK_GRAPHS=$blocks DSMESH_CUDA_STATEFUL_GRAPHS=$sg timeout 500 $DS bench --device cuda --model synthetic:v4-flash:seed=1 --contexts ${FLASH_CONTEXTS:-4096} \
       --streams ${FLASH_STREAMS:-1,4} --steps ${FLASH_STEPS:-10} $flag \
       --json "$OUT/flash_bench_$tag.json" 2> "$OUT/flash_bench_$tag.log" | tee "$OUT/flash_bench_$tag.txt"
     check test -s "$OUT/flash_bench_$tag.json"
-    grep -E "CUDA graphs|graph capture|arena" "$OUT/flash_bench_$tag.log" | head -3
+    grep -E "CUDA graphs|graph capture|arena|decode block" "$OUT/flash_bench_$tag.log" | head -4
   done
 fi
 
