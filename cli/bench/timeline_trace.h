@@ -12,8 +12,8 @@
 
 namespace dsmesh {
 
-// Runs `step` (one decode step) once traced but outside every window (CUPTI's first records of a kernel
-// cost it more), then `steps` times marked, and prints the analysis beside `untraced_step_ms`; returns it
+// Runs `step` (one decode step) once traced but outside every window (the first traced step pays CUPTI's
+// own set-up), then `steps` times marked, and prints the analysis beside `untraced_step_ms`; returns it
 // as JSON. On a backend without a CUDA device it runs nothing, says the timeline needs one and returns {};
 // when CUPTI cannot trace it says why and returns {"error": why}. Errors of the steps themselves propagate.
 nlohmann::json TraceStepTimeline(Backend& backend, const std::function<void()>& step, int steps,

@@ -13,10 +13,10 @@ namespace {
 
 bool StartsWith(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
 
-// A copy or memset launched on its own (not a graph's node): what kAroundCopy names is the copy.
+// A copy launched on its own (not a graph's node): what kAroundCopy gaps lie next to.
 bool EagerCopy(const TimelineRecord& r) { return r.kind == TimelineKind::kMemcpy && r.graph_id == 0; }
 
-// The calls whose device work a step's records hold: what "the host issued the step" ends with.
+// One step's records: its device work and the runtime calls that began in its window.
 struct StepRecords {
   std::vector<TimelineRecord> work;  // clipped to the window, by start
   std::vector<const TimelineRecord*> calls;
