@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bins=(cli/dsmesh worker/dsmesh-worker coordinator/dsmesh-coordinator gateway/dsmesh-gateway
-      model/gpu_forward_test model/gpu_vision_test model/gpu_pdl_test cli/bench/gpu_profile_test kernels/cuda/cuda_backend_test
+      model/gpu_forward_test model/gpu_vision_test model/gpu_pdl_test cli/bench/gpu_profile_test cli/bench/gpu_timeline_test kernels/cuda/cuda_backend_test
       kernels/cuda/exl3_gemv_test kernels/cuda/graph_chain_test kernels/cuda/cupti_timeline_test
       kernels/cuda/exl3_moe_test kernels/cuda/dsmesh-kernel-bench worker/cuda_ipc_communicator_test)
 echo "building ${bins[*]}" >&2

@@ -34,7 +34,7 @@ GOLDEN=tests/golden/tiny_v4
 
 if has tests; then
   step "GPU tests (DSMESH_REQUIRE_GPU_TESTS=1: a missing GPU fails)"
-  for t in ${GPU_TESTS:-exl3_gemv_test cuda_backend_test graph_chain_test cupti_timeline_test gpu_forward_test gpu_pdl_test gpu_profile_test gpu_vision_test cuda_ipc_communicator_test}; do
+  for t in ${GPU_TESTS:-exl3_gemv_test cuda_backend_test graph_chain_test cupti_timeline_test gpu_forward_test gpu_pdl_test gpu_profile_test gpu_timeline_test gpu_vision_test cuda_ipc_communicator_test}; do
     timeout 400 "$B/bin/$t" 2>&1 | tee "$OUT/$t.log" | grep -E "^\[  |FAIL|Failure|rel L2|ms/step|Expected|which is|SKIPPED" | head -80
     check grep -q "^\[  PASSED  \]" "$OUT/$t.log"
     check test "$(grep -c '^\[  FAILED  \]' "$OUT/$t.log")" = 0
