@@ -199,8 +199,8 @@ std::string ShortKernelName(const std::string& mangled) {
   int status = 0;
   std::unique_ptr<char, void (*)(void*)> demangled(abi::__cxa_demangle(mangled.c_str(), nullptr, nullptr, &status),
                                                    std::free);
-  if (status != 0 || !demangled) return mangled;
-  std::string s = demangled.get();
+  // A name that does not demangle is taken as it is (a C kernel's, or one a tracer demangled already).
+  std::string s = status == 0 && demangled ? demangled.get() : mangled;
   for (size_t at; (at = s.find("(anonymous namespace)::")) != std::string::npos;) s.erase(at, 23);
   // Cut the parameter list, then a template function's return type, then the namespaces: each at template
   // depth 0 (template arguments keep their spaces, colons and parentheses).

@@ -84,8 +84,9 @@ StepTimelineSummary AnalyzeStepTimeline(const std::vector<TimelineRecord>& recor
 // " [graph]" after work a graph launch ran.
 std::string DescribeTimelineWork(const TimelineRecord& r);
 
-// "_ZN6dsmesh8cuda_ops12_GLOBAL__N_17HcPostKILi4EEEvPKfPf" -> "HcPostK<4>"; a name that does not demangle
-// is returned as it is.
+// "_ZN6dsmesh8cuda_ops12_GLOBAL__N_17HcPostKILi4EEEvPKfPf" -> "HcPostK<4>": demangled, then without the
+// return type, namespaces and parameters; a name that does not demangle is trimmed the same way
+// ("void ns::K<2>(float*)" -> "K<2>", "plain_kernel" stays).
 std::string ShortKernelName(const std::string& mangled);
 
 }  // namespace dsmesh

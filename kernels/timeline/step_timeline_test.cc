@@ -176,7 +176,9 @@ TEST(StepTimeline, KernelNamesAsShown) {
   EXPECT_EQ(ShortKernelName("_Z5plainPfi"), "plain");
   EXPECT_EQ(ShortKernelName("_ZN6dsmesh8cuda_ops13RmsNormKernelEPfi"), "RmsNormKernel");
   EXPECT_EQ(ShortKernelName("_ZN6dsmesh8cuda_ops12_GLOBAL__N_17HcPostKILi4ELb1EEEvPKfPf"), "HcPostK<4, true>");
-  EXPECT_EQ(ShortKernelName("not a mangled name"), "not a mangled name");
+  EXPECT_EQ(ShortKernelName("plain_kernel"), "plain_kernel");
+  EXPECT_EQ(ShortKernelName("dsmesh::cuda_ops::(anonymous namespace)::EmptyKernel()"), "EmptyKernel");
+  EXPECT_EQ(ShortKernelName("void dsmesh::Gemv<2, (Codebook)1>(float const*, float*)"), "Gemv<2, (Codebook)1>");
   EXPECT_EQ(ShortKernelName(""), "");
   TimelineRecord copy = Work(TimelineKind::kMemcpy, 1, 9, "memcpy DtoD", 0, 1, 4096);
   EXPECT_EQ(DescribeTimelineWork(copy), "memcpy DtoD 4096 B [graph]");
