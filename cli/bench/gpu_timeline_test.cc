@@ -40,6 +40,7 @@ TEST(GpuTimeline, DecodeStepsAccountForTheirWallTime) {
   EXPECT_EQ(j["traced_steps"], 3);
   EXPECT_EQ(j["dropped_records"], 0);
   EXPECT_EQ(j["unmatched_work"], 0);
+  EXPECT_EQ(j["work_before_call"], 0);
   EXPECT_EQ(j["steps_without_work"], 0);
   const double wall = j["wall_ms"], busy = j["busy_ms"], idle = j["idle_ms"];
   EXPECT_GT(busy, 0);

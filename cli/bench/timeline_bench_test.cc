@@ -88,14 +88,17 @@ TEST(TimelineReport, PrintsTheAccountingPerStep) {
   EXPECT_EQ(out.find("WARNING"), std::string::npos) << out;
 }
 
-TEST(TimelineReport, WarnsOfDroppedRecordsAndStepsWithoutWork) {
-  const StepTimelineSummary s = AnalyzeStepTimeline({}, {{0, 1000}});
+TEST(TimelineReport, WarnsOfWhatMakesTheFiguresDoubtful) {
+  StepTimelineSummary s = AnalyzeStepTimeline({}, {{0, 1000}});
+  s.work_before_call = 2;
   nlohmann::json j;
   const std::string out = Printed([&](std::FILE* f) { j = PrintStepTimeline(s, 0.001, 7, f); });
   EXPECT_EQ(j["dropped_records"], 7);
   EXPECT_EQ(j["steps_without_work"], 1);
   EXPECT_NE(out.find("WARNING: CUPTI dropped 7 records"), std::string::npos) << out;
   EXPECT_NE(out.find("WARNING: 1 traced steps have no device work"), std::string::npos) << out;
+  EXPECT_NE(out.find("WARNING: 2 records of device work start before their launching call"), std::string::npos)
+      << out;
 }
 
 TEST(TimelineReport, NothingTraced) {

@@ -66,12 +66,16 @@ nlohmann::json PrintStepTimeline(const StepTimelineSummary& s, double untraced_s
   }
   j["dropped_records"] = dropped;
   j["unmatched_work"] = s.unmatched_work;
+  j["work_before_call"] = s.work_before_call;
   j["steps_without_work"] = s.steps_without_work;
   // What makes the figures above doubtful, said where they are printed.
   if (dropped > 0) std::fprintf(out, "  WARNING: CUPTI dropped %llu records\n", static_cast<unsigned long long>(dropped));
   if (s.steps_without_work > 0)
     std::fprintf(out, "  WARNING: %d traced steps have no device work recorded (is CUPTI tracing kernels?)\n",
                  s.steps_without_work);
+  if (s.work_before_call > 0)
+    std::fprintf(out, "  WARNING: %lld records of device work start before their launching call (timestamps off)\n",
+                 static_cast<long long>(s.work_before_call));
   if (s.unmatched_work > 0)
     std::fprintf(out, "  note: %lld records of device work have no runtime call among the records (host-bound counted 0)\n",
                  static_cast<long long>(s.unmatched_work));

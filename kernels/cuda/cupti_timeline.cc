@@ -1,87 +1,18 @@
 #include "kernels/cuda/cupti_timeline.h"
 
 #include <cuda_runtime.h>
-#include <cupti.h>
-#include <dlfcn.h>
 
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
 #include <stdexcept>
-#include <type_traits>
 #include <unordered_map>
 #include <utility>
 
+#include "kernels/cuda/cupti_library.h"
+
 namespace dsmesh {
 namespace {
-
-// libcupti's entry points this file calls, looked up once per process.
-struct CuptiApi {
-  decltype(&cuptiActivityEnable) enable = nullptr;
-  decltype(&cuptiActivityDisable) disable = nullptr;
-  decltype(&cuptiActivityRegisterCallbacks) register_callbacks = nullptr;
-  decltype(&cuptiActivityFlushAll) flush_all = nullptr;
-  decltype(&cuptiActivityGetNextRecord) next_record = nullptr;
-  decltype(&cuptiActivityGetNumDroppedRecords) dropped_records = nullptr;
-  decltype(&cuptiGetTimestamp) timestamp = nullptr;
-  decltype(&cuptiGetResultString) result_string = nullptr;
-  decltype(&cuptiGetCallbackName) callback_name = nullptr;
-  std::string error;  // why loading failed; "" when every entry point is there
-};
-
-CuptiApi LoadCupti() {
-  CuptiApi api;
-  // The bare name first: LD_LIBRARY_PATH (the GPU bundle's lib/) and the loader's cache; then the toolkit.
-  const char* candidates[] = {"libcupti.so.13", "/usr/local/cuda/lib64/libcupti.so.13",
-                              "/usr/local/cuda/extras/CUPTI/lib64/libcupti.so.13",
-                              "/usr/local/cuda/targets/x86_64-linux/lib/libcupti.so.13"};
-  void* lib = nullptr;
-  std::string tried;
-  for (const char* c : candidates) {
-    lib = dlopen(c, RTLD_NOW | RTLD_LOCAL);
-    if (lib) break;
-    const char* why = dlerror();
-    tried += std::string(tried.empty() ? "" : "; ") + (why ? why : c);
-  }
-  if (!lib) {
-    api.error = "CUPTI (libcupti.so.13) could not be loaded (" + tried +
-                "): the GPU bundle ships it in its lib/ folder (put that on LD_LIBRARY_PATH); a CUDA 13 toolkit has it "
-                "in /usr/local/cuda/lib64";
-    return api;
-  }
-  auto bind = [&](auto& fn, const char* name) {
-    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
-    if (!fn && api.error.empty()) api.error = std::string("CUPTI: libcupti.so.13 has no ") + name;
-  };
-  bind(api.enable, "cuptiActivityEnable");
-  bind(api.disable, "cuptiActivityDisable");
-  bind(api.register_callbacks, "cuptiActivityRegisterCallbacks");
-  bind(api.flush_all, "cuptiActivityFlushAll");
-  bind(api.next_record, "cuptiActivityGetNextRecord");
-  bind(api.dropped_records, "cuptiActivityGetNumDroppedRecords");
-  bind(api.timestamp, "cuptiGetTimestamp");
-  bind(api.result_string, "cuptiGetResultString");
-  bind(api.callback_name, "cuptiGetCallbackName");
-  return api;
-}
-
-const CuptiApi& Cupti() {
-  static const CuptiApi api = LoadCupti();
-  return api;
-}
-
-const CuptiApi& LoadedCupti() {
-  const CuptiApi& api = Cupti();
-  if (!api.error.empty()) throw std::runtime_error(api.error);
-  return api;
-}
-
-void Check(CUptiResult r, const std::string& what) {
-  if (r == CUPTI_SUCCESS) return;
-  const char* s = nullptr;
-  if (Cupti().result_string(r, &s) != CUPTI_SUCCESS || !s) s = "unknown CUPTI error";
-  throw std::runtime_error("CUPTI: " + what + ": " + s);
-}
 
 // The records the callbacks deliver while a timeline is open; the callbacks run on CUPTI's threads and in
 // cuptiActivityFlushAll.
@@ -199,7 +130,7 @@ void CUPTIAPI BufferRequested(uint8_t** buffer, size_t* size, size_t* max_record
 }
 
 void CUPTIAPI BufferCompleted(CUcontext context, uint32_t stream, uint8_t* buffer, size_t, size_t valid) {
-  const CuptiApi& api = Cupti();
+  const CuptiLibrary& api = Cupti();
   Sink& sink = TheSink();
   {
     std::lock_guard<std::mutex> lock(sink.mu);
@@ -215,26 +146,12 @@ void CUPTIAPI BufferCompleted(CUcontext context, uint32_t stream, uint8_t* buffe
 
 }  // namespace
 
-std::string CuptiLoadError() { return Cupti().error; }
-
-std::string CuptiRuntimeCallName(uint32_t cbid) {
-  const CuptiApi& api = LoadedCupti();
-  const char* name = nullptr;
-  if (api.callback_name(CUPTI_CB_DOMAIN_RUNTIME_API, cbid, &name) != CUPTI_SUCCESS || !name)
-    return "runtime call " + std::to_string(cbid);
-  std::string s = name;
-  const size_t v = s.rfind("_v");
-  if (v != std::string::npos && v + 2 < s.size() && s.find_first_not_of("0123456789", v + 2) == std::string::npos)
-    s.resize(v);
-  return s;
-}
-
 CuptiTimeline::CuptiTimeline() {
-  const CuptiApi& api = LoadedCupti();
+  const CuptiLibrary& api = LoadedCupti();
   if (timeline_open.exchange(true)) throw std::runtime_error("CUPTI: a timeline is already being collected");
   try {
     static const CUptiResult registered = api.register_callbacks(BufferRequested, BufferCompleted);
-    Check(registered, "cuptiActivityRegisterCallbacks");
+    CheckCupti(registered, "cuptiActivityRegisterCallbacks");
     {
       Sink& sink = TheSink();
       std::lock_guard<std::mutex> lock(sink.mu);
@@ -242,7 +159,8 @@ CuptiTimeline::CuptiTimeline() {
       sink.dropped = 0;
       sink.open = true;
     }
-    for (CUpti_ActivityKind k : kKinds) Check(api.enable(k), "cuptiActivityEnable(kind " + std::to_string(static_cast<int>(k)) + ")");
+    for (CUpti_ActivityKind k : kKinds)
+      CheckCupti(api.enable(k), "cuptiActivityEnable(kind " + std::to_string(static_cast<int>(k)) + ")");
   } catch (...) {
     for (CUpti_ActivityKind k : kKinds) api.disable(k);
     std::lock_guard<std::mutex> lock(TheSink().mu);
@@ -263,14 +181,14 @@ CuptiTimeline::~CuptiTimeline() {
 
 uint64_t CuptiTimeline::Now() const {
   uint64_t t = 0;
-  Check(Cupti().timestamp(&t), "cuptiGetTimestamp");
+  CheckCupti(Cupti().timestamp(&t), "cuptiGetTimestamp");
   return t;
 }
 
 TimelineTrace CuptiTimeline::Finish() {
   if (finished_) throw std::logic_error("CuptiTimeline::Finish called twice");
   finished_ = true;
-  const CuptiApi& api = Cupti();
+  const CuptiLibrary& api = Cupti();
   // Every record must be complete before the flush hands the buffers over (the flush does not wait).
   const cudaError_t synced = cudaDeviceSynchronize();
   for (CUpti_ActivityKind k : kKinds) api.disable(k);
@@ -287,7 +205,7 @@ TimelineTrace CuptiTimeline::Finish() {
   timeline_open = false;
   if (synced != cudaSuccess)
     throw std::runtime_error(std::string("CUPTI timeline: cudaDeviceSynchronize: ") + cudaGetErrorString(synced));
-  Check(flushed, "cuptiActivityFlushAll");
+  CheckCupti(flushed, "cuptiActivityFlushAll");
   return trace;
 }
 

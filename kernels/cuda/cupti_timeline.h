@@ -2,14 +2,10 @@
 // of a graph launch too: it carries the graph's id and the launch's correlation id), copy and memset with
 // device timestamps, and every CUDA runtime call with host timestamps, on one clock that Now() also reads.
 // The records come out as kernels/timeline's plain TimelineRecord, for AnalyzeStepTimeline.
-//
-// libcupti.so.13 is loaded with dlopen the first time a timeline starts (the loader's search path first,
-// where the GPU bundle's lib/ is, then the CUDA toolkit's usual folders), so that no binary needs CUPTI to
-// start and only a trace fails, with the reason, when it is missing.
+// CUPTI itself is loaded at run time (kernels/cuda/cupti_library.h).
 #pragma once
 
 #include <cstdint>
-#include <string>
 #include <vector>
 
 #include "kernels/timeline/timeline_record.h"
@@ -42,13 +38,5 @@ class CuptiTimeline {
  private:
   bool finished_ = false;
 };
-
-// Why CUPTI cannot be loaded here ("" when it loads): the library not found (with the paths tried) or an
-// entry point missing. Needs no GPU.
-std::string CuptiLoadError();
-
-// The name of a CUDA runtime call as the records carry it: CUPTI's callback name without its version
-// suffix ("cudaGraphLaunch_v10000" -> "cudaGraphLaunch"). Needs CUPTI loaded, not a GPU.
-std::string CuptiRuntimeCallName(uint32_t cbid);
 
 }  // namespace dsmesh

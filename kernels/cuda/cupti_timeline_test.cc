@@ -10,6 +10,7 @@
 
 #include <map>
 
+#include "kernels/cuda/cupti_library.h"
 #include "kernels/cuda/empty_kernel.h"
 #include "kernels/cuda/gpu_test_util.h"
 #include "kernels/timeline/step_timeline.h"
@@ -115,6 +116,7 @@ TEST(CuptiTimeline, RecordsAStepAndItsLaunches) {
   EXPECT_EQ(s.graph_kernels, 3);
   EXPECT_EQ(s.memcpys, 2);
   EXPECT_EQ(s.unmatched_work, 0);
+  EXPECT_EQ(s.work_before_call, 0);
   EXPECT_EQ(s.steps_without_work, 0);
   EXPECT_GT(s.busy_ns, 0u);
   EXPECT_LT(s.busy_ns, s.wall_ns);

@@ -73,10 +73,12 @@ void AnalyzeStep(int index, const StepWindow& w, StepRecords& s,
       case TimelineKind::kApi: break;
     }
     const auto c = call_of.find(r.correlation_id);
-    if (c == call_of.end())
+    if (c == call_of.end()) {
       ++sum.unmatched_work;
-    else
+    } else {
       issued = std::max(issued, std::min(c->second->end_ns, w.end_ns));
+      if (r.start_ns < c->second->start_ns) ++sum.work_before_call;
+    }
     const std::string after = DescribeTimelineWork(r);
     if (last == nullptr) {
       if (r.start_ns > w.begin_ns)

@@ -61,6 +61,9 @@ struct StepTimelineSummary {
   uint64_t host_issue_ns = 0;
   // Device work whose launching call is not among the records (its host wait is unknown, counted 0).
   int64_t unmatched_work = 0;
+  // Device work that starts before its launching call began: impossible, so a record whose timestamps are
+  // not on the calls' clock (the figures above are then doubtful).
+  int64_t work_before_call = 0;
   // Steps in which no device work was recorded (all of their time is idle, as step start).
   int steps_without_work = 0;
   // Device work and runtime calls outside every step window (not counted above).

@@ -95,6 +95,7 @@ TEST(StepTimeline, EveryGapCauseOfOneStep) {
   EXPECT_EQ(s.sync_ns, 44u);
   EXPECT_EQ(s.host_issue_ns, 445u);  // the ToHost copy's call ended at 1445
   EXPECT_EQ(s.unmatched_work, 1);
+  EXPECT_EQ(s.work_before_call, 0);
   EXPECT_EQ(s.records_outside, 0);
   ASSERT_EQ(s.top_gaps.size(), 9u);
   EXPECT_EQ(s.top_gaps[0].cause, GapCause::kStepEnd);
@@ -163,6 +164,15 @@ TEST(StepTimeline, OverlapsAndClipping) {
   EXPECT_EQ(Gaps(s, GapCause::kStepEnd).count, 0);
   EXPECT_EQ(s.graph_launches, 1);
   EXPECT_EQ(s.host_issue_ns, 8u);
+}
+
+// A kernel timed before its own launch call began is counted (its timestamps are on another clock).
+TEST(StepTimeline, WorkBeforeItsCallIsCounted) {
+  const std::vector<TimelineRecord> r = {Call(1, "cudaLaunchKernel", 50, 60),
+                                         Work(TimelineKind::kKernel, 1, 0, "_Z1av", 20, 30)};
+  const StepTimelineSummary s = AnalyzeStepTimeline(r, {{0, 100}});
+  EXPECT_EQ(s.work_before_call, 1);
+  EXPECT_EQ(s.unmatched_work, 0);
 }
 
 TEST(StepTimeline, NoStepsNoRecords) {
