@@ -7,7 +7,8 @@
 // (docs/cpu-forward.md). `--speculative-tokens K`
 // makes every stream's state a speculating one (NewState(K): rings K rows longer, the MTP block's input
 // history kept) whose steps propose no drafts: the step of a sequence whose drafts the draft policy
-// withholds, to compare with the same bench at 0.
+// withholds, to compare with the same bench at 0. `--timeline` (CUDA) traces --timeline-steps more steps with
+// CUPTI and prints where their wall time goes on the device (cli/bench/timeline_trace.h).
 #include "cli/bench/in_process_bench.h"
 
 #include <algorithm>
@@ -22,6 +23,7 @@
 #include "cli/bench/bench_clock.h"
 #include "cli/bench/step_profile.h"
 #include "cli/bench/synthetic_prompts.h"
+#include "cli/bench/timeline_trace.h"
 #include "cli/model_commands/load_model.h"
 #include "cli/perf/roofline.h"
 #include "common/flags.h"
@@ -119,9 +121,12 @@ void PrintKvCosts(const ModelConfig& c, int64_t context) {
 
 int RunInProcessBench(const std::vector<std::string>& args) {
   Flags f(args, {"model", "device", "threads", "streams", "contexts", "rows", "steps", "bits", "json", "enforce-eager", "profile",
-           "concurrent-linears", "kv-cache-dtype", "speculative-tokens", "prefill-chunk"},
-          {"enforce-eager", "profile", "concurrent-linears"});
-  const bool profile = f.Has("profile");
+           "concurrent-linears", "kv-cache-dtype", "speculative-tokens", "prefill-chunk", "timeline", "timeline-steps"},
+          {"enforce-eager", "profile", "concurrent-linears", "timeline"});
+  const bool profile = f.Has("profile"), timeline = f.Has("timeline");
+  const int timeline_steps = static_cast<int>(f.GetInt("timeline-steps", 4));
+  if (timeline_steps < 1 || timeline_steps > 64) throw UsageError("--timeline-steps must be 1..64");
+  if (f.Has("timeline-steps") && !timeline) throw UsageError("--timeline-steps goes with --timeline");
   const std::string source = f.Require("model");
   const std::vector<int32_t> streams = ParseIntList("streams", f.Get("streams", "1,4"), "stream count");
   const std::vector<int32_t> contexts = ParseIntList("contexts", f.Get("contexts", "4096"), "context length");
@@ -164,8 +169,10 @@ int RunInProcessBench(const std::vector<std::string>& args) {
   {
     // The state pool holds the largest shape's streams at the longest context (and the measured steps).
     const StatePool& probe = model->state_pool();
-    // (the warm-up step, the timed steps, and with --profile the two profiled passes and the graph trace)
-    const int64_t all_steps = 1 + (profile ? 3 : 1) * static_cast<int64_t>(steps) + (profile ? 4 : 0);
+    // (the warm-up step, the timed steps, with --timeline its traced steps and their warm-up, and with
+    // --profile the two profiled passes and the graph trace)
+    const int64_t all_steps = 1 + (profile ? 3 : 1) * static_cast<int64_t>(steps) + (profile ? 4 : 0) +
+                              (timeline ? timeline_steps + 1 : 0);
     // (with --profile also two profiled --prefill-chunk-token chunks after the steps)
     const int64_t max_ctx =
         *std::max_element(contexts.begin(), contexts.end()) + all_steps * rows + (profile ? 2 * chunk_tokens : 0);
@@ -293,18 +300,24 @@ int RunInProcessBench(const std::vector<std::string>& args) {
         row["prefill_last_chunk_tok_per_s"] = prefill.last_chunk_tok_s;
         std::fflush(stdout);  // a run cut off later (a device call's time limit) keeps this line
       }
+      int extra = steps;  // the index of the last step run (it picks the step's tokens)
+      if (timeline) {
+        // More steps like the timed ones under a CUPTI timeline: where their wall time goes on the device.
+        row["timeline"] = TraceStepTimeline(model->backend(), [&] { step(++extra); }, timeline_steps, ms);
+        std::fflush(stdout);
+      }
       if (profile) {
         // The same steps again, eager, every op timed by device events: where the step's time goes.
         model->backend().SetOpProfiling(OpProfiling::kTimeline);
-        for (int i = 1; i <= steps; ++i) step(steps + i);
+        for (int i = 1; i <= steps; ++i) step(extra + i);
         const OpProfile prof = model->backend().TakeOpProfile();
         model->backend().SetOpProfiling(OpProfiling::kDeviceOnly);
-        for (int i = 1; i <= steps; ++i) step(2 * steps + i);
+        for (int i = 1; i <= steps; ++i) step(extra + steps + i);
         const OpProfile alone = model->backend().TakeOpProfile();
         model->backend().SetOpProfiling(OpProfiling::kOff);
         row["profile"] = PrintProfile(prof, alone);
         row["op_bytes"] = PrintOpBytes(alone);
-        int trace_step = 3 * steps;  // the graphs one step replays, and the chain alone (cli/bench/step_profile.h)
+        int trace_step = extra + 2 * steps;  // the graphs one step replays, and the chain alone (cli/bench/step_profile.h)
         row["step_graphs"] =
             PrintStepGraphs(TraceDecodeGraphs(model->backend(), [&] { step(++trace_step); }, 20), ms);
         if (ns == streams.front()) {

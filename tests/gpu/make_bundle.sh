@@ -5,8 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bins=(cli/dsmesh worker/dsmesh-worker coordinator/dsmesh-coordinator gateway/dsmesh-gateway
-      model/gpu_forward_test model/gpu_vision_test model/gpu_pdl_test cli/bench/gpu_profile_test kernels/cuda/cuda_backend_test
-      kernels/cuda/exl3_gemv_test kernels/cuda/graph_chain_test
+      model/gpu_forward_test model/gpu_vision_test model/gpu_pdl_test cli/bench/gpu_profile_test cli/bench/gpu_timeline_test kernels/cuda/cuda_backend_test
+      kernels/cuda/exl3_gemv_test kernels/cuda/graph_chain_test kernels/cuda/cupti_timeline_test
       kernels/cuda/exl3_moe_test kernels/cuda/dsmesh-kernel-bench worker/cuda_ipc_communicator_test)
 echo "building ${bins[*]}" >&2
 targets=()
@@ -14,6 +14,9 @@ for b in "${bins[@]}"; do targets+=("//${b%/*}:${b##*/}"); done
 bazel build --noshow_progress "${targets[@]}" >&2
 rm -rf .bundle/gpu
 tests/gpu/bundle_binaries.sh .bundle/gpu "${bins[@]/#/bazel-bin/}"
+# CUPTI (4 MB, ~1 MB compressed) travels: `dsmesh bench --timeline` loads it with dlopen (so ldd does not list
+# it), from the library path first, where run_gpu.sh puts this lib/ folder.
+cp -L /usr/local/cuda/lib64/libcupti.so.13 .bundle/gpu/lib/
 # cuBLAS (~700 MB) does not travel: the GPU machine has it (run_gpu.sh finds it).
 rm -f .bundle/gpu/lib/libcublas*
 # The binaries and kernel libraries carry fat binaries for two architectures; they travel xz-compressed

@@ -6,7 +6,7 @@
 # choosing the GPU and surviving a worker killed mid-stream (how long serving was down). Logs go to $OUT
 # (or /tmp/out).
 #   usage (repository root on the GPU machine): tests/gpu/run_gpu.sh [parts]
-#   parts: any of tests,sanitize,cli,serve,survive,flash,flashbench,profile,specbench,prefill,specloop
+#   parts: any of tests,sanitize,cli,serve,survive,flash,flashbench,profile,timeline,specbench,prefill,specloop
 #          (default: all but the benches)
 #   env: GPU_TESTS (test binaries of the tests part), GTEST_FILTER (passed through to them)
 set -uo pipefail
@@ -34,7 +34,7 @@ GOLDEN=tests/golden/tiny_v4
 
 if has tests; then
   step "GPU tests (DSMESH_REQUIRE_GPU_TESTS=1: a missing GPU fails)"
-  for t in ${GPU_TESTS:-exl3_gemv_test cuda_backend_test graph_chain_test gpu_forward_test gpu_pdl_test gpu_profile_test gpu_vision_test cuda_ipc_communicator_test}; do
+  for t in ${GPU_TESTS:-exl3_gemv_test cuda_backend_test graph_chain_test cupti_timeline_test gpu_forward_test gpu_pdl_test gpu_profile_test gpu_timeline_test gpu_vision_test cuda_ipc_communicator_test}; do
     timeout 400 "$B/bin/$t" 2>&1 | tee "$OUT/$t.log" | grep -E "^\[  |FAIL|Failure|rel L2|ms/step|Expected|which is|SKIPPED" | head -80
     check grep -q "^\[  PASSED  \]" "$OUT/$t.log"
     check test "$(grep -c '^\[  FAILED  \]' "$OUT/$t.log")" = 0
@@ -132,6 +132,17 @@ if has profile; then
     --streams ${FLASH_STREAMS:-1,4} --steps ${FLASH_STEPS:-8} --profile --prefill-chunk ${PROFILE_CHUNK:-512} \
     --json "$OUT/flash_profile.json" 2> "$OUT/flash_profile.log" | tee "$OUT/flash_profile.txt"
   check test -s "$OUT/flash_profile.json"
+fi
+
+if has timeline; then
+  # Where a decode step's wall time goes on the device: busy vs idle, the idle gaps by cause (graph boundaries,
+  # inside graphs, around the parameter uploads, step start and end) and the device waiting for the host.
+  step "dsmesh bench --timeline on the full-size synthetic V4-Flash: ${TIMELINE_STEPS:-4} decode steps traced with CUPTI after the timed ones"
+  timeout ${TIMELINE_TIMEOUT:-400} $DS bench --device cuda --model synthetic:v4-flash:seed=1 --contexts ${FLASH_CONTEXTS:-4096} \
+    --streams ${FLASH_STREAMS:-1,4} --steps ${FLASH_STEPS:-8} --timeline --timeline-steps ${TIMELINE_STEPS:-4} \
+    --json "$OUT/flash_timeline.json" 2> "$OUT/flash_timeline.log" | tee "$OUT/flash_timeline.txt"
+  check test -s "$OUT/flash_timeline.json"
+  check grep -q "device busy" "$OUT/flash_timeline.txt"
 fi
 
 if has specbench; then
