@@ -41,7 +41,7 @@ std::map<std::string, CommandInfo> BuildTable() {
        {"up [--model DIR] [--world N (default 1 on a GPU, 2 on the CPU)] [--port 8000] " + device +
             " [--kv-memory 1G | --gpu-memory-utilization 0.9] [--threads T] "
             "[--max-num-seqs 4] [--max-num-batched-tokens 512] [--max-model-len L] "
-            "[--long-prefill-token-threshold 128] [--scheduling-policy fcfs|priority] "
+            "[--long-prefill-token-threshold 128] [--max-decode-slowdown R] [--scheduling-policy fcfs|priority] "
             "[--speculative-config '{\"method\":\"mtp\",\"num_speculative_tokens\":3}'] "
             "[--draft-policy adaptive|fixed] [--no-gateway] "
             "[--served-model-name NAME] [--api-key KEY | --api-key-file F] [--max-queued N] [--log-dir DIR]",

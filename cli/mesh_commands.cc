@@ -103,7 +103,7 @@ std::string Sibling(const std::string& package, const std::string& name) {
 }  // namespace
 
 const std::vector<std::string> kCoordinatorFlags = {"max-num-seqs", "max-num-batched-tokens", "max-batched-tokens", "max-model-len",
-                                                    "enable-prefix-caching", "long-prefill-token-threshold",
+                                                    "enable-prefix-caching", "long-prefill-token-threshold", "max-decode-slowdown",
                                                     "scheduling-policy", "speculative-config", "draft-policy",
                                                     "max-queued",
                                                     "heartbeat-timeout-ms"};

@@ -2,7 +2,8 @@
 //
 //   dsmesh-coordinator [--listen 127.0.0.1:7000] --world N --model DIR [--max-num-seqs 4]
 //                      [--max-num-batched-tokens 512] [--max-model-len L] [--block-size 16]
-//                      [--long-prefill-token-threshold 128] [--scheduling-policy fcfs|priority]
+//                      [--long-prefill-token-threshold 128] [--max-decode-slowdown R (0: off)]
+//                      [--scheduling-policy fcfs|priority]
 //                      [--enable-prefix-caching true|false] [--register-timeout-s 120]
 //                      [--heartbeat-timeout-ms 1500] [--drain-timeout-s 30] [--max-queued 256]
 //                      [--speculative-config '{"method":"mtp","num_speculative_tokens":3[,"draft_vocab_size":N]}']
@@ -79,7 +80,7 @@ int Main(const std::vector<std::string>& args) {
   Flags f(args, WithMeshCredentialFlags({"listen", "world", "model", "max-num-seqs", "max-num-batched-tokens", "max-batched-tokens",
                                          "max-model-len", "block-size", "enable-prefix-caching", "register-timeout-s",
                                          "ready-timeout-s", "heartbeat-timeout-ms", "step-timeout-s", "drain-timeout-s",
-                                         "long-prefill-token-threshold", "scheduling-policy", "speculative-config",
+                                         "long-prefill-token-threshold", "max-decode-slowdown", "scheduling-policy", "speculative-config",
                                          "max-queued", "bench-draft-acceptance", "draft-policy"}));
   const std::string listen = f.Get("listen", kDefaultListen);
   const MeshCredentials credentials = MeshCredentialsFromFlags(f);
@@ -105,6 +106,15 @@ int Main(const std::vector<std::string>& args) {
   if (threshold < 0 || threshold > std::numeric_limits<int>::max())
     throw UsageError("--long-prefill-token-threshold must be >= 0 (0: no per-request cap, vLLM's default order)");
   ec.scheduler.long_prefill_token_threshold = static_cast<int>(threshold);
+  if (f.Has("max-decode-slowdown")) {
+    const double slowdown = f.GetDouble("max-decode-slowdown", 0);
+    if (!(slowdown == 0 || (slowdown > 1 && slowdown <= 1000)))
+      throw UsageError("--max-decode-slowdown must be 0 (off) or a ratio above 1 (a step that prefills beside "
+                       "decoding sequences takes at most that many times a decode-only step)");
+    if (slowdown > 0 && threshold == 0)
+      throw UsageError("--max-decode-slowdown needs the fair order (--long-prefill-token-threshold > 0)");
+    ec.scheduler.max_decode_slowdown = slowdown;
+  }
   try {
     ec.scheduler.policy = ParseSchedulingPolicy(f.Get("scheduling-policy", "fcfs"));
   } catch (const std::invalid_argument& e) {
@@ -177,11 +187,12 @@ int Main(const std::vector<std::string>& args) {
   if (!server || port == 0) throw std::runtime_error("cannot listen on " + listen);
   std::fprintf(stderr, "[coordinator] listening on %s (port %d, %s, %s); waiting for %d worker(s); max-num-seqs %d, "
                "max-num-batched-tokens %d, max-model-len %d, prefix caching %s, scheduling policy %s, "
-               "long-prefill-token-threshold %d, speculative tokens %d (mtp, %s drafts, draft vocabulary %s), max queued %d\n",
+               "long-prefill-token-threshold %d, max-decode-slowdown %g, speculative tokens %d (mtp, %s drafts, draft vocabulary %s), max queued %d\n",
                listen.c_str(), port, credentials.token.empty() ? "no mesh token" : "mesh token required",
                credentials.tls() ? "TLS with client certificates" : "plaintext", world, ec.scheduler.max_num_seqs, ec.scheduler.max_batched_tokens,
                ec.scheduler.max_model_len, ec.scheduler.prefix_caching ? "on" : "off",
                SchedulingPolicyName(ec.scheduler.policy), ec.scheduler.long_prefill_token_threshold,
+               ec.scheduler.max_decode_slowdown,
                ec.scheduler.num_speculative_tokens, ec.scheduler.draft_policy.adaptive ? "adaptive" : "fixed",
                speculative.draft_vocab_size > 0 ? ("ids < " + std::to_string(speculative.draft_vocab_size)).c_str()
                                                 : "whole",

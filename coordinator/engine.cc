@@ -329,6 +329,7 @@ StatsResponse Engine::Stats() {
   s.set_max_model_len(config_.scheduler.max_model_len);
   s.set_scheduling_policy(SchedulingPolicyName(config_.scheduler.policy));
   s.set_long_prefill_token_threshold(config_.scheduler.long_prefill_token_threshold);
+  s.set_max_decode_slowdown(config_.scheduler.max_decode_slowdown);
   s.set_max_queued(config_.max_queued);
   s.set_num_requests_rejected(rejected_);
   s.set_num_cancelled_requests(cancelled_freed_);
@@ -343,6 +344,7 @@ StatsResponse Engine::Stats() {
     s.set_prefix_cache_queries(scheduler_->prefix_cache().queries);
     s.set_prefix_cache_hits(scheduler_->prefix_cache().hits);
     s.set_num_preemptions(scheduler_->num_preemptions());
+    s.set_mixed_step_prefill_caps(scheduler_->mixed_step_caps());
     s.set_max_seq_tokens(scheduler_->max_seq_tokens());
     const SpecDecodeStats& spec = scheduler_->spec_stats();
     s.set_spec_decode_num_drafts(spec.num_drafts);

@@ -1,6 +1,7 @@
 #include "coordinator/scheduler.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <limits>
 #include <stdexcept>
 
@@ -21,7 +22,11 @@ const char* SchedulingPolicyName(SchedulingPolicy policy) {
 }
 
 Scheduler::Scheduler(const SchedulerConfig& config, const KvGeometry& geometry)
-    : config_(config), blocks_(geometry), cache_(geometry.block_size), costs_(config.draft_policy) {
+    : config_(config),
+      blocks_(geometry),
+      cache_(geometry.block_size),
+      costs_(config.draft_policy),
+      mixed_(config.long_prefill_token_threshold > 0 ? config.max_decode_slowdown : 0) {
   spec_.accepted_per_pos.assign(std::max(config_.num_speculative_tokens, 0), 0);
   config_.draft_policy.max_drafts = std::max(config_.num_speculative_tokens, 0);
   costs_ = StepCostModel(config_.draft_policy);
@@ -339,6 +344,23 @@ StepPlan Scheduler::Schedule() {
     ++i;
   }
   if (fair) budget -= decode_used;
+  if (fair && decode_used > 0) {
+    // Beside decoding sequences the prefill tokens are also bounded by time (max_decode_slowdown).
+    const int64_t mixed_cap = mixed_.Cap();
+    if (mixed_cap < budget) {
+      const bool prefill_waits = !waiting_.empty() || !prefills.empty();
+      if (prefill_waits) {
+        ++mixed_caps_;
+        if (!logged_mixed_cap_)
+          std::fprintf(stderr, "[coordinator] prefill beside decoding sequences: %lld tokens per step (decode-only "
+                               "step %.2f ms, %.3f ms per prefill token, --max-decode-slowdown %.2g; logged once)\n",
+                       static_cast<long long>(mixed_cap), mixed_.decode_step_seconds() * 1e3,
+                       mixed_.prefill_token_seconds() * 1e3, config_.max_decode_slowdown);
+        logged_mixed_cap_ = true;
+      }
+      budget = mixed_cap;
+    }
+  }
 
   // First chunks of waiting requests, in rank order.
   std::set<uint64_t> pinned;  // snapshots this plan restores from
@@ -526,7 +548,20 @@ void Scheduler::Apply(const StepPlan& plan, const StepResult& result) {
 }
 
 void Scheduler::ObserveStepCost(const StepPlan& plan, const StepResult& result, double wall_seconds) {
-  if (config_.num_speculative_tokens <= 0 || plan.seqs_size() == 0) return;
+  if (plan.seqs_size() == 0) return;
+  if (mixed_.on()) {
+    int64_t decode_rows = 0, prefill_tokens = 0;
+    for (const auto& sp : plan.seqs()) {
+      if (!sp.is_new() && sp.sample() && sp.tokens_size() == 1) {
+        decode_rows += 1 + sp.draft_tokens_size();
+      } else {
+        prefill_tokens += sp.tokens_size();
+      }
+    }
+    // (drafting is not the prefill's: it runs after the step's forward whether or not a prefill rode along)
+    mixed_.Observe(decode_rows, prefill_tokens, wall_seconds - result.draft_seconds());
+  }
+  if (config_.num_speculative_tokens <= 0) return;
   int passes = 0;  // Model::Draft chains as many passes as the most drafts asked of it
   for (const auto& sr : result.seqs()) passes = std::max(passes, sr.next_drafts_size());
   spec_.draft_passes += passes;

@@ -40,6 +40,7 @@
 
 #include "coordinator/draft_policy.h"
 #include "coordinator/kv_blocks.h"
+#include "coordinator/mixed_step_budget.h"
 #include "coordinator/prefix_cache.h"
 #include "coordinator/request.h"
 #include "coordinator/simulated_acceptance.h"
@@ -67,6 +68,9 @@ struct SchedulerConfig {
   int64_t vocab_size = 0;
   int32_t eos_token_id = -1;
   int long_prefill_token_threshold = kDefaultLongPrefillTokenThreshold;  // 0: vLLM's default order
+  // With the fair order: a step that prefills beside decoding sequences takes at most this many times a
+  // decode-only step, as measured (coordinator/mixed_step_budget.h; --max-decode-slowdown). <= 1: off.
+  double max_decode_slowdown = 0;
   SchedulingPolicy policy = SchedulingPolicy::kFcfs;
   int num_speculative_tokens = 0;  // MTP drafts per decoding sequence and step (0: no speculation)
   // How many of them each sequence proposes (coordinator/draft_policy.h); max_drafts comes from
@@ -108,9 +112,12 @@ class Scheduler {
   StepPlan Schedule();
   // Applies rank 0's result for `plan`: appends tokens, streams responses, finishes requests.
   void Apply(const StepPlan& plan, const StepResult& result);
-  // With speculation: the step's measured time (plan written -> every result back), for the draft
-  // policy's cost model. Decode-only steps count; others are ignored.
+  // The step's measured time (plan written -> every result back): for the mixed-step budget
+  // (max_decode_slowdown) and, with speculation, the draft policy's cost model (decode-only steps).
   void ObserveStepCost(const StepPlan& plan, const StepResult& result, double wall_seconds);
+  const MixedStepBudget& mixed_step_budget() const { return mixed_; }
+  // Steps whose prefill tokens the mixed-step budget cut.
+  int64_t mixed_step_caps() const { return mixed_caps_; }
   const StepCostModel& step_costs() const { return costs_; }
   // Fails every request (running and waiting) with `error`, and forgets all worker-side state.
   void FailAll(const std::string& error);
@@ -174,6 +181,9 @@ class Scheduler {
   int64_t steps_ = 0;
   SpecDecodeStats spec_;
   StepCostModel costs_;
+  MixedStepBudget mixed_;
+  int64_t mixed_caps_ = 0;
+  bool logged_mixed_cap_ = false;
   std::optional<AcceptanceSimulator> simulated_;
 };
 

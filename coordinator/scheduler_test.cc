@@ -392,6 +392,54 @@ TEST(SchedulerFairness, ANewRequestsFirstTokenComesWithinThreeStepsOfALongPrefil
   EXPECT_EQ(Fed(p, *long_req), 64);
 }
 
+// --max-decode-slowdown: beside a decoding sequence a long prefill's chunk shrinks to what keeps the step
+// within the ratio of a decode-only step, by the measured costs (here played: a decode-only step 8 ms,
+// 0.25 ms per prefill token); alone it takes the whole budget again; off, the token cap alone rules.
+TEST(SchedulerFairness, MaxDecodeSlowdownBoundsThePrefillBesideDecodes) {
+  for (const double slowdown : {0.0, 2.0}) {
+    SchedulerConfig c = Config(4, 256, false, 128);
+    c.max_decode_slowdown = slowdown;
+    Scheduler s(c, Geometry(1000));
+    auto chat = Req({5, 6, 7}, 100);
+    s.Add(chat);
+    StepPlan p = s.Schedule();
+    s.Apply(p, Result(p));
+    auto long_req = Req(std::vector<int32_t>(3000, 3), 1);
+    s.Add(long_req);
+    std::vector<int64_t> chunks;
+    for (int i = 0; i < 30; ++i) {
+      p = s.Schedule();
+      ASSERT_EQ(Fed(p, *chat), 1) << "step " << i;
+      const int64_t n = Fed(p, *long_req);
+      chunks.push_back(n);
+      s.ObserveStepCost(p, Result(p), 0.008 + 0.00025 * static_cast<double>(n));
+      s.Apply(p, Result(p));
+      if (i % 3 == 2) {  // now and then the cost of a decode-only step of the chat, as the engine observes one
+        StepPlan d;
+        auto* sp = d.add_seqs();
+        sp->set_seq_id(chat->seq_id);
+        sp->set_sample(true);
+        sp->add_tokens(7);
+        s.ObserveStepCost(d, Result(d), 0.008);
+      }
+    }
+    if (slowdown == 0) {
+      for (size_t i = 0; i < 20; ++i) EXPECT_EQ(chunks[i], 128);  // the token cap only (until the prompt's end)
+      EXPECT_EQ(s.mixed_step_caps(), 0);
+    } else {
+      EXPECT_EQ(chunks[0], 128) << "no cap before both costs are measured";
+      // 8 ms of room at 0.25 ms per token: 32 tokens beside the decode (a little fewer while the first,
+      // overestimated sample, taken before a decode-only step was measured, still weighs).
+      for (size_t i = chunks.size() - 5; i < chunks.size(); ++i) {
+        EXPECT_LE(0.008 + 0.00025 * static_cast<double>(chunks[i]), 2 * 0.008 + 1e-12) << "step " << i;
+        EXPECT_GE(chunks[i], 28) << "step " << i;
+      }
+      EXPECT_GT(s.mixed_step_caps(), 0);
+      EXPECT_NEAR(s.mixed_step_budget().decode_step_seconds(), 0.008, 1e-9);
+    }
+  }
+}
+
 TEST(SchedulerFairness, WithTheThresholdOffTheLongPrefillTakesEveryStep) {
   // vLLM's default order: a new request waits for the whole prefill (2000 / 64 steps).
   Scheduler s(Config(4, 64, false, 0), Geometry(1000));

@@ -106,6 +106,8 @@ std::string ServingMetrics::Render(const std::optional<StatsResponse>& stats, in
     counter("dsmesh_spec_decode_draft_seconds", "Rank 0 time in MTP draft passes (window catch-up included).",
             stats->spec_decode_draft_seconds_sum());
     counter("vllm:num_preemptions", "Cumulative number of preemptions from the engine.", stats->num_preemptions());
+    counter("dsmesh_mixed_step_prefill_caps", "Steps whose prefill tokens --max-decode-slowdown cut beside decoding "
+            "sequences.", stats->mixed_step_prefill_caps());
     gauge("dsmesh_mesh_world_size", "Worker ranks in the mesh.", stats->world());
     gauge("dsmesh_mesh_epoch", "Times the mesh was (re)formed.", stats->mesh_epoch());
     counter("dsmesh_worker_restarts", "Worker processes that registered for a rank an earlier process held "
