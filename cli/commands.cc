@@ -56,7 +56,7 @@ std::map<std::string, CommandInfo> BuildTable() {
         "  in this process: bench --device cpu|cuda[:N] --model DIR|synthetic:v4-flash [--streams 1,4] "
         "[--contexts 4096] [--rows 1] [--steps 20] [--prefill-chunk 512] [--speculative-tokens K] [--bits experts=2,dense=6] [--json F] "
         "[--enforce-eager] "
-        "[--concurrent-linears] [--profile: time every op with device events in extra eager steps and print "
+        "[--profile: time every op with device events in extra eager steps and print "
         "the split per phase] [--timeline [--timeline-steps 4]: trace steps with CUPTI (cuda): device busy and "
         "idle, the idle gaps by cause]\n"
         "  HTTP: bench --url http://HOST:PORT [--model NAME] [--max-tokens 256] [--streams 1,4] "

@@ -121,8 +121,8 @@ void PrintKvCosts(const ModelConfig& c, int64_t context) {
 
 int RunInProcessBench(const std::vector<std::string>& args) {
   Flags f(args, {"model", "device", "threads", "streams", "contexts", "rows", "steps", "bits", "json", "enforce-eager", "profile",
-           "concurrent-linears", "kv-cache-dtype", "speculative-tokens", "prefill-chunk", "timeline", "timeline-steps"},
-          {"enforce-eager", "profile", "concurrent-linears", "timeline"});
+           "kv-cache-dtype", "speculative-tokens", "prefill-chunk", "timeline", "timeline-steps"},
+          {"enforce-eager", "profile", "timeline"});
   const bool profile = f.Has("profile"), timeline = f.Has("timeline");
   const int timeline_steps = static_cast<int>(f.GetInt("timeline-steps", 4));
   if (timeline_steps < 1 || timeline_steps > 64) throw UsageError("--timeline-steps must be 1..64");

@@ -36,7 +36,6 @@ std::unique_ptr<Model> LoadForCli(const Flags& f) {
   }
   CudaBackendOptions cuda = CudaBackendOptionsFromEnvironment();  // DSMESH_CUDA_* / DSMESH_EXL3_* A/B variants and tuning
   cuda.cuda_graphs = !f.Has("enforce-eager");
-  cuda.concurrent_linears = f.Has("concurrent-linears");
   auto model = LoadModel(dir, ShardSpec{0, 1}, device >= 0 ? MakeCudaBackend(device, cuda) : MakeCpuBackend(threads));
   std::fprintf(stderr, "[load] %s: %s\n", dir.c_str(), model->WeightsDescription().c_str());
   if (f.Has("kv-cache-dtype")) {

@@ -7,7 +7,7 @@
 //   cuda_moe_dispatch.h    the routed experts' paths (single-launch kernel, sorted pairs, per expert)
 //   cuda_attention_paths.h which kernel one sequence's attention takes (decode split, prefill tensor cores)
 //   cuda_sample_rows.h     the device row sampler's parameters and launch, and its rows back as SampledRows
-//   cuda_side_streams.h    concurrent linears; cuda_table_cache.h rope and routing tables uploaded once
+//   cuda_table_cache.h     rope and routing tables uploaded once
 //   cuda_backend_device.h  the device's name and memory line, programmatic dependent launch on the stream
 //   cuda_backend_util.h    the stream, device allocations and the counters behind CudaBackendStats()
 // State and weights come from Alloc (stream-ordered pool) and Upload (cudaMalloc); only ToHost waits.
@@ -36,7 +36,6 @@
 #include "kernels/cuda/cuda_moe_dispatch.h"
 #include "kernels/cuda/cuda_op_bytes.h"
 #include "kernels/cuda/cuda_sample_rows.h"
-#include "kernels/cuda/cuda_side_streams.h"
 #include "kernels/cuda/cuda_step_arena.h"
 #include "kernels/cuda/cuda_table_cache.h"
 #include "kernels/cuda/dense_gemm.h"
@@ -270,7 +269,7 @@ class CudaBackend final : public Backend {
     Require(RowWidth(*out) == w.out && out->shape[0] == m, "Linear", w.name + ": output shape");
     if (ps.on()) ps.Bytes(LinearBytes(m, w));
     Use();
-    LinearOn(x, w, out, ctx_->stream, exl3_.MainGemvWorkspace());
+    LinearOn(x, w, out);
   }
 
   void LinearBatch(const std::vector<LinearJob>& jobs) override {
@@ -278,19 +277,7 @@ class CudaBackend final : public Backend {
       Require(RowWidth(*j.x) == j.w->in && RowWidth(*j.out) == j.w->out && j.out->shape[0] == j.x->shape[0],
               "LinearBatch", j.w->name + ": shape");
     const std::vector<LinearJob> rest = jobs.size() > 1 ? BatchedExl3Gemvs(jobs) : jobs;
-    bool concurrent = rest.size() > 1 && side_.Allowed(options_.concurrent_linears, arena_);
-    for (const LinearJob& j : rest) concurrent = concurrent && j.x->shape[0] <= kExl3GemvMaxRows;
-    if (!concurrent) {
-      for (const LinearJob& j : rest) Linear(*j.x, *j.w, j.out);
-      return;
-    }
-    const ProfileScope ps = Profile("LinearBatch");
-    if (ps.on())
-      for (const LinearJob& j : rest) ps.Bytes(LinearBytes(j.x->shape[0], *j.w));
-    Use();
-    side_.Run(static_cast<int>(rest.size()), [&](int i, cudaStream_t stream, Exl3GemvWorkspace& ws) {
-      LinearOn(*rest[i].x, *rest[i].w, rest[i].out, stream, ws);
-    });
+    for (const LinearJob& j : rest) Linear(*j.x, *j.w, j.out);
   }
 
   void GroupedLinear(const Tensor& x, const LinearWeight& w, int groups, Tensor* out) override {
@@ -824,12 +811,13 @@ class CudaBackend final : public Backend {
  private:
   void Use() const { ctx_->Use(); }
 
-  // y = x W on `stream` (dense or EXL3; EXL3 GEMMs only on the main stream).
-  void LinearOn(const Tensor& x, const LinearWeight& w, Tensor* out, cudaStream_t stream, Exl3GemvWorkspace& ws) {
+  // y = x W (dense or EXL3).
+  void LinearOn(const Tensor& x, const LinearWeight& w, Tensor* out) {
     const int64_t m = x.shape[0];
+    const cudaStream_t stream = ctx_->stream;
     if (w.is_exl3()) {
       CudaExl3Linear& e = Exl3Weights::Of(w);
-      exl3_.Apply(exl3_.PartFor(e, e.slice.out_begin, e.slice.out_end), F(x), w.in, m, F(*out), w.out, false, stream, ws);
+      exl3_.Apply(exl3_.PartFor(e, e.slice.out_begin, e.slice.out_end), F(x), w.in, m, F(*out), w.out, false);
       return;
     }
     const cuda_ops::WType type = WTypeOf(w.dense.dtype, w.name);
@@ -941,7 +929,6 @@ class CudaBackend final : public Backend {
   MoeDispatch moe_{ctx_, arena_, exl3_, counters_, options_.prefill_moe, options_.moe};  // routed experts
   std::unique_ptr<OpProfiler> profiler_;  // on while the bench profiles
   std::optional<HostTimer> step_timer_;  // BeginStep .. EndStep (CudaStepHostTimes)
-  SideStreams side_{ctx_->stream, options_.gemv};  // concurrent linears, created on first use
   AttentionPaths attention_{arena_, options_.prefill_attention};  // which kernel one sequence's attention takes
   DenseGemm dense_gemm_;  // cuBLAS for dense linears of more than kGraphMaxRows rows
   std::set<std::string> logged_fallback_;  // ops whose fallback (per sequence, or composed of other ops) was logged

@@ -21,10 +21,6 @@ struct CudaBackendOptions {
   // Device memory set aside for a step's temporaries; a step that needs more (a long prefill chunk)
   // takes the rest from the stream-ordered pool.
   size_t scratch_bytes = size_t{256} << 20;
-  // Independent small linears of a step (Backend::LinearBatch, the groups of a one-row grouped linear,
-  // the shared expert's gate and up) run concurrently on side streams when true. Off by default: on the
-  // full-size model with graphs it measured 8% slower than in order (docs/gpu-forward.md).
-  bool concurrent_linears = false;
 
   // ---- A/B variants and tunings (CudaBackendOptionsFromEnvironment reads them for the CLI and the worker) ----
   // The stateful part of decode steps (compressors, indexer, attention: Backend::StatefulSegment) replays

@@ -117,11 +117,7 @@ Exl3Part& Exl3Weights::PartFor(CudaExl3Linear& e, int64_t out_begin, int64_t out
 
 void Exl3Weights::Apply(const Exl3Part& part, const float* x, int64_t ldx, int64_t m, float* out, int64_t ldo,
                         bool accumulate) {
-  Apply(part, x, ldx, m, out, ldo, accumulate, ctx_->stream, MainGemvWorkspace());
-}
-void Exl3Weights::Apply(const Exl3Part& part, const float* x, int64_t ldx, int64_t m, float* out, int64_t ldo,
-                        bool accumulate, cudaStream_t stream, Exl3GemvWorkspace& gemv_ws) {
-  Require(m <= kExl3GemvMaxRows || stream == ctx_->stream, "EXL3 linear", "a GEMM off the main stream");
+  const cudaStream_t stream = ctx_->stream;
   const Exl3DeviceLinear& lin = part.buffers->linear();
   Tensor xh = arena_.Temp(DType::kF16, {m, lin.k});
   // A slice that is the whole block range, written plainly to a dense output, needs no column copy:
@@ -139,7 +135,7 @@ void Exl3Weights::Apply(const Exl3Part& part, const float* x, int64_t ldx, int64
   cuda_ops::ToHalfPadded(x, m, part.kin, ldx, static_cast<uint16_t*>(xh.data), lin.k, part.x_col0, stream);
   const uint16_t* xp = static_cast<const uint16_t*>(xh.data);
   if (m <= kExl3GemvMaxRows) {
-    Exl3Gemv(lin, xp, static_cast<int>(m), y.data, Exl3Out::kF32, gemv_ws, stream);
+    Exl3Gemv(lin, xp, static_cast<int>(m), y.data, Exl3Out::kF32, MainGemvWorkspace(), stream);
   } else {
     constexpr int kChunk = 512;
     // Sized for the largest linear loaded so far; a larger one loaded later gets a new workspace.
@@ -152,7 +148,7 @@ void Exl3Weights::Apply(const Exl3Part& part, const float* x, int64_t ldx, int64
     }
     for (int64_t r0 = 0; r0 < m; r0 += kChunk) {
       const int rows = static_cast<int>(std::min<int64_t>(kChunk, m - r0));
-      Exl3Gemm(lin, xp + r0 * lin.k, rows, F(y) + r0 * lin.n, Exl3Out::kF32, *gemm_ws_, ctx_->stream);
+      Exl3Gemm(lin, xp + r0 * lin.k, rows, F(y) + r0 * lin.n, Exl3Out::kF32, *gemm_ws_, stream);
     }
   }
   if (!direct)

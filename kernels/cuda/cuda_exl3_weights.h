@@ -75,9 +75,6 @@ class Exl3Weights {
 
   // out[m, nout] (row stride ldo; += when accumulate) = x[m, kin] (row stride ldx) W_part.
   void Apply(const Exl3Part& part, const float* x, int64_t ldx, int64_t m, float* out, int64_t ldo, bool accumulate);
-  // The same on `stream` with its own GEMV workspace (m <= kExl3GemvMaxRows off the main stream).
-  void Apply(const Exl3Part& part, const float* x, int64_t ldx, int64_t m, float* out, int64_t ldo, bool accumulate,
-             cudaStream_t stream, Exl3GemvWorkspace& gemv_ws);
   // The GEMV workspace of the backend's stream.
   Exl3GemvWorkspace& MainGemvWorkspace();
 
