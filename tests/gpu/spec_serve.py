@@ -7,23 +7,27 @@ drafts' acceptance per position from the gateway's vLLM counters (vllm:spec_deco
                           [--repeat 2] [--streams 1]
     spec_serve.py summary --off off.json [--text specserve.txt] ON.json...
 
-measure: the same chat completions on every run, two sets of them: greedy (temperature 0, with logprobs for
-the generated tokens) and sampled (temperature 0.7, a seed per prompt), each ignore_eos so that every
-request generates --max-tokens tokens.
+measure: the same chat completions on every run, two sets of them: greedy (temperature 0) and sampled
+(temperature 0.7, a seed per prompt), each ignore_eos so that every request generates --max-tokens tokens.
 One warm-up request per set goes first (CUDA graphs are captured while a shape is new) and is not counted.
 Each set runs --repeat times; every run scrapes /metrics before and after it and keeps the counters' change,
-the completion tokens (usage.completion_tokens), the client's wall time, the replies' text and tokens.
+the completion tokens (usage.completion_tokens), the client's wall time and the replies' messages.
+--expect-drafts (a run under --draft-policy fixed, which proposes every draft) makes a run that counted no
+drafts a failure; the adaptive policy may rightly propose none where drafts do not pay.
 
 summary: per set, tok/s of every run (the best of its repeats, and all of them) beside the --off run's and
 their ratio; for every run with drafts the mean accepted length (1 + accepted / drafts, vLLM's mean
 acceptance length), the acceptance per position (accepted at position i / drafts), ms of draft passes per
-pass and per engine step, ms of forward per engine step. Exit status 1 when a run's greedy replies (their
-generated tokens and text) differ from the --off run's (speculation must not change greedy output) or when a run that speculated counted no
-drafts; the summary says which.
+pass and per engine step, ms of forward per engine step, and the draft policy's decisions. Exit status 1
+when a run's greedy replies (message content and reasoning, completion tokens) differ from the --off run's
+(speculation must not change greedy output; the text after an end of sentence is not in a chat reply, so
+the tokens after one are timed but not compared) or when a run with --expect-drafts counted no drafts; the
+summary says which.
 """
 import argparse
 import json
 import os
+import re
 import sys
 import time
 import urllib.error
@@ -44,9 +48,8 @@ PROMPTS = [
     "Hello! Who are you?",
     "List some things people do on a sunny afternoon in the park.",
 ]
-# The greedy set asks for logprobs: their tokens are every generated token, the ones after an end of sentence
-# (ignore_eos) included, which the reply's text leaves out; the on / off comparison is over those tokens.
-SETS = {"greedy": {"temperature": 0, "logprobs": True}, "sampled": {"temperature": 0.7}}
+# No logprobs: a sequence that returns them does not speculate (coordinator/scheduler.cc).
+SETS = {"greedy": {"temperature": 0}, "sampled": {"temperature": 0.7}}
 
 
 def post(url, body):
@@ -63,24 +66,35 @@ def request_body(model, prompt_index, params, max_tokens):
     return body
 
 
+def draft_decisions(url):
+    """The draft policy's decisions so far, by kind: vllm:spec_decode_draft_decisions_total{decision=...}."""
+    text = urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r'^vllm:spec_decode_draft_decisions_total\{[^}]*decision="(\w+)"[^}]*\} ([0-9.e+-]+)$', line)
+        if m:
+            out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
+    return out
+
+
 def run_set(url, model, params, max_tokens, streams):
-    before = metrics(url)
+    before, decisions_before = metrics(url), draft_decisions(url)
     t0 = time.monotonic()
     with ThreadPoolExecutor(max_workers=streams) as pool:
         replies = list(pool.map(lambda i: post(url, request_body(model, i, params, max_tokens)), range(len(PROMPTS))))
     seconds = time.monotonic() - t0
-    after = metrics(url)
+    after, decisions_after = metrics(url), draft_decisions(url)
     return {"seconds": seconds,
             "tokens": sum(r["usage"]["completion_tokens"] for r in replies),
-            "tokens_out": [[t["token"] for t in (r["choices"][0].get("logprobs") or {}).get("content") or []]
-                           for r in replies],
-            "texts": [r["choices"][0]["message"].get("content") for r in replies],
-            "counters": {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}}
+            "messages": [r["choices"][0]["message"] for r in replies],
+            "completion_tokens": [r["usage"]["completion_tokens"] for r in replies],
+            "counters": {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after},
+            "decisions": {k: v - decisions_before.get(k, 0.0) for k, v in decisions_after.items()}}
 
 
 def measure(a):
     model = json.load(urllib.request.urlopen(a.url + "/v1/models", timeout=30))["data"][0]["id"]
-    result = {"label": a.label, "model": model, "max_tokens": a.max_tokens, "streams": a.streams,
+    result = {"label": a.label, "expect_drafts": a.expect_drafts, "model": model, "max_tokens": a.max_tokens, "streams": a.streams,
               "prompts": len(PROMPTS), "sets": {}}
     for name, params in SETS.items():
         post(a.url, request_body(model, 0, params, a.max_tokens))  # warm-up, not counted
@@ -98,10 +112,10 @@ def tok_s(run):
     return run["tokens"] / run["seconds"] if run["seconds"] > 0 else 0.0
 
 
-def summed_counters(runs):
+def summed(runs, key):
     total = {}
     for run in runs:
-        for k, v in run["counters"].items():
+        for k, v in run[key].items():
             total[k] = total.get(k, 0.0) + v
     return total
 
@@ -142,23 +156,23 @@ def summary(a):
             best = max(tok_s(r) for r in on["sets"][name])
             lines.append(f"{on['label']}: {best:.1f} tok/s, {best / base if base else 0:.3f}x off "
                          f"(runs: {', '.join(f'{tok_s(r):.1f}' for r in on['sets'][name])})")
-            spec = acceptance_lines(summed_counters(on["sets"][name]))
+            spec = acceptance_lines(summed(on["sets"][name], "counters"))
             if not spec:
-                ok = False
-                lines.append(f"  FAIL: the {on['label']} run counted no drafts (vllm:spec_decode_num_drafts)")
+                lines.append(f"  no drafts counted (vllm:spec_decode_num_drafts)"
+                             + ("  FAIL: this policy proposes every draft" if on["expect_drafts"] else ""))
+                ok = ok and not on["expect_drafts"]
             lines += ["  " + s for s in spec]
+            decisions = summed(on["sets"][name], "decisions")
+            lines.append("  draft policy decisions: " + (", ".join(f"{k} {v:.0f}" for k, v in sorted(decisions.items())
+                                                                   if v) or "none"))
     first = off["sets"]["greedy"][0]
-    want = list(zip(first["tokens_out"], first["texts"]))
-    if not all(len(t) == off["max_tokens"] for t in first["tokens_out"]):
-        ok = False
-        lines.append("FAIL: the off run's greedy replies do not list every generated token (logprobs)")
+    want = list(zip(first["messages"], first["completion_tokens"]))
     for run in [off] + ons:
         for i, r in enumerate(run["sets"]["greedy"]):
-            same = sum(x == y for x, y in zip(zip(r["tokens_out"], r["texts"]), want))
+            same = sum(x == y for x, y in zip(zip(r["messages"], r["completion_tokens"]), want))
             if same != len(want):
                 ok = False
-            lines.append(f"greedy replies (tokens and text) of {run['label']} run {i + 1} equal to off run 1: "
-                         f"{same} of {len(want)}"
+            lines.append(f"greedy replies of {run['label']} run {i + 1} equal to off run 1: {same} of {len(want)}"
                          + ("" if same == len(want) else "  FAIL"))
     text = "\n".join(lines)
     print(text)
@@ -178,6 +192,7 @@ def main():
     m.add_argument("--max-tokens", type=int, default=128)
     m.add_argument("--repeat", type=int, default=2)
     m.add_argument("--streams", type=int, default=1)
+    m.add_argument("--expect-drafts", action="store_true")
     s = sub.add_parser("summary")
     s.add_argument("--off", required=True)
     s.add_argument("--text")
