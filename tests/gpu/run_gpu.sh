@@ -322,8 +322,12 @@ if has specserve; then
     ulog=$OUT/up_specserve_$mode.log
     $DS up --device "$DEVICE" ${SPEC_WORLD:+--world "$SPEC_WORLD"} --port $port "${sflag[@]}" ${SPEC_UP_FLAGS:-} > "$ulog" 2>&1 &
     up=$!
-    for _ in $(seq 1 600); do grep -qs "^dsmesh up: ready" "$ulog" && curl -sf localhost:$port/health >/dev/null && break; sleep 0.5; done
-    grep -E "dsmesh up: (device|serving|model)" "$ulog"
+    for _ in $(seq 1 600); do
+      grep -qs "^dsmesh up: ready" "$ulog" && curl -sf localhost:$port/health >/dev/null && break
+      kill -0 $up 2>/dev/null || break  # `up` gave up (its reason is in the log)
+      sleep 0.5
+    done
+    grep -E "dsmesh up: (device|serving|model)|error" "$ulog" | head -6
     check grep -q "dsmesh up: serving the trained small model" "$ulog"
     timeout ${SPEC_TIMEOUT:-500} python3 tests/gpu/spec_serve.py measure --url http://127.0.0.1:$port --label "$mode" \
       --out "$OUT/specserve_$mode.json" --max-tokens ${SPEC_TOKENS:-128} --repeat ${SPEC_REPEAT:-2} --streams ${SPEC_STREAMS:-1} "${eflag[@]}"
