@@ -6,9 +6,11 @@
 # choosing the GPU and surviving a worker killed mid-stream (how long serving was down). Logs go to $OUT
 # (or /tmp/out).
 #   usage (repository root on the GPU machine): tests/gpu/run_gpu.sh [parts]
-#   parts: any of tests,sanitize,cli,serve,survive,flash,flashbench,profile,timeline,specbench,prefill,specloop
-#          (default: all but the benches)
-#   env: GPU_TESTS (test binaries of the tests part), GTEST_FILTER (passed through to them)
+#   parts: any of tests,sanitize,cli,serve,survive,flash,flashbench,profile,timeline,specbench,prefill,specloop,
+#          specserve (default: all but the benches and specserve)
+#   env: GPU_TESTS (test binaries of the tests part), GTEST_FILTER (passed through to them);
+#        DSMESH_BIN: a dsmesh with its siblings laid out as in bazel-bin (bazel-bin/cli/dsmesh) instead of the
+#        bundle, e.g. `DSMESH_BIN=bazel-bin/cli/dsmesh DEVICE=cpu tests/gpu/run_gpu.sh specserve` without a GPU
 set -uo pipefail
 B=.bundle/gpu
 PARTS=${1:-tests,sanitize,cli,serve,survive,flash}
@@ -19,17 +21,22 @@ step() { echo; echo "=== $*"; }
 check() { if "$@"; then echo "PASS: $*"; else echo "FAIL: $*"; fail=1; fi; }
 # Whether PARTS (comma-separated) names this part exactly ("flashbench" does not also run "flash").
 has() { [[ ",$PARTS," == *",$1,"* ]]; }
-find "$B" ${BASE_LIBS:+"$BASE_LIBS"} -name '*.xz' | while read -r z; do xz -dc "$z" > "${z%.xz}" && chmod +x "${z%.xz}" && rm "$z"; done
-CUBLAS_DIR=$(dirname "$(ls /usr/local/cuda/lib64/libcublas.so.13 2>/dev/null ||
-  find "$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null)" /usr -name 'libcublas.so.13' 2>/dev/null | head -1)")
-export LD_LIBRARY_PATH=$B/lib:$CUBLAS_DIR
 export DSMESH_ROOT=$PWD DSMESH_REQUIRE_GPU_TESTS=1
-# `dsmesh up` finds its siblings as bazel-bin lays them out (cli/, worker/, coordinator/, gateway/).
-for p in cli/dsmesh worker/dsmesh-worker coordinator/dsmesh-coordinator gateway/dsmesh-gateway; do
-  mkdir -p "$B/tree/${p%/*}" && cp -f "$B/bin/${p##*/}" "$B/tree/$p"
-done
-DS=$B/tree/cli/dsmesh
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
+# What travels xz-compressed: binaries, libraries, the trained model's shards (make_bundle.sh).
+[[ -d $B ]] && find "$B" ${BASE_LIBS:+"$BASE_LIBS"} -name '*.xz' | while read -r z; do xz -dc "$z" > "${z%.xz}" && chmod +x "${z%.xz}" && rm "$z"; done
+if [[ -n ${DSMESH_BIN:-} ]]; then
+  DS=$DSMESH_BIN
+else
+  CUBLAS_DIR=$(dirname "$(ls /usr/local/cuda/lib64/libcublas.so.13 2>/dev/null ||
+    find "$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null)" /usr -name 'libcublas.so.13' 2>/dev/null | head -1)")
+  export LD_LIBRARY_PATH=$B/lib:$CUBLAS_DIR
+  # `dsmesh up` finds its siblings as bazel-bin lays them out (cli/, worker/, coordinator/, gateway/).
+  for p in cli/dsmesh worker/dsmesh-worker coordinator/dsmesh-coordinator gateway/dsmesh-gateway; do
+    mkdir -p "$B/tree/${p%/*}" && cp -f "$B/bin/${p##*/}" "$B/tree/$p"
+  done
+  DS=$B/tree/cli/dsmesh
+fi
+command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
 GOLDEN=tests/golden/tiny_v4
 
 if has tests; then
@@ -302,6 +309,51 @@ print(f"worker SIGKILLed after {n} stream chunks: the stream ended {ts - t0:.2f}
 PY
   grep -E "exited|restarted|serving again" "$ulog" | head -4
   kill -INT $up; wait $up
+fi
+
+if has specserve; then
+  # Issue 42: speculation as a client of `dsmesh up` sees it, on the trained default model (models/dsv4-small,
+  # served when no --model is given): the same chat completions (tests/gpu/spec_serve.py: 8 prompts, greedy and
+  # sampled sets) with 3 MTP drafts under each draft policy of SPEC_POLICIES and with speculation off, one mesh
+  # after the other; tok/s on / off, the acceptance per position from the vllm:spec_decode_* counters.
+  # DEVICE (cuda; cpu runs the same part without a GPU), SPEC_WORLD (workers; up's default), SPEC_TOKENS (128
+  # per request), SPEC_REPEAT (2 runs of each set), SPEC_STREAMS (1 client at a time) choose the runs.
+  DEVICE=${DEVICE:-cuda}
+  step "dsmesh up --device $DEVICE, trained default model: speculation (${SPEC_DRAFTS:-3} MTP drafts, policies ${SPEC_POLICIES:-fixed adaptive}) and off"
+  # The model's shards travel in the bundle (make_bundle.sh with BUNDLE_TRAINED_MODEL=1) when the carried
+  # tree leaves them out; they go where `dsmesh up` looks for the default model.
+  for f in "$B"/models/dsv4-small/*.safetensors; do
+    [[ -e $f && ! -e models/dsv4-small/${f##*/} ]] && ln -s "$PWD/$f" models/dsv4-small/
+  done
+  port=8130
+  ons=()
+  # SPEC_DRAFT_VOCAB: the drafts' draft_vocab_size (default: the whole vocabulary); SPEC_UP_FLAGS: more flags
+  # for every `dsmesh up` (e.g. --heartbeat-timeout-ms on a loaded CPU machine).
+  spec="{\"method\":\"mtp\",\"num_speculative_tokens\":${SPEC_DRAFTS:-3}${SPEC_DRAFT_VOCAB:+,\"draft_vocab_size\":$SPEC_DRAFT_VOCAB}}"
+  for mode in ${SPEC_POLICIES:-fixed adaptive} off; do
+    sflag=()
+    [[ $mode != off ]] && sflag=(--speculative-config "$spec" --draft-policy "$mode")
+    eflag=(); [[ $mode == fixed ]] && eflag=(--expect-drafts)  # the fixed policy proposes every draft
+    ulog=$OUT/up_specserve_$mode.log
+    $DS up --device "$DEVICE" ${SPEC_WORLD:+--world "$SPEC_WORLD"} --port $port "${sflag[@]}" ${SPEC_UP_FLAGS:-} > "$ulog" 2>&1 &
+    up=$!
+    for _ in $(seq 1 600); do
+      grep -qs "^dsmesh up: ready" "$ulog" && curl -sf localhost:$port/health >/dev/null && break
+      kill -0 $up 2>/dev/null || break  # `up` gave up (its reason is in the log)
+      sleep 0.5
+    done
+    grep -E "dsmesh up: (device|serving|model)|error" "$ulog" | head -6
+    check grep -q "dsmesh up: serving the trained small model" "$ulog"
+    timeout ${SPEC_TIMEOUT:-500} python3 tests/gpu/spec_serve.py measure --url http://127.0.0.1:$port --label "$mode" \
+      --out "$OUT/specserve_$mode.json" --max-tokens ${SPEC_TOKENS:-128} --repeat ${SPEC_REPEAT:-2} --streams ${SPEC_STREAMS:-1} "${eflag[@]}"
+    check test -s "$OUT/specserve_$mode.json"
+    [[ $mode != off ]] && ons+=("$OUT/specserve_$mode.json")
+    kill -INT $up; wait $up
+  done
+  # One block: tok/s on and off and their ratio, mean accepted length, acceptance per position, draft time per
+  # pass and per step, the draft policy's decisions; FAIL where greedy replies with speculation differ from
+  # those without, or where the fixed policy counted no drafts (the adaptive one may rightly propose none).
+  check python3 tests/gpu/spec_serve.py summary --off "$OUT/specserve_off.json" --text "$OUT/specserve.txt" "${ons[@]}"
 fi
 
 echo
