@@ -31,6 +31,15 @@ StepResult StepExecutor::Run(const StepPlan& plan) {
   result.set_rank(comm_->rank());
   seqs_.ApplyFrees(plan);
   if (plan.seqs_size() == 0) return result;
+  struct Traced {  // the step's window on the device timeline, when traced
+    StepTimelineTracer* t;
+    explicit Traced(StepTimelineTracer* tracer) : t(tracer) {
+      if (t) t->BeginStep();
+    }
+    ~Traced() {
+      if (t) t->EndStep();
+    }
+  } traced(tracer_.get());
 
   std::vector<SequenceStep> batch = seqs_.PrepareBatch(plan);
   const char* host_reason = sampling_.ChoosePath(plan, seqs_, &batch);

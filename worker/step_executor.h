@@ -22,15 +22,19 @@
 #include "worker/sequence_table.h"
 #include "worker/speculation.h"
 #include "worker/step_sampling.h"
+#include "worker/step_timeline_tracer.h"
 
 namespace dsmesh {
 
 class StepExecutor {
  public:
+  // Reads DSMESH_WORKER_TIMELINE (worker/step_timeline_tracer.h); throws on a malformed value.
   StepExecutor(Model* model, MeshCommunicator* comm)
-      : model_(model), comm_(comm), sampling_(model, comm), seqs_(model, [this]() -> structured::GrammarCache& {
-          return sampling_.Grammars();
-        }) {}
+      : model_(model),
+        comm_(comm),
+        sampling_(model, comm),
+        seqs_(model, [this]() -> structured::GrammarCache& { return sampling_.Grammars(); }),
+        tracer_(StepTimelineTracer::FromEnvironment(model->backend())) {}
   StepExecutor(const StepExecutor&) = delete;  // seqs_ calls back into this object's sampling_
   StepExecutor& operator=(const StepExecutor&) = delete;
 
@@ -75,6 +79,7 @@ class StepExecutor {
   StepSampling sampling_;
   SequenceTable seqs_;
   DraftHook draft_hook_;
+  std::unique_ptr<StepTimelineTracer> tracer_;  // null unless DSMESH_WORKER_TIMELINE asks for one
 };
 
 }  // namespace dsmesh

@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <string>
 
-#include "cli/bench/timeline_report.h"
+#include "kernels/timeline/timeline_report.h"
 #include "cli/bench/timeline_trace.h"
 #include "kernels/cpu/cpu_backend.h"
 

@@ -4,7 +4,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "cli/bench/timeline_report.h"
+#include "kernels/timeline/timeline_report.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cupti_timeline.h"
 #include "kernels/timeline/step_timeline.h"

@@ -1,6 +1,6 @@
 // `dsmesh bench --timeline`: a few decode steps run under a CUPTI timeline (kernels/cuda/cupti_timeline.h),
 // each step marked on CUPTI's clock as the host begins and ends it, then analyzed and printed
-// (cli/bench/timeline_report.h).
+// (kernels/timeline/timeline_report.h).
 #pragma once
 
 #include <cstdio>

@@ -1,4 +1,4 @@
-#include "cli/bench/timeline_report.h"
+#include "kernels/timeline/timeline_report.h"
 
 #include <string>
 
@@ -19,10 +19,14 @@ nlohmann::json PrintStepTimeline(const StepTimelineSummary& s, double untraced_s
   // Per step, in ms.
   auto ms = [&](uint64_t ns) { return ns / kNsPerMs / n; };
   const double wall = ms(s.wall_ns), busy = ms(s.busy_ns), idle = ms(s.idle_ns());
+  // (untraced_step_ms <= 0: no untraced figure of the same steps, as in a worker's trace)
+  char untraced[48] = "";
+  if (untraced_step_ms > 0) std::snprintf(untraced, sizeof untraced, " (untraced: %.3f)", untraced_step_ms);
   std::fprintf(out,
-               "  timeline (CUPTI, %d steps traced after the timed ones): %.3f ms/step wall (untraced: %.3f), device "
-               "busy %.3f ms (%.1f %%), idle %.3f ms (%.1f %%)\n",
-               s.steps, wall, untraced_step_ms, busy, 100 * busy / wall, idle, 100 * idle / wall);
+               "  timeline (CUPTI, %d steps traced%s): %.3f ms/step wall%s, device busy %.3f ms (%.1f %%), idle %.3f ms "
+               "(%.1f %%)\n",
+               s.steps, untraced_step_ms > 0 ? " after the timed ones" : "", wall, untraced, busy,
+               100 * busy / wall, idle, 100 * idle / wall);
   nlohmann::json j = {{"traced_steps", s.steps}, {"wall_ms", wall},       {"untraced_step_ms", untraced_step_ms},
                       {"busy_ms", busy},         {"idle_ms", idle},       {"host_bound_ms", ms(s.host_wait_ns())}};
   std::fprintf(out, "  %-46s %9s %7s %9s %14s\n", "idle gaps per step, between", "ms", "% wall", "gaps",
