@@ -128,6 +128,14 @@ Worker::Worker(const Flags& f)
   kv_budget_ = f.Has("kv-memory") ? ParseBytes(f.Get("kv-memory"))
                                   : static_cast<int64_t>(f.GetDouble("kv-memory-fraction", 0.1) * MemAvailableBytes());
   data_host_ = f.Has("data-host") ? f.Get("data-host") : LocalAddressToward(coordinator_);
+  const char* channel = std::getenv("DSMESH_RESULT_CHANNEL");
+  if (channel && std::string(channel) != "on" && std::string(channel) != "off")
+    throw UsageError(std::string("DSMESH_RESULT_CHANNEL=") + channel + ": expected on or off");
+  result_channel_enabled_ = !channel || std::string(channel) == "on";
+}
+
+Worker::~Worker() {
+  if (result_fd_ >= 0) close(result_fd_);
 }
 
 int Worker::Run() {
@@ -307,6 +315,7 @@ void Worker::FormMesh(const dsmesh::FormMesh& form) {
     comm_.Detach();
     if (executor_) executor_->Reset();
     GrpcStore store(stub_, form.store_prefix());
+    OfferResultChannel(store);
     std::unique_ptr<Communicator> comm = MakeCommunicator(store);
     auto* ipc = dynamic_cast<CudaIpcCommunicator*>(comm.get());
     comm_.Attach(std::move(comm));
@@ -411,6 +420,42 @@ void Worker::RunStep(const StepPlan& plan) {
   result.set_result_sent_unix_ns(NowNs());
   WorkerMessage m;
   *m.mutable_result() = std::move(result);
+  SendResult(m);
+}
+
+void Worker::OfferResultChannel(gloo::rendezvous::Store& store) {
+  if (result_fd_ >= 0) close(result_fd_);
+  result_fd_ = -1;
+  result_channel_pending_ = false;
+  if (!result_channel_enabled_) return;
+  if (!result_listener_) {
+    try {
+      result_listener_ = std::make_unique<ResultChannelListener>();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "[worker %d] step results stay on the session stream: %s\n", rank_, e.what());
+      result_channel_enabled_ = false;
+      return;
+    }
+  }
+  const std::string& name = result_listener_->name();
+  store.set(ResultChannelKey(rank_), std::vector<char>(name.begin(), name.end()));
+  result_channel_pending_ = true;
+}
+
+void Worker::SendResult(const WorkerMessage& m) {
+  // The coordinator connects after every rank is Ready and before it sends the formation's first plan,
+  // so the connection, if any, is pending by now.
+  if (result_channel_pending_) {
+    result_channel_pending_ = false;
+    result_fd_ = result_listener_->AcceptNewest();
+  }
+  if (result_fd_ >= 0) {
+    if (WriteFrame(result_fd_, m.SerializeAsString())) return;
+    std::fprintf(stderr, "[worker %d] the coordinator closed the result channel; results go on the session stream\n",
+                 rank_);
+    close(result_fd_);
+    result_fd_ = -1;
+  }
   Send(m);
 }
 

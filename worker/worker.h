@@ -24,6 +24,7 @@
 #include "common/communicator.h"
 #include "common/flags.h"
 #include "common/mesh/mesh_credentials.h"
+#include "common/mesh/result_channel.h"
 #include "model/kv_layout.h"
 #include "model/model.h"
 #include "proto/mesh.grpc.pb.h"
@@ -44,6 +45,7 @@ class Worker {
  public:
   // Reads the dsmesh-worker flags (see worker_main.cc); throws UsageError on a bad one.
   explicit Worker(const Flags& f);
+  ~Worker();
 
   // Connects and serves the session until drained (0), terminated by SIGTERM/SIGINT (0), refused or
   // cut off by the coordinator (1). SIGTERM, SIGINT and SIGUSR1 must be blocked in every thread of the
@@ -77,6 +79,11 @@ class Worker {
   void SetDraftVocabulary(const dsmesh::FormMesh& form);
   // Runs one plan and answers its result (or the error, naming this rank).
   void RunStep(const StepPlan& plan);
+  // Offers this formation's coordinator the result channel (under ResultChannelKey in the store), once a
+  // listener exists; forgets the last formation's connection.
+  void OfferResultChannel(gloo::rendezvous::Store& store);
+  // A step's result: over the result channel when the coordinator connected one, else on the stream.
+  void SendResult(const WorkerMessage& m);
   // The data-plane communicator of this formation: CUDA IPC when every rank is a process on this one
   // GPU (NCCL refuses that, and Gloo would stage every activation through the host), else Gloo over TCP.
   // DSMESH_TP_COMM=gloo forces Gloo; =cuda-ipc fails loudly where it cannot be used. Every rank reads
@@ -111,6 +118,12 @@ class Worker {
   std::atomic<int64_t> last_ack_{0};     // steady_clock ticks of the last heartbeat ack
   std::atomic<int64_t> busy_since_{0};   // steady_clock ticks when the running step/formation began; 0: idle
   bool notified_ready_ = false;
+  // Step results go over a result channel (common/mesh/result_channel.h) when the coordinator connected to
+  // the one offered at formation; DSMESH_RESULT_CHANNEL=off keeps them on the session stream.
+  bool result_channel_enabled_ = true;
+  std::unique_ptr<ResultChannelListener> result_listener_;
+  int result_fd_ = -1;                   // the coordinator's connection for this formation, or -1
+  bool result_channel_pending_ = false;  // offered at formation; the first plan accepts the connection
 };
 
 }  // namespace dsmesh
