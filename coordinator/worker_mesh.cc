@@ -28,7 +28,7 @@ WorkerMesh::WorkerMesh(int world, RendezvousStore* store, std::chrono::milliseco
 }
 
 WorkerMesh::Session::~Session() {
-  if (result_fd >= 0) close(result_fd);
+  if (step_fd >= 0) close(step_fd);
 }
 
 void WorkerMesh::Wake() {
@@ -221,30 +221,29 @@ std::vector<WorkerReady> WorkerMesh::Form(std::chrono::milliseconds timeout) {
   if (!errors.empty()) throw FormationError("mesh epoch " + std::to_string(epoch) + " failed to form: " + errors);
   const std::string prefix = "epoch/" + std::to_string(epoch) + "/";
   lock.unlock();
-  ConnectResultChannels(sessions, prefix);
+  ConnectStepChannels(sessions, prefix);
   return out;
 }
 
-void WorkerMesh::ConnectResultChannels(const std::vector<std::shared_ptr<Session>>& sessions,
+void WorkerMesh::ConnectStepChannels(const std::vector<std::shared_ptr<Session>>& sessions,
                                        const std::string& prefix) {
   int connected = 0;
   for (int r = 0; r < world_; ++r) {
     Session& s = *sessions[r];
-    if (s.result_fd >= 0) close(s.result_fd);  // the last formation's
-    s.result_fd = -1;
-    s.result_reader = FrameReader();
-    const std::optional<std::string> name = store_->Find(prefix + ResultChannelKey(r));
-    if (!name) continue;  // the worker offered none (DSMESH_RESULT_CHANNEL=off, or it could not listen)
+    if (s.step_fd >= 0) close(s.step_fd);  // the last formation's
+    s.step_fd = -1;
+    s.step_reader = FrameReader();
+    const std::optional<std::string> name = store_->Find(prefix + StepChannelKey(r));
+    if (!name) continue;  // the worker offered none (DSMESH_STEP_CHANNEL=off, or it could not listen)
     std::string why;
-    s.result_fd = ConnectResultChannel(*name, s.hello.pid(), &why);
-    if (s.result_fd >= 0) {
+    s.step_fd = ConnectStepChannel(*name, s.hello.pid(), &why);
+    if (s.step_fd >= 0) {
       ++connected;
     } else {
-      std::fprintf(stderr, "[coordinator] rank %d returns step results on its session stream: %s\n", r, why.c_str());
+      std::fprintf(stderr, "[coordinator] rank %d runs its steps over its session stream: %s\n", r, why.c_str());
     }
   }
-  std::fprintf(stderr, "[coordinator] %d of %d ranks return step results over a local result channel\n", connected,
-               world_);
+  std::fprintf(stderr, "[coordinator] %d of %d ranks run their steps over a local step channel\n", connected, world_);
 }
 
 void WorkerMesh::WaitForResults(const std::vector<std::shared_ptr<Session>>& sessions,
@@ -252,8 +251,8 @@ void WorkerMesh::WaitForResults(const std::vector<std::shared_ptr<Session>>& ses
   std::vector<pollfd> fds = {{wake_fd_, POLLIN, 0}};
   std::vector<int> rank_of;  // fds[i + 1] is rank_of[i]'s channel
   for (int r = 0; r < world_; ++r)
-    if (sessions[r]->result_fd >= 0) {
-      fds.push_back({sessions[r]->result_fd, POLLIN, 0});
+    if (sessions[r]->step_fd >= 0) {
+      fds.push_back({sessions[r]->step_fd, POLLIN, 0});
       rank_of.push_back(r);
     }
   const int n = poll(fds.data(), fds.size(), static_cast<int>(std::max<int64_t>(1, timeout.count())));
@@ -268,33 +267,34 @@ void WorkerMesh::WaitForResults(const std::vector<std::shared_ptr<Session>>& ses
     const int r = rank_of[i - 1];
     const std::shared_ptr<Session>& s = sessions[r];
     std::vector<std::string> frames;
-    const FrameReader::Status st = s->result_reader.ReadAvailable(s->result_fd, &frames);
-    std::string problem = st == FrameReader::Status::kClosed ? "disconnected (its result channel closed)"
-                          : st == FrameReader::Status::kBad ? "sent an oversized frame on its result channel"
+    const FrameReader::Status st = s->step_reader.ReadAvailable(s->step_fd, &frames);
+    std::string problem = st == FrameReader::Status::kClosed ? "disconnected (its step channel closed)"
+                          : st == FrameReader::Status::kBad ? "sent an oversized frame on its step channel"
                                                               : "";
     std::vector<StepResult> results;
     for (const std::string& f : frames) {
       WorkerMessage m;
       if (!m.ParseFromString(f) || !m.has_result()) {
-        problem = "sent a malformed message on its result channel";
+        problem = "sent a malformed message on its step channel";
         break;
       }
       results.push_back(std::move(*m.mutable_result()));
     }
     std::lock_guard<std::mutex> lock(mu_);
     for (StepResult& res : results) s->results[res.step_id()] = std::move(res);
-    if (!problem.empty()) {
-      close(s->result_fd);
-      s->result_fd = -1;
-      // A worker process that died closes its session too. One that is alive but broke the channel is cut
-      // off, so that it registers again and the mesh re-forms. (While the session is the rank's, its
-      // handler has not returned: ctx is alive.)
-      if (ranks_[r] == s) {
-        s->ctx->TryCancel();
-        Lose(r, s, problem);
-      }
-    }
+    if (!problem.empty()) LoseStepChannel(r, s, problem);
   }
+}
+
+void WorkerMesh::LoseStepChannel(int rank, const std::shared_ptr<Session>& s, const std::string& why) {
+  close(s->step_fd);
+  s->step_fd = -1;
+  // A worker process that died closes its session too. One that is alive but broke the channel is cut off,
+  // so that it registers again and the mesh re-forms. (While the session is the rank's, its handler has not
+  // returned: ctx is alive.)
+  if (ranks_[rank] != s) return;
+  s->ctx->TryCancel();
+  Lose(rank, s, why);
 }
 
 std::vector<StepResult> WorkerMesh::RunStep(StepPlan* plan, std::chrono::milliseconds timeout, StepTiming* timing) {
@@ -312,9 +312,21 @@ std::vector<StepResult> WorkerMesh::RunStep(StepPlan* plan, std::chrono::millise
   }
   const auto t0 = std::chrono::steady_clock::now();
   plan->set_sent_unix_ns(NowNs());
-  *m.mutable_plan() = *plan;  // one copy, written to every stream
-  for (int r = 0; r < world_; ++r)
-    if (!Write(sessions[r], m)) throw MeshBroken("could not send step plan to worker rank " + std::to_string(r));
+  *m.mutable_plan() = *plan;  // one copy, written to every rank
+  std::string frame;
+  for (int r = 0; r < world_; ++r) {
+    const std::shared_ptr<Session>& s = sessions[r];
+    if (s->step_fd < 0) {
+      if (!Write(s, m)) throw MeshBroken("could not send step plan to worker rank " + std::to_string(r));
+      continue;
+    }
+    if (frame.empty()) frame = m.SerializeAsString();
+    if (!WriteFrame(s->step_fd, frame)) {  // the worker's end is closed: its process is gone
+      std::lock_guard<std::mutex> lock(mu_);
+      LoseStepChannel(r, s, "disconnected (its step channel closed)");
+      throw MeshBroken(broken_.empty() ? "could not send step plan to worker rank " + std::to_string(r) : broken_);
+    }
+  }
 
   const int64_t id = plan->step_id();
   const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -325,7 +337,7 @@ std::vector<StepResult> WorkerMesh::RunStep(StepPlan* plan, std::chrono::millise
       if (!s->results.count(id)) return false;
     return true;
   };
-  // This thread reads the result channels itself (no hand-off from another thread); results that come on
+  // This thread reads the step channels itself (no hand-off from another thread); results that come on
   // a session stream, and lost ranks, reach it through wake_fd_.
   while (!done()) {
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());

@@ -1,9 +1,9 @@
 // The coordinator's view of its workers: one Session stream per rank (WorkerControl.Session), mesh
 // formation (FormMesh -> WorkerReady from every rank), step fan-out and result collection, and loss
 // detection: a session that closes (process died) or stops sending heartbeats (hung) breaks the mesh
-// at once; whoever waits on it is woken with the reason. A worker on this machine returns its step
-// results over a result channel (common/mesh/result_channel.h) that the engine thread reads itself;
-// others return them on the Session stream.
+// at once; whoever waits on it is woken with the reason. A worker on this machine gets its plans and
+// returns its results over a step channel (common/mesh/step_channel.h) that the engine thread writes and
+// reads itself; others use the Session stream for them too.
 #pragma once
 
 #include <atomic>
@@ -21,7 +21,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "common/mesh/rendezvous_store.h"
-#include "common/mesh/result_channel.h"
+#include "common/mesh/step_channel.h"
 #include "proto/mesh.grpc.pb.h"
 
 namespace dsmesh {
@@ -99,19 +99,22 @@ class WorkerMesh {
     std::chrono::steady_clock::time_point last_heard;
     std::map<int64_t, WorkerReady> ready;     // by epoch
     std::map<int64_t, StepResult> results;    // by step id
-    // The result channel of this formation (-1: results come on the stream). Used by the engine thread
-    // only (Form connects it, RunStep reads it).
-    int result_fd = -1;
-    FrameReader result_reader;
+    // The step channel of this formation (-1: plans and results go on the stream). Used by the engine
+    // thread only (Form connects it, RunStep writes and reads it).
+    int step_fd = -1;
+    FrameReader step_reader;
   };
   bool Write(const std::shared_ptr<Session>& s, const CoordinatorMessage& m);
   void Lose(int rank, const std::shared_ptr<Session>& s, const std::string& why);  // mu_ held
   void Monitor();
   // Connects each rank's result channel for this formation, where its worker offered one.
-  void ConnectResultChannels(const std::vector<std::shared_ptr<Session>>& sessions, const std::string& prefix);
+  void ConnectStepChannels(const std::vector<std::shared_ptr<Session>>& sessions, const std::string& prefix);
   // Waits until a result channel is readable, wake_fd_ is signalled or `timeout` passes, and files the
   // results read into their sessions; a channel that closes or carries garbage loses its rank.
   void WaitForResults(const std::vector<std::shared_ptr<Session>>& sessions, std::chrono::milliseconds timeout);
+  // Closes rank `rank`'s step channel and, while `s` is still the rank's session, cuts it off and loses
+  // the rank for `why`. mu_ held.
+  void LoseStepChannel(int rank, const std::shared_ptr<Session>& s, const std::string& why);
   void Wake();  // signals wake_fd_
 
   const int world_;
@@ -123,7 +126,7 @@ class WorkerMesh {
   // Formation replies: a Ready arrived, or a rank was lost (Form). Its own variable, so a reply wakes only
   // the thread waiting for it: not the monitor nor WaitBroken callers.
   std::condition_variable results_cv_;
-  // RunStep's wake-up beside the result channels (an eventfd): a result on a stream, or a lost rank.
+  // RunStep's wake-up beside the step channels (an eventfd): a result on a stream, or a lost rank.
   int wake_fd_ = -1;
   std::vector<std::shared_ptr<Session>> ranks_;
   std::vector<bool> ever_registered_;  // by rank

@@ -17,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
@@ -24,7 +25,7 @@
 #include "common/communicator.h"
 #include "common/flags.h"
 #include "common/mesh/mesh_credentials.h"
-#include "common/mesh/result_channel.h"
+#include "common/mesh/step_channel.h"
 #include "model/kv_layout.h"
 #include "model/model.h"
 #include "proto/mesh.grpc.pb.h"
@@ -77,13 +78,17 @@ class Worker {
   // Gives the model the drafts' vocabulary of `form` (its draft_vocab_size while speculating, else the
   // whole head), logging a change. Throws on a size the model cannot take.
   void SetDraftVocabulary(const dsmesh::FormMesh& form);
-  // Runs one plan and answers its result (or the error, naming this rank).
-  void RunStep(const StepPlan& plan);
-  // Offers this formation's coordinator the result channel (under ResultChannelKey in the store), once a
-  // listener exists; forgets the last formation's connection.
-  void OfferResultChannel(gloo::rendezvous::Store& store);
-  // A step's result: over the result channel when the coordinator connected one, else on the stream.
-  void SendResult(const WorkerMessage& m);
+  // Runs one plan (one at a time: step_mu_) and returns the message answering it, its result or the error
+  // naming this rank. `channel`: the plan came on the step channel, which carries only plans of the epoch
+  // this rank joined last (an older one's, left over from before a re-formation, is refused).
+  WorkerMessage Step(const StepPlan& plan, bool channel);
+  // Offers this formation's coordinator the step channel (its name under StepChannelKey in the store),
+  // making the listener and starting ServeStepChannel the first time.
+  void OfferStepChannel(gloo::rendezvous::Store& store);
+  // The step channel's thread: takes the coordinator's newest connection (each formation connects anew),
+  // reads plans from it, runs them and writes their results back, until step_channel_stop_fd_ is signalled.
+  void ServeStepChannel();
+  void StopStepChannel();
   // The data-plane communicator of this formation: CUDA IPC when every rank is a process on this one
   // GPU (NCCL refuses that, and Gloo would stage every activation through the host), else Gloo over TCP.
   // DSMESH_TP_COMM=gloo forces Gloo; =cuda-ipc fails loudly where it cannot be used. Every rank reads
@@ -118,12 +123,15 @@ class Worker {
   std::atomic<int64_t> last_ack_{0};     // steady_clock ticks of the last heartbeat ack
   std::atomic<int64_t> busy_since_{0};   // steady_clock ticks when the running step/formation began; 0: idle
   bool notified_ready_ = false;
-  // Step results go over a result channel (common/mesh/result_channel.h) when the coordinator connected to
-  // the one offered at formation; DSMESH_RESULT_CHANNEL=off keeps them on the session stream.
-  bool result_channel_enabled_ = true;
-  std::unique_ptr<ResultChannelListener> result_listener_;
-  int result_fd_ = -1;                   // the coordinator's connection for this formation, or -1
-  bool result_channel_pending_ = false;  // offered at formation; the first plan accepts the connection
+  // Steps come and go over a step channel (common/mesh/step_channel.h) once the coordinator connected to
+  // the one offered at formation; DSMESH_STEP_CHANNEL=off keeps them on the session stream.
+  bool step_channel_enabled_ = true;
+  std::unique_ptr<StepChannelListener> step_listener_;
+  std::thread step_channel_thread_;
+  int step_channel_stop_fd_ = -1;  // an eventfd: written to end ServeStepChannel
+  // One step, formation or reset at a time: the session's thread (Loop) and the step channel's both run them.
+  std::mutex step_mu_;
+  int64_t formed_epoch_ = -1;  // the mesh epoch this rank joined last (-1: none, or reset since); step_mu_
 };
 
 }  // namespace dsmesh

@@ -1,7 +1,8 @@
-#include "common/mesh/result_channel.h"
+#include "common/mesh/step_channel.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <sys/un.h>
@@ -32,13 +33,13 @@ bool PeerCredentials(int fd, ucred* c) {
 
 }  // namespace
 
-std::string ResultChannelKey(int rank) { return "result_channel/" + std::to_string(rank); }
+std::string StepChannelKey(int rank) { return "step_channel/" + std::to_string(rank); }
 
-ResultChannelListener::ResultChannelListener() {
+StepChannelListener::StepChannelListener() {
   std::random_device rd;
   char suffix[17];
   std::snprintf(suffix, sizeof(suffix), "%08x%08x", rd(), rd());
-  name_ = "dsmesh-results-" + std::to_string(getpid()) + "-" + suffix;
+  name_ = "dsmesh-steps-" + std::to_string(getpid()) + "-" + suffix;
   sockaddr_un a;
   const socklen_t len = AbstractAddress(name_, &a);
   fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -46,18 +47,18 @@ ResultChannelListener::ResultChannelListener() {
     const std::string err = std::strerror(errno);
     if (fd_ >= 0) close(fd_);
     fd_ = -1;
-    throw std::runtime_error("result channel: cannot listen on @" + name_ + ": " + err);
+    throw std::runtime_error("step channel: cannot listen on @" + name_ + ": " + err);
   }
 }
 
-ResultChannelListener::~ResultChannelListener() {
+StepChannelListener::~StepChannelListener() {
   if (fd_ >= 0) close(fd_);
 }
 
-int ResultChannelListener::AcceptNewest() {
+int StepChannelListener::AcceptNewest() {
   int newest = -1;
   for (;;) {
-    const int fd = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    const int fd = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       return newest;  // EAGAIN: nothing more pending
@@ -72,7 +73,7 @@ int ResultChannelListener::AcceptNewest() {
   }
 }
 
-int ConnectResultChannel(const std::string& name, int64_t expected_pid, std::string* why) {
+int ConnectStepChannel(const std::string& name, int64_t expected_pid, std::string* why) {
   sockaddr_un a;
   const socklen_t len = AbstractAddress(name, &a);
   if (len == 0) {
@@ -115,6 +116,11 @@ bool WriteFrame(int fd, const std::string& bytes) {
     const ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL);
     if (w < 0) {
       if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {  // the socket's buffer is full: wait for the reader
+        pollfd p{fd, POLLOUT, 0};
+        if (poll(&p, 1, -1) < 0 && errno != EINTR) return false;
+        continue;
+      }
       return false;
     }
     left -= static_cast<size_t>(w);

@@ -1,7 +1,7 @@
-// The result channel between two ends in this process (the listener's pid is this process's): frames of
+// The step channel between two ends in this process (the listener's pid is this process's): frames of
 // any size arrive whole and in order, a wrong expected pid is refused, the newest pending connection
 // wins, and a closed peer or an oversized frame is reported.
-#include "common/mesh/result_channel.h"
+#include "common/mesh/step_channel.h"
 
 #include <poll.h>
 #include <unistd.h>
@@ -26,11 +26,11 @@ FrameReader::Status ReadFrames(int fd, FrameReader* reader, size_t want, std::ve
   return st;
 }
 
-TEST(ResultChannel, FramesArriveWholeAndInOrder) {
-  ResultChannelListener listener;
+TEST(StepChannel, FramesArriveWholeAndInOrder) {
+  StepChannelListener listener;
   EXPECT_EQ(listener.AcceptNewest(), -1);  // nothing pending
   std::string why;
-  const int reader_fd = ConnectResultChannel(listener.name(), getpid(), &why);
+  const int reader_fd = ConnectStepChannel(listener.name(), getpid(), &why);
   ASSERT_GE(reader_fd, 0) << why;
   const int writer_fd = listener.AcceptNewest();
   ASSERT_GE(writer_fd, 0);
@@ -59,20 +59,20 @@ TEST(ResultChannel, FramesArriveWholeAndInOrder) {
   close(reader_fd);
 }
 
-TEST(ResultChannel, RefusesAListenerOfAnotherPid) {
-  ResultChannelListener listener;
+TEST(StepChannel, RefusesAListenerOfAnotherPid) {
+  StepChannelListener listener;
   std::string why;
-  EXPECT_EQ(ConnectResultChannel(listener.name(), getpid() + 1, &why), -1);
+  EXPECT_EQ(ConnectStepChannel(listener.name(), getpid() + 1, &why), -1);
   EXPECT_NE(why.find("not the worker's pid"), std::string::npos) << why;
-  EXPECT_EQ(ConnectResultChannel("dsmesh-results-no-such-name", getpid(), &why), -1);
+  EXPECT_EQ(ConnectStepChannel("dsmesh-steps-no-such-name", getpid(), &why), -1);
   EXPECT_NE(why.find("cannot connect"), std::string::npos) << why;
 }
 
-TEST(ResultChannel, NewestPendingConnectionWins) {
-  ResultChannelListener listener;
+TEST(StepChannel, NewestPendingConnectionWins) {
+  StepChannelListener listener;
   std::string why;
-  const int old_fd = ConnectResultChannel(listener.name(), getpid(), &why);
-  const int new_fd = ConnectResultChannel(listener.name(), getpid(), &why);
+  const int old_fd = ConnectStepChannel(listener.name(), getpid(), &why);
+  const int new_fd = ConnectStepChannel(listener.name(), getpid(), &why);
   ASSERT_GE(old_fd, 0);
   ASSERT_GE(new_fd, 0);
   const int w = listener.AcceptNewest();
@@ -93,10 +93,10 @@ TEST(ResultChannel, NewestPendingConnectionWins) {
   close(new_fd);
 }
 
-TEST(ResultChannel, WriterToAClosedReaderFails) {
-  ResultChannelListener listener;
+TEST(StepChannel, WriterToAClosedReaderFails) {
+  StepChannelListener listener;
   std::string why;
-  const int r = ConnectResultChannel(listener.name(), getpid(), &why);
+  const int r = ConnectStepChannel(listener.name(), getpid(), &why);
   const int w = listener.AcceptNewest();
   ASSERT_GE(r, 0);
   ASSERT_GE(w, 0);
@@ -105,10 +105,10 @@ TEST(ResultChannel, WriterToAClosedReaderFails) {
   close(w);
 }
 
-TEST(ResultChannel, OversizedFrameIsBad) {
-  ResultChannelListener listener;
+TEST(StepChannel, OversizedFrameIsBad) {
+  StepChannelListener listener;
   std::string why;
-  const int r = ConnectResultChannel(listener.name(), getpid(), &why);
+  const int r = ConnectStepChannel(listener.name(), getpid(), &why);
   const int w = listener.AcceptNewest();
   ASSERT_GE(r, 0);
   ASSERT_GE(w, 0);

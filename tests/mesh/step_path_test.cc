@@ -1,7 +1,7 @@
-// Step results on both of their paths in one mesh: rank 0 returns them over its local result channel
-// (common/mesh/result_channel.h), rank 1, restarted with DSMESH_RESULT_CHANNEL=off, on its session stream.
-// The mesh generates the single-rank reference's tokens either way, and the coordinator says which path
-// each formation uses.
+// Steps on both of their paths in one mesh: rank 0 gets its plans and returns its results over its local
+// step channel (common/mesh/step_channel.h), rank 1, restarted with DSMESH_STEP_CHANNEL=off, over its
+// session stream. The mesh generates the single-rank reference's tokens either way, and the coordinator
+// says which path each formation uses.
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
@@ -17,9 +17,9 @@ std::string ReadFile(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
 }
 
-TEST(ResultPath, ChannelAndStreamRanksInOneMesh) {
+TEST(StepPath, ChannelAndStreamRanksInOneMesh) {
   LocalMeshOptions o = MeshOptions(2);
-  o.log_dir = TempDir("result_path_logs");
+  o.log_dir = TempDir("step_path_logs");
   LocalMesh mesh(o);
   mesh.Start();
   MeshClient client(mesh.coordinator_address());
@@ -29,9 +29,9 @@ TEST(ResultPath, ChannelAndStreamRanksInOneMesh) {
   EXPECT_EQ(client.Generate(Greedy(prompt, 6)).tokens, reference.Greedy(prompt, 6));
 
   mesh.KillWorker(1, SIGKILL);
-  setenv("DSMESH_RESULT_CHANNEL", "off", 1);  // inherited by the restarted worker only
+  setenv("DSMESH_STEP_CHANNEL", "off", 1);  // inherited by the restarted worker only
   mesh.StartWorker(1);
-  unsetenv("DSMESH_RESULT_CHANNEL");
+  unsetenv("DSMESH_STEP_CHANNEL");
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   for (;;) {
     const StatsResponse s = client.Stats();
@@ -43,8 +43,8 @@ TEST(ResultPath, ChannelAndStreamRanksInOneMesh) {
   EXPECT_EQ(client.Generate(Greedy(prompt2, 8)).tokens, reference.Greedy(prompt2, 8));
 
   const std::string log = ReadFile(mesh.log_path("coordinator"));
-  EXPECT_NE(log.find("2 of 2 ranks return step results over a local result channel"), std::string::npos) << log;
-  EXPECT_NE(log.find("1 of 2 ranks return step results over a local result channel"), std::string::npos) << log;
+  EXPECT_NE(log.find("2 of 2 ranks run their steps over a local step channel"), std::string::npos) << log;
+  EXPECT_NE(log.find("1 of 2 ranks run their steps over a local step channel"), std::string::npos) << log;
 }
 
 }  // namespace
