@@ -342,7 +342,8 @@ std::vector<StepResult> WorkerMesh::RunStep(StepPlan* plan, std::chrono::millise
   while (!done()) {
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0)
-      throw MeshBroken("step " + std::to_string(id) + " got no result within " + std::to_string(timeout.count() / 1000) + " s");
+      throw MeshBroken("step " + std::to_string(id) + " got no result within " +
+                       std::to_string(timeout.count() / 1000) + " s");
     lock.unlock();
     WaitForResults(sessions, left);
     lock.lock();

@@ -429,8 +429,8 @@ WorkerMessage Worker::Step(const StepPlan& plan, bool channel) {
   try {
     if (!executor_ || !comm_.attached()) throw std::runtime_error("step plan before the mesh was formed");
     if (channel && plan.epoch() != formed_epoch_)
-      throw std::runtime_error("step plan of mesh epoch " + std::to_string(plan.epoch()) + ", but this rank is in epoch " +
-                               std::to_string(formed_epoch_));
+      throw std::runtime_error("step plan of mesh epoch " + std::to_string(plan.epoch()) +
+                               ", but this rank is in epoch " + std::to_string(formed_epoch_));
     result = executor_->Run(plan);
   } catch (const std::exception& e) {
     result.Clear();
@@ -466,6 +466,9 @@ void Worker::OfferStepChannel(gloo::rendezvous::Store& store) {
 }
 
 void Worker::ServeStepChannel() {
+  // The current CUDA device is per thread: steps on this thread run on the worker's device, as on the
+  // session's thread (which chose it before the backend was made).
+  if (cuda_device_ >= 0) cudaSetDevice(cuda_device_);
   int conn = -1;
   FrameReader reader;
   for (;;) {

@@ -86,7 +86,8 @@ int ConnectStepChannel(const std::string& name, int64_t expected_pid, std::strin
     return -1;
   }
   if (connect(fd, reinterpret_cast<sockaddr*>(&a), len) != 0) {
-    *why = "cannot connect to @" + name + " (" + std::strerror(errno) + "; a worker on another host or network namespace)";
+    *why = "cannot connect to @" + name + " (" + std::strerror(errno) +
+           "; a worker on another host or network namespace)";
     close(fd);
     return -1;
   }
@@ -94,6 +95,11 @@ int ConnectStepChannel(const std::string& name, int64_t expected_pid, std::strin
   if (!PeerCredentials(fd, &c) || c.pid != expected_pid) {
     *why = "@" + name + " is held by pid " + std::to_string(c.pid) + ", not the worker's pid " +
            std::to_string(expected_pid) + " (another pid namespace?)";
+    close(fd);
+    return -1;
+  }
+  if (c.uid != getuid()) {  // the worker would refuse this process
+    *why = "the worker runs as uid " + std::to_string(c.uid) + ", this process as " + std::to_string(getuid());
     close(fd);
     return -1;
   }

@@ -12,8 +12,9 @@
 //
 // Who may use it: the worker offers its socket's name through the rendezvous store (an authenticated
 // call); the coordinator connects and checks with SO_PEERCRED that the listening process is the registered
-// worker (its pid); the worker accepts only a peer of its own uid. Whatever fails (another host, another
-// pid namespace, DSMESH_STEP_CHANNEL=off on the worker) leaves the steps on the Session stream.
+// worker (its pid) and of its own uid; the worker accepts only a peer of its own uid. Whatever fails
+// (another host, another pid namespace or user, DSMESH_STEP_CHANNEL=off on the worker) leaves the steps on
+// the Session stream.
 #pragma once
 
 #include <cstdint>
@@ -47,8 +48,8 @@ class StepChannelListener {
   std::string name_;
 };
 
-// Coordinator side: connects to `name` and checks that the listening process is `expected_pid`. Returns the
-// connected descriptor (non-blocking, for FrameReader), or -1 with *why set.
+// Coordinator side: connects to `name` and checks that the listening process is `expected_pid` and runs as
+// this process's uid. Returns the connected descriptor (non-blocking, for FrameReader), or -1 with *why set.
 int ConnectStepChannel(const std::string& name, int64_t expected_pid, std::string* why);
 
 // Writes one frame, waiting (also on a non-blocking descriptor) until all of it is written. False when the
