@@ -1,7 +1,7 @@
 // One tensor-parallel rank's life with the coordinator: dials it, holds the Session stream (hello,
 // heartbeats, results), joins the data-plane communicator and loads its shard when told to form the mesh,
-// executes step plans (StepExecutor) and answers each with its result or its error, until drained or
-// terminated. worker_main.cc parses the flags and runs it. On a GPU it first checks that its shard and KV pool
+// executes step plans (StepExecutor) and answers each with its result or its error (over the step channel
+// of common/mesh/step_channel.h when the coordinator is on this machine), until drained or terminated. worker_main.cc parses the flags and runs it. On a GPU it first checks that its shard and KV pool
 // fit the device's free memory (model/gpu_fit.h) and exits with status 2, naming both sizes, when they do not.
 //
 // Under systemd (Type=notify, deploy/systemd/dsmesh-worker@.service): READY=1 once its shard is loaded
@@ -58,9 +58,10 @@ class Worker {
 
   // "" while the session with the coordinator is healthy, else why not. Healthy: the coordinator
   // answered a heartbeat within `ack_limit` (clamped to [1 s, 5 s]; heartbeats go out every 250 ms).
-  // Acks are read by the same loop that runs steps, so during a step (or a mesh formation) they queue
-  // up; then the step itself is the evidence, for up to twice the collective timeout: every wait on a
-  // peer inside it gives up after one collective timeout, so a step older than that is wedged.
+  // Acks are read by the session's loop, which also runs mesh formations and the steps that come on the
+  // stream, so during those they queue up; then the step itself is the evidence, for up to twice the
+  // collective timeout: every wait on a peer inside it gives up after one collective timeout, so a step
+  // older than that is wedged. (Steps on the step channel run on its own thread; acks flow meanwhile.)
   std::string SessionHealth(std::chrono::steady_clock::duration ack_limit);
 
   // RAII: marks the loop busy (a step or a formation) for SessionHealth().
