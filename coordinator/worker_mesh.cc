@@ -1,6 +1,13 @@
 #include "coordinator/worker_mesh.h"
 
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 
 namespace dsmesh {
 namespace {
@@ -15,7 +22,19 @@ std::string Describe(int rank, const WorkerHello& h) {
 
 WorkerMesh::WorkerMesh(int world, RendezvousStore* store, std::chrono::milliseconds heartbeat_timeout)
     : world_(world), store_(store), heartbeat_timeout_(heartbeat_timeout), ranks_(world), ever_registered_(world) {
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd_ < 0) throw std::runtime_error("eventfd failed");
   monitor_ = std::thread([this] { Monitor(); });
+}
+
+WorkerMesh::Session::~Session() {
+  if (step_fd >= 0) close(step_fd);
+}
+
+void WorkerMesh::Wake() {
+  const uint64_t one = 1;
+  while (write(wake_fd_, &one, sizeof(one)) < 0 && errno == EINTR) {
+  }
 }
 
 WorkerMesh::~WorkerMesh() {
@@ -25,6 +44,7 @@ WorkerMesh::~WorkerMesh() {
   }
   cv_.notify_all();
   monitor_.join();
+  close(wake_fd_);
 }
 
 void WorkerMesh::Lose(int rank, const std::shared_ptr<Session>& s, const std::string& why) {
@@ -35,6 +55,7 @@ void WorkerMesh::Lose(int rank, const std::shared_ptr<Session>& s, const std::st
   if (broken_.empty()) broken_ = reason;
   cv_.notify_all();
   results_cv_.notify_all();
+  Wake();
 }
 
 void WorkerMesh::Monitor() {
@@ -120,7 +141,8 @@ grpc::Status WorkerMesh::Serve(grpc::ServerContext* ctx, Stream* stream) {
       }
     }
     // After unlocking: the woken engine thread takes mu_ at once instead of blocking on it again.
-    results_cv_.notify_all();
+    if (msg.has_ready()) results_cv_.notify_all();
+    else Wake();
   }
   {
     std::lock_guard<std::mutex> lock(s->write_mu);
@@ -197,7 +219,82 @@ std::vector<WorkerReady> WorkerMesh::Form(std::chrono::milliseconds timeout) {
     st.set_weight_bytes(out.back().weight_bytes());
   }
   if (!errors.empty()) throw FormationError("mesh epoch " + std::to_string(epoch) + " failed to form: " + errors);
+  const std::string prefix = "epoch/" + std::to_string(epoch) + "/";
+  lock.unlock();
+  ConnectStepChannels(sessions, prefix);
   return out;
+}
+
+void WorkerMesh::ConnectStepChannels(const std::vector<std::shared_ptr<Session>>& sessions,
+                                       const std::string& prefix) {
+  int connected = 0;
+  for (int r = 0; r < world_; ++r) {
+    Session& s = *sessions[r];
+    if (s.step_fd >= 0) close(s.step_fd);  // the last formation's
+    s.step_fd = -1;
+    s.step_reader = FrameReader();
+    const std::optional<std::string> name = store_->Find(prefix + StepChannelKey(r));
+    if (!name) continue;  // the worker offered none (DSMESH_STEP_CHANNEL=off, or it could not listen)
+    std::string why;
+    s.step_fd = ConnectStepChannel(*name, s.hello.pid(), &why);
+    if (s.step_fd >= 0) {
+      ++connected;
+    } else {
+      std::fprintf(stderr, "[coordinator] rank %d runs its steps over its session stream: %s\n", r, why.c_str());
+    }
+  }
+  std::fprintf(stderr, "[coordinator] %d of %d ranks run their steps over a local step channel\n", connected, world_);
+}
+
+void WorkerMesh::WaitForResults(const std::vector<std::shared_ptr<Session>>& sessions,
+                                std::chrono::milliseconds timeout) {
+  std::vector<pollfd> fds = {{wake_fd_, POLLIN, 0}};
+  std::vector<int> rank_of;  // fds[i + 1] is rank_of[i]'s channel
+  for (int r = 0; r < world_; ++r)
+    if (sessions[r]->step_fd >= 0) {
+      fds.push_back({sessions[r]->step_fd, POLLIN, 0});
+      rank_of.push_back(r);
+    }
+  const int n = poll(fds.data(), fds.size(), static_cast<int>(std::max<int64_t>(1, timeout.count())));
+  if (n <= 0) return;  // timeout or EINTR: the caller checks its deadline
+  if (fds[0].revents) {
+    uint64_t count;
+    while (read(wake_fd_, &count, sizeof(count)) < 0 && errno == EINTR) {
+    }
+  }
+  for (size_t i = 1; i < fds.size(); ++i) {
+    if (!fds[i].revents) continue;
+    const int r = rank_of[i - 1];
+    const std::shared_ptr<Session>& s = sessions[r];
+    std::vector<std::string> frames;
+    const FrameReader::Status st = s->step_reader.ReadAvailable(s->step_fd, &frames);
+    std::string problem = st == FrameReader::Status::kClosed ? "disconnected (its step channel closed)"
+                          : st == FrameReader::Status::kBad ? "sent an oversized frame on its step channel"
+                                                              : "";
+    std::vector<StepResult> results;
+    for (const std::string& f : frames) {
+      WorkerMessage m;
+      if (!m.ParseFromString(f) || !m.has_result()) {
+        problem = "sent a malformed message on its step channel";
+        break;
+      }
+      results.push_back(std::move(*m.mutable_result()));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    for (StepResult& res : results) s->results[res.step_id()] = std::move(res);
+    if (!problem.empty()) LoseStepChannel(r, s, problem);
+  }
+}
+
+void WorkerMesh::LoseStepChannel(int rank, const std::shared_ptr<Session>& s, const std::string& why) {
+  close(s->step_fd);
+  s->step_fd = -1;
+  // A worker process that died closes its session too. One that is alive but broke the channel is cut off,
+  // so that it registers again and the mesh re-forms. (While the session is the rank's, its handler has not
+  // returned: ctx is alive.)
+  if (ranks_[rank] != s) return;
+  s->ctx->TryCancel();
+  Lose(rank, s, why);
 }
 
 std::vector<StepResult> WorkerMesh::RunStep(StepPlan* plan, std::chrono::milliseconds timeout, StepTiming* timing) {
@@ -215,11 +312,24 @@ std::vector<StepResult> WorkerMesh::RunStep(StepPlan* plan, std::chrono::millise
   }
   const auto t0 = std::chrono::steady_clock::now();
   plan->set_sent_unix_ns(NowNs());
-  *m.mutable_plan() = *plan;  // one copy, written to every stream
-  for (int r = 0; r < world_; ++r)
-    if (!Write(sessions[r], m)) throw MeshBroken("could not send step plan to worker rank " + std::to_string(r));
+  *m.mutable_plan() = *plan;  // one copy, written to every rank
+  std::string frame;
+  for (int r = 0; r < world_; ++r) {
+    const std::shared_ptr<Session>& s = sessions[r];
+    if (s->step_fd < 0) {
+      if (!Write(s, m)) throw MeshBroken("could not send step plan to worker rank " + std::to_string(r));
+      continue;
+    }
+    if (frame.empty()) frame = m.SerializeAsString();
+    if (!WriteFrame(s->step_fd, frame)) {  // the worker's end is closed: its process is gone
+      std::lock_guard<std::mutex> lock(mu_);
+      LoseStepChannel(r, s, "disconnected (its step channel closed)");
+      throw MeshBroken(broken_.empty() ? "could not send step plan to worker rank " + std::to_string(r) : broken_);
+    }
+  }
 
   const int64_t id = plan->step_id();
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::unique_lock<std::mutex> lock(mu_);
   auto done = [&] {
     if (!broken_.empty()) return true;
@@ -227,8 +337,17 @@ std::vector<StepResult> WorkerMesh::RunStep(StepPlan* plan, std::chrono::millise
       if (!s->results.count(id)) return false;
     return true;
   };
-  if (!results_cv_.wait_for(lock, timeout, done))
-    throw MeshBroken("step " + std::to_string(id) + " got no result within " + std::to_string(timeout.count() / 1000) + " s");
+  // This thread reads the step channels itself (no hand-off from another thread); results that come on
+  // a session stream, and lost ranks, reach it through wake_fd_.
+  while (!done()) {
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0)
+      throw MeshBroken("step " + std::to_string(id) + " got no result within " +
+                       std::to_string(timeout.count() / 1000) + " s");
+    lock.unlock();
+    WaitForResults(sessions, left);
+    lock.lock();
+  }
   if (!broken_.empty()) throw MeshBroken(broken_);
   const int64_t received_ns = NowNs();
   std::vector<StepResult> out;

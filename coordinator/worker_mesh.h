@@ -1,7 +1,9 @@
 // The coordinator's view of its workers: one Session stream per rank (WorkerControl.Session), mesh
 // formation (FormMesh -> WorkerReady from every rank), step fan-out and result collection, and loss
 // detection: a session that closes (process died) or stops sending heartbeats (hung) breaks the mesh
-// at once; whoever waits on it is woken with the reason.
+// at once; whoever waits on it is woken with the reason. A worker on this machine gets its plans and
+// returns its results over a step channel (common/mesh/step_channel.h) that the engine thread writes and
+// reads itself; others use the Session stream for them too.
 #pragma once
 
 #include <atomic>
@@ -19,6 +21,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "common/mesh/rendezvous_store.h"
+#include "common/mesh/step_channel.h"
 #include "proto/mesh.grpc.pb.h"
 
 namespace dsmesh {
@@ -87,6 +90,7 @@ class WorkerMesh {
   int64_t draft_vocab_size_ = 0;
   int state_slots_ = 0;
   struct Session {
+    ~Session();
     grpc::ServerContext* ctx = nullptr;
     Stream* stream = nullptr;
     WorkerHello hello;
@@ -95,10 +99,23 @@ class WorkerMesh {
     std::chrono::steady_clock::time_point last_heard;
     std::map<int64_t, WorkerReady> ready;     // by epoch
     std::map<int64_t, StepResult> results;    // by step id
+    // The step channel of this formation (-1: plans and results go on the stream). Used by the engine
+    // thread only (Form connects it, RunStep writes and reads it).
+    int step_fd = -1;
+    FrameReader step_reader;
   };
   bool Write(const std::shared_ptr<Session>& s, const CoordinatorMessage& m);
   void Lose(int rank, const std::shared_ptr<Session>& s, const std::string& why);  // mu_ held
   void Monitor();
+  // Connects each rank's result channel for this formation, where its worker offered one.
+  void ConnectStepChannels(const std::vector<std::shared_ptr<Session>>& sessions, const std::string& prefix);
+  // Waits until a result channel is readable, wake_fd_ is signalled or `timeout` passes, and files the
+  // results read into their sessions; a channel that closes or carries garbage loses its rank.
+  void WaitForResults(const std::vector<std::shared_ptr<Session>>& sessions, std::chrono::milliseconds timeout);
+  // Closes rank `rank`'s step channel and, while `s` is still the rank's session, cuts it off and loses
+  // the rank for `why`. mu_ held.
+  void LoseStepChannel(int rank, const std::shared_ptr<Session>& s, const std::string& why);
+  void Wake();  // signals wake_fd_
 
   const int world_;
   RendezvousStore* store_;
@@ -106,10 +123,11 @@ class WorkerMesh {
   std::mutex mu_;
   // Membership changes: registrations, losses, stop (WaitAllRegistered, WaitBroken, Monitor).
   std::condition_variable cv_;
-  // Replies: a Ready or a StepResult arrived, or a rank was lost (Form, RunStep). Its own variable, notified
-  // outside mu_, so a step's result wakes only the thread waiting for it: not the monitor nor WaitBroken
-  // callers, which would contend for mu_ on every step.
+  // Formation replies: a Ready arrived, or a rank was lost (Form). Its own variable, so a reply wakes only
+  // the thread waiting for it: not the monitor nor WaitBroken callers.
   std::condition_variable results_cv_;
+  // RunStep's wake-up beside the step channels (an eventfd): a result on a stream, or a lost rank.
+  int wake_fd_ = -1;
   std::vector<std::shared_ptr<Session>> ranks_;
   std::vector<bool> ever_registered_;  // by rank
   std::atomic<int64_t> worker_restarts_{0};

@@ -2,13 +2,17 @@
 
 #include <arpa/inet.h>
 #include <netdb.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <stdexcept>
 #include <thread>
@@ -128,6 +132,23 @@ Worker::Worker(const Flags& f)
   kv_budget_ = f.Has("kv-memory") ? ParseBytes(f.Get("kv-memory"))
                                   : static_cast<int64_t>(f.GetDouble("kv-memory-fraction", 0.1) * MemAvailableBytes());
   data_host_ = f.Has("data-host") ? f.Get("data-host") : LocalAddressToward(coordinator_);
+  const char* channel = std::getenv("DSMESH_STEP_CHANNEL");
+  if (channel && std::string(channel) != "on" && std::string(channel) != "off")
+    throw UsageError(std::string("DSMESH_STEP_CHANNEL=") + channel + ": expected on or off");
+  step_channel_enabled_ = !channel || std::string(channel) == "on";
+}
+
+Worker::~Worker() { StopStepChannel(); }
+
+void Worker::StopStepChannel() {
+  if (step_channel_thread_.joinable()) {
+    const uint64_t one = 1;
+    while (write(step_channel_stop_fd_, &one, sizeof(one)) < 0 && errno == EINTR) {
+    }
+    step_channel_thread_.join();  // after the step it may be running
+  }
+  if (step_channel_stop_fd_ >= 0) close(step_channel_stop_fd_);
+  step_channel_stop_fd_ = -1;
 }
 
 int Worker::Run() {
@@ -225,6 +246,7 @@ int Worker::Run() {
   }
 
   int rc = Loop();
+  StopStepChannel();
   stop_ = true;
   ctx_.TryCancel();
   heartbeat.join();
@@ -264,20 +286,22 @@ int Worker::Loop() {
         return 1;
       case CoordinatorMessage::kForm: {
         Busy busy(this);
+        std::lock_guard<std::mutex> lock(step_mu_);
         FormMesh(msg.form());
         break;
       }
-      case CoordinatorMessage::kPlan: {
-        Busy busy(this);
-        RunStep(msg.plan());
+      case CoordinatorMessage::kPlan:
+        Send(Step(msg.plan(), /*channel=*/false));
         break;
-      }
-      case CoordinatorMessage::kReset:
+      case CoordinatorMessage::kReset: {
         std::fprintf(stderr, "[worker %d] mesh reset: %s\n", rank_, msg.reset().reason().c_str());
         NotifyStatus("mesh reset (" + msg.reset().reason() + "); waiting for the mesh to re-form");
+        std::lock_guard<std::mutex> lock(step_mu_);
         if (executor_) executor_->Reset();
         comm_.Detach();
+        formed_epoch_ = -1;
         break;
+      }
       case CoordinatorMessage::kDrain:
         std::fprintf(stderr, "[worker %d] drained by the coordinator; exiting\n", rank_);
         NotifyStopping("drained by the coordinator");
@@ -306,7 +330,9 @@ void Worker::FormMesh(const dsmesh::FormMesh& form) {
   try {
     comm_.Detach();
     if (executor_) executor_->Reset();
+    formed_epoch_ = -1;
     GrpcStore store(stub_, form.store_prefix());
+    OfferStepChannel(store);
     std::unique_ptr<Communicator> comm = MakeCommunicator(store);
     auto* ipc = dynamic_cast<CudaIpcCommunicator*>(comm.get());
     comm_.Attach(std::move(comm));
@@ -367,6 +393,7 @@ void Worker::FormMesh(const dsmesh::FormMesh& form) {
                                "/" + std::to_string(world_) + "; shard loaded (" +
                                std::to_string(model_->WeightBytes() >> 20) + " MiB of weights), backend " +
                                model_->backend().name();
+    formed_epoch_ = form.epoch();
     // READY=1 once: the shard is loaded and the rank is part of a mesh. Later re-formations only
     // update STATUS. (Sent before the reply; the coordinator's READY follows every rank's reply.)
     if (!notified_ready_) {
@@ -394,11 +421,16 @@ void Worker::SetDraftVocabulary(const dsmesh::FormMesh& form) {
                  static_cast<long long>(want), model_->WeightsDescription().c_str());
 }
 
-void Worker::RunStep(const StepPlan& plan) {
+WorkerMessage Worker::Step(const StepPlan& plan, bool channel) {
   const int64_t received = NowNs();
+  Busy busy(this);
+  std::lock_guard<std::mutex> lock(step_mu_);
   StepResult result;
   try {
     if (!executor_ || !comm_.attached()) throw std::runtime_error("step plan before the mesh was formed");
+    if (channel && plan.epoch() != formed_epoch_)
+      throw std::runtime_error("step plan of mesh epoch " + std::to_string(plan.epoch()) +
+                               ", but this rank is in epoch " + std::to_string(formed_epoch_));
     result = executor_->Run(plan);
   } catch (const std::exception& e) {
     result.Clear();
@@ -411,7 +443,73 @@ void Worker::RunStep(const StepPlan& plan) {
   result.set_result_sent_unix_ns(NowNs());
   WorkerMessage m;
   *m.mutable_result() = std::move(result);
-  Send(m);
+  return m;
+}
+
+void Worker::OfferStepChannel(gloo::rendezvous::Store& store) {
+  if (!step_channel_enabled_) return;
+  if (!step_listener_) {
+    try {
+      step_listener_ = std::make_unique<StepChannelListener>();
+      step_channel_stop_fd_ = eventfd(0, EFD_CLOEXEC);
+      if (step_channel_stop_fd_ < 0) throw std::runtime_error("eventfd failed");
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "[worker %d] steps stay on the session stream: %s\n", rank_, e.what());
+      step_listener_.reset();
+      step_channel_enabled_ = false;
+      return;
+    }
+    step_channel_thread_ = std::thread([this] { ServeStepChannel(); });
+  }
+  const std::string& name = step_listener_->name();
+  store.set(StepChannelKey(rank_), std::vector<char>(name.begin(), name.end()));
+}
+
+void Worker::ServeStepChannel() {
+  // The current CUDA device is per thread: steps on this thread run on the worker's device, as on the
+  // session's thread (which chose it before the backend was made).
+  if (cuda_device_ >= 0) cudaSetDevice(cuda_device_);
+  int conn = -1;
+  FrameReader reader;
+  for (;;) {
+    pollfd fds[3] = {{step_channel_stop_fd_, POLLIN, 0}, {step_listener_->fd(), POLLIN, 0}, {conn, POLLIN, 0}};
+    if (poll(fds, conn >= 0 ? 3 : 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      std::fprintf(stderr, "[worker %d] step channel: poll failed: %s\n", rank_, std::strerror(errno));
+      break;
+    }
+    if (fds[0].revents) break;
+    if (fds[1].revents) {
+      const int fd = step_listener_->AcceptNewest();
+      if (fd >= 0) {  // a new formation's connection: whatever the last one still held is dropped
+        if (conn >= 0) close(conn);
+        conn = fd;
+        reader = FrameReader();
+        continue;
+      }
+    }
+    if (conn < 0 || !fds[2].revents) continue;
+    std::vector<std::string> frames;
+    bool open = reader.ReadAvailable(conn, &frames) == FrameReader::Status::kOpen;
+    for (const std::string& f : frames) {
+      CoordinatorMessage msg;
+      if (!msg.ParseFromString(f) || !msg.has_plan()) {
+        std::fprintf(stderr, "[worker %d] step channel: not a step plan; closing it\n", rank_);
+        open = false;
+        break;
+      }
+      if (!WriteFrame(conn, Step(msg.plan(), /*channel=*/true).SerializeAsString())) {
+        open = false;
+        break;
+      }
+      if (terminated_) break;  // leaving after the current step; the session's end stops this thread
+    }
+    if (!open) {
+      close(conn);
+      conn = -1;
+    }
+  }
+  if (conn >= 0) close(conn);
 }
 
 std::unique_ptr<Communicator> Worker::MakeCommunicator(gloo::rendezvous::Store& store) {

@@ -1,7 +1,7 @@
 // One tensor-parallel rank's life with the coordinator: dials it, holds the Session stream (hello,
 // heartbeats, results), joins the data-plane communicator and loads its shard when told to form the mesh,
-// executes step plans (StepExecutor) and answers each with its result or its error, until drained or
-// terminated. worker_main.cc parses the flags and runs it. On a GPU it first checks that its shard and KV pool
+// executes step plans (StepExecutor) and answers each with its result or its error (over the step channel
+// of common/mesh/step_channel.h when the coordinator is on this machine), until drained or terminated. worker_main.cc parses the flags and runs it. On a GPU it first checks that its shard and KV pool
 // fit the device's free memory (model/gpu_fit.h) and exits with status 2, naming both sizes, when they do not.
 //
 // Under systemd (Type=notify, deploy/systemd/dsmesh-worker@.service): READY=1 once its shard is loaded
@@ -17,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
@@ -24,6 +25,7 @@
 #include "common/communicator.h"
 #include "common/flags.h"
 #include "common/mesh/mesh_credentials.h"
+#include "common/mesh/step_channel.h"
 #include "model/kv_layout.h"
 #include "model/model.h"
 #include "proto/mesh.grpc.pb.h"
@@ -44,6 +46,7 @@ class Worker {
  public:
   // Reads the dsmesh-worker flags (see worker_main.cc); throws UsageError on a bad one.
   explicit Worker(const Flags& f);
+  ~Worker();
 
   // Connects and serves the session until drained (0), terminated by SIGTERM/SIGINT (0), refused or
   // cut off by the coordinator (1). SIGTERM, SIGINT and SIGUSR1 must be blocked in every thread of the
@@ -55,9 +58,10 @@ class Worker {
 
   // "" while the session with the coordinator is healthy, else why not. Healthy: the coordinator
   // answered a heartbeat within `ack_limit` (clamped to [1 s, 5 s]; heartbeats go out every 250 ms).
-  // Acks are read by the same loop that runs steps, so during a step (or a mesh formation) they queue
-  // up; then the step itself is the evidence, for up to twice the collective timeout: every wait on a
-  // peer inside it gives up after one collective timeout, so a step older than that is wedged.
+  // Acks are read by the session's loop, which also runs mesh formations and the steps that come on the
+  // stream, so during those they queue up; then the step itself is the evidence, for up to twice the
+  // collective timeout: every wait on a peer inside it gives up after one collective timeout, so a step
+  // older than that is wedged. (Steps on the step channel run on its own thread; acks flow meanwhile.)
   std::string SessionHealth(std::chrono::steady_clock::duration ack_limit);
 
   // RAII: marks the loop busy (a step or a formation) for SessionHealth().
@@ -75,8 +79,17 @@ class Worker {
   // Gives the model the drafts' vocabulary of `form` (its draft_vocab_size while speculating, else the
   // whole head), logging a change. Throws on a size the model cannot take.
   void SetDraftVocabulary(const dsmesh::FormMesh& form);
-  // Runs one plan and answers its result (or the error, naming this rank).
-  void RunStep(const StepPlan& plan);
+  // Runs one plan (one at a time: step_mu_) and returns the message answering it, its result or the error
+  // naming this rank. `channel`: the plan came on the step channel, which carries only plans of the epoch
+  // this rank joined last (an older one's, left over from before a re-formation, is refused).
+  WorkerMessage Step(const StepPlan& plan, bool channel);
+  // Offers this formation's coordinator the step channel (its name under StepChannelKey in the store),
+  // making the listener and starting ServeStepChannel the first time.
+  void OfferStepChannel(gloo::rendezvous::Store& store);
+  // The step channel's thread: takes the coordinator's newest connection (each formation connects anew),
+  // reads plans from it, runs them and writes their results back, until step_channel_stop_fd_ is signalled.
+  void ServeStepChannel();
+  void StopStepChannel();
   // The data-plane communicator of this formation: CUDA IPC when every rank is a process on this one
   // GPU (NCCL refuses that, and Gloo would stage every activation through the host), else Gloo over TCP.
   // DSMESH_TP_COMM=gloo forces Gloo; =cuda-ipc fails loudly where it cannot be used. Every rank reads
@@ -111,6 +124,15 @@ class Worker {
   std::atomic<int64_t> last_ack_{0};     // steady_clock ticks of the last heartbeat ack
   std::atomic<int64_t> busy_since_{0};   // steady_clock ticks when the running step/formation began; 0: idle
   bool notified_ready_ = false;
+  // Steps come and go over a step channel (common/mesh/step_channel.h) once the coordinator connected to
+  // the one offered at formation; DSMESH_STEP_CHANNEL=off keeps them on the session stream.
+  bool step_channel_enabled_ = true;
+  std::unique_ptr<StepChannelListener> step_listener_;
+  std::thread step_channel_thread_;
+  int step_channel_stop_fd_ = -1;  // an eventfd: written to end ServeStepChannel
+  // One step, formation or reset at a time: the session's thread (Loop) and the step channel's both run them.
+  std::mutex step_mu_;
+  int64_t formed_epoch_ = -1;  // the mesh epoch this rank joined last (-1: none, or reset since); step_mu_
 };
 
 }  // namespace dsmesh

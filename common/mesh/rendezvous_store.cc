@@ -31,6 +31,13 @@ std::vector<std::string> RendezvousStore::Get(const std::vector<std::string>& ke
   return out;
 }
 
+std::optional<std::string> RendezvousStore::Find(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto it = values_.find(key);
+  if (it == values_.end()) return std::nullopt;
+  return it->second;
+}
+
 void RendezvousStore::ClearExcept(const std::string& keep_prefix) {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto it = values_.begin(); it != values_.end();)

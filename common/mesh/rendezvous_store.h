@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,8 @@ class RendezvousStore {
   // Waits until every key exists; returns their values in order. On timeout throws std::runtime_error
   // naming the missing keys.
   std::vector<std::string> Get(const std::vector<std::string>& keys, std::chrono::milliseconds timeout);
+  // The value of `key`, or nothing when it is not set (never waits).
+  std::optional<std::string> Find(const std::string& key);
   // Drops every key not starting with `keep_prefix`.
   void ClearExcept(const std::string& keep_prefix);
 
