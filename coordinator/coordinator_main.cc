@@ -178,6 +178,9 @@ int Main(const std::vector<std::string>& args) {
 
   grpc::ServerBuilder builder;
   int port = 0;
+  // gRPC would share the port with another process that listens on it too (SO_REUSEPORT), and the two
+  // coordinators would then take each other's calls; a port in use is an error instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(listen, MeshServerCredentials(credentials), &port);
   builder.SetMaxReceiveMessageSize(-1);
   builder.SetMaxSendMessageSize(-1);

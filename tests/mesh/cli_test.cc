@@ -150,6 +150,34 @@ TEST(MeshCli, CoordinatorTakesVllmsBatchedTokensFlag) {
   EXPECT_NE(out.find("--max-num-batched-tokens"), std::string::npos) << out;
 }
 
+// A coordinator never shares its port: a second one on the same address fails to listen (gRPC's default
+// SO_REUSEPORT would let both listen and split the calls between two meshes).
+TEST(MeshCli, ASecondCoordinatorOnTheSamePortFails) {
+  const std::string coordinator = Runfile("coordinator/dsmesh-coordinator");
+  const std::string dir = TempDir("port");
+  const std::string listen = "127.0.0.1:" + std::to_string(LocalMesh::FreePort());
+  pid_t first = fork();
+  if (first == 0) {
+    if (!freopen((dir + "/first.log").c_str(), "w", stderr)) _exit(126);
+    execl(coordinator.c_str(), coordinator.c_str(), "--listen", listen.c_str(), "--world", "1", "--model",
+          TinyModelDir().c_str(), (char*)nullptr);
+    _exit(127);
+  }
+  std::string log;
+  for (int i = 0; i < 400 && log.find("listening on") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    std::ifstream in(dir + "/first.log");
+    log.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  ASSERT_NE(log.find("listening on"), std::string::npos) << log;
+  int rc = 0;
+  const std::string out = Capture(coordinator + " --listen " + listen + " --world 1 --model " + TinyModelDir() + " 2>&1", &rc);
+  kill(first, SIGKILL);
+  waitpid(first, nullptr, 0);
+  EXPECT_NE(WEXITSTATUS(rc), 0) << out;
+  EXPECT_NE(out.find("cannot listen on " + listen), std::string::npos) << out;
+}
+
 TEST(MeshCli, BenchLongPromptPlusChatPrintsFairAndOffSideBySide) {
   int rc = 0;
   const std::string out = Capture(Dsmesh() + " bench --scenario long-prompt-plus-chat --world 1 --model " +
