@@ -42,7 +42,10 @@ int LocalMesh::FreePort() {
 }
 
 LocalMesh::LocalMesh(const LocalMeshOptions& options) : opt_(options) {
-  if (opt_.coordinator_port == 0) opt_.coordinator_port = FreePort();
+  if (opt_.coordinator_port == 0) {
+    opt_.coordinator_port = FreePort();
+    port_chosen_here_ = true;
+  }
   for (const auto& bin : {opt_.coordinator_bin, opt_.worker_bin})
     if (access(bin.c_str(), X_OK) != 0) throw std::runtime_error(bin + ": not an executable (build it first)");
   MeshCredentials& c = opt_.credentials;
@@ -123,13 +126,55 @@ std::vector<std::string> LocalMesh::WithCredentials(std::vector<std::string> arg
   return argv;
 }
 
+namespace {
+
+// Whether something accepts TCP connections on 127.0.0.1:port.
+bool Listening(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  close(fd);
+  return ok;
+}
+
+// Whether `pid` (a child) has exited, leaving it to be reaped by whoever waits for it.
+bool Exited(pid_t pid) {
+  siginfo_t info{};
+  return waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == pid;
+}
+
+}  // namespace
+
+void LocalMesh::StartCoordinator() {
+  for (int attempt = 1;; ++attempt) {
+    std::vector<std::string> c = {opt_.coordinator_bin, "--listen", coordinator_address(), "--world",
+                                  std::to_string(opt_.world), "--model", opt_.model_dir};
+    c.insert(c.end(), opt_.coordinator_args.begin(), opt_.coordinator_args.end());
+    if (!opt_.bench_draft_acceptance.empty())
+      c.insert(c.end(), {"--bench-draft-acceptance", opt_.bench_draft_acceptance});
+    c = WithCredentials(std::move(c));
+    const pid_t pid = Spawn("coordinator", c);
+    bool exited = false;
+    for (int i = 0; i < 1500 && !(exited = Exited(pid)) && !Listening(opt_.coordinator_port); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (!exited || !port_chosen_here_ || attempt == 3) {
+      children_.push_back({"coordinator", pid, c});  // (one that exited is found by WaitAny / PollExited)
+      return;
+    }
+    waitpid(pid, nullptr, 0);
+    const int taken = opt_.coordinator_port;
+    opt_.coordinator_port = FreePort();
+    std::fprintf(stderr, "dsmesh: the coordinator could not listen on port %d (taken since it was chosen); "
+                         "starting it on port %d\n", taken, opt_.coordinator_port);
+  }
+}
+
 void LocalMesh::Start() {
-  std::vector<std::string> c = {opt_.coordinator_bin, "--listen", coordinator_address(), "--world",
-                                std::to_string(opt_.world), "--model", opt_.model_dir};
-  c.insert(c.end(), opt_.coordinator_args.begin(), opt_.coordinator_args.end());
-  if (!opt_.bench_draft_acceptance.empty()) c.insert(c.end(), {"--bench-draft-acceptance", opt_.bench_draft_acceptance});
-  c = WithCredentials(std::move(c));
-  children_.push_back({"coordinator", Spawn("coordinator", c), c});
+  StartCoordinator();
   for (int r = 0; r < opt_.world; ++r) {
     auto w = WithCredentials(WorkerArgv(r));
     children_.push_back({"worker" + std::to_string(r), Spawn("worker" + std::to_string(r), w), w});

@@ -87,11 +87,16 @@ class LocalMesh {
 
  private:
   pid_t Spawn(const std::string& name, const std::vector<std::string>& argv);
+  // The coordinator first, until it listens. A port FreePort chose can be taken by another process before
+  // the coordinator binds it (the coordinator then exits at once: it never shares a port); the coordinator
+  // is started again on another free port, up to 3 times. A port the caller gave is never replaced.
+  void StartCoordinator();
   std::vector<std::string> WorkerArgv(int rank) const;
   std::vector<std::string> WithCredentials(std::vector<std::string> argv) const;
   Child& Find(const std::string& name);
 
   LocalMeshOptions opt_;
+  bool port_chosen_here_ = false;  // coordinator_port came from FreePort
   std::string token_dir_;        // the private directory of the token file when there is no log_dir
   std::vector<Child> children_;  // [0] coordinator, [1..world] workers, [world+1] gateway
 };
