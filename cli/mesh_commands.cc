@@ -211,12 +211,15 @@ int RunUp(const std::vector<std::string>& args) {
   SupervisorOptions so;
   so.ready_timeout = std::chrono::seconds(f.GetInt("ready-timeout-s", 300));
   if (o.gateway_bin.empty()) {
-    so.ready_message = "dsmesh up: ready. No gateway binary at " + gateway + " (not built), so no HTTP API; clients "
-                       "can use the gRPC Generate service at " + mesh.coordinator_address() +
-                       ". Ctrl-C stops everything.";
+    so.ready_message = [&mesh, gateway] {
+      return "dsmesh up: ready. No gateway binary at " + gateway + " (not built), so no HTTP API; clients can use "
+             "the gRPC Generate service at " + mesh.coordinator_address() + ". Ctrl-C stops everything.";
+    };
   } else {
-    so.ready_message = "dsmesh up: ready. OpenAI API at http://127.0.0.1:" + std::to_string(o.gateway_port) +
-                       "/v1 (gateway), coordinator at " + mesh.coordinator_address() + ". Ctrl-C stops everything.";
+    so.ready_message = [&mesh, port = o.gateway_port] {
+      return "dsmesh up: ready. OpenAI API at http://127.0.0.1:" + std::to_string(port) + "/v1 (gateway), coordinator at " +
+             mesh.coordinator_address() + ". Ctrl-C stops everything.";
+    };
   }
   Supervisor supervisor(&mesh, so);
   return supervisor.Run(set);

@@ -135,7 +135,7 @@ int Supervisor::CheckReady(Clock::time_point now) {
   }
   if (ready && restart_at_.empty()) {
     if (!ever_ready_) {
-      std::fprintf(stderr, "%s\n", options_.ready_message.c_str());
+      if (options_.ready_message) std::fprintf(stderr, "%s\n", options_.ready_message().c_str());
     } else {
       std::fprintf(stderr, "dsmesh up: serving again (mesh epoch %lld) after %d restart(s)\n", (long long)epoch,
                    restarts_);

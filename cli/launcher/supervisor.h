@@ -10,6 +10,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <string>
 
@@ -23,7 +24,9 @@ namespace dsmesh {
 struct SupervisorOptions {
   RestartLimits limits;
   std::chrono::seconds ready_timeout{300};  // for the first readiness only
-  std::string ready_message;                // printed once, when the mesh is first ready
+  // Printed once, when the mesh is first ready (made then: the coordinator's address is known only after
+  // it started, LocalMesh::StartCoordinator).
+  std::function<std::string()> ready_message;
   int last_lines = 20;                      // of a child's log, in the closing message
 };
 

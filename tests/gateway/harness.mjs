@@ -233,10 +233,11 @@ export async function startRealMesh({ world = 2, maxNumSeqs = 4, maxQueued = 256
     p.stderr.on('data', (d) => { err += d; });
     p.on('exit', (c) => (c === 0 ? resolve() : reject(new Error(`make-tiny exited ${c}: ${err}`))));
   });
-  const coordinatorPort = await freePort();
-  // `up` writes its mesh token to LOG_DIR/mesh-token; the gateways started here need it to be served.
+  // `up` writes its mesh token to LOG_DIR/mesh-token; the gateways started here need it to be served. It
+  // chooses the coordinator's port itself (and another if that one is taken before the coordinator binds
+  // it) and names the address in its ready line.
   const logDir = path.join(dir, 'logs');
-  const up = track(spawn(dsmesh, ['up', '--no-gateway', '--model', model, '--world', String(world), '--coordinator-port', String(coordinatorPort),
+  const up = track(spawn(dsmesh, ['up', '--no-gateway', '--model', model, '--world', String(world),
     '--max-num-seqs', String(maxNumSeqs), '--kv-memory', kvMemory, '--log-dir', logDir, ...upArgs], { stdio: ['ignore', 'ignore', 'pipe'] }), 'SIGINT');
   let upLog = '';
   await new Promise((resolve, reject) => {
@@ -244,6 +245,9 @@ export async function startRealMesh({ world = 2, maxNumSeqs = 4, maxQueued = 256
     up.stderr.on('data', (d) => { upLog += d; if (upLog.includes('dsmesh up: ready')) { clearTimeout(timer); resolve(); } });
     up.on('exit', (c) => { clearTimeout(timer); reject(new Error(`dsmesh up exited ${c}:\n${upLog}`)); });
   });
+  const at = upLog.match(/gRPC Generate service at ([\d.]+):(\d+)/);
+  if (!at) throw new Error(`dsmesh up named no coordinator address in its ready line:\n${upLog}`);
+  const coordinatorPort = Number(at[2]);
   const gwBin = path.join(path.dirname(fs.realpathSync(dsmesh)), '../gateway/dsmesh-gateway');
   const list = [];
   for (let g = 0; g < gateways; g++) {
