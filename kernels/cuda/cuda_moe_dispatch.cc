@@ -21,14 +21,21 @@ void MoeDispatch::Run(const Tensor& x, const Tensor& idx, const Tensor& weight,
   const int64_t n = x.shape[0], k = RowWidth(idx);
   FusedMoe* fused = FusedFor(experts, limit, static_cast<int>(k));
   if (fused && n > kExl3MoeMaxRows && prefill_ == CudaBackendOptions::PrefillMoe::kSortedPairs &&
-      n * k <= cuda_ops::kMoeSortMaxPairs) {
+      k <= cuda_ops::kMoeSortMaxPairs) {
     if (!accumulate) ops.Zero(out);
-    SortedPairs(x, idx, weight, *fused, out);
+    // The device sort takes at most kMoeSortMaxPairs pairs: a longer chunk runs in parts of rows (a row's
+    // result depends on its own pairs only), each expert read once per part.
+    const int64_t part = cuda_ops::kMoeSortMaxPairs / k;
+    for (int64_t r0 = 0; r0 < n; r0 += part) {
+      const int64_t m = std::min(part, n - r0);
+      Tensor o = RowView(*out, r0, m);
+      SortedPairs(RowView(x, r0, m), RowView(idx, r0, m), RowView(weight, r0, m), *fused, &o);
+    }
     return;
   }
   if (fused && (n <= kExl3MoeMaxRows || prefill_ != CudaBackendOptions::PrefillMoe::kPerExpert)) {
-    // Steps of more rows reach this only with prefill_moe = kRowSlices or more pairs than the
-    // device sort takes (kMoeSortMaxPairs): the single-launch kernel on slices of kExl3MoeMaxRows rows,
+    // Steps of more rows reach this only with prefill_moe = kRowSlices: the single-launch kernel on slices
+    // of kExl3MoeMaxRows rows,
     // reading an expert once per slice that uses it. Each row's result does not depend on its slice. The
     // kernel overwrites its rows: without accumulation they are out's own.
     const int64_t D = RowWidth(x);

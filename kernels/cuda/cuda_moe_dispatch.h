@@ -58,7 +58,8 @@ class MoeDispatch {
   // the device, all of them in one launch of the routed-expert kernel (Exl3MoeForwardSorted: each expert
   // decoded once per 16 of its pairs), the pairs' outputs (routing weight applied) summed back into their
   // rows in slot order. No host sync. The workspace is shared by the layers (same stream) and grows with
-  // the largest chunk (outside any capture: prefill chunks run eagerly).
+  // the largest chunk (outside any capture: prefill chunks run eagerly). Run calls it on parts of at most
+  // kMoeSortMaxPairs pairs.
   void SortedPairs(const Tensor& x, const Tensor& idx, const Tensor& weight, FusedMoe& fused, Tensor* out);
   // One expert of the per-expert path on its rows (gathered, run, scattered back with their weights).
   void RunExpert(const Tensor& x, const std::vector<int32_t>& rows, const std::vector<float>& wts,
