@@ -72,7 +72,7 @@ DecodeStreamPhase RunDecodeStreamPhase(MeshClient& stream_client, MeshClient& lo
       if (!ended) cancel_and_wait();
       throw std::runtime_error("the decoding stream " +
                                (!failure.empty() ? "failed: " + failure
-                                : ended ? std::string("ended before ") + std::to_string(alone_gaps + 1) + " tokens"
+                                : ended ? std::string("ended before the long prompt was sent")
                                         : "did not produce " + std::to_string(alone_gaps + 1) + " tokens in " +
                                               std::to_string(timeout.count()) + " s"));
     }
@@ -104,7 +104,7 @@ DecodeStreamPhase RunDecodeStreamPhase(MeshClient& stream_client, MeshClient& lo
   }
   for (size_t i = 1; i < times.size(); ++i) {  // times[0] is the stream's own TTFT, not a gap
     const double gap = times[i] - times[i - 1];
-    if (times[i] <= sent) out.alone_gaps_s.push_back(gap);
+    if (static_cast<int>(i) <= alone_gaps) out.alone_gaps_s.push_back(gap);  // all before `sent`
     else if (times[i - 1] >= sent && times[i] <= first) out.beside_gaps_s.push_back(gap);
   }
 

@@ -12,7 +12,8 @@
 namespace dsmesh {
 
 struct DecodeStreamPhase {
-  std::vector<double> alone_gaps_s;   // the stream's inter-token times before the long prompt was sent
+  std::vector<double> alone_gaps_s;   // the stream's first inter-token times (alone_gaps of them), all before
+                                      // the long prompt was sent
   std::vector<double> beside_gaps_s;  // both tokens after the long prompt was sent, at or before its first token
   double long_ttft_s = 0;             // the long prompt's time to first token, beside the stream
   bool stream_ended_early = false;    // the stream hit its max_tokens before the long prompt's first token

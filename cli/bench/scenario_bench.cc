@@ -223,6 +223,10 @@ int RunLongPromptPlusChat(const Flags& f) {
       throw UsageError("--max-decode-slowdown sets a column of the fair order with that cap and must be > 1");
   }
 
+  // A --json path that cannot be written fails now, not after the runs.
+  if (f.Has("json") && !std::ofstream(f.Get("json"), std::ios::app))
+    throw UsageError("--json " + f.Get("json") + ": cannot write");
+
   std::printf("long-prompt-plus-chat: model %s, world %d; a %d-token prompt (max_tokens 1) and, while it prefills, "
               "a %d-token chat (max_tokens %d) every %.2f s; then the prompt again beside a decoding stream "
               "(a %d-token prompt, ignore_eos)\n",
