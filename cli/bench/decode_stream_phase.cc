@@ -16,7 +16,10 @@ namespace {
 struct StreamState {
   std::mutex mu;
   std::condition_variable cv;
-  std::vector<double> token_times;  // seconds since the phase's clock started, one per token
+  // One per response that carried tokens: seconds since the phase's clock started, and how many tokens
+  // (more than one only with speculative decoding: a step's accepted drafts come together).
+  std::vector<double> times;
+  std::vector<int> tokens;
   std::string error;                // a response's error
   FinishReason finish = FINISH_NONE;
   bool done = false;
@@ -35,7 +38,10 @@ DecodeStreamPhase RunDecodeStreamPhase(MeshClient& stream_client, MeshClient& lo
       [state, t0](const GenerateResponse& r) {
         const double t = SecondsSince(t0);
         std::lock_guard<std::mutex> lock(state->mu);
-        for (int i = 0; i < r.token_ids_size(); ++i) state->token_times.push_back(t);
+        if (r.token_ids_size() > 0) {
+          state->times.push_back(t);
+          state->tokens.push_back(r.token_ids_size());
+        }
         if (!r.error().empty()) state->error = r.error();
         if (r.finish_reason() != FINISH_NONE) state->finish = r.finish_reason();
         state->cv.notify_all();
@@ -63,7 +69,7 @@ DecodeStreamPhase RunDecodeStreamPhase(MeshClient& stream_client, MeshClient& lo
   {
     std::unique_lock<std::mutex> lock(state->mu);
     const bool ready = state->cv.wait_for(lock, timeout, [&] {
-      return state->done || static_cast<int>(state->token_times.size()) > alone_gaps;
+      return state->done || static_cast<int>(state->times.size()) > alone_gaps;
     });
     const std::string failure = stream_failure();
     const bool ended = state->done;
@@ -73,7 +79,7 @@ DecodeStreamPhase RunDecodeStreamPhase(MeshClient& stream_client, MeshClient& lo
       throw std::runtime_error("the decoding stream " +
                                (!failure.empty() ? "failed: " + failure
                                 : ended ? std::string("ended before the long prompt was sent")
-                                        : "did not produce " + std::to_string(alone_gaps + 1) + " tokens in " +
+                                        : "did not produce " + std::to_string(alone_gaps + 1) + " responses in " +
                                               std::to_string(timeout.count()) + " s"));
     }
   }
@@ -95,15 +101,17 @@ DecodeStreamPhase RunDecodeStreamPhase(MeshClient& stream_client, MeshClient& lo
   const double first = sent + out.long_ttft_s;
 
   std::vector<double> times;
+  std::vector<int> tokens;
   {
     std::lock_guard<std::mutex> lock(state->mu);
     const std::string failure = stream_failure();
     if (!failure.empty()) throw std::runtime_error("the decoding stream failed: " + failure);
-    times = state->token_times;
+    times = state->times;
+    tokens = state->tokens;
     out.stream_ended_early = state->finish != FINISH_NONE && (times.empty() || times.back() < first);
   }
   for (size_t i = 1; i < times.size(); ++i) {  // times[0] is the stream's own TTFT, not a gap
-    const double gap = times[i] - times[i - 1];
+    const double gap = (times[i] - times[i - 1]) / tokens[i];
     if (static_cast<int>(i) <= alone_gaps) out.alone_gaps_s.push_back(gap);  // all before `sent`
     else if (times[i - 1] >= sent && times[i] <= first) out.beside_gaps_s.push_back(gap);
   }
