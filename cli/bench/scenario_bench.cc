@@ -81,7 +81,7 @@ void DropFlag(std::vector<std::string>& args, const std::string& name) {
     else ++i;
 }
 
-// threshold -1: the coordinator's default. slowdown 0: --max-decode-slowdown off.
+// threshold -1: the coordinator's default. slowdown "": no --max-decode-slowdown (off).
 Column RunOne(LocalMeshOptions options, int threshold, const std::string& slowdown, const ScenarioOptions& so,
               int ready_timeout_s, uint32_t seed) {
   Column c;
@@ -212,7 +212,7 @@ int RunLongPromptPlusChat(const Flags& f) {
   const int fair_threshold = f.Has("long-prefill-token-threshold")
                                  ? static_cast<int>(f.GetInt("long-prefill-token-threshold", 0)) : -1;
   if (fair_threshold == 0)
-    throw UsageError("--long-prefill-token-threshold sets the fair column and must be > 0 (the other column runs 0)");
+    throw UsageError("--long-prefill-token-threshold sets the fair column and must be > 0 (the off column runs 0)");
 
   // --max-decode-slowdown R adds a column: the fair order with that cap (the coordinator's flag, kept off the
   // other two columns).
