@@ -15,6 +15,8 @@
 #include <sstream>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "common/safetensors.h"
 #include "tests/mesh/mesh_fixture.h"
 
@@ -179,19 +181,64 @@ TEST(MeshCli, ASecondCoordinatorOnTheSamePortFails) {
 }
 
 TEST(MeshCli, BenchLongPromptPlusChatPrintsFairAndOffSideBySide) {
+  const std::string json_path = TempDir("scenario") + "/scenario.json";
   int rc = 0;
   const std::string out = Capture(Dsmesh() + " bench --scenario long-prompt-plus-chat --world 1 --model " +
                                       TinyModelDir() + " --kv-memory 64M --long-prompt-tokens 4000 --chat-every-s 0.1"
                                       " --chat-max-tokens 2 --max-batched-tokens 32 --long-prefill-token-threshold 8"
-                                      " 2>/dev/null",
+                                      " --max-decode-slowdown 2 --json " + json_path + " 2>/dev/null",
                                   &rc);
   std::printf("%s", out.c_str());
   ASSERT_EQ(rc, 0) << out;
-  EXPECT_NE(out.find("fair (threshold 8)"), std::string::npos) << out;
-  EXPECT_NE(out.find("off (threshold 0)"), std::string::npos) << out;
+  // The columns in order: fair, fair with the slowdown cap, off.
+  const size_t fair = out.find("fair (threshold 8)"), capped = out.find("slowdown 2 (threshold 8)"),
+               off = out.find("off (threshold 0)");
+  ASSERT_NE(fair, std::string::npos) << out;
+  ASSERT_NE(capped, std::string::npos) << out;
+  ASSERT_NE(off, std::string::npos) << out;
+  EXPECT_LT(fair, capped);
+  EXPECT_LT(capped, off);
   for (const char* row : {"chat TTFT p50 / p99, steps", "chat TTFT p50 / p99, s", "long prefill alone, tok/s",
-                          "long prefill with chats, tok/s"})
+                          "long prefill with chats, tok/s", "stream alone, ms/token p50 / p90",
+                          "stream beside the prefill, ms/token p50 / p90", "stream slowdown p50 / p90 (beside / alone)",
+                          "long prompt TTFT beside the stream, s"})
     EXPECT_NE(out.find(row), std::string::npos) << row << "\n" << out;
+
+  std::ifstream json_file(json_path);
+  ASSERT_TRUE(json_file) << json_path;
+  const nlohmann::json j = nlohmann::json::parse(json_file);
+  EXPECT_EQ(j.at("long_prompt_tokens"), 4000);
+  ASSERT_EQ(j.at("columns").size(), 3u) << j.dump(2);
+  const std::vector<double> slowdowns = {0, 2, 0};
+  const std::vector<int> thresholds = {8, 8, 0};
+  for (size_t i = 0; i < 3; ++i) {
+    const nlohmann::json& c = j.at("columns")[i];
+    SCOPED_TRACE(c.at("label").get<std::string>());
+    EXPECT_EQ(c.at("max_decode_slowdown").get<double>(), slowdowns[i]);
+    EXPECT_EQ(c.at("long_prefill_token_threshold").get<int>(), thresholds[i]);
+    EXPECT_GT(c.at("long_prefill_alone_tok_s").get<double>(), 0);
+    EXPECT_GT(c.at("chats").get<int>(), 0);
+    const nlohmann::json& s = c.at("decode_stream");
+    EXPECT_EQ(s.at("tokens_alone").get<int>(), 32);
+    EXPECT_GT(s.at("tokens_beside").get<int>(), 0);
+    EXPECT_FALSE(s.at("ended_early").get<bool>());
+    EXPECT_GT(s.at("alone_s_per_token_p50").get<double>(), 0);
+    EXPECT_LE(s.at("alone_s_per_token_p50").get<double>(), s.at("alone_s_per_token_p90").get<double>());
+    EXPECT_LE(s.at("beside_s_per_token_p50").get<double>(), s.at("beside_s_per_token_p90").get<double>());
+    EXPECT_NEAR(s.at("slowdown_p50").get<double>(),
+                s.at("beside_s_per_token_p50").get<double>() / s.at("alone_s_per_token_p50").get<double>(), 1e-9);
+    EXPECT_GT(s.at("slowdown_p50").get<double>(), 0);
+    EXPECT_GT(s.at("slowdown_p90").get<double>(), 0);
+    EXPECT_GT(s.at("long_prompt_ttft_s").get<double>(), 0);
+    if (slowdowns[i] == 0) {
+      EXPECT_EQ(s.at("prefill_caps").get<int>(), 0);
+    }
+  }
+  // A cap of 1 or less would be the fair column again (the coordinator reads 0 as off).
+  Capture(Dsmesh() + " bench --scenario long-prompt-plus-chat --world 1 --max-decode-slowdown 1 --model " +
+              TinyModelDir() + " 2>&1",
+          &rc);
+  EXPECT_NE(rc, 0);
   Capture(Dsmesh() + " bench --scenario no-such-scenario --world 1 --model " + TinyModelDir() + " 2>&1", &rc);
   EXPECT_NE(rc, 0);
 }
