@@ -344,22 +344,12 @@ StepPlan Scheduler::Schedule() {
     ++i;
   }
   if (fair) budget -= decode_used;
-  if (fair && decode_used > 0) {
-    // Beside decoding sequences the prefill tokens are also bounded by time (max_decode_slowdown).
-    const int64_t mixed_cap = mixed_.Cap();
-    if (mixed_cap < budget) {
-      const bool prefill_waits = !waiting_.empty() || !prefills.empty();
-      if (prefill_waits) {
-        ++mixed_caps_;
-        if (!logged_mixed_cap_)
-          std::fprintf(stderr, "[coordinator] prefill beside decoding sequences: %lld tokens per step (decode-only "
-                               "step %.2f ms, %.3f ms per prefill token, --max-decode-slowdown %.2g; logged once)\n",
-                       static_cast<long long>(mixed_cap), mixed_.decode_step_seconds() * 1e3,
-                       mixed_.prefill_token_seconds() * 1e3, config_.max_decode_slowdown);
-        logged_mixed_cap_ = true;
-      }
-      budget = mixed_cap;
-    }
+  // Beside decoding sequences the prefill tokens are also bounded by time (max_decode_slowdown). The cap
+  // counts as taken when the prefills then use all of it (a smaller per-request cap may leave it unused).
+  int64_t mixed_cap = kNoCap;
+  if (fair && decode_used > 0 && mixed_.Cap() < budget) {
+    mixed_cap = mixed_.Cap();
+    budget = mixed_cap;
   }
 
   // First chunks of waiting requests, in rank order.
@@ -440,6 +430,15 @@ StepPlan Scheduler::Schedule() {
       budget -= c.n;
     }
     if (c.n > 0) sampled.push_back({c.r.get(), AddChunk(&plan, *c.r, c.n, pinned)});
+  }
+  if (mixed_cap != kNoCap && budget == 0) {
+    ++mixed_caps_;
+    if (!logged_mixed_cap_)
+      std::fprintf(stderr, "[coordinator] prefill beside decoding sequences: %lld tokens per step (decode-only step "
+                           "%.2f ms, %.3f ms per prefill token, --max-decode-slowdown %.2g; logged once)\n",
+                   static_cast<long long>(mixed_cap), mixed_.decode_step_seconds() * 1e3,
+                   mixed_.prefill_token_seconds() * 1e3, config_.max_decode_slowdown);
+    logged_mixed_cap_ = true;
   }
   // The draft policy decides for every sequence that samples this step how many drafts follow it.
   // Sequences that return logprobs or logits do not speculate (the worker drafts nothing for them).
