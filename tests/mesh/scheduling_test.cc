@@ -189,7 +189,9 @@ TEST(MeshScheduling, PreemptionUnderThePriorityPolicyKeepsOutputsAndCounts) {
   MeshClient client(mesh.coordinator_address());
   client.WaitReady(std::chrono::seconds(60));
   Reference reference;
-  const int n = 4, max_tokens = 80;
+  // Long enough that the four calls run together however their starts are spread on a loaded machine
+  // (with 80 tokens a call could end before the last one arrived, and nothing outgrew the pool).
+  const int n = 4, max_tokens = 240;
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < n; ++i) prompts.push_back(Tokens(200 + 7 * i, 70 + i));
   std::vector<std::unique_ptr<Call>> calls;
