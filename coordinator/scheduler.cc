@@ -346,11 +346,9 @@ StepPlan Scheduler::Schedule() {
   if (fair) budget -= decode_used;
   // Beside decoding sequences the prefill tokens are also bounded by time (max_decode_slowdown). The cap
   // counts as taken when the prefills then use all of it (a smaller per-request cap may leave it unused).
-  int64_t mixed_cap = kNoCap;
-  if (fair && decode_used > 0 && mixed_.Cap() < budget) {
-    mixed_cap = mixed_.Cap();
-    budget = mixed_cap;
-  }
+  const int64_t mixed_cap = fair && decode_used > 0 ? mixed_.Cap() : kNoCap;
+  const bool time_capped = mixed_cap < budget;
+  if (time_capped) budget = mixed_cap;
 
   // First chunks of waiting requests, in rank order.
   std::set<uint64_t> pinned;  // snapshots this plan restores from
@@ -431,7 +429,7 @@ StepPlan Scheduler::Schedule() {
     }
     if (c.n > 0) sampled.push_back({c.r.get(), AddChunk(&plan, *c.r, c.n, pinned)});
   }
-  if (mixed_cap != kNoCap && budget == 0) {
+  if (time_capped && budget == 0) {
     ++mixed_caps_;
     if (!logged_mixed_cap_)
       std::fprintf(stderr, "[coordinator] prefill beside decoding sequences: %lld tokens per step (decode-only step "

@@ -62,6 +62,22 @@ std::vector<int32_t> Greedy(Model& m, const std::vector<int32_t>& prompt, int n)
   return got;
 }
 
+// The graph counters' growth between two CudaBackendStats, as one line.
+std::string GraphCountsSince(const CudaGraphCounts& before, const CudaGraphCounts& after) {
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "graph captures %lld, replays %lld, failed captures %lld, eager segments %lld; stateful segments: "
+                "captures %lld, replays %lld, kept eager %lld",
+                static_cast<long long>(after.captures - before.captures),
+                static_cast<long long>(after.replays - before.replays),
+                static_cast<long long>(after.failures - before.failures),
+                static_cast<long long>(after.eager_segments - before.eager_segments),
+                static_cast<long long>(after.stateful_captures - before.stateful_captures),
+                static_cast<long long>(after.stateful_replays - before.stateful_replays),
+                static_cast<long long>(after.stateful_failures - before.stateful_failures));
+  return line;
+}
+
 bool Bitwise(const Tensor& a, const Tensor& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.data, b.data, a.nbytes()) == 0;
 }
@@ -535,13 +551,8 @@ TEST(GpuForward, DraftChainReplaysGraphsAndMatchesEagerAndCpu) {
     }
   }
   const CudaGraphCounts after = CudaBackendStats(graphs->backend()).graphs;
-  std::printf("draft chain (3 MTP blocks, %d drafts, 2 sequences): GPU vs CPU worst rel L2 %.2e; in 7 calls graph "
-              "replays %lld, stateful replays %lld, captures %lld, eager segments %lld, failed captures %lld\n",
-              kDrafts, worst, static_cast<long long>(after.replays - before.replays),
-              static_cast<long long>(after.stateful_replays - before.stateful_replays),
-              static_cast<long long>(after.captures - before.captures),
-              static_cast<long long>(after.eager_segments - before.eager_segments),
-              static_cast<long long>(after.failures - before.failures));
+  std::printf("draft chain (3 MTP blocks, %d drafts, 2 sequences): GPU vs CPU worst rel L2 %.2e; in 7 calls %s\n",
+              kDrafts, worst, GraphCountsSince(before, after).c_str());
   EXPECT_GT(after.replays, before.replays) << "the draft chain replayed no graph";
   EXPECT_GT(after.stateful_replays, before.stateful_replays) << "the MTP blocks' stateful part replayed no graph";
   EXPECT_EQ(after.stateful_failures, before.stateful_failures);
@@ -590,16 +601,8 @@ TEST(GpuForward, GraphReplayEqualsEagerBitwise) {
             << dir << " step " << step << " alone";
       }
       const CudaGraphCounts after = CudaBackendStats(graphs->backend()).graphs;
-      std::printf("%s%s: graph captures %lld, replays %lld, failed captures %lld, eager segments %lld; stateful "
-                  "segments: captures %lld, replays %lld, kept eager %lld\n",
-                  exl3 ? "exl3-tiny" : "golden", blocks ? " (block graphs)" : "",
-                  static_cast<long long>(after.captures - before.captures),
-                  static_cast<long long>(after.replays - before.replays),
-                  static_cast<long long>(after.failures - before.failures),
-                  static_cast<long long>(after.eager_segments - before.eager_segments),
-                  static_cast<long long>(after.stateful_captures - before.stateful_captures),
-                  static_cast<long long>(after.stateful_replays - before.stateful_replays),
-                  static_cast<long long>(after.stateful_failures - before.stateful_failures));
+      std::printf("%s%s: %s\n", exl3 ? "exl3-tiny" : "golden", blocks ? " (block graphs)" : "",
+                  GraphCountsSince(before, after).c_str());
       EXPECT_GT(after.replays, before.replays) << "no segment was replayed from a graph";
       // The stateful part (compressors, indexer, attention) replays too, on both models.
       EXPECT_GT(after.stateful_replays, before.stateful_replays) << "no stateful segment was replayed";

@@ -116,9 +116,8 @@ void ModelImpl::PickDraftIds(const MtpWeights& m, const Tensor& prev, const std:
   Backend& be = *backend_;
   const BackendStep scope(be);
   const Tensor heads = DraftHeadInputs(prev, head_rows);
-  Tensor lv = weights_.draft_rows > 0
-                  ? HeadLocalLogits(heads, m.hc_head, m.norm, /*step_rows=*/0, &weights_.draft_head)
-                  : HeadLocalLogits(heads, m.hc_head, m.norm, /*step_rows=*/0);
+  Tensor lv = HeadLocalLogits(heads, m.hc_head, m.norm, /*step_rows=*/0,
+                              weights_.draft_rows > 0 ? &weights_.draft_head : nullptr);
   if (weights_.draft_rows == 0 && comm_->world() > 1) lv = GatherLogitsOnDevice(lv);
   Phase phase(be, "draft picks");
   be.ArgmaxRows(lv, ids);

@@ -7,23 +7,11 @@
 #include <cstdio>
 #include <string>
 
+#include "cli/bench/printed.h"
 #include "kernels/cpu/cpu_backend.h"
 
 namespace dsmesh {
 namespace {
-
-// What `print` writes to a file, as a string.
-template <class F>
-std::string Printed(F print) {
-  std::FILE* f = std::tmpfile();
-  print(f);
-  std::rewind(f);
-  std::string s;
-  char buf[4096];
-  for (size_t n; (n = std::fread(buf, 1, sizeof(buf), f)) > 0;) s.append(buf, n);
-  std::fclose(f);
-  return s;
-}
 
 OpProfile TwoSteps() {
   OpProfile p;

@@ -6,34 +6,13 @@
 #include <string>
 
 #include "kernels/timeline/timeline_report.h"
+#include "cli/bench/printed.h"
 #include "cli/bench/timeline_trace.h"
+#include "kernels/timeline/test_records.h"
 #include "kernels/cpu/cpu_backend.h"
 
 namespace dsmesh {
 namespace {
-
-template <class F>
-std::string Printed(F print) {
-  std::FILE* f = std::tmpfile();
-  print(f);
-  std::rewind(f);
-  std::string s;
-  char buf[4096];
-  for (size_t n; (n = std::fread(buf, 1, sizeof(buf), f)) > 0;) s.append(buf, n);
-  std::fclose(f);
-  return s;
-}
-
-TimelineRecord Rec(TimelineKind kind, uint32_t corr, uint32_t graph, const char* name, uint64_t start, uint64_t end) {
-  TimelineRecord r;
-  r.kind = kind;
-  r.correlation_id = corr;
-  r.graph_id = graph;
-  r.name = name;
-  r.start_ns = start;
-  r.end_ns = end;
-  return r;
-}
 
 // Two steps of 1 ms each. Step 0: a graph launch called at 0.1 ms whose kernels run 0.3-0.5 and 0.6-0.9 ms.
 // Step 1: an eager kernel called at 1.1 ms, run 1.2-1.8 ms. Per step: busy (0.5 + 0.6) / 2 = 0.55 ms;
@@ -42,11 +21,11 @@ TimelineRecord Rec(TimelineKind kind, uint32_t corr, uint32_t graph, const char*
 StepTimelineSummary TwoSteps() {
   const auto K = TimelineKind::kKernel;
   const std::vector<TimelineRecord> r = {
-      Rec(TimelineKind::kApi, 1, 0, "cudaGraphLaunch", 100000, 110000),
-      Rec(K, 1, 5, "_Z4attnv", 300000, 500000),
-      Rec(K, 1, 5, "_Z3ffnv", 600000, 900000),
-      Rec(TimelineKind::kApi, 2, 0, "cudaLaunchKernel", 1100000, 1105000),
-      Rec(K, 2, 0, "_Z4headv", 1200000, 1800000),
+      Call(1, "cudaGraphLaunch", 100000, 110000),
+      Work(K, 1, 5, "_Z4attnv", 300000, 500000),
+      Work(K, 1, 5, "_Z3ffnv", 600000, 900000),
+      Call(2, "cudaLaunchKernel", 1100000, 1105000),
+      Work(K, 2, 0, "_Z4headv", 1200000, 1800000),
   };
   return AnalyzeStepTimeline(r, {{0, 1000000}, {1000000, 2000000}});
 }

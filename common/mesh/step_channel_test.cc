@@ -93,11 +93,20 @@ TEST(StepChannel, NewestPendingConnectionWins) {
   close(new_fd);
 }
 
-TEST(StepChannel, WriterToAClosedReaderFails) {
+// A connected pair: the coordinator's end `r` (reads results) and the worker's end `w`; -1 where it failed.
+struct Connected {
   StepChannelListener listener;
-  std::string why;
-  const int r = ConnectStepChannel(listener.name(), getpid(), &why);
-  const int w = listener.AcceptNewest();
+  int r = -1, w = -1;
+  Connected() {
+    std::string why;
+    r = ConnectStepChannel(listener.name(), getpid(), &why);
+    w = listener.AcceptNewest();
+  }
+};
+
+TEST(StepChannel, WriterToAClosedReaderFails) {
+  Connected c;
+  const int r = c.r, w = c.w;
   ASSERT_GE(r, 0);
   ASSERT_GE(w, 0);
   close(r);
@@ -106,10 +115,8 @@ TEST(StepChannel, WriterToAClosedReaderFails) {
 }
 
 TEST(StepChannel, OversizedFrameIsBad) {
-  StepChannelListener listener;
-  std::string why;
-  const int r = ConnectStepChannel(listener.name(), getpid(), &why);
-  const int w = listener.AcceptNewest();
+  Connected c;
+  const int r = c.r, w = c.w;
   ASSERT_GE(r, 0);
   ASSERT_GE(w, 0);
   const unsigned char header[4] = {0xff, 0xff, 0xff, 0xff};

@@ -24,6 +24,18 @@ std::string EnvValue(const char* name) {
   throw std::runtime_error(std::string(name) + "=" + value + ": expected " + expected);
 }
 
+// An on/off variable: 1 or on, 0 or off; unset keeps *value.
+void EnvSwitch(const char* name, bool* value) {
+  const std::string v = EnvValue(name);
+  if (v == "1" || v == "on") {
+    *value = true;
+  } else if (v == "0" || v == "off") {
+    *value = false;
+  } else if (!v.empty()) {
+    UnknownValue(name, v, "1 or on, 0 or off");
+  }
+}
+
 }  // namespace
 
 int ParseDeviceFlag(const std::string& value, const std::string& flag) {
@@ -39,30 +51,9 @@ int ParseDeviceFlag(const std::string& value, const std::string& flag) {
 CudaBackendOptions CudaBackendOptionsFromEnvironment(CudaBackendOptions options) {
   using PrefillMoe = CudaBackendOptions::PrefillMoe;
   using PrefillAttention = CudaBackendOptions::PrefillAttention;
-  const std::string graphs = EnvValue("DSMESH_CUDA_STATEFUL_GRAPHS");
-  if (graphs == "off") {
-    options.stateful_graphs = false;
-  } else if (graphs == "on") {
-    options.stateful_graphs = true;
-  } else if (!graphs.empty()) {
-    UnknownValue("DSMESH_CUDA_STATEFUL_GRAPHS", graphs, "on or off");
-  }
-  const std::string blocks = EnvValue("DSMESH_CUDA_BLOCK_GRAPHS");
-  if (blocks == "1" || blocks == "on") {
-    options.block_graphs = true;
-  } else if (blocks == "0" || blocks == "off") {
-    options.block_graphs = false;
-  } else if (!blocks.empty()) {
-    UnknownValue("DSMESH_CUDA_BLOCK_GRAPHS", blocks, "1 (on) or 0 (off)");
-  }
-  const std::string pdl = EnvValue("DSMESH_CUDA_PDL");
-  if (pdl == "1" || pdl == "on") {
-    options.pdl = true;
-  } else if (pdl == "0" || pdl == "off") {
-    options.pdl = false;
-  } else if (!pdl.empty()) {
-    UnknownValue("DSMESH_CUDA_PDL", pdl, "1 (on) or 0 (off)");
-  }
+  EnvSwitch("DSMESH_CUDA_STATEFUL_GRAPHS", &options.stateful_graphs);
+  EnvSwitch("DSMESH_CUDA_BLOCK_GRAPHS", &options.block_graphs);
+  EnvSwitch("DSMESH_CUDA_PDL", &options.pdl);
   const std::string moe = EnvValue("DSMESH_CUDA_PREFILL_MOE");
   if (moe == "per-expert") {
     options.prefill_moe = PrefillMoe::kPerExpert;

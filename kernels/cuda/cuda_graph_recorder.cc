@@ -107,38 +107,10 @@ void GraphRecorder::StatefulSegment(const Backend::SegmentKey& key, bool graphs,
     return;
   }
   if (!g.rec.exec) {
-    CaptureStateful(key, &g, ops);
+    CaptureStateful(key, &g, nullptr, ops);
     return;
   }
-  if (arena_.top() != g.scratch_begin)
-    throw std::runtime_error("cuda backend: stateful segment (layer " + std::to_string(key.layer) + ", rows " +
-                             std::to_string(key.rows) + ") replayed at scratch offset " + std::to_string(arena_.top()) +
-                             ", captured at " + std::to_string(g.scratch_begin));
-  ctx_->Use();
-  {
-    const HostTimer t(counters_.step_sync_wait_ns);
-    CudaCheck(cudaEventSynchronize(g.uploaded), "stateful segment parameters");  // the last upload read them
-  }
-  {
-    const HostTimer t(counters_.host_stateful_ops_ns);
-    StepArena::StagingInto into(&arena_, &g.params, StatefulMode::kReplaying);
-    ops();
-  }
-  if (g.params.used != g.params.captured || arena_.top() != g.scratch_end || g.params.shapes_seen != g.params.shapes.size())
-    throw std::runtime_error("cuda backend: stateful segment (layer " + std::to_string(key.layer) + ", rows " +
-                             std::to_string(key.rows) + ") staged " + std::to_string(g.params.used) +
-                             " parameter bytes and ended at scratch " + std::to_string(arena_.top()) +
-                             "; its record has " + std::to_string(g.params.captured) + " and " +
-                             std::to_string(g.scratch_end));
-  {
-    const HostTimer t(counters_.host_graph_launch_ns);
-    LaunchStateful(&g);
-  }
-  ++counters_.host_graph_launches;
-  ++counters_.graph_replays;
-  ++counters_.stateful_replays;
-  counters_.replayed_nodes += g.rec.shape.nodes;
-  NoteReplay(key, true, &g.rec);
+  ReplayStateful(key, &g, nullptr, ops);
 }
 
 // Records `ops` on the stream into *rec (graph, executable, shape); returns why that failed ("" on success).
@@ -217,37 +189,83 @@ void GraphRecorder::LaunchStateful(StatefulGraph* g) {
   arena_.SetTop(g->scratch_end);
 }
 
-// Records a stateful segment: its ops stage into the record's buffers and launch into the capture.
-// A failure (an op that cannot be recorded) is logged once and the key runs eagerly from then on.
-void GraphRecorder::CaptureStateful(const Backend::SegmentKey& key, StatefulGraph* g, const std::function<void()>& ops) {
+// Records a stateful record: its ops stage into the record's buffers and launch into the capture; a block's
+// plain segments go into the same capture (BlockPart).
+void GraphRecorder::CaptureStateful(const Backend::SegmentKey& key, StatefulGraph* g, BlockGraph* block,
+                                    const std::function<void()>& ops) {
   ctx_->Use();
   EnsureStagingBuffers(g);
   const size_t begin = arena_.top();
   std::string why;
   {
+    if (block) block->parts.clear();
+    Nest nest{block, false};
+    NestScope scope(this, block ? &nest : nullptr);
     StepArena::StagingInto into(&arena_, &g->params, StatefulMode::kRecording);
     why = CaptureGraph(ops, &g->rec);
   }
   if (!why.empty()) {
-    // The first run showed every op recordable, so this is unexpected. The ops ran their host logic
-    // (sequence states moved on) but nothing they launched ran: the step cannot be redone here, so it
-    // fails loudly; the key runs eagerly from the next step on.
+    // The first run showed every op recordable (a block: every part recorded alone), so this is
+    // unexpected. The ops ran their host logic (sequence states moved on) but nothing they launched ran:
+    // the step cannot be redone here, so it fails loudly; the key runs eagerly from the next step on.
     g->failed = true;
     ++counters_.graph_failures;
-    throw std::runtime_error("cuda backend: recording the stateful segment (layer " + std::to_string(key.layer) +
-                             ", rows " + std::to_string(key.rows) + ") failed: " + why);
+    throw std::runtime_error(std::string("cuda backend: recording the ") + RecordName(block) + " (layer " +
+                             std::to_string(key.layer) + ", rows " + std::to_string(key.rows) + ") failed: " + why);
   }
   g->scratch_begin = begin;
   g->scratch_end = arena_.top();
   g->params.captured = g->params.used;
   ++counters_.stateful_captures;
-  if (!logged_stateful_graphs_) {
-    std::fprintf(stderr, "[cuda] the stateful part of decode steps (compressors, indexer, attention) replays CUDA "
-                         "graphs too, its parameters staged per step\n");
-    logged_stateful_graphs_ = true;
-  }
   ++counters_.graph_captures;
+  bool& logged = block ? logged_block_graphs_ : logged_stateful_graphs_;
+  if (!logged)
+    std::fprintf(stderr, block ? "[cuda] decode blocks replay as one CUDA graph each (attention inputs, stateful part, "
+                                 "attention output + FFN), their parameters staged per step\n"
+                               : "[cuda] the stateful part of decode steps (compressors, indexer, attention) replays "
+                                 "CUDA graphs too, its parameters staged per step\n");
+  logged = true;
   LaunchStateful(g);
+}
+
+// Runs a stateful record's ops only for their parameters (a block's plain segments skipped), checks them
+// against the record, uploads them and launches the graph.
+void GraphRecorder::ReplayStateful(const Backend::SegmentKey& key, StatefulGraph* g, BlockGraph* block,
+                                   const std::function<void()>& ops) {
+  const std::string what = std::string(RecordName(block)) + " (layer " + std::to_string(key.layer) + ", rows " +
+                           std::to_string(key.rows) + ")";
+  if (arena_.top() != g->scratch_begin)
+    throw std::runtime_error("cuda backend: " + what + " replayed at scratch offset " + std::to_string(arena_.top()) +
+                             ", captured at " + std::to_string(g->scratch_begin));
+  ctx_->Use();
+  {
+    const HostTimer t(counters_.step_sync_wait_ns);
+    CudaCheck(cudaEventSynchronize(g->uploaded), "recorded parameters");  // the last upload read them
+  }
+  Nest nest{block, true};
+  {
+    const HostTimer t(counters_.host_stateful_ops_ns);
+    NestScope scope(this, block ? &nest : nullptr);
+    StepArena::StagingInto into(&arena_, &g->params, StatefulMode::kReplaying);
+    ops();
+  }
+  const size_t parts = block ? block->parts.size() : 0;
+  if (nest.next != parts || g->params.used != g->params.captured || arena_.top() != g->scratch_end ||
+      g->params.shapes_seen != g->params.shapes.size())
+    throw std::runtime_error("cuda backend: " + what + " met " + std::to_string(nest.next) + " of its " +
+                             std::to_string(parts) + " plain segments, staged " + std::to_string(g->params.used) +
+                             " parameter bytes and ended at scratch " + std::to_string(arena_.top()) +
+                             "; its record has " + std::to_string(g->params.captured) + " and " +
+                             std::to_string(g->scratch_end));
+  {
+    const HostTimer t(counters_.host_graph_launch_ns);
+    LaunchStateful(g);
+  }
+  ++counters_.host_graph_launches;
+  ++counters_.graph_replays;
+  ++counters_.stateful_replays;
+  counters_.replayed_nodes += g->rec.shape.nodes;
+  NoteReplay(key, true, &g->rec);
 }
 
 void GraphRecorder::EnsureStagingBuffers(StatefulGraph* g) {
@@ -280,10 +298,10 @@ void GraphRecorder::BlockSegment(const Backend::SegmentKey& key, bool graphs, co
     return;
   }
   if (!g.rec.exec) {
-    CaptureBlock(key, &g, ops);
+    CaptureStateful(key, &g, &g, ops);
     return;
   }
-  ReplayBlock(key, &g, ops);
+  ReplayStateful(key, &g, &g, ops);
 }
 
 void GraphRecorder::BlockPart(const Backend::SegmentKey& key, const std::function<void()>& ops) {
@@ -307,75 +325,6 @@ void GraphRecorder::BlockPart(const Backend::SegmentKey& key, const std::functio
   }
   arena_.SetPlainOps(false);
   n.block->parts.push_back({begin, arena_.top()});
-}
-
-void GraphRecorder::CaptureBlock(const Backend::SegmentKey& key, BlockGraph* g, const std::function<void()>& ops) {
-  ctx_->Use();
-  EnsureStagingBuffers(g);
-  const size_t begin = arena_.top();
-  g->parts.clear();
-  std::string why;
-  {
-    Nest nest{g, false};
-    NestScope scope(this, &nest);
-    StepArena::StagingInto into(&arena_, &g->params, StatefulMode::kRecording);
-    why = CaptureGraph(ops, &g->rec);
-  }
-  if (!why.empty()) {
-    // Every part recorded alone at the sighting before, so this is unexpected; as with a stateful record,
-    // the ops ran their host logic but nothing they launched ran, so the step fails loudly.
-    g->failed = true;
-    ++counters_.graph_failures;
-    throw std::runtime_error("cuda backend: recording the decode block (layer " + std::to_string(key.layer) +
-                             ", rows " + std::to_string(key.rows) + ") failed: " + why);
-  }
-  g->scratch_begin = begin;
-  g->scratch_end = arena_.top();
-  g->params.captured = g->params.used;
-  ++counters_.stateful_captures;
-  ++counters_.graph_captures;
-  if (!logged_block_graphs_) {
-    std::fprintf(stderr, "[cuda] decode blocks replay as one CUDA graph each (attention inputs, stateful part, "
-                         "attention output + FFN), their parameters staged per step\n");
-    logged_block_graphs_ = true;
-  }
-  LaunchStateful(g);
-}
-
-void GraphRecorder::ReplayBlock(const Backend::SegmentKey& key, BlockGraph* g, const std::function<void()>& ops) {
-  if (arena_.top() != g->scratch_begin)
-    throw std::runtime_error("cuda backend: decode block (layer " + std::to_string(key.layer) + ", rows " +
-                             std::to_string(key.rows) + ") replayed at scratch offset " + std::to_string(arena_.top()) +
-                             ", captured at " + std::to_string(g->scratch_begin));
-  ctx_->Use();
-  {
-    const HostTimer t(counters_.step_sync_wait_ns);
-    CudaCheck(cudaEventSynchronize(g->uploaded), "block parameters");  // the last upload read them
-  }
-  Nest nest{g, true};
-  {
-    const HostTimer t(counters_.host_stateful_ops_ns);
-    NestScope scope(this, &nest);
-    StepArena::StagingInto into(&arena_, &g->params, StatefulMode::kReplaying);
-    ops();
-  }
-  if (nest.next != g->parts.size() || g->params.used != g->params.captured || arena_.top() != g->scratch_end ||
-      g->params.shapes_seen != g->params.shapes.size())
-    throw std::runtime_error("cuda backend: decode block (layer " + std::to_string(key.layer) + ", rows " +
-                             std::to_string(key.rows) + ") met " + std::to_string(nest.next) + " of its " +
-                             std::to_string(g->parts.size()) + " segments, staged " + std::to_string(g->params.used) +
-                             " parameter bytes and ended at scratch " + std::to_string(arena_.top()) +
-                             "; its record has " + std::to_string(g->params.captured) + " and " +
-                             std::to_string(g->scratch_end));
-  {
-    const HostTimer t(counters_.host_graph_launch_ns);
-    LaunchStateful(g);
-  }
-  ++counters_.host_graph_launches;
-  ++counters_.graph_replays;
-  ++counters_.stateful_replays;
-  counters_.replayed_nodes += g->rec.shape.nodes;
-  NoteReplay(key, true, &g->rec);
 }
 
 void GraphRecorder::NoteReplay(const Backend::SegmentKey& key, bool stateful, Recorded* rec) {

@@ -125,16 +125,19 @@ class GraphRecorder {
   void Capture(const Backend::SegmentKey& key, Graph* g, const std::function<void()>& ops);
   // Uploads the record's staged parameters and launches its graph.
   void LaunchStateful(StatefulGraph* g);
-  // Records a stateful segment: its ops stage into the record's buffers and launch into the capture.
-  void CaptureStateful(const Backend::SegmentKey& key, StatefulGraph* g, const std::function<void()>& ops);
+  // A stateful record's capture (its ops stage into the record's buffers and launch into the capture) and
+  // replay (its ops only stage; one upload, then the graph). With `block` (g itself) the record is a
+  // block's: its plain segments go into the same capture and are skipped when it replays (BlockPart).
+  void CaptureStateful(const Backend::SegmentKey& key, StatefulGraph* g, BlockGraph* block,
+                       const std::function<void()>& ops);
+  void ReplayStateful(const Backend::SegmentKey& key, StatefulGraph* g, BlockGraph* block,
+                      const std::function<void()>& ops);
+  static const char* RecordName(const BlockGraph* block) { return block ? "decode block" : "stateful segment"; }
   // The pinned and device buffers a stateful record stages into, and its upload event (made once).
   void EnsureStagingBuffers(StatefulGraph* g);
   // A plain segment inside a block record being captured (its ops go into the capture) or replayed
   // (skipped: the arena moves to where the part ended).
   void BlockPart(const Backend::SegmentKey& key, const std::function<void()>& ops);
-  // Records a block: its plain segments' ops and its stateful ops into one capture.
-  void CaptureBlock(const Backend::SegmentKey& key, BlockGraph* g, const std::function<void()>& ops);
-  void ReplayBlock(const Backend::SegmentKey& key, BlockGraph* g, const std::function<void()>& ops);
 
   std::shared_ptr<StreamContext> ctx_;
   StepArena& arena_;

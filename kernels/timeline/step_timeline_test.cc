@@ -8,31 +8,10 @@
 #include <algorithm>
 #include <random>
 
+#include "kernels/timeline/test_records.h"
+
 namespace dsmesh {
 namespace {
-
-TimelineRecord Call(uint32_t corr, const char* name, uint64_t start, uint64_t end) {
-  TimelineRecord r;
-  r.kind = TimelineKind::kApi;
-  r.correlation_id = corr;
-  r.name = name;
-  r.start_ns = start;
-  r.end_ns = end;
-  return r;
-}
-
-TimelineRecord Work(TimelineKind kind, uint32_t corr, uint32_t graph, const char* name, uint64_t start, uint64_t end,
-                    uint64_t bytes = 0) {
-  TimelineRecord r;
-  r.kind = kind;
-  r.correlation_id = corr;
-  r.graph_id = graph;
-  r.name = name;
-  r.start_ns = start;
-  r.end_ns = end;
-  r.bytes = bytes;
-  return r;
-}
 
 const GapTotals& Gaps(const StepTimelineSummary& s, GapCause c) { return s.gaps[static_cast<int>(c)]; }
 
